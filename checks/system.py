@@ -1,0 +1,57 @@
+"""Operating system facts: distro and kernel release."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..model import Result, Severity, passed, warned
+from ..registry import Context
+from . import check
+
+# Distros the vllm-rocm bundle and the kernel guidance are written for.
+KNOWN_DISTROS = {"ubuntu", "debian", "fedora", "arch", "opensuse-tumbleweed", "opensuse-leap", "opensuse"}
+
+
+def distro_info(ctx: Context) -> dict[str, Any]:
+    return ctx.memo("distro", ctx.host.distro)
+
+
+def kernel_release(ctx: Context) -> str | None:
+    def read() -> str | None:
+        raw = ctx.host.read_text("/proc/sys/kernel/osrelease")
+        return raw.value.strip() if raw.ok else None
+
+    return ctx.memo("kernel_release", read)
+
+
+@check(
+    "os.distro",
+    "Distribution is a known target",
+    severity=Severity.ADVISORY,
+    reads=("/etc/os-release", "/usr/lib/os-release"),
+)
+def os_distro(ctx: Context) -> Result:
+    info = distro_info(ctx)
+    name = f"{info['name'] or info['id'] or 'unknown'} {info['version']}".strip()
+    if not info["id"]:
+        return warned(
+            "cannot tell the distribution: /etc/os-release is missing or empty",
+            "Restore /etc/os-release (package base-files or equivalent); kernel guidance needs it.",
+            **info,
+        )
+    if info["id"] in KNOWN_DISTROS or any(like in KNOWN_DISTROS for like in info["like"].split()):
+        return passed(f"{name}", **info)
+    return warned(
+        f"{name} is not a distribution rocmdoctor has guidance for",
+        "Expect to adapt `rocmdoctor fix-kernel` advice; Ubuntu, Debian, Fedora, Arch and openSUSE are covered.",
+        **info,
+    )
+
+
+def host_facts(ctx: Context) -> dict[str, Any]:
+    info = distro_info(ctx)
+    return {
+        "kernel": kernel_release(ctx),
+        "distro": {"id": info["id"] or None, "version": info["version"] or None, "name": info["name"] or None},
+        "gpus": [],
+    }

@@ -1,0 +1,1 @@
+"""One module per command group; each command parses, calls core code, renders."""

@@ -1,0 +1,57 @@
+"""`rocmdoctor check` (and, with it, `fix-kernel` and `snapshot`): diagnosis of this host."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from .common import App, UserError, emit_json, pass_app
+
+
+def _context(app: App, user: str | None, port: int, prefix: str):
+    from ..registry import Context, Options
+
+    return Context(app.host(), Options(user=user, port=port, prefix=prefix))
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the versioned JSON report on stdout.")
+@click.option("--only", multiple=True, metavar="PATTERN", help="Run only checks whose id or group matches (glob).")
+@click.option("--skip", multiple=True, metavar="PATTERN", help="Leave out checks whose id or group matches (glob).")
+@click.option("--list-checks", is_flag=True, help="List the checks and what each reads, then exit.")
+@click.option("--user", default=None, help="Whose access to /dev/kfd and render nodes to check (default: you).")
+@click.option("--port", default=8000, show_default=True, help="The port vLLM will serve on.")
+@click.option("--prefix", default="/opt/rocmdoctor", show_default=True, help="Where bundles are installed.")
+@pass_app
+def check(app: App, as_json: bool, only: tuple[str, ...], skip: tuple[str, ...], list_checks: bool,
+          user: str | None, port: int, prefix: str) -> None:
+    """Diagnose this host for vLLM on ROCm. Exit 0: no failure; 1: a failure; 2: could not run."""
+    from ..checks import host_facts, load_registry
+    from ..registry import SelectionError
+    from ..report import build_report, list_checks as list_specs
+
+    registry = load_registry()
+    if list_checks:
+        specs = registry.specs
+        if as_json:
+            emit_json({"schema_version": 1, "checks": list_specs(specs)})
+        else:
+            for spec in specs:
+                click.echo(f"{spec.id:<22} {spec.title}")
+        return
+    try:
+        specs = registry.select(only, skip)
+    except SelectionError as exc:
+        raise UserError(str(exc)) from None
+    ctx = _context(app, user, port, prefix)
+    outcomes = registry.run(ctx, specs)
+    report = build_report(str(ctx.host.root), host_facts(ctx), outcomes)
+    if as_json:
+        emit_json(report)
+    else:
+        from ..console import make_console
+        from ..render import render_check_report
+
+        render_check_report(report, make_console(no_color=app.no_color), app.verbose)
+    sys.exit(report["exit_code"])

@@ -1,0 +1,446 @@
+"""The one object that reads the host.
+
+Every read of sysfs, procfs, /dev, /etc, the process table and the environment goes through
+`Host`, bound to a root. With root "/" it reads this machine; with any other root it replays a
+captured tree (a fixture or a `rocmdoctor snapshot`), and what a tree of plain files cannot carry
+(device nodes, owners, modes, free space, the invoking identity, the environment) comes from
+`<root>/.rocmdoctor/*.json`.
+
+Reads never raise: they return a `Read` whose state says why a value is absent, so a check can
+tell "missing" (load the driver) from "denied" (run as another user) from "unreadable".
+"""
+
+from __future__ import annotations
+
+import errno
+import fnmatch
+import json
+import os
+import re
+import stat as stat_mod
+import subprocess
+import signal
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+META_DIR = ".rocmdoctor"
+STAT_FILE = "stat.json"
+IDENTITY_FILE = "identity.json"
+ENV_FILE = "env.json"
+
+DEFAULT_READ_LIMIT = 1 << 20
+
+# Reading these blocks forever or has side effects; no check may touch them.
+FORBIDDEN_PATTERNS = (
+    "/sys/kernel/debug/tracing/trace_pipe",
+    "/sys/kernel/tracing/trace_pipe",
+    "/sys/kernel/debug/dri/*/amdgpu_ring_*",
+    "/sys/kernel/debug/dri/*/amdgpu_regs*",
+    "/proc/kmsg",
+    "/dev/*",
+)
+
+
+class ReadState(str, Enum):
+    OK = "ok"
+    MISSING = "missing"
+    DENIED = "denied"
+    UNREADABLE = "unreadable"
+    EMPTY = "empty"
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    path: str
+    state: ReadState
+    value: Any = None
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.state is ReadState.OK
+
+    def describe(self) -> str:
+        """A short phrase for a report: why this path gave no value."""
+        if self.ok:
+            return f"{self.path} read"
+        phrase = {
+            ReadState.MISSING: "does not exist",
+            ReadState.DENIED: "cannot be read as this user",
+            ReadState.UNREADABLE: "could not be read",
+            ReadState.EMPTY: "is empty",
+        }[self.state]
+        return f"{self.path} {phrase}" + (f" ({self.detail})" if self.detail else "")
+
+
+@dataclass(frozen=True, slots=True)
+class StatInfo:
+    path: str
+    type: str  # "char", "block", "dir", "file", "link", "fifo", "socket"
+    mode: int  # permission bits only
+    uid: int
+    gid: int
+    rdev: str = ""  # "major:minor" for device nodes
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": self.type, "mode": f"{self.mode:04o}", "uid": self.uid, "gid": self.gid}
+        if self.rdev:
+            out["rdev"] = self.rdev
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """Who is asking: the invoking user and the groups its processes carry right now."""
+
+    user: str
+    uid: int
+    gid: int
+    process_gids: tuple[int, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"user": self.user, "uid": self.uid, "gid": self.gid, "process_gids": list(self.process_gids)}
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    argv: tuple[str, ...]
+    returncode: int | None  # None: timed out or could not start
+    stdout: str = ""
+    stderr: str = ""
+    timed_out: bool = False
+    spawn_error: str = ""
+    duration_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+class RootError(ValueError):
+    """The root given to Host is not a directory."""
+
+
+def _natural_key(name: str) -> list[Any]:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def natural_sorted(names: Iterable[str]) -> list[str]:
+    """card2 before card10: sysfs names sort by their numbers, not as text."""
+    return sorted(names, key=_natural_key)
+
+
+_FILE_TYPES = (
+    (stat_mod.S_ISCHR, "char"),
+    (stat_mod.S_ISBLK, "block"),
+    (stat_mod.S_ISDIR, "dir"),
+    (stat_mod.S_ISLNK, "link"),
+    (stat_mod.S_ISFIFO, "fifo"),
+    (stat_mod.S_ISSOCK, "socket"),
+    (stat_mod.S_ISREG, "file"),
+)
+
+
+def _file_type(st_mode: int) -> str:
+    return next((name for test, name in _FILE_TYPES if test(st_mode)), "file")
+
+
+@dataclass
+class Host:
+    """A view of one machine through a root directory."""
+
+    root: Path = Path("/")
+    accessed: set[str] = field(default_factory=set, repr=False)
+    _meta_cache: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self.root = Path(self.root)
+        if not self.root.is_dir():
+            raise RootError(f"--root {self.root} is not a directory")
+        self.root = self.root.resolve()
+
+    @property
+    def is_live(self) -> bool:
+        """True when this reads the running machine rather than a captured tree."""
+        return self.root == Path("/")
+
+    # -- paths ---------------------------------------------------------------------------
+
+    def _real(self, path: str) -> str:
+        """Map a host path ('/sys/class/kfd') to the file under the root; never escapes it."""
+        if not path.startswith("/"):
+            raise ValueError(f"host paths are absolute: {path!r}")
+        norm = os.path.normpath(path)
+        if norm.startswith("//"):
+            norm = norm[1:]
+        if self.is_live:
+            return norm
+        return str(self.root) + norm
+
+    def _guard(self, path: str) -> None:
+        for pattern in FORBIDDEN_PATTERNS:
+            if pattern == "/dev/*" and path.startswith("/dev/"):
+                raise PermissionError(f"{path}: device nodes are stat'ed, never read")
+            if fnmatch.fnmatchcase(path, pattern):
+                raise PermissionError(f"{path} is on the deny list (reading it blocks or has side effects)")
+
+    def _note(self, path: str) -> None:
+        self.accessed.add(os.path.normpath(path))
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def read_text(self, path: str, limit: int = DEFAULT_READ_LIMIT) -> Read:
+        """Read a file as text without trusting st_size and without blocking on sysfs quirks."""
+        self._note(path)
+        self._guard(path)
+        real = self._real(path)
+        try:
+            fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return Read(path, ReadState.MISSING)
+        except NotADirectoryError:
+            return Read(path, ReadState.MISSING)
+        except PermissionError as exc:
+            return Read(path, ReadState.DENIED, detail=exc.strerror or "")
+        except OSError as exc:
+            return Read(path, ReadState.UNREADABLE, detail=exc.strerror or str(exc))
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            while size < limit:
+                chunk = os.read(fd, min(65536, limit - size))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+        except IsADirectoryError:
+            return Read(path, ReadState.UNREADABLE, detail="is a directory")
+        except OSError as exc:
+            # EAGAIN from broken hwmon drivers, ENODATA from absent optional attributes.
+            state = ReadState.DENIED if exc.errno in (errno.EACCES, errno.EPERM) else ReadState.UNREADABLE
+            return Read(path, state, detail=exc.strerror or str(exc))
+        finally:
+            os.close(fd)
+        data = b"".join(chunks)
+        if not data.strip(b"\x00 \n\t"):
+            return Read(path, ReadState.EMPTY)
+        return Read(path, ReadState.OK, data.decode("utf-8", errors="replace"))
+
+    def read_int(self, path: str) -> Read:
+        """An integer file (decimal, or 0x-prefixed hex as sysfs prints ids)."""
+        raw = self.read_text(path, limit=4096)
+        if not raw.ok:
+            return raw
+        text = raw.value.strip().split()[0] if raw.value.strip() else ""
+        try:
+            value = int(text, 0) if text.lower().startswith("0x") else int(text)
+        except ValueError:
+            return Read(path, ReadState.UNREADABLE, detail=f"not an integer: {text[:40]!r}")
+        return Read(path, ReadState.OK, value)
+
+    def read_json_meta(self, name: str) -> Any:
+        """A file under <root>/.rocmdoctor/ (fixtures and snapshots only); None when absent."""
+        if name in self._meta_cache:
+            return self._meta_cache[name]
+        value = None
+        if not self.is_live:
+            try:
+                with open(os.path.join(self.root, META_DIR, name), encoding="utf-8") as fh:
+                    value = json.load(fh)
+            except (OSError, ValueError):
+                value = None
+        self._meta_cache[name] = value
+        return value
+
+    def exists(self, path: str) -> bool:
+        self._note(path)
+        if not self.is_live and path in (self.read_json_meta(STAT_FILE) or {}):
+            return True
+        return os.path.lexists(self._real(path))
+
+    def is_dir(self, path: str) -> bool:
+        self._note(path)
+        return os.path.isdir(self._real(path))
+
+    def listdir(self, path: str) -> list[str]:
+        """Entries of a directory in natural order; [] when it is absent or unreadable."""
+        self._note(path)
+        try:
+            names = os.listdir(self._real(path))
+        except OSError:
+            names = []
+        if not self.is_live:
+            # Device nodes exist in a captured root only as stat.json entries.
+            prefix = path.rstrip("/") + "/"
+            for described in self.read_json_meta(STAT_FILE) or {}:
+                if described.startswith(prefix) and "/" not in described[len(prefix):]:
+                    names.append(described[len(prefix):])
+        return natural_sorted(set(names))
+
+    def glob(self, pattern: str) -> list[str]:
+        """Host paths matching a shell pattern, one path segment per wildcard, natural order."""
+        parts = [p for p in pattern.split("/") if p]
+        found = ["/"]
+        for part in parts:
+            nxt: list[str] = []
+            for base in found:
+                if any(ch in part for ch in "*?["):
+                    nxt.extend(os.path.join(base, n) for n in self.listdir(base) if fnmatch.fnmatchcase(n, part))
+                else:
+                    candidate = os.path.join(base, part)
+                    if self.exists(candidate):
+                        nxt.append(candidate)
+            found = nxt
+        return natural_sorted(found)
+
+    def readlink(self, path: str) -> Read:
+        """The link's own text; an absolute target is a host path, resolved under the root by callers."""
+        self._note(path)
+        try:
+            return Read(path, ReadState.OK, os.readlink(self._real(path)))
+        except FileNotFoundError:
+            return Read(path, ReadState.MISSING)
+        except PermissionError as exc:
+            return Read(path, ReadState.DENIED, detail=exc.strerror or "")
+        except OSError as exc:
+            return Read(path, ReadState.UNREADABLE, detail=exc.strerror or str(exc))
+
+    def stat(self, path: str) -> StatInfo | None:
+        """Type, mode and owner; from stat.json for a captured root, which cannot carry them."""
+        self._note(path)
+        if not self.is_live:
+            described = (self.read_json_meta(STAT_FILE) or {}).get(path)
+            if isinstance(described, dict):
+                try:
+                    return StatInfo(
+                        path=path,
+                        type=str(described.get("type", "file")),
+                        mode=int(str(described.get("mode", "0644")), 8),
+                        uid=int(described.get("uid", 0)),
+                        gid=int(described.get("gid", 0)),
+                        rdev=str(described.get("rdev", "")),
+                    )
+                except (TypeError, ValueError):
+                    return None
+        try:
+            st = os.lstat(self._real(path))
+        except OSError:
+            return None
+        rdev = ""
+        if stat_mod.S_ISCHR(st.st_mode) or stat_mod.S_ISBLK(st.st_mode):
+            rdev = f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"
+        return StatInfo(path, _file_type(st.st_mode), stat_mod.S_IMODE(st.st_mode), st.st_uid, st.st_gid, rdev)
+
+    def free_bytes(self, path: str) -> int | None:
+        """Free space for unprivileged writers at `path` or its nearest existing parent."""
+        self._note(path)
+        if not self.is_live:
+            described = (self.read_json_meta(STAT_FILE) or {})
+            probe = path
+            while True:
+                entry = described.get(probe)
+                if isinstance(entry, dict) and "free_bytes" in entry:
+                    return int(entry["free_bytes"])
+                if probe == "/":
+                    return None
+                probe = os.path.dirname(probe)
+        probe = self._real(path)
+        while not os.path.exists(probe) and probe != "/":
+            probe = os.path.dirname(probe)
+        try:
+            st = os.statvfs(probe)
+        except OSError:
+            return None
+        return st.f_bavail * st.f_frsize
+
+    def distro(self) -> dict[str, str]:
+        """id, version and name from os-release (through `distro`, under the root)."""
+        import distro as distro_mod
+
+        self._note("/etc/os-release")
+        info = distro_mod.LinuxDistribution(
+            include_lsb=False,
+            include_uname=False,
+            include_oslevel=False,
+            root_dir=None if self.is_live else str(self.root),
+        )
+        return {"id": info.id(), "version": info.version(best=True), "name": info.name(pretty=False),
+                "like": info.like(), "codename": info.codename()}
+
+    # -- identity and environment ------------------------------------------------------
+
+    @property
+    def env(self) -> Mapping[str, str]:
+        if self.is_live:
+            return os.environ
+        return dict(self.read_json_meta(ENV_FILE) or {})
+
+    def identity(self) -> Identity | None:
+        if self.is_live:
+            import pwd
+
+            uid = os.getuid()
+            try:
+                name = pwd.getpwuid(uid).pw_name
+            except KeyError:
+                name = str(uid)
+            return Identity(name, uid, os.getgid(), tuple(sorted(set(os.getgroups()) | {os.getgid()})))
+        meta = self.read_json_meta(IDENTITY_FILE)
+        if not isinstance(meta, dict):
+            return None
+        try:
+            return Identity(
+                str(meta["user"]), int(meta["uid"]), int(meta["gid"]),
+                tuple(int(g) for g in meta.get("process_gids", [])),
+            )
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    # -- processes -----------------------------------------------------------------------
+
+    def pids(self) -> list[int]:
+        return [int(n) for n in self.listdir("/proc") if n.isdigit()]
+
+    # -- commands (the deep probe, daemon-reload); never raises --------------------------
+
+    def run(
+        self,
+        argv: list[str],
+        timeout: float = 10.0,
+        env: Mapping[str, str] | None = None,
+        max_output: int = 256 * 1024,
+    ) -> RunResult:
+        """Run a command in its own process group; on timeout the whole group is killed."""
+        started = time.monotonic()
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=dict(env) if env is not None else None,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            return RunResult(tuple(argv), None, spawn_error=exc.strerror or str(exc))
+        try:
+            out, err = proc.communicate(timeout=timeout)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            out, err = proc.communicate()
+            timed_out = True
+        return RunResult(
+            tuple(argv),
+            None if timed_out else proc.returncode,
+            out.decode("utf-8", "replace")[-max_output:],
+            err.decode("utf-8", "replace")[-max_output:],
+            timed_out=timed_out,
+            duration_s=time.monotonic() - started,
+        )

@@ -1,0 +1,76 @@
+"""The result vocabulary shared by every check, command and renderer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class Status(str, Enum):
+    PASS = "pass"
+    WARN = "warn"
+    FAIL = "fail"
+    SKIP = "skip"
+    # The tool itself broke on this host; says nothing about the host's health.
+    ERROR = "error"
+
+
+class Severity(str, Enum):
+    """How bad a failure of this check is for serving vLLM (static, declared by the check)."""
+
+    BLOCKING = "blocking"
+    DEGRADING = "degrading"
+    ADVISORY = "advisory"
+
+
+class Probe(str, Enum):
+    """What running the check costs."""
+
+    PASSIVE = "passive"  # reads files and the environment
+    PROCESS = "process"  # walks the process table
+    GPU = "gpu"  # starts an interpreter that touches the GPU (opt-in: --deep)
+
+
+EXIT_OK = 0
+EXIT_FAILURES = 1
+EXIT_TOOL_ERROR = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    status: Status
+    summary: str
+    remedy: str = ""
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.status in (Status.WARN, Status.FAIL) and not self.remedy:
+            raise ValueError(f"a {self.status.value} result needs a remedy: {self.summary!r}")
+
+
+def passed(summary: str, **details: Any) -> Result:
+    return Result(Status.PASS, summary, details=details)
+
+
+def warned(summary: str, remedy: str, **details: Any) -> Result:
+    return Result(Status.WARN, summary, remedy, details)
+
+
+def failed(summary: str, remedy: str, **details: Any) -> Result:
+    return Result(Status.FAIL, summary, remedy, details)
+
+
+def skipped(summary: str, **details: Any) -> Result:
+    return Result(Status.SKIP, summary, details=details)
+
+
+def exit_code(statuses: list[Status]) -> int:
+    """0: no failure; 1: a failure (a finding about the host outranks a doctor bug);
+    2: nothing could be judged because every check that ran broke."""
+    if Status.FAIL in statuses:
+        return EXIT_FAILURES
+    judged = {Status.PASS, Status.WARN} & set(statuses)
+    if Status.ERROR in statuses and not judged:
+        return EXIT_TOOL_ERROR
+    return EXIT_OK

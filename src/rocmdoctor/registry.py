@@ -1,0 +1,200 @@
+"""Check declarations, selection and the run loop.
+
+A check is a function of a `Context` that returns a `Result`. It declares its id, what it reads
+(host path patterns: `snapshot` captures exactly these) and which checks must pass first; the
+registry orders them, skips dependents of a failed prerequisite (one root cause, one failure) and
+turns any exception into an `error` result, never a traceback.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from .host import Host
+from .model import Probe, Result, Severity, Status
+
+CheckFn = Callable[["Context"], Result]
+
+
+@dataclass(frozen=True, slots=True)
+class CheckSpec:
+    id: str
+    title: str
+    fn: CheckFn
+    severity: Severity = Severity.BLOCKING
+    depends: tuple[str, ...] = ()
+    reads: tuple[str, ...] = ()
+    env: tuple[str, ...] = ()  # environment variable names read (snapshot keeps only these)
+    probe: Probe = Probe.PASSIVE
+    default_enabled: bool = True
+
+    @property
+    def group(self) -> str:
+        return self.id.split(".", 1)[0]
+
+
+@dataclass
+class Options:
+    """What the user chose that checks take into account."""
+
+    user: str | None = None  # whose device access is checked; None: the invoking user
+    port: int = 8000
+    prefix: str = "/opt/rocmdoctor"
+    model_cache: str | None = None  # None: the user's Hugging Face cache
+    model_bytes: int = 0  # expected weights size, for disk.space
+    python: str | None = None  # interpreter for --deep probes
+    deep_timeout_s: float = 180.0
+
+
+@dataclass
+class Context:
+    host: Host
+    options: Options = field(default_factory=Options)
+    _memo: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def memo(self, key: str, compute: Callable[[], Any]) -> Any:
+        """Facts several checks share (the GPU list, meminfo) are read once per run."""
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    spec: CheckSpec
+    result: Result
+    duration_s: float
+
+
+class RegistryError(ValueError):
+    pass
+
+
+class SelectionError(ValueError):
+    """An --only/--skip pattern matched nothing: almost always a typo."""
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._specs: dict[str, CheckSpec] = {}
+
+    def add(self, spec: CheckSpec) -> None:
+        if spec.id in self._specs:
+            raise RegistryError(f"duplicate check id {spec.id!r}")
+        self._specs[spec.id] = spec
+
+    def check(
+        self,
+        id: str,
+        title: str,
+        *,
+        severity: Severity = Severity.BLOCKING,
+        depends: Iterable[str] = (),
+        reads: Iterable[str] = (),
+        env: Iterable[str] = (),
+        probe: Probe = Probe.PASSIVE,
+        default_enabled: bool = True,
+    ) -> Callable[[CheckFn], CheckFn]:
+        def register(fn: CheckFn) -> CheckFn:
+            self.add(CheckSpec(id, title, fn, severity, tuple(depends), tuple(reads), tuple(env), probe,
+                               default_enabled))
+            return fn
+
+        return register
+
+    @property
+    def specs(self) -> list[CheckSpec]:
+        return list(self._specs.values())
+
+    def get(self, check_id: str) -> CheckSpec:
+        return self._specs[check_id]
+
+    def validate(self) -> None:
+        """Unknown prerequisites and cycles are bugs of the registry, caught at startup and in CI."""
+        for spec in self._specs.values():
+            for dep in spec.depends:
+                if dep not in self._specs:
+                    raise RegistryError(f"{spec.id} depends on unknown check {dep!r}")
+        self.ordered(self._specs)
+
+    def ordered(self, ids: Iterable[str]) -> list[CheckSpec]:
+        """Prerequisites first, otherwise in declaration order (Kahn's algorithm)."""
+        wanted = [i for i in self._specs if i in set(ids)]
+        done: list[str] = []
+        pending = list(wanted)
+        while pending:
+            progressed = False
+            for cid in list(pending):
+                deps = [d for d in self._specs[cid].depends if d in wanted]
+                if all(d in done for d in deps):
+                    done.append(cid)
+                    pending.remove(cid)
+                    progressed = True
+            if not progressed:
+                raise RegistryError(f"dependency cycle among {', '.join(sorted(pending))}")
+        return [self._specs[i] for i in done]
+
+    def select(
+        self, only: Iterable[str] = (), skip: Iterable[str] = (), include_optional: bool = False
+    ) -> list[CheckSpec]:
+        """--only/--skip take globs over ids or groups; prerequisites of what is asked come along."""
+        only, skip = list(only), list(skip)
+
+        def matches(spec: CheckSpec, pattern: str) -> bool:
+            return fnmatch.fnmatchcase(spec.id, pattern) or fnmatch.fnmatchcase(spec.group, pattern)
+
+        for pattern in only + skip:
+            if not any(matches(s, pattern) for s in self._specs.values()):
+                raise SelectionError(f"no check matches {pattern!r} (see --list-checks)")
+        if only:
+            chosen = {s.id for s in self._specs.values() if any(matches(s, p) for p in only)}
+        else:
+            chosen = {s.id for s in self._specs.values() if s.default_enabled or include_optional}
+        chosen -= {s.id for s in self._specs.values() if any(matches(s, p) for p in skip)}
+        closure = set(chosen)
+        stack = list(chosen)
+        while stack:
+            for dep in self._specs[stack.pop()].depends:
+                if dep not in closure:
+                    closure.add(dep)
+                    stack.append(dep)
+        return self.ordered(closure)
+
+    def run(self, ctx: Context, specs: list[CheckSpec]) -> list[Outcome]:
+        results: dict[str, Result] = {}
+        outcomes: list[Outcome] = []
+        for spec in specs:
+            started = time.perf_counter()
+            blocker = next(
+                (d for d in spec.depends if d in results and results[d].status not in (Status.PASS, Status.WARN)),
+                None,
+            )
+            if blocker is not None:
+                result = Result(
+                    Status.SKIP,
+                    f"skipped: {blocker} did not pass",
+                    details={"skipped_because_of": blocker},
+                )
+            else:
+                result = run_isolated(spec, ctx)
+            results[spec.id] = result
+            outcomes.append(Outcome(spec, result, time.perf_counter() - started))
+        return outcomes
+
+
+def run_isolated(spec: CheckSpec, ctx: Context) -> Result:
+    try:
+        result = spec.fn(ctx)
+        if not isinstance(result, Result):
+            raise TypeError(f"{spec.id} returned {type(result).__name__}, not Result")
+        return result
+    except Exception as exc:  # noqa: BLE001 - a broken check must not break the report
+        return Result(
+            Status.ERROR,
+            f"rocmdoctor could not evaluate this check: {type(exc).__name__}: {exc}",
+            details={"traceback": traceback.format_exc(limit=8)},
+        )

@@ -1,0 +1,35 @@
+"""Shared test configuration.
+
+In CI (CI=true) a skipped test is a failure: the tests that need a real component (the vLLM
+engine, sshd, systemd-nspawn) must run there, so a skip would hide that they did not.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = REPO / "tests" / "fixtures"
+HOSTS = FIXTURES / "hosts"
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = reporter.stats.get("skipped", []) if reporter else []
+    if in_ci() and skipped:
+        for report in skipped:
+            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+            reporter.write_line(f"CI forbids skips: {report.nodeid}: {reason}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture(scope="session")
+def repo() -> Path:
+    return REPO

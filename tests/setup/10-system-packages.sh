@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Debian packages the real-component tests use (sshd, network namespaces, systemd tools, nspawn).
+set -euo pipefail
+needed=(openssh-server openssh-client netcat-openbsd iproute2 systemd systemd-container debootstrap pigz curl
+        util-linux procps git)
+missing=()
+for pkg in "${needed[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "tests need these Debian packages (run as root to install them): ${missing[*]}" >&2
+        exit 1
+    fi
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
