@@ -7,6 +7,7 @@ engine, sshd, systemd-nspawn) must run there, so a skip would hide that they did
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,20 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"
 HOSTS = FIXTURES / "hosts"
+
+# tests/harness is importable as `harness` from every test module and plugin.
+sys.path.insert(0, str(REPO / "tests"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Every module in tests/plugins/ is a pytest plugin (shared fixtures for real components)."""
+    import importlib.util
+
+    for path in sorted((REPO / "tests" / "plugins").glob("*.py")):
+        spec = importlib.util.spec_from_file_location(f"rocmdoctor_test_plugins.{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        config.pluginmanager.register(module, f"rocmdoctor-{path.stem}")
 
 
 def in_ci() -> bool:

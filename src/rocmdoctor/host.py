@@ -257,8 +257,10 @@ class Host:
 
     def exists(self, path: str) -> bool:
         self._note(path)
-        if not self.is_live and path in (self.read_json_meta(STAT_FILE) or {}):
-            return True
+        if not self.is_live:
+            prefix = path.rstrip("/") + "/"
+            if any(d == path or d.startswith(prefix) for d in self.read_json_meta(STAT_FILE) or {}):
+                return True
         return os.path.lexists(self._real(path))
 
     def is_dir(self, path: str) -> bool:
