@@ -9,10 +9,10 @@ import click
 from .common import App, UserError, emit_json, pass_app
 
 
-def _context(app: App, user: str | None, port: int, prefix: str):
+def _context(app: App, user: str | None, port: int, prefix: str, python: str | None = None):
     from ..registry import Context, Options
 
-    return Context(app.host(), Options(user=user, port=port, prefix=prefix))
+    return Context(app.host(), Options(user=user, port=port, prefix=prefix, python=python))
 
 
 @click.command()
@@ -23,9 +23,12 @@ def _context(app: App, user: str | None, port: int, prefix: str):
 @click.option("--user", default=None, help="Whose access to /dev/kfd and render nodes to check (default: you).")
 @click.option("--port", default=8000, show_default=True, help="The port vLLM will serve on.")
 @click.option("--prefix", default="/opt/rocmdoctor", show_default=True, help="Where bundles are installed.")
+@click.option("--deep", is_flag=True, help="Also probe the GPU through the bundle's own PyTorch (slow).")
+@click.option("--python", "python", default=None, metavar="PATH",
+              help="Interpreter for --deep (default: <prefix>/current/bin/python3).")
 @pass_app
 def check(app: App, as_json: bool, only: tuple[str, ...], skip: tuple[str, ...], list_checks: bool,
-          user: str | None, port: int, prefix: str) -> None:
+          user: str | None, port: int, prefix: str, deep: bool, python: str | None) -> None:
     """Diagnose this host for vLLM on ROCm. Exit 0: no failure; 1: a failure; 2: could not run."""
     from ..checks import host_facts, load_registry
     from ..registry import SelectionError
@@ -41,10 +44,10 @@ def check(app: App, as_json: bool, only: tuple[str, ...], skip: tuple[str, ...],
                 click.echo(f"{spec.id:<22} {spec.title}")
         return
     try:
-        specs = registry.select(only, skip)
+        specs = registry.select(only, skip, include_optional=deep)
     except SelectionError as exc:
         raise UserError(str(exc)) from None
-    ctx = _context(app, user, port, prefix)
+    ctx = _context(app, user, port, prefix, python)
     outcomes = registry.run(ctx, specs)
     report = build_report(str(ctx.host.root), host_facts(ctx), outcomes)
     if as_json:

@@ -1,0 +1,1 @@
+"""Data only: the pinned description of the vllm-rocm bundles (manifest and lock), shipped in the wheel."""
