@@ -63,6 +63,12 @@ class GpuNode:
         return self.properties.get("gfx_target_version", 0)
 
 
+def sentence(parts: list[str]) -> str:
+    """Remedy fragments joined into one sentence: 'a; b.' with the first letter raised."""
+    text = "; ".join(parts)
+    return text[:1].upper() + text[1:] + "."
+
+
 # -- parsing -------------------------------------------------------------------------------
 
 
@@ -279,13 +285,13 @@ def usable_memory(ctx: Context, gpu: GpuNode) -> tuple[int | None, int | None]:
     if gpu.apu:
         if gpu.gtt_total is None:
             return None, None
-        free = gpu.gtt_total - gpu.gtt_used if gpu.gtt_used is not None else None
+        free = gpu.gtt_total - gpu.gtt_used if gpu.gtt_used is not None else gpu.gtt_total
         available = meminfo(ctx).get("MemAvailable")
-        if free is None:
-            free = available
-        elif available is not None:
+        if available is not None:
             free = min(free, available)
-        return gpu.gtt_total, None if free is None else max(0, free)
+        elif gpu.gtt_used is None:
+            return gpu.gtt_total, None
+        return gpu.gtt_total, max(0, free)
     if gpu.vram_total is None:
         return None, None
     free = gpu.vram_total - gpu.vram_used if gpu.vram_used is not None else None

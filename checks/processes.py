@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from ..model import Probe, Result, Severity, passed, warned
 from ..registry import Context
 from . import check
+from .facts import sentence
 
 PROC_READS = ("/proc/[0-9]*/comm", "/proc/[0-9]*/cmdline", "/proc/[0-9]*/status", "/proc/[0-9]*/fd/*",
               "/proc/net/tcp", "/proc/net/tcp6")
@@ -123,5 +124,5 @@ def processes_orphans(ctx: Context) -> Result:
         problems.append(f"port {port} is already in use by {who}")
         remedies.append(f"free port {port} or serve on another (--port)")
     if problems:
-        return warned("; ".join(problems), "; ".join(remedies).capitalize() + ".", **details)
+        return warned("; ".join(problems), sentence(remedies), **details)
     return passed(f"no vLLM or other process holds the GPU; port {port} is free", **details)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..model import Result, Severity, passed, warned
 from ..registry import Context
 from . import check
+from .facts import sentence
 from .access import PASSWD, find_account, target_user
 
 # Conventional homes of people and service users; a user site elsewhere is not looked for.
@@ -51,5 +52,5 @@ def python_isolation(ctx: Context) -> Result:
                         "`pip uninstall --user huggingface_hub`")
     details = {"set": sorted(n for n in ENV_NAMES if env.get(n) and n != "HOME"), "user_site_packages": shadowing}
     if findings:
-        return warned("; ".join(findings), "; ".join(remedies).capitalize() + ".", **details)
+        return warned("; ".join(findings), sentence(remedies), **details)
     return passed("no PYTHONPATH, user site-packages or runtime overrides leak into the bundle", **details)
