@@ -31,6 +31,9 @@ GPU_READS = (
     f"{DRM}/renderD*/device/board_info",
 )
 MEMINFO_READS = (MEMINFO,)
+# What `distro` consults under a root: os-release, and release files such as /etc/debian_version,
+# which give the point release (12.11 rather than 12).
+DISTRO_READS = ("/etc/os-release", "/usr/lib/os-release", "/etc/*-release", "/etc/*_version")
 
 AMD_VENDOR_ID = 0x1002
 # Carve-outs of APUs are 512 MiB to 4 GiB (BIOS UMA setting); no ROCm-capable dGPU is that small.

@@ -5,10 +5,9 @@ from __future__ import annotations
 from ..model import Result, failed, passed, warned
 from ..registry import Context
 from . import check
-from .facts import GPU_READS, OSRELEASE, GpuNode, distro_info, gpus, kernel_release
+from .facts import DISTRO_READS, GPU_READS, OSRELEASE, GpuNode, distro_info, gpus, kernel_release
 from .kernel_rules import CWSR_REQUIRED_TARGETS, carries_cwsr_export, expected_cwsr, minimum_for, parse_release
 
-OS_RELEASE_READS = ("/etc/os-release", "/usr/lib/os-release")
 FIX_KERNEL = "run `rocmdoctor fix-kernel` for the commands for this distro"
 
 
@@ -21,7 +20,7 @@ def exports_cwsr(gpu: GpuNode) -> bool:
 
 
 @check("kernel.version", "Kernel new enough for the GPU (CWSR export)", depends=("gpu.arch",),
-       reads=(OSRELEASE, *OS_RELEASE_READS, *GPU_READS))
+       reads=(OSRELEASE, *DISTRO_READS, *GPU_READS))
 def kernel_version(ctx: Context) -> Result:
     text = kernel_release(ctx)
     release = parse_release(text)
