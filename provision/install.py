@@ -167,7 +167,7 @@ def _point(link: Path, target: str) -> None:
     _fsync_dir(link.parent)
 
 
-def _write_json(path: Path, doc: Any) -> None:
+def write_json_atomic(path: Path, doc: Any) -> None:
     temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with open(temp, "w") as fh:
         json.dump(doc, fh, indent=2)
@@ -310,7 +310,7 @@ def _install_tree(layout: Layout, plan: InstallPlan) -> int:
                                "Report this bundle to its publisher") from None
         fetches.wait()  # every digest verified before the tree can become visible
         root = _validate(partial, plan)
-        _write_json(root / METADATA, {
+        write_json_atomic(root / METADATA, {
             "schema_version": 1, "tag": plan.tag, "family": plan.family, "repo": plan.repo,
             "installed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "assets": [{"name": s.asset.name, "size": s.asset.size, "digest": s.asset.digest}

@@ -28,7 +28,7 @@ SCHEMA_VERSION = 1
 CHANNELS = ("stable", "nightly")
 DEFAULT_REPO = "lemonade-sdk/vllm-rocm"
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
-_REPO = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
+REPO_PATTERN = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
 _PART = re.compile(r"\.part(\d{2})-of-(\d{2})\.tar\.gz$")
 
 
@@ -122,7 +122,7 @@ def _check_schema(doc: dict[str, Any], where: str) -> None:
 
 def _check_repo(doc: dict[str, Any], where: str) -> str:
     repo = _need(doc, "repo", str, where)
-    if not _REPO.match(repo):
+    if not REPO_PATTERN.match(repo):
         raise ManifestError(f"{where}: field 'repo' must look like owner/name, not {repo!r}")
     return repo
 
