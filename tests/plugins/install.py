@@ -54,14 +54,23 @@ class InstallLab:
         write_pins(self.pins, {family: built}, base_url=self.server.mirror_url)
         return self.pins
 
-    def cli(self, *args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "rocmdoctor", *args], capture_output=True, text=True,
-                              timeout=timeout, env={**os.environ, "ROCMDOCTOR_GITHUB_API": self.server.api_url,
-                                                    **(env or {})})
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "ROCMDOCTOR_GITHUB_API": self.server.api_url}
 
-    def install(self, family: str, *args: str, **kw) -> subprocess.CompletedProcess:
-        return self.cli("install", "--family", family, "--prefix", str(self.prefix), "--bundles-dir",
-                        str(self.pins), *FAST, *args, **kw)
+    def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "rocmdoctor", *args], capture_output=True, text=True,
+                              timeout=timeout, env=self.env())
+
+    def install_args(self, family: str, *args: str) -> list[str]:
+        return ["install", "--family", family, "--prefix", str(self.prefix), "--bundles-dir", str(self.pins),
+                *FAST, *args]
+
+    def install(self, family: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        return self.cli(*self.install_args(family, *args), timeout=timeout)
+
+    def spawn_install(self, family: str, *args: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "rocmdoctor", *self.install_args(family, *args)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=self.env())
 
     def current(self) -> str | None:
         try:
