@@ -50,8 +50,8 @@ class GpuPool:
 
     name: str  # e.g. "node 1 (gfx1151)"
     family: str  # same-family GPUs can share a tensor-parallel group
-    total: int
-    free: int
+    total: int | None  # None: the host did not say
+    free: int | None
     unified: bool  # APU: the pool is system memory (GTT), shared with the CPU
 
 
@@ -156,7 +156,7 @@ def check_extra(extra: Sequence[str]) -> list[str]:
 def memory_class(pool: GpuPool) -> str:
     if pool.unified:
         return "unified"
-    return "discrete-large" if pool.total >= LARGE_DEVICE_BYTES else "discrete"
+    return "discrete-large" if (pool.total or 0) >= LARGE_DEVICE_BYTES else "discrete"
 
 
 def _gib(n: int) -> str:
@@ -183,6 +183,10 @@ def tensor_parallel_group(pools: Sequence[GpuPool], size: int | None) -> list[Gp
 
 def utilization_for(group: Sequence[GpuPool]) -> tuple[float, str]:
     """The largest value every GPU in the group passes vLLM's startup rule with, and why."""
+    unknown = [p.name for p in group if not p.total or p.free is None]
+    if unknown:
+        raise ArgumentError(f"the memory of {', '.join(unknown)} cannot be read (rocmdoctor check says why); "
+                            "pass --gpu-memory-utilization to choose it yourself")
     worst = min(group, key=lambda p: recommended(p.total, p.free))
     util = recommended(worst.total, worst.free)
     pool_word = "unified pool" if worst.unified else "VRAM"
@@ -224,7 +228,7 @@ def resolve(choices: Choices, pools: Sequence[GpuPool]) -> ServerArgs:
             raise ArgumentError(f"--gpu-memory-utilization must be in (0, 1], not {util}")
         settings.append(Setting("--gpu-memory-utilization", f"{util:.2f}", "your choice"))
         for pool in group:
-            if pool.free < requested_bytes(pool.total, util):
+            if pool.total and pool.free is not None and pool.free < requested_bytes(pool.total, util):
                 notes.append(f"{pool.name}: {util:.2f} asks {_gib(requested_bytes(pool.total, util))} but only "
                              f"{_gib(pool.free)} is free; vLLM will refuse to start")
     elif any(flag in UTILIZATION_REPLACED_BY for flag in extra_flags):
@@ -260,5 +264,5 @@ def pools_from_facts(ctx) -> list[GpuPool]:
     pools = []
     for gpu in facts.gpus(ctx):
         total, free = facts.usable_memory(ctx, gpu)
-        pools.append(GpuPool(f"node {gpu.node} ({gpu.gfx})", gpu.family, total, free, gpu.apu))
+        pools.append(GpuPool(f"node {gpu.node} ({gpu.gfx})", gpu.family or gpu.gfx, total, free, bool(gpu.apu)))
     return pools

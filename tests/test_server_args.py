@@ -125,3 +125,10 @@ def test_almost_full_gpu_is_refused_with_what_to_do():
 def test_bad_choices_are_explained(choices, message):
     with pytest.raises(ArgumentError, match=message):
         resolve(choices, [pool(24, 23), pool(24, 23)])
+
+
+def test_unreadable_gpu_memory_needs_an_explicit_utilization():
+    unknown = GpuPool("node 1 (gfx1100)", "gfx11", None, None, False)
+    with pytest.raises(ArgumentError, match="node 1 .*cannot be read.*--gpu-memory-utilization"):
+        resolve(Choices(model="m"), [unknown])
+    assert util_of(resolve(Choices(model="m", gpu_memory_utilization=0.8), [unknown])) == 0.8
