@@ -27,4 +27,6 @@ def load_registry() -> Registry:
 
 def host_facts(ctx: Context) -> dict[str, Any]:
     """The report's `host` section: what the checks found, independent of any verdict."""
-    return system.host_facts(ctx)
+    from .facts import host_facts as facts_host_facts
+
+    return facts_host_facts(ctx)
