@@ -8,6 +8,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -171,3 +172,22 @@ def test_api_key_with_spaces_is_refused(tmp_path):
     key_file.write_text("two words here\n")
     done = rocmdoctor("unit", "--model", "m", "--gpu-memory-utilization", "0.8", "--api-key-file", str(key_file))
     assert done.returncode == 2 and "openssl rand -hex 32" in done.stderr
+
+
+WAIT_READY = Path(__file__).parents[1] / "provision" / "libexec" / "wait-ready"
+
+
+def test_wait_ready_ends_when_the_server_process_is_gone():
+    exited = subprocess.Popen(["true"])
+    exited.wait()
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, str(WAIT_READY), "http://127.0.0.1:9", "tiny", "60"],
+                          capture_output=True, text=True, timeout=60, env={"MAINPID": str(exited.pid)})
+    assert done.returncode == 1 and f"pid {exited.pid}) exited while loading" in done.stderr
+    assert time.monotonic() - started < 10
+
+
+def test_wait_ready_gives_up_after_its_timeout():
+    done = subprocess.run([sys.executable, str(WAIT_READY), "http://127.0.0.1:9", "tiny", "1"],
+                          capture_output=True, text=True, timeout=60, env={})
+    assert done.returncode == 1 and "not ready after 1 s" in done.stderr
