@@ -238,6 +238,15 @@ async def resolve_model(client: oc.Client, wanted: str) -> str:
     return wanted
 
 
+async def _still_serving(client: oc.Client) -> None:
+    """After failed requests: raise BenchAborted if the server is gone, so the run stops there."""
+    try:
+        await client.request("GET", "/health")
+    except oc.ServerError as exc:
+        if exc.kind == oc.UNREACHABLE or exc.status == 503:
+            raise BenchAborted(oc.ServerError(oc.UNREACHABLE, f"the server went away during the run ({exc})")) from None
+
+
 def abort_remedy(error: oc.ServerError, api_key_given: bool) -> str:
     if error.kind == oc.UNAUTHORIZED:
         return ("check that --api-key-file holds the key vLLM was started with" if api_key_given
@@ -246,6 +255,8 @@ def abort_remedy(error: oc.ServerError, api_key_given: bool) -> str:
         return "use --model auto, or restart vLLM with --served-model-name set to the name you pass"
     if error.kind == oc.TIMEOUT:
         return f"the server stopped answering: {LOG_HINT}; raise --timeout if it is only slow"
+    if error.kind in (oc.HTTP, oc.STREAM_CUT, oc.BAD_RESPONSE):
+        return f"the server cannot serve a streamed completion: run `rocmdoctor smoke` to see which step fails; {LOG_HINT}"
     return f"the server went away: {LOG_HINT} (often out of memory), restart it and rerun"
 
 
@@ -259,8 +270,9 @@ async def run_levels(options: BenchOptions) -> dict[str, Any]:
         prompts: list[Any] = ids if ids is not None else _prompt_words(options.prompt_tokens, options.requests)
         bodies = [{"model": model, "prompt": p, "max_tokens": options.max_tokens, "ignore_eos": True,
                    "temperature": 0} for p in prompts]
-        # One warm-up request, as `vllm bench serve` sends, so the first level pays no cold start.
-        warm_up = await run_level(client, bodies[:1], 1)
+        # A warm-up round at the highest concurrency: a fresh engine pays for every new batch shape
+        # once (kernel selection, allocator growth), which would otherwise land in the measured levels.
+        warm_up = await run_level(client, bodies[:max(levels)], max(levels))
         if warm_up["failures"]:
             raise BenchAborted(oc.ServerError(oc.HTTP, f"the warm-up request failed: {warm_up['errors'][0]}"))
         before = await _generation_counter(client, model)
@@ -269,6 +281,8 @@ async def run_levels(options: BenchOptions) -> dict[str, Any]:
         try:
             for concurrency in levels:
                 results.append(await run_level(client, bodies, concurrency))
+                if results[-1]["failures"]:
+                    await _still_serving(client)
         except BenchAborted as exc:
             aborted = {"kind": exc.error.kind, "message": str(exc.error), "at_concurrency": concurrency,
                        "remedy": abort_remedy(exc.error, options.api_key is not None)}
