@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -248,3 +249,42 @@ class SshFleet:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# -- running the playbooks -----------------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[2]
+PLAYBOOKS = REPO / "playbooks"
+ANSIBLE_PLAYBOOK = Path(os.environ.get("VIRTUAL_ENV") or REPO / ".venv") / "bin" / "ansible-playbook"
+_RECAP = re.compile(r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)\s+skipped=(\d+)",
+                    re.MULTILINE)
+
+
+@dataclass
+class PlaybookRun:
+    rc: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+    def recap(self) -> dict[str, dict[str, int]]:
+        """PLAY RECAP per host: {"host": {"ok": n, "changed": n, "unreachable": n, "failed": n, "skipped": n}}."""
+        keys = ("ok", "changed", "unreachable", "failed", "skipped")
+        return {m.group(1): dict(zip(keys, map(int, m.groups()[1:]))) for m in _RECAP.finditer(self.stdout)}
+
+
+def run_playbook(fleet: SshFleet, inventory: Path, *args: str, timeout: float = 1200) -> PlaybookRun:
+    """The real ansible-playbook on playbooks/site.yml, from playbooks/ (its ansible.cfg applies)."""
+    started = time.monotonic()
+    done = subprocess.run([str(ANSIBLE_PLAYBOOK), "-i", str(inventory), "site.yml", *args], cwd=PLAYBOOKS,
+                          env=fleet.ansible_env(), capture_output=True, text=True, timeout=timeout)
+    return PlaybookRun(done.returncode, done.stdout, done.stderr, time.monotonic() - started)
+
+
+def host_root(fixture_id: str, dest: Path) -> Path:
+    """A private copy of a host fixture: `rocmdoctor unit --write --root` writes the unit and the
+    service account into the root it was given, so every fake host needs its own."""
+    from harness.hosts import fixture_root
+
+    shutil.copytree(fixture_root(fixture_id), dest, symlinks=True)
+    return dest

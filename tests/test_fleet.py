@@ -1,0 +1,114 @@
+"""ansible-playbook site.yml over real SSH against three fake hosts, each a different host fixture.
+
+- halo   (strix-halo-clean): passes, gets its bundle, serves the REAL vLLM CPU engine (through the
+         test bundle) with `rocmdoctor serve` started detached (no systemd in a namespaced host),
+         and passes `rocmdoctor smoke`.
+- point  (strix-point, gfx1150): passes with warnings and gets its own family's bundle; by design it
+         stops after the bundle phase (rocmdoctor_serve: false), so one engine runs on 2 cores.
+- nocwsr (strix-halo-nocwsr-dkms): fails preflight, is reported with the remedies and left alone
+         while the others finish.
+Then a second run changes nothing, `--check --diff` changes nothing, and the upstream's access log
+shows every bundle part read once for the whole fleet.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.fleet import SshFleet, host_root, run_playbook
+from harness.served_bundle import ENGINE_ARGS, ENGINE_ENV
+
+pytestmark = [pytest.mark.ssh, pytest.mark.engine, pytest.mark.timeout(1800)]
+
+HOSTS = {"halo": "strix-halo-clean", "point": "strix-point", "nocwsr": "strix-halo-nocwsr-dkms"}
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("fleet")
+    with SshFleet("fleet-t", workdir) as ssh_fleet:
+        yield ssh_fleet
+
+
+@pytest.fixture(scope="module")
+def runs(fleet, fleet_upstream, tiny_model):
+    """The fleet converged once, then again, then in check mode: the three runs' results."""
+    tiny_model.chmod(0o755)
+    for name, fixture_id in HOSTS.items():
+        host = fleet.add(name, rocmdoctor_serve=name != "point")
+        host_root(fixture_id, host.opt / "host-root")
+        host.hostvars["rocmdoctor_root"] = "/opt/host-root"  # as the host sees its private /opt
+    inventory = fleet.write_inventory(fleet.workdir / "inventory.yml", group_vars={
+        "rocmdoctor_controller_cache": str(fleet.workdir / "controller-cache"),
+        "rocmdoctor_bundles_dir": str(fleet_upstream.pins),
+        "rocmdoctor_model": str(tiny_model),
+        "rocmdoctor_server_args": ["--served-model-name", "tiny", "--max-model-len", "512", "--max-num-seqs", "4"],
+        "rocmdoctor_vllm_extra_args": list(ENGINE_ARGS),
+        "rocmdoctor_detached_server": True,
+        "rocmdoctor_detached_environment": ENGINE_ENV,
+        "rocmdoctor_ready_timeout_s": 600,
+    })
+    first = run_playbook(fleet, inventory)
+    (fleet.workdir / "first.log").write_text(first.stdout + first.stderr)
+    second = run_playbook(fleet, inventory)
+    (fleet.workdir / "second.log").write_text(second.stdout + second.stderr)
+    unit = fleet.hosts[0].opt / "host-root/etc/systemd/system/vllm.service"
+    before = {p: p.stat().st_mtime_ns for p in (unit, fleet.hosts[0].opt / "rocmdoctor/current")}
+    check = run_playbook(fleet, inventory, "--check", "--diff")
+    after = {p: p.stat().st_mtime_ns for p in before}
+    for run in (first, second, check):
+        print(f"run: rc={run.rc} {run.seconds:.1f} s {run.recap()}")
+    return {"first": first, "second": second, "check": check, "untouched": before == after}
+
+
+def test_first_run_serves_passing_hosts_and_skips_the_failing_one(fleet, runs):
+    first = runs["first"]
+    recap = first.recap()
+    assert set(recap) == set(HOSTS), first.stdout[-3000:]
+    assert recap["halo"]["failed"] == 0 and recap["point"]["failed"] == 0, first.stdout[-6000:]
+    assert recap["halo"]["changed"] > 0 and recap["point"]["changed"] > 0
+    assert recap["nocwsr"]["failed"] == 1
+    assert first.rc == 2  # ansible-playbook's "a host failed"
+    # The failing host is reported with each failed check and its remedy, and left alone.
+    assert "rocmdoctor check failed on nocwsr" in first.stdout
+    for check_id in ("kernel.cwsr", "driver.dkms"):
+        assert check_id + " -- " in first.stdout
+    nocwsr = fleet.hosts[2]
+    assert not (nocwsr.opt / "rocmdoctor" / "current").exists()
+    assert not (nocwsr.opt / "rocmdoctor" / "mirror").exists()
+    # The passing hosts carry their own family's bundle, activated.
+    halo, point = fleet.hosts[0], fleet.hosts[1]
+    assert (halo.opt / "rocmdoctor/current/bin/vllm-server").is_file()
+    assert "gfx1151" in (halo.opt / "rocmdoctor/current").resolve().name
+    assert "gfx1150" in (point.opt / "rocmdoctor/current").resolve().name
+    assert "rocmdoctor smoke passed on halo" in first.stdout
+
+
+def test_the_served_host_answers_a_completion(fleet, runs):
+    halo, point = fleet.hosts[0], fleet.hosts[1]
+    probe = ("curl -sf -H 'Content-Type: application/json' http://127.0.0.1:8000/v1/completions "
+             "-d '{\"model\": \"tiny\", \"prompt\": \"Hello\", \"max_tokens\": 3}'")
+    answer = fleet.ssh(halo, probe)
+    assert answer.returncode == 0 and '"choices"' in answer.stdout, answer.stderr
+    # point stops after the bundle phase: nothing listens there.
+    assert fleet.ssh(point, "curl -s -o /dev/null http://127.0.0.1:8000/health").returncode != 0
+
+
+def test_second_run_changes_nothing(runs):
+    recap = runs["second"].recap()
+    assert {host: r["changed"] for host, r in recap.items()} == {host: 0 for host in HOSTS}, runs["second"].stdout[-4000:]
+    assert recap["halo"]["failed"] == recap["point"]["failed"] == 0
+
+
+def test_check_mode_changes_nothing(runs):
+    check = runs["check"]
+    recap = check.recap()
+    assert {host: r["changed"] for host, r in recap.items()} == {host: 0 for host in HOSTS}, check.stdout[-4000:]
+    assert recap["halo"]["failed"] == recap["point"]["failed"] == 0
+    assert runs["untouched"]
+
+
+def test_each_bundle_part_is_read_from_upstream_once_for_the_fleet(runs, fleet_upstream):
+    for part in fleet_upstream.parts:
+        reads = [e for e in fleet_upstream.server.downloads(part) if e.status in (200, 206)]
+        assert len(reads) == 1, f"{part}: {reads}"
