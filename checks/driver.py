@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..model import Result, Severity, failed, passed, warned
+from ..model import Result, failed, passed, warned
 from ..registry import Context
 from . import check
 from .facts import GPU_READS, OSRELEASE, gpus, kernel_release

@@ -6,7 +6,13 @@ from ..model import Result, failed, passed, warned
 from ..registry import Context
 from . import check
 from .facts import DISTRO_READS, GPU_READS, OSRELEASE, GpuNode, distro_info, gpus, kernel_release
-from .kernel_rules import CWSR_REQUIRED_TARGETS, carries_cwsr_export, expected_cwsr, minimum_for, parse_release
+from .kernel_rules import (
+    CWSR_REQUIRED_TARGETS,
+    carries_cwsr_export,
+    expected_cwsr,
+    minimum_for,
+    parse_release,
+)
 
 FIX_KERNEL = "run `rocmdoctor fix-kernel` for the commands for this distro"
 

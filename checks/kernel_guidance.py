@@ -69,8 +69,8 @@ def kernel_commands(family: str, distro_id: str | None, version: str | None) -> 
     if family == "arch":
         return ("sudo pacman -Syu linux   # or your kernel package (linux-lts: 6.12.64+)", "sudo reboot")
     if family == "opensuse" and "leap" in (distro_id or ""):
-        return ("sudo zypper addrepo -f https://download.opensuse.org/repositories/Kernel:/stable:/Backport/standard/"
-                " kernel-stable-backport",
+        return (("sudo zypper addrepo -f https://download.opensuse.org/repositories/Kernel:/stable:/Backport/standard/"
+                 " kernel-stable-backport"),
                 "sudo zypper install --from kernel-stable-backport kernel-default",
                 "sudo reboot")
     if family == "opensuse":

@@ -5,8 +5,8 @@ from __future__ import annotations
 from ..model import Result, Severity, passed, warned
 from ..registry import Context
 from . import check
-from .facts import sentence
 from .access import PASSWD, find_account, target_user
+from .facts import sentence
 
 # Conventional homes of people and service users; a user site elsewhere is not looked for.
 HOME_PATTERNS = ("/root", "/home/*", "/var/lib/*", "/opt/*", "/srv/*")

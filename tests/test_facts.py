@@ -4,12 +4,19 @@ values in host-facts.md and the real captures in the fixtures."""
 from __future__ import annotations
 
 import pytest
-
 from harness.hosts import fixture_root
 from rocmdoctor.checks.facts import (
-    GpuNode, family_for_gfx, gfx_name, gpus, meminfo, parse_properties, pci_slot_from_location, usable_memory,
+    GpuNode,
+    family_for_gfx,
+    gfx_name,
+    gpus,
+    meminfo,
+    parse_properties,
+    pci_slot_from_location,
+    usable_memory,
 )
 from rocmdoctor.checks.kernel_rules import carries_cwsr_export, expected_cwsr, parse_release, vgpr_bytes
+
 from rocmdoctor.host import Host
 from rocmdoctor.registry import Context
 

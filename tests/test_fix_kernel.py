@@ -6,7 +6,6 @@ import hashlib
 import json
 
 import pytest
-
 from harness.hosts import fixture_root, run_cli
 from rocmdoctor.checks.kernel_guidance import Finding, distro_family, guidance, kernel_commands
 

@@ -6,7 +6,6 @@ import json
 import tarfile
 
 import pytest
-
 from harness.hosts import FIXTURE_IDS, check_json, fixture_root, normalize, run_cli
 from rocmdoctor.checks import load_registry
 
@@ -58,7 +57,7 @@ def test_snapshot_of_this_machine_replays(tmp_path):
     _, live, _ = check_json("/")
     _, replayed, _ = check_json(replay(archive, tmp_path / "replay"))
     moving = {"processes.orphans", "disk.space"}
-    strip = lambda r: {c["id"]: (c["status"], c["summary"]) for c in r["checks"] if c["id"] not in moving}  # noqa: E731
+    strip = lambda r: {c["id"]: (c["status"], c["summary"]) for c in r["checks"] if c["id"] not in moving}
     assert strip(replayed) == strip(live)
     assert replayed["host"] == live["host"]
 

@@ -37,7 +37,7 @@ def run_cli(*args: str, root: Path | str | None = None, env: dict[str, str] | No
         argv += ["--root", str(root)]
     full_env = {k: v for k, v in os.environ.items() if k != "ROCMDOCTOR_ROOT"}
     full_env.update(env or {})
-    return subprocess.run(argv + list(args), capture_output=True, text=True, timeout=timeout, env=full_env)
+    return subprocess.run(argv + list(args), check=False, capture_output=True, text=True, timeout=timeout, env=full_env)
 
 
 def check_json(root: Path | str, *args: str) -> tuple[int, dict[str, Any], str]:
