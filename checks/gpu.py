@@ -49,7 +49,8 @@ def gpu_present(ctx: Context) -> Result:
     return failed(
         f"KFD topology has {len(nodes)} node(s) but none is a GPU (gfx_target_version 0 everywhere){instead}",
         "Check `dmesg | grep -i amdgpu` for a driver that failed to initialise the GPU; in WSL or a VM pass the GPU through.",
-        kfd_nodes=nodes, other_devices=others,
+        kfd_nodes=nodes,
+        other_devices=others,
     )
 
 
@@ -59,7 +60,8 @@ def gpu_arch(ctx: Context) -> Result:
     rows = [gpu_summary(g) for g in found]
     described = ", ".join(
         f"node {g.node}: {g.gfx} {'APU' if g.apu else 'dGPU' if g.apu is False else '(APU or dGPU unknown)'}"
-        f" -> {g.family or 'no bundle'}" for g in found
+        f" -> {g.family or 'no bundle'}"
+        for g in found
     )
     unsupported = sorted({g.gfx for g in found if g.family is None})
     if unsupported:

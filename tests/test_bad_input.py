@@ -44,9 +44,15 @@ CONTRADICTIONS = (
     b"gfx_target_version 999999\nsimd_count -4\nsimd_per_cu 0\nnum_xcc 0\n",
     b"gfx_target_version 110501\ndrm_render_minor -1\nlocation_id 99999999\ndomain -7\n",
     b"gfx_target_version 110501\nsimd_count 80\nsimd_per_cu 2\ncwsr_size 1\nctl_stack_size 99999999999999999999\n",
-    b"-1\n", b"0x\n", b"18446744073709551616\n", b"PCI_SLOT_NAME=\nPCI_ID=zz:zz\n=\n",
-    b"MemTotal: 10 kB\nMemAvailable: 999999999999 kB\n", b"render:x:notanumber:user\n:::\n",
-    b"user:x:1000:1000\n", b"PPid:\t-3\n", b"  sl  local_address\n 0: 0:1F40 0:0 0A x x x x x zz\n",
+    b"-1\n",
+    b"0x\n",
+    b"18446744073709551616\n",
+    b"PCI_SLOT_NAME=\nPCI_ID=zz:zz\n=\n",
+    b"MemTotal: 10 kB\nMemAvailable: 999999999999 kB\n",
+    b"render:x:notanumber:user\n:::\n",
+    b"user:x:1000:1000\n",
+    b"PPid:\t-3\n",
+    b"  sl  local_address\n 0: 0:1F40 0:0 0A x x x x x zz\n",
 )
 
 
@@ -59,8 +65,11 @@ def targets(root: Path) -> list[Path]:
 
 @st.composite
 def damage(draw):
-    kind = draw(st.sampled_from(["truncate", "binary", "huge", "contradict", "directory", "dangling", "fifo",
-                                 "empty"]))
+    kind = draw(
+        st.sampled_from(
+            ["truncate", "binary", "huge", "contradict", "directory", "dangling", "fifo", "empty"]
+        )
+    )
     if kind == "truncate":
         return kind, draw(st.floats(0, 1))
     if kind == "binary":
@@ -98,9 +107,16 @@ def run_all(root: Path) -> dict:
     return build_report(str(root), host_facts(ctx), outcomes)
 
 
-@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(fixture_id=st.sampled_from(FIXTURE_IDS), picks=st.lists(st.tuples(st.integers(0, 10_000), damage()),
-                                                                min_size=1, max_size=4))
+@settings(
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    fixture_id=st.sampled_from(FIXTURE_IDS),
+    picks=st.lists(st.tuples(st.integers(0, 10_000), damage()), min_size=1, max_size=4),
+)
 def test_every_check_judges_a_damaged_tree(tmp_path_factory, fixture_id, picks):
     root = tmp_path_factory.mktemp("checks-bad") / fixture_id
     shutil.copytree(fixture_root(fixture_id), root, symlinks=True)

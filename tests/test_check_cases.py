@@ -14,8 +14,10 @@ from rocmdoctor.model import Status
 from rocmdoctor.registry import Context, Options
 
 # The line format of amdgpu_debugfs_firmware_info_show() (drivers/gpu/drm/amd/amdgpu/amdgpu_kms.c).
-FIRMWARE_INFO = ("MES_KIQ feature version: 6, firmware version: 0x0000006c\n"
-                 "MES feature version: 1, firmware version: 0x{mes:08x}\n")
+FIRMWARE_INFO = (
+    "MES_KIQ feature version: 6, firmware version: 0x0000006c\n"
+    "MES feature version: 1, firmware version: 0x{mes:08x}\n"
+)
 
 
 @pytest.fixture
@@ -24,6 +26,7 @@ def host_copy(tmp_path):
         root = tmp_path / fixture_id
         shutil.copytree(fixture_root(fixture_id), root, symlinks=True)
         return root
+
     return copy
 
 
@@ -68,7 +71,8 @@ def test_another_user_is_judged_by_the_files_not_the_session(host_copy):
 def test_dkms_seen_through_modules_dep_alone(host_copy):
     root = host_copy("strix-halo-clean")
     (root / "lib/modules/6.19.11-1-cachyos/modules.dep").write_text(
-        "updates/dkms/amdgpu.ko.zst: kernel/drivers/gpu/drm/drm_exec.ko.zst\n")
+        "updates/dkms/amdgpu.ko.zst: kernel/drivers/gpu/drm/drm_exec.ko.zst\n"
+    )
     result = run(root, "driver.dkms")
     assert result.status is Status.FAIL and "modules_dep" in result.details["signals"]
 

@@ -42,7 +42,11 @@ def test_no_check_module_touches_the_system_itself(path):
             names = {alias.name.split(".")[0] for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
             names = {(node.module or "").split(".")[0]} if node.level == 0 else set()
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("open", "__import__"):
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("open", "__import__")
+        ):
             pytest.fail(f"{path.name}:{node.lineno} calls {node.func.id}(); read through ctx.host")
         else:
             continue
@@ -68,7 +72,9 @@ def test_every_path_a_check_touches_is_declared(fixture_id):
     for spec in load_registry().specs:
         host = Host(fixture_root(fixture_id))
         run_isolated(spec, Context(host))
-        undeclared = sorted(p for p in host.accessed if p != "/" and not any(covered(p, r) for r in spec.reads))
+        undeclared = sorted(
+            p for p in host.accessed if p != "/" and not any(covered(p, r) for r in spec.reads)
+        )
         assert not undeclared, f"{spec.id} read undeclared paths on {fixture_id}: {undeclared}"
 
 

@@ -62,7 +62,9 @@ def test_snapshot_of_this_machine_replays(tmp_path):
     assert replayed["host"] == live["host"]
 
 
-@pytest.mark.parametrize("out, message", [("host.zip", "*.tar.gz"), ("missing-dir/host.tar.gz", "does not exist")])
+@pytest.mark.parametrize(
+    "out, message", [("host.zip", "*.tar.gz"), ("missing-dir/host.tar.gz", "does not exist")]
+)
 def test_bad_output_path_is_a_clear_error(tmp_path, out, message):
     proc = run_cli("snapshot", str(tmp_path / out), root=fixture_root("strix-point"))
     assert proc.returncode == 2

@@ -54,8 +54,11 @@ def _users(ctx: Context) -> set[str]:
 
 
 def _filter_passwd(text: str, users: set[str]) -> str:
-    return "".join(line + "\n" for line in text.splitlines()
-                   if line.split(":", 1)[0] in users or line.split(":")[2:3] == ["0"])
+    return "".join(
+        line + "\n"
+        for line in text.splitlines()
+        if line.split(":", 1)[0] in users or line.split(":")[2:3] == ["0"]
+    )
 
 
 def _filter_group(text: str, users: set[str], gids: set[int], keep_gids: set[int]) -> str:
@@ -122,8 +125,9 @@ def collect(ctx: Context, specs: list[CheckSpec]) -> Snapshot:
     if PASSWD in snap.files:
         snap.files[PASSWD] = _filter_passwd(snap.files[PASSWD].decode(), users).encode()
     if GROUP in snap.files:
-        snap.files[GROUP] = _filter_group(snap.files[GROUP].decode(), users, {a.gid for a in accounts},
-                                          device_gids).encode()
+        snap.files[GROUP] = _filter_group(
+            snap.files[GROUP].decode(), users, {a.gid for a in accounts}, device_gids
+        ).encode()
     for path in measured_paths(ctx):
         free = host.free_bytes(path)
         if free is not None:

@@ -16,7 +16,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-VLLM_PYTHON = Path(os.environ.get("ROCMDOCTOR_TEST_CACHE", "/root/.cache/rocmdoctor-test")) / "vllm-venv/bin/python"
+VLLM_PYTHON = (
+    Path(os.environ.get("ROCMDOCTOR_TEST_CACHE", "/root/.cache/rocmdoctor-test")) / "vllm-venv/bin/python"
+)
 
 
 def timed(argv: list[str], runs: int) -> list[float]:
@@ -31,7 +33,9 @@ def timed(argv: list[str], runs: int) -> list[float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--vllm-runs", type=int, default=3)
     parser.add_argument("--fixture", default="strix-halo-clean")
@@ -40,10 +44,14 @@ def main() -> None:
     check = [str(rocmdoctor), "--root", str(REPO / "tests/fixtures/hosts" / args.fixture), "check", "--json"]
     timed(check, 2)  # warm the page cache and .pyc files
     ours = timed(check, args.runs)
-    print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
+    print(
+        f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    )
     print(f"command: {' '.join(check)}")
-    print(f"rocmdoctor check: median {statistics.median(ours):.3f} s, min {min(ours):.3f} s, "
-          f"max {max(ours):.3f} s over {args.runs} runs")
+    print(
+        f"rocmdoctor check: median {statistics.median(ours):.3f} s, min {min(ours):.3f} s, "
+        f"max {max(ours):.3f} s over {args.runs} runs"
+    )
     if not VLLM_PYTHON.exists():
         print(f"vllm.collect_env: {VLLM_PYTHON} not found, no ratio")
         return
