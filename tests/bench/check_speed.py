@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -21,15 +22,19 @@ VLLM_PYTHON = (
 )
 
 
-def timed(argv: list[str], runs: int) -> list[float]:
-    times = []
+def timed(argv: list[str], runs: int) -> tuple[list[float], list[float]]:
+    """Wall seconds and CPU seconds (user + system of the child) of each run."""
+    walls, cpus = [], []
     for _ in range(runs):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
         proc = subprocess.run(argv, check=False, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        times.append(time.perf_counter() - started)
+        walls.append(time.perf_counter() - started)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
         if proc.returncode not in (0, 1):
             sys.exit(f"{' '.join(argv)} exited {proc.returncode}: {proc.stderr[-500:]}")
-    return times
+    return walls, cpus
 
 
 def main() -> None:
@@ -43,24 +48,22 @@ def main() -> None:
     rocmdoctor = Path(sys.executable).parent / "rocmdoctor"
     check = [str(rocmdoctor), "--root", str(REPO / "tests/fixtures/hosts" / args.fixture), "check", "--json"]
     timed(check, 2)  # warm the page cache and .pyc files
-    ours = timed(check, args.runs)
-    print(
-        f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
-    )
+    ours, ours_cpu = timed(check, args.runs)
+    load = os.getloadavg()[0]
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, load {load:.1f}")
     print(f"command: {' '.join(check)}")
     print(
-        f"rocmdoctor check: median {statistics.median(ours):.3f} s, min {min(ours):.3f} s, "
-        f"max {max(ours):.3f} s over {args.runs} runs"
+        f"rocmdoctor check: median {statistics.median(ours):.3f} s wall (min {min(ours):.3f}, max {max(ours):.3f}), "
+        f"median {statistics.median(ours_cpu):.3f} s CPU, over {args.runs} runs"
     )
-    if not VLLM_PYTHON.exists():
-        print(f"vllm.collect_env: {VLLM_PYTHON} not found, no ratio")
+    if args.vllm_runs < 1 or not VLLM_PYTHON.exists():
+        print("vllm.collect_env: not measured, no ratio")
         return
     collect = [str(VLLM_PYTHON), "-m", "vllm.collect_env"]
-    theirs = timed(collect, args.vllm_runs)
+    theirs, _ = timed(collect, args.vllm_runs)
     print(f"command: {' '.join(collect)}")
     print(f"vllm.collect_env: median {statistics.median(theirs):.3f} s over {args.vllm_runs} runs")
     print(f"ratio rocmdoctor/collect_env: {statistics.median(ours) / statistics.median(theirs):.3f}")
-
 
 if __name__ == "__main__":
     main()
