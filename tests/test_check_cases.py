@@ -104,3 +104,15 @@ def test_memory_too_small_for_any_model_fails(host_copy):
     (root / "proc/meminfo").write_text("MemTotal: 32111336 kB\nMemFree: 10000 kB\nMemAvailable: 900000 kB\n")
     result = run(root, "memory.gpu")
     assert result.status is Status.FAIL and result.details["recommended_gpu_memory_utilization"] == 0.0
+
+
+def test_wsl_is_named_as_the_reason(host_copy):
+    root = host_copy("no-amd-gpu")
+    edit_json(
+        root / ".rocmdoctor/stat.json",
+        lambda d: d.update(
+            {"/dev/dxg": {"type": "char", "mode": "0666", "uid": 0, "gid": 0, "rdev": "10:63"}}
+        ),
+    )
+    result = run(root, "gpu.present")
+    assert result.status is Status.FAIL and "WSL" in result.summary
