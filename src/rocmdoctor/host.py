@@ -180,6 +180,13 @@ class Host:
             return norm
         return str(self.root) + norm
 
+    def _escapes(self, real: str) -> bool:
+        """A captured tree is untrusted input: a symlink in it must never lead outside the root."""
+        if self.is_live:
+            return False
+        resolved = os.path.realpath(real)
+        return resolved != str(self.root) and not resolved.startswith(str(self.root) + os.sep)
+
     def _guard(self, path: str) -> None:
         for pattern in FORBIDDEN_PATTERNS:
             if pattern == "/dev/*" and path.startswith("/dev/"):
@@ -197,6 +204,8 @@ class Host:
         self._note(path)
         self._guard(path)
         real = self._real(path)
+        if self._escapes(real):
+            return Read(path, ReadState.UNREADABLE, detail="a link in the captured tree points outside --root")
         try:
             fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -269,13 +278,15 @@ class Host:
 
     def is_dir(self, path: str) -> bool:
         self._note(path)
-        return os.path.isdir(self._real(path))
+        real = self._real(path)
+        return not self._escapes(real) and os.path.isdir(real)
 
     def listdir(self, path: str) -> list[str]:
         """Entries of a directory in natural order; [] when it is absent or unreadable."""
         self._note(path)
+        real = self._real(path)
         try:
-            names = os.listdir(self._real(path))
+            names = [] if self._escapes(real) else os.listdir(real)
         except OSError:
             names = []
         if not self.is_live:
