@@ -27,6 +27,7 @@ VLLM_DEFAULT_UTILIZATION = 0.92
 PEAK_SHARE_WARN = 0.60
 # A few MiB that the caching allocator keeps count as released.
 RELEASE_SLACK = 64 << 20
+GPU_FAULT_REMEDY = "Look at `sudo dmesg` for GPU resets or page faults, then rerun `rocmdoctor check --deep`."
 VISIBILITY_VARIABLES = ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES",
                         "HSA_OVERRIDE_GFX_VERSION")
 KFD_READS = ("/sys/class/kfd/kfd/topology/nodes/*/properties", "/sys/class/drm/*/device/uevent",
@@ -239,10 +240,9 @@ def gib(n: int) -> str:
 def gpu_memory_fit(ctx: Context) -> Result:
     run = run_probe(ctx)
     memory = run.report.get("memory")
-    if run.failed_stage == "memory" and not (memory or {}).get("total"):
+    if run.failed_stage == "memory":
         return failed(f"the GPU stopped answering while its memory was measured: {run.error.get('message')}",
-                      "Look at `sudo dmesg` for GPU resets or page faults, then rerun `rocmdoctor check --deep`.",
-                      probe_error=run.error)
+                      GPU_FAULT_REMEDY, probe_error=run.error, memory=memory)
     free, total = int(memory["free"]), int(memory["total"])
     largest, best = largest_passing(total, free), recommended(total, free)
     details = {"device": memory.get("device", 0), "free": free, "total": total, "largest_passing": largest,
@@ -287,8 +287,7 @@ def gpu_compute(ctx: Context) -> Result:
     compute = run.report.get("compute") or {}
     if run.failed_stage == "compute" or "copy" not in compute:
         return failed(f"the GPU broke while it was measured: {run.error.get('message', 'no measurement')}",
-                      "Look at `sudo dmesg` for GPU resets or page faults, then rerun `rocmdoctor check --deep`.",
-                      probe_error=run.error, **compute)
+                      GPU_FAULT_REMEDY, probe_error=run.error, **compute)
     device = next((d for d in run.report.get("devices", []) if d.get("index") == run.report["memory"]["device"]), {})
     tflops, gbps = float(compute["matmul"]["tflops"]), float(compute["copy"]["gbps"])
     measured = f"bf16 matmul {tflops:.1f} TFLOP/s, device copy {gbps:.0f} GB/s"

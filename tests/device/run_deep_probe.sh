@@ -24,19 +24,16 @@ site=$(mktemp -d /tmp/deep-site.XXXXXX)
 "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$site" "$WHEELS"/*.whl || exit 1
 export PYTHONPATH=$site
 
-# Another process holds HOLD_GIB GiB, as a second tenant would; it signals once the memory is real.
-"$PY" - "$HOLD_GIB" > "$OUT/holder.log" 2>&1 <<'PYEOF' &
-import sys, time, torch
-block = torch.empty(int(sys.argv[1]) << 30, dtype=torch.uint8, device="cuda")
-block.fill_(1)
-torch.cuda.synchronize()
-print("held", torch.cuda.mem_get_info(), flush=True)
-time.sleep(3600)
-PYEOF
-holder=$!
-for _ in $(seq 120); do grep -q held "$OUT/holder.log" && break; sleep 0.5; done
-grep -q held "$OUT/holder.log" || { echo "the holder never held its memory:"; cat "$OUT/holder.log"; kill "$holder"; exit 1; }
-cat "$OUT/holder.log"
+# Another process holds memory, as a second tenant would; it says "held" once the memory is real.
+start_holder() {
+    "$PY" tests/device/hold_gpu_memory.py "$@" > /tmp/deep-holder.log 2>&1 &
+    holder=$!
+    for _ in $(seq 120); do grep -q held /tmp/deep-holder.log && break; sleep 0.5; done
+    cat /tmp/deep-holder.log
+    grep -q held /tmp/deep-holder.log || { echo "the holder never held its memory"; kill "$holder"; exit 1; }
+}
+stop_holder() { kill "$holder" 2>/dev/null; wait "$holder" 2>/dev/null; }
+start_holder hold "$HOLD_GIB"
 
 status=0
 "$PY" tests/device/verify_deep_probe.py --out "$OUT" --held-gib "$HOLD_GIB" || status=1
@@ -55,7 +52,23 @@ assert set(deep) == {"gpu.runtime", "gpu.memory_fit", "gpu.compute"}, deep.keys(
 assert all(c["status"] == "pass" for c in deep.values()), "a deep check did not pass"
 PYEOF
 
-kill "$holder" 2>/dev/null
-wait "$holder" 2>/dev/null
+stop_holder
+
+# A GPU nearly full (all but 3 GiB taken): gpu.memory_fit must fail with a reason, the others pass.
+echo "== nearly full: rocmdoctor check --deep with all but 3 GiB held"
+start_holder leave 3
+"$PY" -m rocmdoctor check --deep --python "$PY" --json > "$OUT/check-deep-full.json" 2> /tmp/deep-full.stderr
+echo "check exit code $?"
+"$PY" - "$OUT/check-deep-full.json" <<'PYEOF' || status=1
+import json, sys
+report = json.load(open(sys.argv[1]))
+deep = {c["id"]: c for c in report["checks"] if c["id"].startswith("gpu.")}
+for cid, c in deep.items():
+    print(f"{cid:<16} {c['status']:<5} {c['summary']}\n{'':<22} remedy: {c['remedy']}")
+assert deep["gpu.runtime"]["status"] == "pass"
+assert deep["gpu.memory_fit"]["status"] == "fail", "a nearly full GPU must fail gpu.memory_fit"
+assert report["exit_code"] == 1
+PYEOF
+stop_holder
 echo "== overall: $([ $status = 0 ] && echo PASS || echo FAIL)"
 exit $status

@@ -147,20 +147,25 @@ def memory_stage(torch, device: int, margin_bytes: int, allocate: bool, report: 
     allocation["released"] = allocation["free_after_release"] >= free - 64 * (1 << 20)
 
 
-def timed_ms(torch, fn, warmup: int, iterations: int) -> list[float]:
-    """Per-iteration device time from CUDA/HIP events, after warm-up (clocks ramp, kernels load)."""
-    for _ in range(warmup):
+def timed_ms(torch, fn, iterations: int, warmup_s: float = 0.3) -> list[float]:
+    """Per-iteration device time from CUDA/HIP events, after a warm-up long enough for the clocks
+    to ramp up from idle and for kernels and library handles to load."""
+    started = time.perf_counter()
+    done = 0
+    while done < 3 or time.perf_counter() - started < warmup_s:
         fn()
+        done += 1
+        if done % 4 == 0:
+            torch.cuda.synchronize()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(iterations):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+    # Back to back, no host sync in between: the device never idles, so neither do its clocks.
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(iterations + 1)]
+    events[0].record()
+    for i in range(iterations):
         fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return times
+        events[i + 1].record()
+    events[-1].synchronize()
+    return [events[i].elapsed_time(events[i + 1]) for i in range(iterations)]
 
 
 def compute_stage(torch, device: int, size: int, iterations: int, copy_bytes: int, report: dict) -> None:
@@ -172,8 +177,7 @@ def compute_stage(torch, device: int, size: int, iterations: int, copy_bytes: in
     a = torch.randn(size, size, device=dev, dtype=torch.bfloat16)
     b = torch.randn(size, size, device=dev, dtype=torch.bfloat16)
     out = torch.empty(size, size, device=dev, dtype=torch.bfloat16)
-    times = timed_ms(torch, lambda: torch.matmul(a, b, out=out), warmup=max(5, iterations // 3),
-                     iterations=iterations)
+    times = timed_ms(torch, lambda: torch.matmul(a, b, out=out), iterations)
     median = statistics.median(times)
     compute["matmul"] = {"dtype": "bfloat16", "n": size, "iterations": iterations,
                          "median_ms": round(median, 4), "min_ms": round(min(times), 4),
@@ -185,7 +189,7 @@ def compute_stage(torch, device: int, size: int, iterations: int, copy_bytes: in
     nbytes = max(64 << 20, min(copy_bytes, free // 4))
     src = torch.empty(nbytes, dtype=torch.uint8, device=dev).random_(0, 256)
     dst = torch.empty_like(src)
-    times = timed_ms(torch, lambda: dst.copy_(src), warmup=max(3, iterations // 3), iterations=iterations)
+    times = timed_ms(torch, lambda: dst.copy_(src), iterations)
     median = statistics.median(times)
     if not torch.equal(src[:4096], dst[:4096]) or not torch.equal(src[-4096:], dst[-4096:]):
         raise StageError("device-to-device copy produced wrong data")
