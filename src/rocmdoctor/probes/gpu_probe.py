@@ -147,7 +147,7 @@ def memory_stage(torch, device: int, margin_bytes: int, allocate: bool, report: 
     allocation["released"] = allocation["free_after_release"] >= free - 64 * (1 << 20)
 
 
-def timed_ms(torch, fn, iterations: int, warmup_s: float = 0.3) -> list[float]:
+def timed_ms(torch, fn, iterations: int, warmup_s: float = 1.0) -> list[float]:
     """Per-iteration device time from CUDA/HIP events, after a warm-up long enough for the clocks
     to ramp up from idle and for kernels and library handles to load."""
     started = time.perf_counter()
