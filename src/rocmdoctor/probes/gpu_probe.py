@@ -147,17 +147,23 @@ def memory_stage(torch, device: int, margin_bytes: int, allocate: bool, report: 
     allocation["released"] = allocation["free_after_release"] >= free - 64 * (1 << 20)
 
 
-def timed_ms(torch, fn, iterations: int, warmup_s: float = 1.0) -> list[float]:
-    """Per-iteration device time from CUDA/HIP events, after a warm-up long enough for the clocks
-    to ramp up from idle and for kernels and library handles to load."""
+def timed_ms(torch, fn, iterations: int, warmup_ms: float = 1000.0) -> list[float]:
+    """Per-iteration device time from CUDA/HIP events, after a warm-up of `warmup_ms` of device
+    time: long enough for the clocks to ramp up from idle and for kernels and handles to load."""
+    first = torch.cuda.Event(enable_timing=True)
+    first.record()
     started = time.perf_counter()
     done = 0
-    while done < 3 or time.perf_counter() - started < warmup_s:
+    while True:
         fn()
         done += 1
         if done % 4 == 0:
-            torch.cuda.synchronize()
-    torch.cuda.synchronize()
+            mark = torch.cuda.Event(enable_timing=True)
+            mark.record()
+            mark.synchronize()
+            # The host clock bounds it too, should the events not advance.
+            if first.elapsed_time(mark) >= warmup_ms or time.perf_counter() - started > warmup_ms / 100:
+                break
     # Back to back, no host sync in between: the device never idles, so neither do its clocks.
     events = [torch.cuda.Event(enable_timing=True) for _ in range(iterations + 1)]
     events[0].record()
