@@ -290,7 +290,9 @@ def gpu_compute(ctx: Context) -> Result:
                       GPU_FAULT_REMEDY, probe_error=run.error, **compute)
     device = next((d for d in run.report.get("devices", []) if d.get("index") == run.report["memory"]["device"]), {})
     tflops, gbps = float(compute["matmul"]["tflops"]), float(compute["copy"]["gbps"])
-    measured = f"bf16 matmul {tflops:.1f} TFLOP/s, device copy {gbps:.0f} GB/s"
+    sustained = compute["matmul"].get("sustained_tflops")
+    measured = (f"bf16 matmul {tflops:.1f} TFLOP/s" + (f" ({sustained:.0f} sustained)" if sustained else "")
+                + f", device copy {gbps:.0f} GB/s")
     details: dict[str, Any] = {"device": device.get("name"), "arch": device.get("arch"), **compute}
     peak = find_peak(str(device.get("name", "")), str(device.get("arch", "")))
     if peak is None:
