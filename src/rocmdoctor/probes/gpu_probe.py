@@ -55,7 +55,7 @@ def recommended(total: int, free: int, margin_bytes: int = DEFAULT_MARGIN_BYTES)
 
 # Device time spent before timing: enough to load kernels and ramp clocks from idle (burst), and
 # enough for power and thermal limits to act (sustained).
-BURST_WARMUP_MS = 100.0
+BURST_WARMUP_MS = 20.0
 SUSTAINED_AFTER_MS = 1000.0
 
 # vLLM's native extensions, by the file name stem they ship under.
@@ -152,9 +152,12 @@ def memory_stage(torch, device: int, margin_bytes: int, allocate: bool, report: 
     allocation["released"] = allocation["free_after_release"] >= free - 64 * (1 << 20)
 
 
-def timed_ms(torch, fn, iterations: int, warmup_ms: float) -> list[float]:
-    """Per-iteration device time from CUDA/HIP events, after a warm-up of `warmup_ms` of device
-    time (kernels and library handles load, clocks ramp up from idle)."""
+def timed_ms(torch, fn, iterations: int, warmup_ms: float, back_to_back: bool) -> list[float]:
+    """Per-iteration device time from CUDA/HIP events, after `warmup_ms` of device time.
+
+    Back to back, the device never idles between iterations and settles at what its power and
+    thermal limits allow; otherwise each iteration is waited for, and the short pauses let it run
+    at the boost clocks datasheet peaks are quoted for."""
     first = torch.cuda.Event(enable_timing=True)
     first.record()
     started = time.perf_counter()
@@ -169,14 +172,15 @@ def timed_ms(torch, fn, iterations: int, warmup_ms: float) -> list[float]:
             # The host clock bounds it too, should the events not advance.
             if first.elapsed_time(mark) >= warmup_ms or time.perf_counter() - started > warmup_ms / 100:
                 break
-    # Back to back, no host sync in between: the device never idles, so neither do its clocks.
-    events = [torch.cuda.Event(enable_timing=True) for _ in range(iterations + 1)]
-    events[0].record()
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(2 * iterations)]
     for i in range(iterations):
+        events[2 * i].record()
         fn()
-        events[i + 1].record()
+        events[2 * i + 1].record()
+        if not back_to_back:
+            events[2 * i + 1].synchronize()
     events[-1].synchronize()
-    return [events[i].elapsed_time(events[i + 1]) for i in range(iterations)]
+    return [events[2 * i].elapsed_time(events[2 * i + 1]) for i in range(iterations)]
 
 
 def compute_stage(torch, device: int, size: int, iterations: int, copy_bytes: int, report: dict) -> None:
@@ -195,10 +199,10 @@ def compute_stage(torch, device: int, size: int, iterations: int, copy_bytes: in
     def tflops(times: list[float]) -> float:
         return round(2 * size**3 / (statistics.median(times) / 1e3) / 1e12, 2)
 
-    # A burst, as datasheet peaks are quoted (boost clocks), then the rate once the device has been
-    # busy for a second: power and thermal limits show there (an H200 drops about a fifth).
-    burst = timed_ms(torch, matmul, iterations, warmup_ms=BURST_WARMUP_MS)
-    sustained = timed_ms(torch, matmul, iterations, warmup_ms=SUSTAINED_AFTER_MS)
+    # Bursts, as datasheet peaks are quoted (boost clocks), then the rate once the device has been
+    # busy for a second without a pause: power limits show there (an H200 loses about a seventh).
+    burst = timed_ms(torch, matmul, iterations, BURST_WARMUP_MS, back_to_back=False)
+    sustained = timed_ms(torch, matmul, iterations, SUSTAINED_AFTER_MS, back_to_back=True)
     compute["matmul"] = {"dtype": "bfloat16", "n": size, "iterations": iterations,
                          "median_ms": round(statistics.median(burst), 4), "min_ms": round(min(burst), 4),
                          "tflops": tflops(burst), "sustained_tflops": tflops(sustained)}
@@ -209,7 +213,7 @@ def compute_stage(torch, device: int, size: int, iterations: int, copy_bytes: in
     nbytes = max(64 << 20, min(copy_bytes, free // 4))
     src = torch.empty(nbytes, dtype=torch.uint8, device=dev).random_(0, 256)
     dst = torch.empty_like(src)
-    times = timed_ms(torch, lambda: dst.copy_(src), iterations, warmup_ms=BURST_WARMUP_MS)
+    times = timed_ms(torch, lambda: dst.copy_(src), iterations, BURST_WARMUP_MS, back_to_back=False)
     median = statistics.median(times)
     if not torch.equal(src[:4096], dst[:4096]) or not torch.equal(src[-4096:], dst[-4096:]):
         raise StageError("device-to-device copy produced wrong data")
