@@ -1,0 +1,1 @@
+"""Provisioning: fetch, verify, extract and activate the vllm-rocm bundle (no host diagnosis here)."""
