@@ -30,8 +30,6 @@ RELEASE_SLACK = 64 << 20
 GPU_FAULT_REMEDY = "Look at `sudo dmesg` for GPU resets or page faults, then rerun `rocmdoctor check --deep`."
 VISIBILITY_VARIABLES = ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES",
                         "HSA_OVERRIDE_GFX_VERSION")
-KFD_READS = ("/sys/class/kfd/kfd/topology/nodes/*/properties", "/sys/class/drm/*/device/uevent",
-             "/sys/class/drm/*/device/mem_info_*", "/proc/meminfo")
 
 
 @dataclass(frozen=True)
@@ -173,7 +171,7 @@ def visibility(ctx: Context) -> dict[str, str]:
     return {name: env[name] for name in VISIBILITY_VARIABLES if name in env}
 
 
-@check("gpu.runtime", "The bundle's PyTorch sees the GPU", reads=KFD_READS, env=VISIBILITY_VARIABLES,
+@check("gpu.runtime", "The bundle's PyTorch sees the GPU", reads=facts.GPU_READS, env=VISIBILITY_VARIABLES,
        probe=Probe.GPU, default_enabled=False)
 def gpu_runtime(ctx: Context) -> Result:
     run = run_probe(ctx)
@@ -236,7 +234,7 @@ def gib(n: int) -> str:
 
 
 @check("gpu.memory_fit", "vLLM's memory rule passes with the runtime's free memory", depends=("gpu.runtime",),
-       probe=Probe.GPU, default_enabled=False)
+       reads=(*facts.GPU_READS, *facts.MEMINFO_READS), probe=Probe.GPU, default_enabled=False)
 def gpu_memory_fit(ctx: Context) -> Result:
     run = run_probe(ctx)
     memory = run.report.get("memory")
@@ -277,8 +275,10 @@ def gpu_memory_fit(ctx: Context) -> Result:
     return passed(f"{summary} and released", **details)
 
 
+# Its own figures come from the probe; the declared reads keep the GPU's static identity beside them
+# in a snapshot.
 @check("gpu.compute", "The GPU reaches its expected matrix and memory speed", severity=Severity.ADVISORY,
-       depends=("gpu.runtime",), probe=Probe.GPU, default_enabled=False)
+       depends=("gpu.runtime",), reads=facts.GPU_READS, probe=Probe.GPU, default_enabled=False)
 def gpu_compute(ctx: Context) -> Result:
     run = run_probe(ctx)
     if stopped_before(run, "compute"):
