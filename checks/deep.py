@@ -184,7 +184,10 @@ def gpu_runtime(ctx: Context) -> Result:
     report = run.report
     details.update(torch=report.get("torch"), backend=report.get("backend"), devices=report.get("devices", []),
                    extensions=report.get("extensions"), probe_error=report.get("error"))
-    if run.failed_stage in ("arguments", "import torch", "runtime"):
+    if run.failed_stage == "arguments":  # rocmdoctor and its probe disagree: a bug of ours, not the host's
+        return Result(Status.ERROR, f"the GPU probe refused its arguments: {run.error.get('message')}",
+                      details=details)
+    if run.failed_stage in ("import torch", "runtime"):
         remedy = ("Reinstall the bundle (`rocmdoctor install`): its torch must import with PYTHONNOUSERSITE=1 "
                   "and no PYTHONPATH." if run.failed_stage == "import torch" else runtime_remedy(report, static_gfx))
         return failed(run.error.get("message", "the probe failed"), remedy, **details)

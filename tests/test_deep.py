@@ -226,6 +226,13 @@ def test_garbage_output_is_an_error(tmp_path, output):
     assert "exited with status 0 without a report" in runtime.summary
 
 
+def test_probe_refusing_its_arguments_is_an_error_of_ours(tmp_path):
+    python = shell_python(tmp_path / "other-probe", f'exec {sys.executable} "$@" --an-option-it-lacks')
+    runtime = deep_results(python)["gpu.runtime"]
+    assert runtime.status is Status.ERROR
+    assert "refused its arguments" in runtime.summary
+
+
 def test_missing_interpreter_fails_with_the_install_remedy(tmp_path):
     results = deep_results(tmp_path / "no-bundle" / "bin" / "python3")
     runtime = results["gpu.runtime"]
