@@ -17,12 +17,13 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings, strategies as st
-
 from harness.deep import GIB, RX_7900_XTX_NAME, STRIX_HALO, fake_rocm_python, rocm_gpu, shell_python
-from rocmdoctor import memory_rule
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from rocmdoctor.checks import load_registry
 from rocmdoctor.checks.deep import find_peak
+
+from rocmdoctor import memory_rule
 from rocmdoctor.deep_probe import probe_environment, probe_path
 from rocmdoctor.host import Host
 from rocmdoctor.model import Status
@@ -50,12 +51,19 @@ def load_probe_module():
 
 
 def run_probe(python: str, *args: str, timeout: float = 60) -> tuple[dict, subprocess.CompletedProcess]:
-    proc = subprocess.run([python, probe_path(), *args], capture_output=True, text=True, timeout=timeout,
-                          env=probe_environment(os.environ))
+    proc = subprocess.run(
+        [python, probe_path(), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=probe_environment(os.environ),
+    )
     return json.loads(proc.stdout), proc
 
 
-def deep_results(python: Path | str | None, root: Path | str = "/", timeout: float = 60.0, prefix: str | None = None):
+def deep_results(
+    python: Path | str | None, root: Path | str = "/", timeout: float = 60.0, prefix: str | None = None
+):
     registry = load_registry()
     options = Options(python=str(python) if python else None, deep_timeout_s=timeout)
     if prefix:
@@ -78,8 +86,12 @@ def rx7900xtx_root(tmp_path: Path) -> Path:
 
 
 @settings(max_examples=400, deadline=None)
-@given(total=st.integers(min_value=1, max_value=600 * GIB), share=st.floats(min_value=0, max_value=1.2),
-       margin=st.integers(min_value=0, max_value=8 * GIB), util=st.floats(min_value=-0.1, max_value=1.1))
+@given(
+    total=st.integers(min_value=1, max_value=600 * GIB),
+    share=st.floats(min_value=0, max_value=1.2),
+    margin=st.integers(min_value=0, max_value=8 * GIB),
+    util=st.floats(min_value=-0.1, max_value=1.1),
+)
 def test_probe_rule_is_the_memory_rule(total, share, margin, util):
     probe = load_probe_module()
     free = int(total * share)
@@ -113,13 +125,16 @@ def test_probe_without_torch_says_so():
     report, proc = run_probe(sys.executable)  # the project's venv has no torch
     assert proc.returncode == 0
     assert report["error"]["stage"] == "import torch"
-    assert "ModuleNotFoundError" in report["error"]["message"] and sys.executable in report["error"]["message"]
+    assert (
+        "ModuleNotFoundError" in report["error"]["message"] and sys.executable in report["error"]["message"]
+    )
 
 
 def test_probe_on_a_described_rocm_gpu(tmp_path):
     free = 100 * GIB
-    python = fake_rocm_python(tmp_path / "fake", rocm_gpu(STRIX_HALO, free=free, tflops=45.0, gbps=210.0,
-                                                          chatter=True))
+    python = fake_rocm_python(
+        tmp_path / "fake", rocm_gpu(STRIX_HALO, free=free, tflops=45.0, gbps=210.0, chatter=True)
+    )
     report, proc = run_probe(str(python))
     assert report["error"] is None, report["error"]
     assert "a native banner on stdout" in proc.stderr and "a warning on stdout" in proc.stderr
@@ -148,8 +163,12 @@ def test_probe_bad_arguments_still_print_one_document(cpu_torch_python):
 def test_cpu_only_torch_fails_gpu_runtime_end_to_end(cpu_torch_python):
     import jsonschema
 
-    proc = subprocess.run([sys.executable, "-m", "rocmdoctor", "check", "--deep", "--python", cpu_torch_python,
-                           "--json"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rocmdoctor", "check", "--deep", "--python", cpu_torch_python, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     report = json.loads(proc.stdout)
     schema = json.loads((REPO / "src/rocmdoctor/schema/check-report.schema.json").read_text())
     jsonschema.validate(report, schema)
@@ -164,8 +183,12 @@ def test_cpu_only_torch_fails_gpu_runtime_end_to_end(cpu_torch_python):
 
 def test_without_deep_no_probe_runs(tmp_path):
     python = fake_rocm_python(tmp_path / "fake", rocm_gpu(STRIX_HALO, free=100 * GIB))
-    proc = subprocess.run([sys.executable, "-m", "rocmdoctor", "check", "--python", str(python), "--json"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rocmdoctor", "check", "--python", str(python), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert not {c["id"] for c in json.loads(proc.stdout)["checks"]} & set(DEEP_IDS)
     assert not (tmp_path / "fake" / "runs.txt").exists()
 
@@ -212,13 +235,16 @@ def test_crashing_interpreter_is_an_error_with_its_last_words(tmp_path):
     assert probe_path() in runtime.remedy
 
 
-@pytest.mark.parametrize("output", [
-    "hello from a sitecustomize",
-    '{"probe": "rocmdoctor-gpu", "devices": [',
-    "[1, 2, 3]",
-    '{"probe": "something-else"}',
-    "",
-])
+@pytest.mark.parametrize(
+    "output",
+    [
+        "hello from a sitecustomize",
+        '{"probe": "rocmdoctor-gpu", "devices": [',
+        "[1, 2, 3]",
+        '{"probe": "something-else"}',
+        "",
+    ],
+)
 def test_garbage_output_is_an_error(tmp_path, output):
     python = shell_python(tmp_path / "garbage", f"printf '%s' '{output}'; exit 0")
     runtime = deep_results(python)["gpu.runtime"]
@@ -302,8 +328,14 @@ def test_one_probe_run_feeds_all_three_checks_in_serves_environment(tmp_path, mo
 
 
 def test_runtime_arch_matches_the_kfd_topology(tmp_path):
-    device = {**STRIX_HALO, "name": RX_7900_XTX_NAME, "gcnArchName": "gfx1100", "is_integrated": False,
-              "multi_processor_count": 96, "total_memory": 24 * GIB}
+    device = {
+        **STRIX_HALO,
+        "name": RX_7900_XTX_NAME,
+        "gcnArchName": "gfx1100",
+        "is_integrated": False,
+        "multi_processor_count": 96,
+        "total_memory": 24 * GIB,
+    }
     python = fake_rocm_python(tmp_path / "fake", rocm_gpu(device, free=23 * GIB, tflops=100.0, gbps=850.0))
     results = deep_results(python, root=rx7900xtx_root(tmp_path))
     assert results["gpu.runtime"].status is Status.PASS
@@ -323,8 +355,12 @@ def test_runtime_arch_other_than_kfd_fails(tmp_path):
 
 
 def test_cuda_torch_on_an_amd_host_fails(tmp_path):
-    gpu = {**rocm_gpu({**STRIX_HALO, "name": "NVIDIA H100 80GB HBM3", "major": 9, "minor": 0}, free=70 * GIB),
-           "hip": None, "cuda": "13.0", "torch_version": "2.11.0+cu130"}
+    gpu = {
+        **rocm_gpu({**STRIX_HALO, "name": "NVIDIA H100 80GB HBM3", "major": 9, "minor": 0}, free=70 * GIB),
+        "hip": None,
+        "cuda": "13.0",
+        "torch_version": "2.11.0+cu130",
+    }
     python = fake_rocm_python(tmp_path / "fake", gpu)
     runtime = deep_results(python, root=rx7900xtx_root(tmp_path))["gpu.runtime"]
     assert runtime.status is Status.FAIL
@@ -340,7 +376,9 @@ def test_nearly_full_gpu_fails_memory_fit(tmp_path):
 
 def test_memory_the_runtime_cannot_hand_out_fails_memory_fit(tmp_path):
     # An APU whose HIP reports 100 GiB free but whose GTT/TTM limit stops allocations at 60 GiB.
-    python = fake_rocm_python(tmp_path / "fake", rocm_gpu(STRIX_HALO, free=100 * GIB, allocation_limit=60 * GIB))
+    python = fake_rocm_python(
+        tmp_path / "fake", rocm_gpu(STRIX_HALO, free=100 * GIB, allocation_limit=60 * GIB)
+    )
     results = deep_results(python)
     fit = results["gpu.memory_fit"]
     assert fit.status is Status.FAIL
@@ -355,7 +393,9 @@ def test_gpu_vanishing_mid_probe(tmp_path):
     assert results["gpu.compute"].status is Status.FAIL
     assert "no ROCm-capable device is detected" in results["gpu.compute"].summary
 
-    python = fake_rocm_python(tmp_path / "memory", rocm_gpu(STRIX_HALO, free=100 * GIB, vanish_after_mem_get_info=2))
+    python = fake_rocm_python(
+        tmp_path / "memory", rocm_gpu(STRIX_HALO, free=100 * GIB, vanish_after_mem_get_info=2)
+    )
     results = deep_results(python)
     assert results["gpu.memory_fit"].status is Status.FAIL
     assert "stopped answering" in results["gpu.memory_fit"].summary
@@ -363,7 +403,9 @@ def test_gpu_vanishing_mid_probe(tmp_path):
 
 
 def test_slow_gpu_warns_and_unknown_gpu_passes_without_a_peak(tmp_path):
-    python = fake_rocm_python(tmp_path / "slow", rocm_gpu(STRIX_HALO, free=100 * GIB, tflops=30.0, gbps=210.0))
+    python = fake_rocm_python(
+        tmp_path / "slow", rocm_gpu(STRIX_HALO, free=100 * GIB, tflops=30.0, gbps=210.0)
+    )
     compute = deep_results(python)["gpu.compute"]
     assert compute.status is Status.WARN
     assert "51% and 82% of the AMD Radeon 8060S (gfx1151) peaks" in compute.summary
@@ -374,18 +416,21 @@ def test_slow_gpu_warns_and_unknown_gpu_passes_without_a_peak(tmp_path):
     assert compute.status is Status.PASS and "no reference peak" in compute.summary
 
 
-@pytest.mark.parametrize("name, arch, label", [
-    ("NVIDIA H100 80GB HBM3", "sm_90", "NVIDIA H100 SXM"),
-    ("NVIDIA H100 PCIe", "sm_90", "NVIDIA H100 PCIe"),
-    ("NVIDIA H100 NVL", "sm_90", "NVIDIA H100 NVL"),
-    ("NVIDIA H200", "sm_90", "NVIDIA H200 SXM"),
-    ("NVIDIA H200 NVL", "sm_90", "NVIDIA H200 NVL"),
-    ("AMD Instinct MI300X", "gfx942", "AMD Instinct MI300X"),
-    ("AMD Instinct MI355X", "gfx950", "AMD Instinct MI355X"),
-    ("AMD Radeon AI PRO R9700", "gfx1201", "AMD Radeon AI PRO R9700"),
-    ("AMD Radeon Graphics", "gfx1151", "AMD Radeon 8060S (gfx1151)"),
-    ("AMD Radeon RX 9070 XT", "gfx1201", None),
-])
+@pytest.mark.parametrize(
+    "name, arch, label",
+    [
+        ("NVIDIA H100 80GB HBM3", "sm_90", "NVIDIA H100 SXM"),
+        ("NVIDIA H100 PCIe", "sm_90", "NVIDIA H100 PCIe"),
+        ("NVIDIA H100 NVL", "sm_90", "NVIDIA H100 NVL"),
+        ("NVIDIA H200", "sm_90", "NVIDIA H200 SXM"),
+        ("NVIDIA H200 NVL", "sm_90", "NVIDIA H200 NVL"),
+        ("AMD Instinct MI300X", "gfx942", "AMD Instinct MI300X"),
+        ("AMD Instinct MI355X", "gfx950", "AMD Instinct MI355X"),
+        ("AMD Radeon AI PRO R9700", "gfx1201", "AMD Radeon AI PRO R9700"),
+        ("AMD Radeon Graphics", "gfx1151", "AMD Radeon 8060S (gfx1151)"),
+        ("AMD Radeon RX 9070 XT", "gfx1201", None),
+    ],
+)
 def test_peak_table_matches_devices(name, arch, label):
     peak = find_peak(name, arch)
     assert (peak.label if peak else None) == label

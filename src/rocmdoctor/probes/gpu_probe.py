@@ -69,11 +69,19 @@ class StageError(Exception):
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", type=int, default=0, help="device index measured (default 0)")
-    parser.add_argument("--margin-bytes", type=int, default=DEFAULT_MARGIN_BYTES,
-                        help="bytes kept free below vLLM's rule for the recommended value")
+    parser.add_argument(
+        "--margin-bytes",
+        type=int,
+        default=DEFAULT_MARGIN_BYTES,
+        help="bytes kept free below vLLM's rule for the recommended value",
+    )
     parser.add_argument("--skip-compute", action="store_true", help="no matmul or copy timing")
-    parser.add_argument("--skip-allocation", action="store_true", help="do not allocate the recommended share")
-    parser.add_argument("--skip-extensions", action="store_true", help="do not import vLLM's native extensions")
+    parser.add_argument(
+        "--skip-allocation", action="store_true", help="do not allocate the recommended share"
+    )
+    parser.add_argument(
+        "--skip-extensions", action="store_true", help="do not import vLLM's native extensions"
+    )
     parser.add_argument("--matmul-size", type=int, default=8192, help="square bf16 matmul edge")
     parser.add_argument("--iterations", type=int, default=30, help="timed repetitions per measurement")
     parser.add_argument("--copy-bytes", type=int, default=2 * GIB, help="device-to-device copy size")
@@ -105,14 +113,20 @@ def describe_device(torch, index: int) -> dict:
 
 
 def runtime_stage(torch, report: dict) -> None:
-    report["torch"] = {"version": torch.__version__, "hip": torch.version.hip, "cuda": torch.version.cuda,
-                       "file": torch.__file__}
+    report["torch"] = {
+        "version": torch.__version__,
+        "hip": torch.version.hip,
+        "cuda": torch.version.cuda,
+        "file": torch.__file__,
+    }
     report["backend"] = "rocm" if torch.version.hip else ("cuda" if torch.version.cuda else "cpu")
     report["available"] = bool(torch.cuda.is_available())
     report["device_count"] = int(torch.cuda.device_count()) if report["available"] else 0
     if not report["available"] or report["device_count"] == 0:
-        raise StageError(f"torch {torch.__version__} ({report['backend']} build) sees no GPU: "
-                         "torch.cuda.is_available() is False")
+        raise StageError(
+            f"torch {torch.__version__} ({report['backend']} build) sees no GPU: "
+            "torch.cuda.is_available() is False"
+        )
     report["devices"] = [describe_device(torch, i) for i in range(report["device_count"])]
 
 
@@ -124,8 +138,15 @@ def memory_stage(torch, device: int, margin_bytes: int, allocate: bool, report: 
     free, total = (int(v) for v in torch.cuda.mem_get_info(device))
     largest = largest_passing(total, free)
     best = recommended(total, free, margin_bytes)
-    memory = {"device": device, "free": free, "total": total, "largest_passing": largest,
-              "recommended": best, "margin_bytes": margin_bytes, "passes_recommended": passes(total, free, best)}
+    memory = {
+        "device": device,
+        "free": free,
+        "total": total,
+        "largest_passing": largest,
+        "recommended": best,
+        "margin_bytes": margin_bytes,
+        "passes_recommended": passes(total, free, best),
+    }
     report["memory"] = memory
     if not allocate or best <= 0:
         return
@@ -183,11 +204,7 @@ def timed_ms(torch, fn, iterations: int, warmup_ms: float, back_to_back: bool) -
     return [events[2 * i].elapsed_time(events[2 * i + 1]) for i in range(iterations)]
 
 
-def compute_stage(torch, device: int, size: int, iterations: int, copy_bytes: int, report: dict) -> None:
-    torch.cuda.set_device(device)
-    dev = f"cuda:{device}"
-    compute: dict = {}
-    report["compute"] = compute
+def matmul_rates(torch, dev: str, size: int, iterations: int) -> dict:
     # Random operands: zeros run faster than real data on some GPUs and hide nothing.
     a = torch.randn(size, size, device=dev, dtype=torch.bfloat16)
     b = torch.randn(size, size, device=dev, dtype=torch.bfloat16)
@@ -203,24 +220,43 @@ def compute_stage(torch, device: int, size: int, iterations: int, copy_bytes: in
     # busy for a second without a pause: power limits show there (an H200 loses about a seventh).
     burst = timed_ms(torch, matmul, iterations, BURST_WARMUP_MS, back_to_back=False)
     sustained = timed_ms(torch, matmul, iterations, SUSTAINED_AFTER_MS, back_to_back=True)
-    compute["matmul"] = {"dtype": "bfloat16", "n": size, "iterations": iterations,
-                         "median_ms": round(statistics.median(burst), 4), "min_ms": round(min(burst), 4),
-                         "tflops": tflops(burst), "sustained_tflops": tflops(sustained)}
-    del a, b, out
-    torch.cuda.empty_cache()
-    free = int(torch.cuda.mem_get_info(device)[0])
-    # Two buffers must fit with room to spare; larger than any cache so HBM/DRAM is what moves.
-    nbytes = max(64 << 20, min(copy_bytes, free // 4))
+    return {
+        "dtype": "bfloat16",
+        "n": size,
+        "iterations": iterations,
+        "median_ms": round(statistics.median(burst), 4),
+        "min_ms": round(min(burst), 4),
+        "tflops": tflops(burst),
+        "sustained_tflops": tflops(sustained),
+    }
+
+
+def copy_bandwidth(torch, dev: str, nbytes: int, iterations: int) -> dict:
     src = torch.empty(nbytes, dtype=torch.uint8, device=dev).random_(0, 256)
     dst = torch.empty_like(src)
     times = timed_ms(torch, lambda: dst.copy_(src), iterations, BURST_WARMUP_MS, back_to_back=False)
-    median = statistics.median(times)
     if not torch.equal(src[:4096], dst[:4096]) or not torch.equal(src[-4096:], dst[-4096:]):
         raise StageError("device-to-device copy produced wrong data")
+    median = statistics.median(times)
     # Bytes read plus bytes written, as memory bandwidth is quoted.
-    compute["copy"] = {"bytes": nbytes, "iterations": iterations, "median_ms": round(median, 4),
-                       "gbps": round(2 * nbytes / (median / 1e3) / 1e9, 1)}
-    del src, dst
+    return {
+        "bytes": nbytes,
+        "iterations": iterations,
+        "median_ms": round(median, 4),
+        "gbps": round(2 * nbytes / (median / 1e3) / 1e9, 1),
+    }
+
+
+def compute_stage(torch, device: int, size: int, iterations: int, copy_bytes: int, report: dict) -> None:
+    torch.cuda.set_device(device)
+    dev = f"cuda:{device}"
+    compute: dict = {}
+    report["compute"] = compute
+    compute["matmul"] = matmul_rates(torch, dev, size, iterations)
+    torch.cuda.empty_cache()
+    free = int(torch.cuda.mem_get_info(device)[0])
+    # Two buffers must fit with room to spare; larger than any cache so HBM/DRAM is what moves.
+    compute["copy"] = copy_bandwidth(torch, dev, max(64 << 20, min(copy_bytes, free // 4)), iterations)
     torch.cuda.empty_cache()
 
 
@@ -274,13 +310,20 @@ def main(argv: list[str]) -> int:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     started = time.perf_counter()
-    report: dict = {"probe": "rocmdoctor-gpu", "probe_version": PROBE_VERSION, "error": None,
-                    "python": {"executable": sys.executable, "version": platform.python_version()}}
+    report: dict = {
+        "probe": "rocmdoctor-gpu",
+        "probe_version": PROBE_VERSION,
+        "error": None,
+        "python": {"executable": sys.executable, "version": platform.python_version()},
+    }
     code = 0
     try:
         args = parse_args(argv)
-        report["options"] = {"device": args.device, "margin_bytes": args.margin_bytes,
-                             "skip_compute": args.skip_compute}
+        report["options"] = {
+            "device": args.device,
+            "margin_bytes": args.margin_bytes,
+            "skip_compute": args.skip_compute,
+        }
         run(args, report)
     except StageError as exc:
         report["error"] = {"stage": report.get("stage"), "message": str(exc)}
@@ -288,8 +331,11 @@ def main(argv: list[str]) -> int:
         report["error"] = {"stage": "arguments", "message": f"bad probe arguments (exit {exc.code})"}
         code = 2
     except Exception as exc:  # noqa: BLE001 - a runtime error (e.g. the GPU went away) is still reported
-        report["error"] = {"stage": report.get("stage"), "message": f"{type(exc).__name__}: {exc}"[:2000],
-                           "traceback": traceback.format_exc(limit=6)[-4000:]}
+        report["error"] = {
+            "stage": report.get("stage"),
+            "message": f"{type(exc).__name__}: {exc}"[:2000],
+            "traceback": traceback.format_exc(limit=6)[-4000:],
+        }
     report["seconds"] = round(time.perf_counter() - started, 3)
     with os.fdopen(document_fd, "w", encoding="utf-8") as out:
         out.write(json.dumps(report, sort_keys=True) + "\n")

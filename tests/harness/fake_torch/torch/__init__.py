@@ -43,9 +43,11 @@ class Tensor:
         free = _GPU["free"] - _state["allocated"]
         limit = _GPU.get("allocation_limit", free)
         if nbytes > min(free, limit):
-            raise OutOfMemoryError(f"HIP out of memory. Tried to allocate {nbytes / 2**30:.2f} GiB. "
-                                   f"GPU 0 has a total capacity of {_GPU['devices'][0]['total_memory'] / 2**30:.2f} GiB "
-                                   f"of which {free / 2**30:.2f} GiB is free.")
+            raise OutOfMemoryError(
+                f"HIP out of memory. Tried to allocate {nbytes / 2**30:.2f} GiB. "
+                f"GPU 0 has a total capacity of {_GPU['devices'][0]['total_memory'] / 2**30:.2f} GiB "
+                f"of which {free / 2**30:.2f} GiB is free."
+            )
         self.nbytes, self.dtype, self._owner = nbytes, dtype, True
         _state["allocated"] += nbytes
 
