@@ -6,7 +6,6 @@ import json
 import tarfile
 
 import pytest
-
 from harness.hosts import FIXTURE_IDS, check_json, fixture_root, normalize, run_cli
 from rocmdoctor.checks import load_registry
 
@@ -58,12 +57,14 @@ def test_snapshot_of_this_machine_replays(tmp_path):
     _, live, _ = check_json("/")
     _, replayed, _ = check_json(replay(archive, tmp_path / "replay"))
     moving = {"processes.orphans", "disk.space"}
-    strip = lambda r: {c["id"]: (c["status"], c["summary"]) for c in r["checks"] if c["id"] not in moving}  # noqa: E731
+    strip = lambda r: {c["id"]: (c["status"], c["summary"]) for c in r["checks"] if c["id"] not in moving}
     assert strip(replayed) == strip(live)
     assert replayed["host"] == live["host"]
 
 
-@pytest.mark.parametrize("out, message", [("host.zip", "*.tar.gz"), ("missing-dir/host.tar.gz", "does not exist")])
+@pytest.mark.parametrize(
+    "out, message", [("host.zip", "*.tar.gz"), ("missing-dir/host.tar.gz", "does not exist")]
+)
 def test_bad_output_path_is_a_clear_error(tmp_path, out, message):
     proc = run_cli("snapshot", str(tmp_path / out), root=fixture_root("strix-point"))
     assert proc.returncode == 2

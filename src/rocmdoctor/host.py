@@ -255,11 +255,15 @@ class Host:
         self._meta_cache[name] = value
         return value
 
+    def _stat_meta(self) -> dict[str, Any]:
+        meta = self.read_json_meta(STAT_FILE)
+        return meta if isinstance(meta, dict) else {}
+
     def exists(self, path: str) -> bool:
         self._note(path)
         if not self.is_live:
             prefix = path.rstrip("/") + "/"
-            if any(d == path or d.startswith(prefix) for d in self.read_json_meta(STAT_FILE) or {}):
+            if any(d == path or d.startswith(prefix) for d in self._stat_meta()):
                 return True
         return os.path.lexists(self._real(path))
 
@@ -277,7 +281,7 @@ class Host:
         if not self.is_live:
             # Device nodes exist in a captured root only as stat.json entries.
             prefix = path.rstrip("/") + "/"
-            for described in self.read_json_meta(STAT_FILE) or {}:
+            for described in self._stat_meta():
                 if described.startswith(prefix) and "/" not in described[len(prefix):]:
                     names.append(described[len(prefix):])
         return natural_sorted(set(names))
@@ -314,7 +318,7 @@ class Host:
         """Type, mode and owner; from stat.json for a captured root, which cannot carry them."""
         self._note(path)
         if not self.is_live:
-            described = (self.read_json_meta(STAT_FILE) or {}).get(path)
+            described = self._stat_meta().get(path)
             if isinstance(described, dict):
                 try:
                     return StatInfo(
@@ -340,12 +344,15 @@ class Host:
         """Free space for unprivileged writers at `path` or its nearest existing parent."""
         self._note(path)
         if not self.is_live:
-            described = (self.read_json_meta(STAT_FILE) or {})
+            described = self._stat_meta()
             probe = path
             while True:
                 entry = described.get(probe)
                 if isinstance(entry, dict) and "free_bytes" in entry:
-                    return int(entry["free_bytes"])
+                    try:
+                        return int(entry["free_bytes"])
+                    except (TypeError, ValueError):
+                        return None
                 if probe == "/":
                     return None
                 probe = os.path.dirname(probe)
@@ -359,18 +366,42 @@ class Host:
         return st.f_bavail * st.f_frsize
 
     def distro(self) -> dict[str, str]:
-        """id, version and name from os-release (through `distro`, under the root)."""
+        """id, version, name, like and codename from os-release (through `distro`, under the root).
+
+        `distro` chokes on some files (invalid UTF-8, unbalanced quotes); those are parsed leniently.
+        """
         import distro as distro_mod
 
         self._note("/etc/os-release")
-        info = distro_mod.LinuxDistribution(
-            include_lsb=False,
-            include_uname=False,
-            include_oslevel=False,
-            root_dir=None if self.is_live else str(self.root),
-        )
-        return {"id": info.id(), "version": info.version(best=True), "name": info.name(pretty=False),
-                "like": info.like(), "codename": info.codename()}
+        try:
+            info = distro_mod.LinuxDistribution(
+                include_lsb=False,
+                include_uname=False,
+                include_oslevel=False,
+                root_dir=None if self.is_live else str(self.root),
+            )
+            return {"id": info.id(), "version": info.version(best=True), "name": info.name(pretty=False),
+                    "like": info.like(), "codename": info.codename()}
+        except (UnicodeDecodeError, ValueError, OSError):
+            return self._os_release_lenient()
+
+    def _os_release_lenient(self) -> dict[str, str]:
+        fields: dict[str, str] = {}
+        for path in ("/etc/os-release", "/usr/lib/os-release"):
+            raw = self.read_text(path, limit=64 * 1024)
+            if raw.ok:
+                for line in raw.value.splitlines():
+                    key, sep, value = line.partition("=")
+                    if sep and key.strip().isidentifier():
+                        fields[key.strip()] = value.strip().strip("\"'")
+                break
+        return {
+            "id": fields.get("ID", "").lower(),
+            "version": fields.get("VERSION_ID", ""),
+            "name": fields.get("NAME", ""),
+            "like": fields.get("ID_LIKE", ""),
+            "codename": fields.get("VERSION_CODENAME", ""),
+        }
 
     # -- identity and environment ------------------------------------------------------
 
@@ -378,7 +409,8 @@ class Host:
     def env(self) -> Mapping[str, str]:
         if self.is_live:
             return os.environ
-        return dict(self.read_json_meta(ENV_FILE) or {})
+        meta = self.read_json_meta(ENV_FILE)
+        return {str(k): str(v) for k, v in meta.items()} if isinstance(meta, dict) else {}
 
     def identity(self) -> Identity | None:
         if self.is_live:

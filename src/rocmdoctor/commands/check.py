@@ -33,7 +33,8 @@ def check(app: App, as_json: bool, only: tuple[str, ...], skip: tuple[str, ...],
     """Diagnose this host for vLLM on ROCm. Exit 0: no failure; 1: a failure; 2: could not run."""
     from ..checks import host_facts, load_registry
     from ..registry import SelectionError
-    from ..report import build_report, list_checks as list_specs
+    from ..report import build_report
+    from ..report import list_checks as list_specs
 
     registry = load_registry()
     if list_checks:
