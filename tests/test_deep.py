@@ -434,3 +434,17 @@ def test_slow_gpu_warns_and_unknown_gpu_passes_without_a_peak(tmp_path):
 def test_peak_table_matches_devices(name, arch, label):
     peak = find_peak(name, arch)
     assert (peak.label if peak else None) == label
+
+
+def test_cli_deep_timeout_bounds_a_hanging_probe(tmp_path):
+    from harness.hosts import run_cli
+
+    python = shell_python(tmp_path / "hang", "sleep 300")
+    started = time.monotonic()
+    proc = run_cli("check", "--deep", "--only", "gpu.runtime", "--python", str(python), "--deep-timeout", "2",
+                   "--json", root=tmp_path)
+    assert time.monotonic() - started < 20
+    runtime = next(c for c in json.loads(proc.stdout)["checks"] if c["id"] == "gpu.runtime")
+    assert runtime["status"] == "error" and "did not finish within 2 s" in runtime["summary"]
+    bad = run_cli("check", "--deep", "--deep-timeout", "0", root=tmp_path)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
