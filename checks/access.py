@@ -74,29 +74,41 @@ def describe(st: StatInfo, groups: dict[int, tuple[str, set[str]]]) -> str:
     return f"{st.path} (group {group}, mode {st.mode:04o})"
 
 
-@check("access.devices", "The vLLM user can open /dev/kfd and the render nodes", depends=("driver.loaded",),
-       reads=(PASSWD, GROUP, DEV_KFD, "/dev/dri", RENDER_NODES))
+@check(
+    "access.devices",
+    "The vLLM user can open /dev/kfd and the render nodes",
+    depends=("driver.loaded",),
+    reads=(PASSWD, GROUP, DEV_KFD, "/dev/dri", RENDER_NODES),
+)
 def access_devices(ctx: Context) -> Result:
     name = target_user(ctx)
     if name is None:
-        return warned("cannot tell who runs this (no identity)", "Pass --user NAME to check that user's access.")
+        return warned(
+            "cannot tell who runs this (no identity)", "Pass --user NAME to check that user's access."
+        )
     account = find_account(ctx, name)
     if account is None:
-        return failed(f"user {name!r} does not exist in {PASSWD}",
-                      "Create the service user first (or pass --user with an existing account).")
+        return failed(
+            f"user {name!r} does not exist in {PASSWD}",
+            "Create the service user first (or pass --user with an existing account).",
+        )
     groups = groups_table(ctx)
     member_of = {gid for gid, (_, members) in groups.items() if name in members} | {account.gid}
     devices = [st for st in (ctx.host.stat(p) for p in [DEV_KFD, *render_nodes(ctx)]) if st is not None]
-    details = {"user": name, "uid": account.uid, "groups": sorted(groups[g][0] if g in groups else str(g)
-                                                                   for g in member_of),
-               "devices": {st.path: st.to_json() for st in devices}}
+    details = {
+        "user": name,
+        "uid": account.uid,
+        "groups": sorted(groups[g][0] if g in groups else str(g) for g in member_of),
+        "devices": {st.path: st.to_json() for st in devices},
+    }
     unnamed = [st for st in devices if st.gid not in groups and not can_open(account.uid, member_of, st)]
     if unnamed:
         return failed(
             f"{unnamed[0].path} belongs to gid {unnamed[0].gid}, which has no name in {GROUP} "
             "(a container's gid mapping?)",
             f"Map the device to the host's render group (`chgrp render {unnamed[0].path}; chmod 0660 ...`, or fix the "
-            "container's gid= mapping), then add the user to render.", **details,
+            "container's gid= mapping), then add the user to render.",
+            **details,
         )
     blocked = [st for st in devices if not can_open(account.uid, member_of, st)]
     if blocked:
@@ -117,6 +129,9 @@ def access_devices(ctx: Context) -> Result:
             return warned(
                 f"{name} is in group {group} in {GROUP}, but this login session was started before that",
                 f"Log out and back in (or run `newgrp {group}`); services pick it up on restart.",
-                session_gids=sorted(session), **details,
+                session_gids=sorted(session),
+                **details,
             )
-    return passed(f"{name} can open {len(devices)} device node(s): {', '.join(st.path for st in devices)}", **details)
+    return passed(
+        f"{name} can open {len(devices)} device node(s): {', '.join(st.path for st in devices)}", **details
+    )

@@ -37,9 +37,13 @@ def measured_paths(ctx: Context) -> dict[str, int]:
     return needs
 
 
-@check("disk.space", "Free space for the bundle and model weights", severity=Severity.BLOCKING,
-       reads=(PASSWD, "/opt/rocmdoctor", *(f"{h}/{HF_CACHE}" for h in CACHE_HOMES)),
-       env=("HF_HOME", "HF_HUB_CACHE", "HOME"))
+@check(
+    "disk.space",
+    "Free space for the bundle and model weights",
+    severity=Severity.BLOCKING,
+    reads=(PASSWD, "/opt/rocmdoctor", *(f"{h}/{HF_CACHE}" for h in CACHE_HOMES)),
+    env=("HF_HOME", "HF_HUB_CACHE", "HOME"),
+)
 def disk_space(ctx: Context) -> Result:
     rows, short, unknown = [], [], []
     for path, need in measured_paths(ctx).items():
@@ -50,11 +54,19 @@ def disk_space(ctx: Context) -> Result:
         elif free < need:
             short.append(f"{path}: {free / GB:.1f} GB free, {need / GB:.1f} GB needed")
     if short:
-        return failed("not enough space: " + "; ".join(short),
-                      "Free space there or choose another place (--prefix, HF_HOME).", paths=rows)
+        return failed(
+            "not enough space: " + "; ".join(short),
+            "Free space there or choose another place (--prefix, HF_HOME).",
+            paths=rows,
+        )
     if unknown:
-        return warned(f"cannot tell the free space at {', '.join(unknown)}",
-                      "Check `df -h` there; the bundle needs about 3.2 GB plus the model's weights.", paths=rows)
+        return warned(
+            f"cannot tell the free space at {', '.join(unknown)}",
+            "Check `df -h` there; the bundle needs about 3.2 GB plus the model's weights.",
+            paths=rows,
+        )
     summary = ", ".join(f"{r['path']} {r['free_bytes'] / GB:.1f} GB free" for r in rows)
-    return passed(f"{summary} (bundle {BUNDLE_BYTES / GB:.1f} GB, weights {ctx.options.model_bytes / GB:.1f} GB)",
-                  paths=rows)
+    return passed(
+        f"{summary} (bundle {BUNDLE_BYTES / GB:.1f} GB, weights {ctx.options.model_bytes / GB:.1f} GB)",
+        paths=rows,
+    )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..model import Result, Severity, failed, passed, warned
+from ..model import Result, failed, passed, warned
 from ..registry import Context
 from . import check
 from .facts import GPU_READS, OSRELEASE, gpus, kernel_release
@@ -23,8 +23,12 @@ def render_nodes(ctx: Context) -> list[str]:
     return [p for p in ctx.host.glob(RENDER_NODES) if p.rsplit("renderD", 1)[-1].isdigit()]
 
 
-@check("driver.loaded", "amdgpu loaded with /dev/kfd and a render node", depends=("gpu.present",),
-       reads=("/sys/module/amdgpu", DEV_KFD, "/dev/dri", RENDER_NODES))
+@check(
+    "driver.loaded",
+    "amdgpu loaded with /dev/kfd and a render node",
+    depends=("gpu.present",),
+    reads=("/sys/module/amdgpu", DEV_KFD, "/dev/dri", RENDER_NODES),
+)
 def driver_loaded(ctx: Context) -> Result:
     problems = []
     if not ctx.host.exists("/sys/module/amdgpu"):
@@ -45,7 +49,9 @@ def driver_loaded(ctx: Context) -> Result:
             "pass --device /dev/kfd --device /dev/dri.",
             **details,
         )
-    return passed(f"amdgpu loaded; {DEV_KFD} and {len(renders)} render node(s): {', '.join(renders)}", **details)
+    return passed(
+        f"amdgpu loaded; {DEV_KFD} and {len(renders)} render node(s): {', '.join(renders)}", **details
+    )
 
 
 def dkms_signals(ctx: Context) -> dict[str, str]:
@@ -53,7 +59,9 @@ def dkms_signals(ctx: Context) -> dict[str, str]:
     signals: dict[str, str] = {}
     version = ctx.host.read_text("/sys/module/amdgpu/version")
     if version.ok:
-        signals["module_version"] = f"/sys/module/amdgpu/version is {version.value.strip()[:40]} (in-tree has none)"
+        signals["module_version"] = (
+            f"/sys/module/amdgpu/version is {version.value.strip()[:40]} (in-tree has none)"
+        )
     for name in DKMS_COMPANIONS:
         if ctx.host.exists(f"/sys/module/{name}"):
             signals[f"{name}_loaded"] = f"/sys/module/{name} exists (a DKMS helper module)"
@@ -67,7 +75,9 @@ def dkms_signals(ctx: Context) -> dict[str, str]:
     if kver and "/" not in kver:
         for subdir in DKMS_MODULE_DIRS:
             for path in ctx.host.glob(f"/lib/modules/{kver}/{subdir}/amdgpu.ko*"):
-                signals[f"module_in_{subdir.replace('/', '_')}"] = f"{path} exists (out-of-tree install location)"
+                signals[f"module_in_{subdir.replace('/', '_')}"] = (
+                    f"{path} exists (out-of-tree install location)"
+                )
         dep = ctx.host.read_text(f"/lib/modules/{kver}/modules.dep")
         if dep.ok:
             for line in dep.value.splitlines():
@@ -78,10 +88,22 @@ def dkms_signals(ctx: Context) -> dict[str, str]:
     return signals
 
 
-@check("driver.dkms", "No amdgpu DKMS build shadowing the in-tree driver", depends=("driver.loaded",),
-       reads=(*GPU_READS, OSRELEASE, "/sys/module/amdgpu/version", "/sys/module/amdkcl", "/sys/module/amdttm",
-              "/proc/modules", "/lib/modules/*/updates/dkms/amdgpu.ko*", "/lib/modules/*/extra/amdgpu.ko*",
-              "/lib/modules/*/modules.dep"))
+@check(
+    "driver.dkms",
+    "No amdgpu DKMS build shadowing the in-tree driver",
+    depends=("driver.loaded",),
+    reads=(
+        *GPU_READS,
+        OSRELEASE,
+        "/sys/module/amdgpu/version",
+        "/sys/module/amdkcl",
+        "/sys/module/amdttm",
+        "/proc/modules",
+        "/lib/modules/*/updates/dkms/amdgpu.ko*",
+        "/lib/modules/*/extra/amdgpu.ko*",
+        "/lib/modules/*/modules.dep",
+    ),
+)
 def driver_dkms(ctx: Context) -> Result:
     signals = dkms_signals(ctx)
     if not signals:
@@ -91,7 +113,8 @@ def driver_dkms(ctx: Context) -> Result:
     if apus:
         return failed(
             f"amdgpu DKMS build shadows the in-tree driver on {apus[0].gfx}: {evidence}",
-            DKMS_REMEDY_APT, signals=signals,
+            DKMS_REMEDY_APT,
+            signals=signals,
         )
     return warned(
         f"amdgpu DKMS build in use: {evidence}",

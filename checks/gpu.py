@@ -8,6 +8,7 @@ from . import check
 from .facts import AMD_VENDOR_ID, GPU_READS, KFD_NODES, drm_device_dirs, gpu_summary, gpus, parse_uevent
 
 KFD_ROOT = "/sys/class/kfd"
+WSL_DEVICE = "/dev/dxg"
 VENDOR_NAMES = {0x10DE: "NVIDIA", 0x8086: "Intel", AMD_VENDOR_ID: "AMD"}
 BUNDLE_FAMILIES = "gfx1151, gfx1150, gfx110X, gfx120X, gfx942, gfx950"
 
@@ -31,7 +32,7 @@ def other_display_devices(ctx: Context) -> list[str]:
     return list(seen.values())
 
 
-@check("gpu.present", "AMD GPU in the KFD topology", reads=(KFD_ROOT, *GPU_READS))
+@check("gpu.present", "AMD GPU in the KFD topology", reads=(KFD_ROOT, WSL_DEVICE, *GPU_READS))
 def gpu_present(ctx: Context) -> Result:
     found = gpus(ctx)
     if found:
@@ -39,6 +40,12 @@ def gpu_present(ctx: Context) -> Result:
         return passed(f"{len(found)} AMD GPU node(s): {names}", nodes=[g.node for g in found])
     others = other_display_devices(ctx)
     instead = f"; found instead: {'; '.join(others)}" if others else ""
+    if ctx.host.stat(WSL_DEVICE) is not None:
+        return failed(
+            f"this is WSL ({WSL_DEVICE}): its GPU passthrough has no KFD topology{instead}",
+            "Run vLLM on native Linux; the vllm-rocm bundle needs /dev/kfd, which WSL does not provide.",
+            other_devices=others,
+        )
     if not ctx.host.exists(KFD_ROOT):
         return failed(
             f"no {KFD_ROOT}: the amdgpu kernel driver with KFD is not loaded{instead}",
@@ -49,7 +56,8 @@ def gpu_present(ctx: Context) -> Result:
     return failed(
         f"KFD topology has {len(nodes)} node(s) but none is a GPU (gfx_target_version 0 everywhere){instead}",
         "Check `dmesg | grep -i amdgpu` for a driver that failed to initialise the GPU; in WSL or a VM pass the GPU through.",
-        kfd_nodes=nodes, other_devices=others,
+        kfd_nodes=nodes,
+        other_devices=others,
     )
 
 
@@ -59,7 +67,8 @@ def gpu_arch(ctx: Context) -> Result:
     rows = [gpu_summary(g) for g in found]
     described = ", ".join(
         f"node {g.node}: {g.gfx} {'APU' if g.apu else 'dGPU' if g.apu is False else '(APU or dGPU unknown)'}"
-        f" -> {g.family or 'no bundle'}" for g in found
+        f" -> {g.family or 'no bundle'}"
+        for g in found
     )
     unsupported = sorted({g.gfx for g in found if g.family is None})
     if unsupported:

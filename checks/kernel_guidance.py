@@ -21,8 +21,13 @@ class Step:
     verify: tuple[str, ...]
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "title": self.title, "why": self.why, "commands": list(self.commands),
-                "verify": list(self.verify)}
+        return {
+            "id": self.id,
+            "title": self.title,
+            "why": self.why,
+            "commands": list(self.commands),
+            "verify": list(self.verify),
+        }
 
 
 @dataclass(frozen=True)
@@ -48,34 +53,47 @@ def distro_family(distro_id: str | None, like: str | None) -> str:
 def kernel_commands(family: str, distro_id: str | None, version: str | None) -> tuple[str, ...]:
     version = version or ""
     if distro_id == "ubuntu" and version.startswith("24.04"):
-        return ("sudo apt update",
-                "sudo apt install --install-recommends linux-generic-hwe-24.04   # 6.17.0-19 or later",
-                "# or, on OEM machines: sudo apt install linux-oem-24.04   # 6.14.0-1018 or later",
-                "sudo reboot")
+        return (
+            "sudo apt update",
+            "sudo apt install --install-recommends linux-generic-hwe-24.04   # 6.17.0-19 or later",
+            "# or, on OEM machines: sudo apt install linux-oem-24.04   # 6.14.0-1018 or later",
+            "sudo reboot",
+        )
     if distro_id == "ubuntu" and version.startswith("22.04"):
-        return ("# Ubuntu 22.04 has no kernel with the CWSR export: move to 24.04, then take its HWE kernel",
-                "sudo do-release-upgrade",
-                "sudo apt install --install-recommends linux-generic-hwe-24.04",
-                "sudo reboot")
+        return (
+            "# Ubuntu 22.04 has no kernel with the CWSR export: move to 24.04, then take its HWE kernel",
+            "sudo do-release-upgrade",
+            "sudo apt install --install-recommends linux-generic-hwe-24.04",
+            "sudo reboot",
+        )
     if family == "ubuntu":  # 26.04 and later ship the fix in their own kernel
         return ("sudo apt update", "sudo apt full-upgrade", "sudo reboot")
     if family == "debian":
         suite = {"12": "bookworm", "13": "trixie"}.get(version.split(".")[0], "trixie")
-        return ("sudo apt update",
-                f"sudo apt install -t {suite}-backports linux-image-amd64   # 6.18.4+ (or 6.12.64+ on 6.12 LTS)",
-                "sudo reboot")
+        return (
+            "sudo apt update",
+            f"sudo apt install -t {suite}-backports linux-image-amd64   # 6.18.4+ (or 6.12.64+ on 6.12 LTS)",
+            "sudo reboot",
+        )
     if family == "fedora":
         return ("sudo dnf upgrade --refresh 'kernel*'   # Fedora 43 ships 6.18.4 or later", "sudo reboot")
     if family == "arch":
         return ("sudo pacman -Syu linux   # or your kernel package (linux-lts: 6.12.64+)", "sudo reboot")
     if family == "opensuse" and "leap" in (distro_id or ""):
-        return ("sudo zypper addrepo -f https://download.opensuse.org/repositories/Kernel:/stable:/Backport/standard/"
-                " kernel-stable-backport",
-                "sudo zypper install --from kernel-stable-backport kernel-default",
-                "sudo reboot")
+        return (
+            (
+                "sudo zypper addrepo -f https://download.opensuse.org/repositories/Kernel:/stable:/Backport/standard/"
+                " kernel-stable-backport"
+            ),
+            "sudo zypper install --from kernel-stable-backport kernel-default",
+            "sudo reboot",
+        )
     if family == "opensuse":
         return ("sudo zypper dup   # Tumbleweed ships 6.18.4 or later", "sudo reboot")
-    return ("# install a kernel >= 6.18.4 (or 6.12.64+ on the 6.12 LTS line) from your distribution", "sudo reboot")
+    return (
+        "# install a kernel >= 6.18.4 (or 6.12.64+ on the 6.12 LTS line) from your distribution",
+        "sudo reboot",
+    )
 
 
 def dkms_commands(family: str) -> tuple[str, ...]:
@@ -86,13 +104,22 @@ def dkms_commands(family: str) -> tuple[str, ...]:
         "opensuse": "sudo zypper remove amdgpu-dkms",
         "arch": "sudo pacman -Rns amdgpu-dkms",
     }.get(family, "# remove the amdgpu-dkms package with your package manager")
-    reinstall = ("sudo amdgpu-install -y --usecase=rocm --no-dkms   # only if you want ROCm userspace from AMD's repo",)
-    return (remove, *(reinstall if family in ("ubuntu", "debian", "fedora", "opensuse") else ()), "sudo reboot")
+    reinstall = (
+        "sudo amdgpu-install -y --usecase=rocm --no-dkms   # only if you want ROCm userspace from AMD's repo",
+    )
+    return (
+        remove,
+        *(reinstall if family in ("ubuntu", "debian", "fedora", "opensuse") else ()),
+        "sudo reboot",
+    )
 
 
 def initramfs_command(family: str) -> str:
-    return {"ubuntu": "sudo update-initramfs -u", "debian": "sudo update-initramfs -u", "arch": "sudo mkinitcpio -P",
-            }.get(family, "sudo dracut -f")
+    return {
+        "ubuntu": "sudo update-initramfs -u",
+        "debian": "sudo update-initramfs -u",
+        "arch": "sudo mkinitcpio -P",
+    }.get(family, "sudo dracut -f")
 
 
 def ttm_commands(family: str, pages: int, modules: list[str]) -> tuple[str, ...]:
@@ -107,34 +134,57 @@ def guidance(distro: dict[str, Any], kernel: str | None, findings: dict[str, Fin
     dkms = findings.get("driver.dkms")
     # DKMS first: left installed, it rebuilds itself for the new kernel and shadows it again.
     if dkms and dkms.status in PROBLEM:
-        steps.append(Step(
-            "dkms", "Remove the amdgpu DKMS driver so the in-tree amdgpu loads", dkms.summary,
-            dkms_commands(family),
-            ("test -e /sys/module/amdgpu/version && echo 'still DKMS' || echo in-tree",
-             "modinfo -n amdgpu   # under kernel/drivers/gpu/drm/amd/amdgpu/", "rocmdoctor check --only driver.dkms"),
-        ))
+        steps.append(
+            Step(
+                "dkms",
+                "Remove the amdgpu DKMS driver so the in-tree amdgpu loads",
+                dkms.summary,
+                dkms_commands(family),
+                (
+                    "test -e /sys/module/amdgpu/version && echo 'still DKMS' || echo in-tree",
+                    "modinfo -n amdgpu   # under kernel/drivers/gpu/drm/amd/amdgpu/",
+                    "rocmdoctor check --only driver.dkms",
+                ),
+            )
+        )
     cwsr, version = findings.get("kernel.cwsr"), findings.get("kernel.version")
     kernel_problems = [f for f in (version, cwsr) if f and f.status in PROBLEM]
     if kernel_problems or (dkms and dkms.status == "fail"):
         minimum = (version.details.get("minimum") if version else None) or "6.18.4"
         why = "; ".join(f.summary for f in kernel_problems) or "the DKMS driver hides the kernel's own amdgpu"
-        steps.append(Step(
-            "kernel", f"Boot a kernel with the CWSR export (minimum {minimum})", why,
-            kernel_commands(family, distro.get("id"), distro.get("version")),
-            ("uname -r", CWSR_GREP + "   # both lines on every GPU node", "rocmdoctor check --only 'kernel.*'"),
-        ))
+        steps.append(
+            Step(
+                "kernel",
+                f"Boot a kernel with the CWSR export (minimum {minimum})",
+                why,
+                kernel_commands(family, distro.get("id"), distro.get("version")),
+                (
+                    "uname -r",
+                    CWSR_GREP + "   # both lines on every GPU node",
+                    "rocmdoctor check --only 'kernel.*'",
+                ),
+            )
+        )
     ttm = findings.get("memory.ttm")
     if ttm and ttm.status in PROBLEM and ttm.details.get("suggested_pages_limit"):
         pages = int(ttm.details["suggested_pages_limit"])
         limits = ttm.details.get("pages_limit") or {}
-        modules = ["ttm", "amdttm"] if "amdttm" in limits or ttm.details.get("governing") == "amdttm" else ["ttm"]
-        steps.append(Step(
-            "ttm", f"Let the GPU reach {pages // 262144} GiB of RAM (ttm.pages_limit={pages})", ttm.summary,
-            ttm_commands(family, pages, modules),
-            (*(f"cat /sys/module/{m}/parameters/pages_limit   # {pages}" for m in modules),
-             f"cat /sys/class/drm/card*/device/mem_info_gtt_total   # {pages * 4096}",
-             "rocmdoctor check --only memory.ttm"),
-        ))
+        modules = (
+            ["ttm", "amdttm"] if "amdttm" in limits or ttm.details.get("governing") == "amdttm" else ["ttm"]
+        )
+        steps.append(
+            Step(
+                "ttm",
+                f"Let the GPU reach {pages // 262144} GiB of RAM (ttm.pages_limit={pages})",
+                ttm.summary,
+                ttm_commands(family, pages, modules),
+                (
+                    *(f"cat /sys/module/{m}/parameters/pages_limit   # {pages}" for m in modules),
+                    f"cat /sys/class/drm/card*/device/mem_info_gtt_total   # {pages * 4096}",
+                    "rocmdoctor check --only memory.ttm",
+                ),
+            )
+        )
     found_gpu = findings.get("gpu.present")
     if found_gpu is not None and found_gpu.status != "pass":
         headline = f"No AMD GPU to fix the kernel for: {found_gpu.summary}"
@@ -144,7 +194,11 @@ def guidance(distro: dict[str, Any], kernel: str | None, findings: dict[str, Fin
         headline = f"Nothing needs fixing: kernel {kernel} is fine for the GPU(s) found."
     return {
         "schema_version": 1,
-        "distro": {"id": distro.get("id") or None, "version": distro.get("version") or None, "family": family},
+        "distro": {
+            "id": distro.get("id") or None,
+            "version": distro.get("version") or None,
+            "family": family,
+        },
         "kernel": kernel,
         "needs_fixing": bool(steps),
         "headline": headline,

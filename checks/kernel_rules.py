@@ -33,7 +33,9 @@ def parse_release(text: str | None) -> KernelRelease | None:
     if not match:
         return None
     major, minor, patch, abi, rest = match.groups()
-    return KernelRelease(text.strip(), (int(major), int(minor), int(patch or 0)), int(abi) if abi else None, rest)
+    return KernelRelease(
+        text.strip(), (int(major), int(minor), int(patch or 0)), int(abi) if abi else None, rest
+    )
 
 
 def minimum_for(distro_id: str | None, distro_version: str | None) -> str:

@@ -9,8 +9,14 @@ from ..registry import Context
 from . import check
 from .facts import sentence
 
-PROC_READS = ("/proc/[0-9]*/comm", "/proc/[0-9]*/cmdline", "/proc/[0-9]*/status", "/proc/[0-9]*/fd/*",
-              "/proc/net/tcp", "/proc/net/tcp6")
+PROC_READS = (
+    "/proc/[0-9]*/comm",
+    "/proc/[0-9]*/cmdline",
+    "/proc/[0-9]*/status",
+    "/proc/[0-9]*/fd/*",
+    "/proc/net/tcp",
+    "/proc/net/tcp6",
+)
 TCP_LISTEN = "0A"
 SECRET_FLAGS = ("key", "token", "password", "secret")
 GPU_DEVICES = ("/dev/kfd",)
@@ -31,7 +37,9 @@ class Proc:
         if self.comm.startswith("VLLM::") or "VLLM::" in self.cmdline:
             return True
         words = self.cmdline.split()
-        return any(w.endswith(("vllm", "vllm-server")) for w in words[:3]) or "vllm.entrypoints" in self.cmdline
+        return (
+            any(w.endswith(("vllm", "vllm-server")) for w in words[:3]) or "vllm.entrypoints" in self.cmdline
+        )
 
     def label(self) -> str:
         name = self.cmdline.split(" ")[0] if self.cmdline.startswith("VLLM::") else self.comm
@@ -97,8 +105,13 @@ def listening_inodes(ctx: Context, port: int) -> set[int]:
     return inodes
 
 
-@check("processes.orphans", "No leftover vLLM or GPU-holding processes; serving port free",
-       severity=Severity.DEGRADING, probe=Probe.PROCESS, reads=("/proc", *PROC_READS))
+@check(
+    "processes.orphans",
+    "No leftover vLLM or GPU-holding processes; serving port free",
+    severity=Severity.DEGRADING,
+    probe=Probe.PROCESS,
+    reads=("/proc", *PROC_READS),
+)
 def processes_orphans(ctx: Context) -> Result:
     procs = [p for p in (read_proc(ctx, pid) for pid in ctx.host.pids()) if p is not None]
     holders = [p for p in procs if p.is_vllm or p.gpu_fds]
@@ -106,19 +119,38 @@ def processes_orphans(ctx: Context) -> Result:
     inodes = listening_inodes(ctx, port)
     on_port = [p for p in procs if p.sockets & inodes]
     details = {
-        "gpu_processes": [{"pid": p.pid, "comm": p.comm, "cmdline": redact(p.cmdline)[:200], "ppid": p.ppid,
-                           "kfd_fds": p.gpu_fds, "vllm": p.is_vllm} for p in holders],
-        "port": port, "port_listeners": [p.pid for p in on_port], "port_in_use": bool(inodes),
+        "gpu_processes": [
+            {
+                "pid": p.pid,
+                "comm": p.comm,
+                "cmdline": redact(p.cmdline)[:200],
+                "ppid": p.ppid,
+                "kfd_fds": p.gpu_fds,
+                "vllm": p.is_vllm,
+            }
+            for p in holders
+        ],
+        "port": port,
+        "port_listeners": [p.pid for p in on_port],
+        "port_in_use": bool(inodes),
     }
     problems, remedies = [], []
     if holders:
         described = []
         for p in holders:
-            why = [w for w, hit in (("orphaned: parent is PID 1", p.ppid == 1 and p.is_vllm),
-                                    ("holds /dev/kfd", p.gpu_fds > 0)) if hit]
+            why = [
+                w
+                for w, hit in (
+                    ("orphaned: parent is PID 1", p.ppid == 1 and p.is_vllm),
+                    ("holds /dev/kfd", p.gpu_fds > 0),
+                )
+                if hit
+            ]
             described.append(p.label() + (f" [{', '.join(why)}]" if why else ""))
         problems.append("processes holding the GPU: " + ", ".join(described))
-        remedies.append(f"stop them (`kill {' '.join(str(p.pid) for p in holders)}`, then `kill -9` what remains)")
+        remedies.append(
+            f"stop them (`kill {' '.join(str(p.pid) for p in holders)}`, then `kill -9` what remains)"
+        )
     if inodes:
         who = ", ".join(p.label() for p in on_port) or "a process rocmdoctor cannot see (run as root)"
         problems.append(f"port {port} is already in use by {who}")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..model import Result, Severity, passed, warned
 from ..registry import Context
 from . import check

@@ -10,8 +10,8 @@ import os
 
 import jsonschema
 import pytest
-
 from harness.hosts import FIXTURE_IDS, check_json, fixture_root, normalize
+
 from rocmdoctor.model import Status, exit_code
 from rocmdoctor.report import load_schema
 
@@ -43,15 +43,30 @@ def test_golden_satisfies_the_packaged_schema(fixture_id):
 
 def test_schema_status_enum_is_the_status_enum():
     schema = load_schema()
-    assert set(schema["properties"]["checks"]["items"]["properties"]["status"]["enum"]) == {s.value for s in Status}
+    assert set(schema["properties"]["checks"]["items"]["properties"]["status"]["enum"]) == {
+        s.value for s in Status
+    }
 
 
 EXPECTED_VERDICTS = {
     # fixture: {check id: status} for the finding each fixture exists to show
-    "strix-halo-nocwsr-dkms": {"driver.dkms": "fail", "kernel.version": "fail", "kernel.cwsr": "fail",
-                               "python.isolation": "warn"},
-    "strix-halo-clean": {c: "pass" for c in ("kernel.cwsr", "kernel.version", "driver.dkms", "memory.ttm",
-                                             "memory.gpu", "access.devices")},
+    "strix-halo-nocwsr-dkms": {
+        "driver.dkms": "fail",
+        "kernel.version": "fail",
+        "kernel.cwsr": "fail",
+        "python.isolation": "warn",
+    },
+    "strix-halo-clean": {
+        c: "pass"
+        for c in (
+            "kernel.cwsr",
+            "kernel.version",
+            "driver.dkms",
+            "memory.ttm",
+            "memory.gpu",
+            "access.devices",
+        )
+    },
     "strix-halo-default-ttm": {"memory.ttm": "warn", "kernel.cwsr": "pass"},
     "strix-point": {"access.devices": "warn", "memory.ttm": "warn", "gpu.arch": "pass"},
     "rx7900xtx-no-render": {"access.devices": "fail", "kernel.cwsr": "pass"},
@@ -78,4 +93,9 @@ def test_one_root_cause_one_failure():
 def test_host_facts_describe_the_gpu():
     golden = json.loads((fixture_root("strix-halo-clean") / "expected.json").read_text())
     (gpu,) = golden["host"]["gpus"]
-    assert (gpu["gfx"], gpu["family"], gpu["apu"], gpu["gtt_total"]) == ("gfx1151", "gfx1151", True, 103079215104)
+    assert (gpu["gfx"], gpu["family"], gpu["apu"], gpu["gtt_total"]) == (
+        "gfx1151",
+        "gfx1151",
+        True,
+        103079215104,
+    )

@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
-
 import rocmdoctor.checks as checks_pkg
 from harness.hosts import FIXTURE_IDS, fixture_root
 from rocmdoctor.checks import HELPER_MODULES, MODULES, load_registry
+
 from rocmdoctor.host import Host
 from rocmdoctor.registry import Context, run_isolated
 
@@ -42,7 +42,11 @@ def test_no_check_module_touches_the_system_itself(path):
             names = {alias.name.split(".")[0] for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
             names = {(node.module or "").split(".")[0]} if node.level == 0 else set()
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("open", "__import__"):
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("open", "__import__")
+        ):
             pytest.fail(f"{path.name}:{node.lineno} calls {node.func.id}(); read through ctx.host")
         else:
             continue
@@ -68,7 +72,9 @@ def test_every_path_a_check_touches_is_declared(fixture_id):
     for spec in load_registry().specs:
         host = Host(fixture_root(fixture_id))
         run_isolated(spec, Context(host))
-        undeclared = sorted(p for p in host.accessed if p != "/" and not any(covered(p, r) for r in spec.reads))
+        undeclared = sorted(
+            p for p in host.accessed if p != "/" and not any(covered(p, r) for r in spec.reads)
+        )
         assert not undeclared, f"{spec.id} read undeclared paths on {fixture_id}: {undeclared}"
 
 
@@ -81,6 +87,6 @@ def test_covered_is_segment_wise():
 
 def test_checks_is_not_a_top_level_module(tmp_path):
     probe = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('checks') is None else 1)"
-    assert subprocess.run([sys.executable, "-c", probe], cwd=tmp_path).returncode == 0
+    assert subprocess.run([sys.executable, "-c", probe], check=False, cwd=tmp_path).returncode == 0
     probe = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('provision') is None else 1)"
-    assert subprocess.run([sys.executable, "-c", probe], cwd=tmp_path).returncode == 0
+    assert subprocess.run([sys.executable, "-c", probe], check=False, cwd=tmp_path).returncode == 0

@@ -6,7 +6,6 @@ import hashlib
 import json
 
 import pytest
-
 from harness.hosts import fixture_root, run_cli
 from rocmdoctor.checks.kernel_guidance import Finding, distro_family, guidance, kernel_commands
 
@@ -44,7 +43,10 @@ def test_default_ttm_gets_the_pages_for_its_ram():
     doc = json.loads(fix_kernel("strix-halo-default-ttm", "--json").stdout)
     (step,) = doc["steps"]
     # 125.6 GiB of RAM, 4 GiB kept for the OS: 121 GiB x 262144 pages.
-    assert step["id"] == "ttm" and 'echo "options ttm pages_limit=31719424" | sudo tee /etc/modprobe.d/ttm.conf' in step["commands"]
+    assert (
+        step["id"] == "ttm"
+        and 'echo "options ttm pages_limit=31719424" | sudo tee /etc/modprobe.d/ttm.conf' in step["commands"]
+    )
     assert "sudo mkinitcpio -P" in step["commands"]  # CachyOS is Arch-like
 
 
@@ -59,18 +61,21 @@ def test_host_without_gpu_is_told_so():
     assert not doc["needs_fixing"] and doc["headline"].startswith("No AMD GPU")
 
 
-@pytest.mark.parametrize("distro_id, version, like, expected", [
-    ("ubuntu", "24.04", "debian", "linux-generic-hwe-24.04"),
-    ("ubuntu", "22.04", "debian", "do-release-upgrade"),
-    ("ubuntu", "26.04", "debian", "sudo apt full-upgrade"),
-    ("debian", "13", "", "trixie-backports"),
-    ("debian", "12", "", "bookworm-backports"),
-    ("fedora", "43", "", "sudo dnf upgrade --refresh 'kernel*'"),
-    ("arch", "", "", "sudo pacman -Syu linux"),
-    ("cachyos", "", "arch", "sudo pacman -Syu linux"),
-    ("opensuse-tumbleweed", "", "opensuse suse", "sudo zypper dup"),
-    ("opensuse-leap", "15.6", "suse opensuse", "Kernel:/stable:/Backport"),
-])
+@pytest.mark.parametrize(
+    "distro_id, version, like, expected",
+    [
+        ("ubuntu", "24.04", "debian", "linux-generic-hwe-24.04"),
+        ("ubuntu", "22.04", "debian", "do-release-upgrade"),
+        ("ubuntu", "26.04", "debian", "sudo apt full-upgrade"),
+        ("debian", "13", "", "trixie-backports"),
+        ("debian", "12", "", "bookworm-backports"),
+        ("fedora", "43", "", "sudo dnf upgrade --refresh 'kernel*'"),
+        ("arch", "", "", "sudo pacman -Syu linux"),
+        ("cachyos", "", "arch", "sudo pacman -Syu linux"),
+        ("opensuse-tumbleweed", "", "opensuse suse", "sudo zypper dup"),
+        ("opensuse-leap", "15.6", "suse opensuse", "Kernel:/stable:/Backport"),
+    ],
+)
 def test_kernel_commands_per_distro(distro_id, version, like, expected):
     commands = kernel_commands(distro_family(distro_id, like), distro_id, version)
     assert any(expected in c for c in commands)
@@ -78,15 +83,21 @@ def test_kernel_commands_per_distro(distro_id, version, like, expected):
 
 
 def test_dkms_on_a_dgpu_is_advice_without_a_kernel_change():
-    findings = {"driver.dkms": Finding("warn", "amdgpu DKMS build in use"),
-                "kernel.cwsr": Finding("pass", "fine"), "kernel.version": Finding("pass", "fine")}
+    findings = {
+        "driver.dkms": Finding("warn", "amdgpu DKMS build in use"),
+        "kernel.cwsr": Finding("pass", "fine"),
+        "kernel.version": Finding("pass", "fine"),
+    }
     doc = guidance({"id": "ubuntu", "version": "22.04", "like": "debian"}, "5.15.0-131-generic", findings)
     assert [s["id"] for s in doc["steps"]] == ["dkms"]
 
 
 def test_amdttm_is_set_beside_ttm_under_dkms():
-    ttm = Finding("warn", "only half", {"suggested_pages_limit": 262144 * 60, "governing": "amdttm",
-                                        "pages_limit": {"ttm": 1, "amdttm": 1}})
+    ttm = Finding(
+        "warn",
+        "only half",
+        {"suggested_pages_limit": 262144 * 60, "governing": "amdttm", "pages_limit": {"ttm": 1, "amdttm": 1}},
+    )
     doc = guidance({"id": "fedora", "version": "43"}, "6.18.5", {"memory.ttm": ttm})
     commands = doc["steps"][0]["commands"]
     assert any("/etc/modprobe.d/amdttm.conf" in c for c in commands) and "sudo dracut -f" in commands

@@ -15,8 +15,13 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def wheel_names(tmp_path_factory) -> set[str]:
     out = tmp_path_factory.mktemp("wheel")
-    proc = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(REPO)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(REPO)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (wheel,) = out.glob("rocmdoctor-*.whl")
     with zipfile.ZipFile(wheel) as zf:
@@ -43,6 +48,8 @@ def test_no_generic_top_level_package(wheel_names):
 def test_package_data_is_in_the_wheel(wheel_names):
     expected = [f"rocmdoctor/schema/{n}" for n in sources("src/rocmdoctor/schema", "*.json")]
     expected += [f"rocmdoctor/probes/{n}" for n in sources("src/rocmdoctor/probes", "*.py")]
-    expected += [f"rocmdoctor/bundles/{n}" for n in sources("bundles", "*.toml") + sources("bundles", "*.json")]
+    expected += [
+        f"rocmdoctor/bundles/{n}" for n in sources("bundles", "*.toml") + sources("bundles", "*.json")
+    ]
     assert "rocmdoctor/schema/check-report.schema.json" in expected
     assert sorted(set(expected) - wheel_names) == []

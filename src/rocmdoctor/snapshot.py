@@ -12,16 +12,18 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import tarfile
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .host import ENV_FILE, IDENTITY_FILE, META_DIR, STAT_FILE, ReadState
+from .host import ENV_FILE, IDENTITY_FILE, META_DIR, STAT_FILE, Host, ReadState
 from .registry import CheckSpec, Context
 
 PASSWD, GROUP = "/etc/passwd", "/etc/group"
+MODULE_FILE = re.compile(r"\.ko(\.[a-z]+)?$")
 
 
 @dataclass
@@ -54,8 +56,11 @@ def _users(ctx: Context) -> set[str]:
 
 
 def _filter_passwd(text: str, users: set[str]) -> str:
-    return "".join(line + "\n" for line in text.splitlines()
-                   if line.split(":", 1)[0] in users or line.split(":")[2:3] == ["0"])
+    return "".join(
+        line + "\n"
+        for line in text.splitlines()
+        if line.split(":", 1)[0] in users or line.split(":")[2:3] == ["0"]
+    )
 
 
 def _filter_group(text: str, users: set[str], gids: set[int], keep_gids: set[int]) -> str:
@@ -78,52 +83,57 @@ def _reported_pids(ctx: Context) -> set[int]:
     return {p.pid for p in (read_proc(ctx, pid) for pid in ctx.host.pids()) if p and (p.is_vllm or p.gpu_fds)}
 
 
+def _capture(host: Host, snap: Snapshot, path: str) -> None:
+    """One host path into the snapshot: device node, directory, fd link or file contents."""
+    from .checks.processes import redact
+
+    st = host.stat(path)
+    if path.startswith("/dev/"):
+        if st is not None:
+            snap.stat[path] = st.to_json()
+    elif st is not None and st.type == "dir":
+        snap.dirs.add(path)
+    elif st is not None and st.type == "link" and path.startswith("/proc/"):
+        target = host.readlink(path)
+        if target.ok:
+            snap.links[path] = target.value
+    elif MODULE_FILE.search(path):
+        snap.files[path] = b""  # checks test that a module file exists; its bytes stay out
+    else:
+        raw = host.read_text(path)
+        if raw.state is ReadState.EMPTY:
+            snap.files[path] = b""
+        elif raw.ok:
+            text = raw.value
+            if path.endswith("/cmdline"):
+                text = redact(text.replace("\x00", " ")).replace(" ", "\x00")
+            snap.files[path] = text.encode()
+
+
 def collect(ctx: Context, specs: list[CheckSpec]) -> Snapshot:
     from .checks.access import find_account
     from .checks.disk import measured_paths
-    from .checks.processes import redact
 
     host = ctx.host
     snap = Snapshot()
     users = _users(ctx)
-    reported = None
+    reported: set[int] | None = None
     for pattern in dict.fromkeys(p for spec in specs for p in spec.reads):
         for path in host.glob(pattern):
-            st = host.stat(path)
-            if path.startswith("/dev/"):
-                if st is not None:
-                    snap.stat[path] = st.to_json()
-                continue
-            if st is not None and st.type == "dir":
-                snap.dirs.add(path)
-                continue
-            if st is not None and st.type == "link" and path.startswith("/proc/"):
-                target = host.readlink(path)
-                if target.ok:
-                    snap.links[path] = target.value
-                continue
             if path.startswith("/proc/") and path.endswith("/cmdline"):
                 if reported is None:
                     reported = _reported_pids(ctx)
                 if int(path.split("/")[2]) not in reported:
                     continue
-            raw = host.read_text(path)
-            if raw.state is ReadState.EMPTY:
-                snap.files[path] = b""
-            elif raw.ok:
-                text = raw.value
-                if path.endswith("/cmdline"):
-                    text = redact(text.replace("\x00", " ")).replace(" ", "\x00")
-                snap.files[path] = text.encode()
-            elif st is not None and st.type == "dir":
-                snap.dirs.add(path)
+            _capture(host, snap, path)
     accounts = [a for a in (find_account(ctx, u) for u in users) if a]
     device_gids = {entry["gid"] for entry in snap.stat.values() if "gid" in entry}
     if PASSWD in snap.files:
         snap.files[PASSWD] = _filter_passwd(snap.files[PASSWD].decode(), users).encode()
     if GROUP in snap.files:
-        snap.files[GROUP] = _filter_group(snap.files[GROUP].decode(), users, {a.gid for a in accounts},
-                                          device_gids).encode()
+        snap.files[GROUP] = _filter_group(
+            snap.files[GROUP].decode(), users, {a.gid for a in accounts}, device_gids
+        ).encode()
     for path in measured_paths(ctx):
         free = host.free_bytes(path)
         if free is not None:
@@ -184,3 +194,37 @@ def snapshot(ctx: Context, specs: list[CheckSpec], out: Path) -> Snapshot:
     snap = collect(ctx, specs)
     write_archive(snap, out)
     return snap
+
+
+# Only these members may be symlinks: /proc/<pid>/fd/<n> links whose text names what a process
+# holds open. The Host reads their text and never follows links out of the root.
+_FD_LINK = re.compile(r"^proc/\d+/fd/\d+$")
+
+
+class SnapshotError(ValueError):
+    """The archive given to --root is not a readable, safe snapshot."""
+
+
+def _replay_filter(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
+    if member.issym() and _FD_LINK.match(member.name):
+        return member.replace(mode=0o777, uid=0, gid=0, uname="", gname="", deep=False)
+    return tarfile.data_filter(member, dest)
+
+
+def unpack(archive: Path) -> Path:
+    """Extract a snapshot archive into a private temporary directory removed at exit."""
+    import atexit
+    import shutil
+
+    dest = Path(tempfile.mkdtemp(prefix="rocmdoctor-replay-"))
+    atexit.register(shutil.rmtree, dest, ignore_errors=True)
+    try:
+        with tarfile.open(archive, mode="r:*") as tar:
+            tar.extractall(dest, filter=_replay_filter)
+    except tarfile.FilterError as exc:
+        raise SnapshotError(f"{archive}: refusing unsafe member {exc.tarinfo.name!r} ({exc})") from None
+    except (tarfile.TarError, EOFError, OSError) as exc:
+        raise SnapshotError(f"{archive} is not a readable snapshot archive ({exc})") from None
+    if not (dest / META_DIR).is_dir():
+        raise SnapshotError(f"{archive} has no {META_DIR}/ folder: not made by `rocmdoctor snapshot`")
+    return dest

@@ -29,15 +29,18 @@ def fixture_root(fixture_id: str) -> Path:
     return HOSTS / fixture_id
 
 
-def run_cli(*args: str, root: Path | str | None = None, env: dict[str, str] | None = None,
-            timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, root: Path | str | None = None, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
     """`python -m rocmdoctor [--root R] ARGS` as a real process."""
     argv = [sys.executable, "-m", "rocmdoctor"]
     if root is not None:
         argv += ["--root", str(root)]
     full_env = {k: v for k, v in os.environ.items() if k != "ROCMDOCTOR_ROOT"}
     full_env.update(env or {})
-    return subprocess.run(argv + list(args), capture_output=True, text=True, timeout=timeout, env=full_env)
+    return subprocess.run(
+        argv + list(args), check=False, capture_output=True, text=True, timeout=timeout, env=full_env
+    )
 
 
 def check_json(root: Path | str, *args: str) -> tuple[int, dict[str, Any], str]:
