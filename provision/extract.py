@@ -55,8 +55,9 @@ def check_member(member: tarfile.TarInfo, dest: str) -> None:
         if os.path.isabs(member.linkname):
             raise UnsafeArchive(name, f"is a symlink to the absolute path {member.linkname!r}")
         # Resolve through links already extracted: `a -> .` then `a/b -> ../x` must not pass.
+        # realpath, not normpath: with `a -> .`, `a/..` is lexically inside but really the parent.
         parent = os.path.realpath(os.path.join(dest, os.path.dirname(name)))
-        target = os.path.normpath(os.path.join(parent, member.linkname))
+        target = os.path.realpath(os.path.join(parent, member.linkname))
         if not _inside(parent, dest) or not _inside(target, dest):
             raise UnsafeArchive(name, f"is a symlink leaving the bundle ({member.linkname!r})")
     if member.islnk():

@@ -32,6 +32,8 @@ def _cases(outside: str) -> dict[str, tuple[dict, str]]:
         # `here -> .` is harmless alone; `here/up -> ../x` then resolves outside the tree.
         "symlink-chain": ({"here": _member("here", tarfile.SYMTYPE, "."),
                            "here/up": _member("here/up", tarfile.SYMTYPE, "../escaped")}, "symlink leaving the bundle"),
+        "symlink-dotdot-through-link": ({"here": _member("here", tarfile.SYMTYPE, "."),
+                                         "up": _member("up", tarfile.SYMTYPE, "here/..")}, "symlink leaving the bundle"),
         "hardlink": ({"lib/hard": _member("lib/hard", tarfile.LNKTYPE, "../../etc/hostname")}, "hard link"),
         "device": ({"dev/null": _member("dev/null", tarfile.CHRTYPE)}, "device node"),
         "fifo": ({"lib/pipe": _member("lib/pipe", tarfile.FIFOTYPE)}, "device node, FIFO"),
