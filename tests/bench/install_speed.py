@@ -16,6 +16,7 @@ import json
 import os
 import platform
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -107,13 +108,18 @@ def build() -> tuple[list[Path], dict]:
     return [assets / n for n in names], facts
 
 
-def _timed(command: list[str] | str, sync: bool, **kw) -> float:
+def _timed(command: list[str] | str, sync: bool, **kw) -> tuple[float, float]:
+    """Wall seconds, and CPU seconds (user + system) of the command and its children: the CPU figure
+    stays meaningful when other work shares the machine."""
     subprocess.run(["sync"], check=True)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     subprocess.run(command, check=True, **kw)
     if sync:
         subprocess.run(["sync"], check=True)
-    return time.perf_counter() - started
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def main() -> None:
@@ -128,6 +134,7 @@ def main() -> None:
     built = BuiltBundle(tag=TAG, base=f"{TAG}-x64", out_dir=parts[0].parent, parts=parts)
     rocmdoctor = [sys.executable, "-m", "rocmdoctor"]
     timings: dict[str, list[float]] = {"baseline": [], "rocmdoctor": []}
+    cpu: dict[str, list[float]] = {"baseline": [], "rocmdoctor": []}
     with ReleaseServer() as server:
         server.add_release("lemonade-sdk/vllm-rocm", TAG, built.release_assets())
         pins = args.dest.parent / "pins"
@@ -139,19 +146,21 @@ def main() -> None:
                 shutil.rmtree(args.dest, ignore_errors=True)
                 (args.dest / "baseline").mkdir(parents=True)
                 if method == "baseline":
-                    seconds = _timed(baseline, args.sync, shell=True)
+                    seconds, cpu_s = _timed(baseline, args.sync, shell=True)
                 else:
-                    seconds = _timed(rocmdoctor + ["install", "--family", "gfx1151", "--bundles-dir", str(pins),
+                    seconds, cpu_s = _timed(rocmdoctor + ["install", "--family", "gfx1151", "--bundles-dir", str(pins),
                                                    "--prefix", str(args.dest / "prefix"), "--mirror",
                                                    server.mirror_url, "--json"], args.sync,
                                      stdout=subprocess.DEVNULL)
                 timings[method].append(seconds)
-                print(f"run {run + 1} {method:<10} {seconds:6.2f} s", file=sys.stderr)
+                cpu[method].append(cpu_s)
+                print(f"run {run + 1} {method:<10} {seconds:6.2f} s wall {cpu_s:6.2f} s cpu", file=sys.stderr)
     shutil.rmtree(args.dest, ignore_errors=True)
     base_median = statistics.median(timings["baseline"])
     ours_median = statistics.median(timings["rocmdoctor"])
     result = {
-        "bundle": facts, "runs": args.runs, "sync": args.sync, "timings_s": timings,
+        "bundle": facts, "runs": args.runs, "sync": args.sync, "dest": str(args.dest), "timings_s": timings,
+        "cpu_s": cpu, "loadavg_at_end": os.getloadavg(),
         "median_s": {"baseline": round(base_median, 2), "rocmdoctor": round(ours_median, 2)},
         "ratio": round(ours_median / base_median, 3),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "kernel": platform.release(),
