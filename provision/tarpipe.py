@@ -17,11 +17,13 @@ import re
 import shutil
 import stat
 import subprocess
-import threading
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import TYPE_CHECKING
 
 from .extract import BUFFER, ArchiveError, UnsafeArchive
+
+if TYPE_CHECKING:
+    from .extract import Gunzip
 
 BLOCK = 512
 _REGULAR = (b"0", b"\0", b"7")
@@ -216,34 +218,11 @@ class HeaderVetter:
             raise UnsafeArchive(name, "would be written through a symlink leaving the bundle")
 
 
-def relay_extract(stream: BinaryIO, dest: Path, command: list[str], tar: str,
-                  on_bytes: Callable[[int], None] | None = None) -> None:
-    """`stream` (gzip'd tar) -> gunzip -> HeaderVetter -> GNU tar -x into `dest`."""
-    gunzip = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+def relay_extract(gunzip: "Gunzip", dest: Path, tar: str) -> None:
+    """The plain tar from `gunzip` -> HeaderVetter -> GNU tar -x into `dest`."""
     untar = subprocess.Popen([tar, "-x", "-f", "-", "-C", str(dest), "--no-same-owner", "--no-same-permissions",
                               "--warning=no-unknown-keyword"],
                              stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    feed_error: list[BaseException] = []
-
-    def feed() -> None:
-        buf = bytearray(BUFFER)
-        try:
-            while n := stream.readinto(buf):
-                if on_bytes:
-                    on_bytes(n)
-                gunzip.stdin.write(memoryview(buf)[:n])
-        except BrokenPipeError:
-            pass
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
-            feed_error.append(exc)
-        finally:
-            try:
-                gunzip.stdin.close()
-            except BrokenPipeError:
-                pass
-
-    feeder = threading.Thread(target=feed, name="gunzip-feed", daemon=True)
-    feeder.start()
     vetter = HeaderVetter()
     finished = False
     try:
@@ -262,27 +241,16 @@ def relay_extract(stream: BinaryIO, dest: Path, command: list[str], tar: str,
         finished = True
     finally:
         if not finished:
-            cancel = getattr(stream, "cancel", None)
-            if cancel:
-                cancel()
-            gunzip.kill()
             untar.kill()
-        feeder.join()
-        for pipe in (gunzip.stdout, untar.stdin):
-            try:
-                pipe.close()
-            except BrokenPipeError:
-                pass
-        gunzip_err = gunzip.stderr.read().decode(errors="replace").strip()
+        gunzip.close(failed=not finished)
+        try:
+            untar.stdin.close()
+        except BrokenPipeError:
+            pass
         tar_err = untar.stderr.read().decode(errors="replace").strip()
-        gunzip.stderr.close()
         untar.stderr.close()
-        gunzip.wait()
         untar.wait()
-    if feed_error:
-        raise feed_error[0]
-    if gunzip.returncode != 0:
-        raise ArchiveError(f"the bundle is not a valid gzip stream ({gunzip_err or f'exit {gunzip.returncode}'})")
+    gunzip.check()
     if not vetter.ended:
         raise ArchiveError("the bundle archive is truncated (no end-of-archive marker)")
     if untar.returncode != 0:
