@@ -55,8 +55,9 @@ def check_member(member: tarfile.TarInfo, dest: str) -> None:
         if os.path.isabs(member.linkname):
             raise UnsafeArchive(name, f"is a symlink to the absolute path {member.linkname!r}")
         # Resolve through links already extracted: `a -> .` then `a/b -> ../x` must not pass.
+        # realpath, not normpath: with `a -> .`, `a/..` is lexically inside but really the parent.
         parent = os.path.realpath(os.path.join(dest, os.path.dirname(name)))
-        target = os.path.normpath(os.path.join(parent, member.linkname))
+        target = os.path.realpath(os.path.join(parent, member.linkname))
         if not _inside(parent, dest) or not _inside(target, dest):
             raise UnsafeArchive(name, f"is a symlink leaving the bundle ({member.linkname!r})")
     if member.islnk():
@@ -103,66 +104,99 @@ class _Counting(io.RawIOBase):
         return n
 
 
-def extract_stream(stream: BinaryIO, dest: Path, on_bytes: ProgressFn | None = None,
-                   external_gunzip: bool = True) -> None:
-    """Extract the gzip'd tar read from `stream` into `dest` (which must exist and be empty).
+class Gunzip:
+    """A `pigz -dc` (or `gzip -dc`) process fed from `stream` by a thread; the caller reads `.stdout`.
 
-    Errors the stream raises (a failed download) propagate as themselves; a broken archive raises
-    ArchiveError, an unsafe member UnsafeArchive."""
-    member_filter = _make_filter(dest)
-    counted = _Counting(stream, on_bytes)
-    command = _decompressor() if external_gunzip else None
-    if command is None:
-        _extract(io.BufferedReader(counted, BUFFER), "r|gz", dest, member_filter)
-        return
-    gunzip = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              bufsize=0)
-    feed_error: list[BaseException] = []
+    Errors of the stream (a failed download) are kept and re-raised by `check()` in the caller's
+    thread, ahead of the truncated-archive symptom they cause."""
 
-    def feed() -> None:
+    def __init__(self, command: list[str], stream: BinaryIO, on_bytes: ProgressFn | None) -> None:
+        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.stdout = self.proc.stdout
+        self.stream = stream
+        self.errors: list[BaseException] = []
+        self.stderr = ""
+        self._stopping = False
+        self._thread = threading.Thread(target=self._feed, args=(_Counting(stream, on_bytes),),
+                                        name="gunzip-feed", daemon=True)
+        self._thread.start()
+
+    def _feed(self, source: _Counting) -> None:
         buf = bytearray(BUFFER)
         try:
-            while n := counted.readinto(buf):
-                gunzip.stdin.write(memoryview(buf)[:n])
+            while n := source.readinto(buf):
+                self.proc.stdin.write(memoryview(buf)[:n])
         except BrokenPipeError:
-            pass  # the extractor stopped reading; its own error explains why
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread below
-            feed_error.append(exc)
+            pass  # the reader stopped; its own error explains why
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread by check()
+            if not self._stopping:
+                self.errors.append(exc)
         finally:
             try:
-                gunzip.stdin.close()
+                self.proc.stdin.close()
             except BrokenPipeError:
                 pass
 
-    feeder = threading.Thread(target=feed, name="gunzip-feed", daemon=True)
-    feeder.start()
+    def drain(self) -> None:
+        """Read to the end so gunzip verifies the whole stream (tar stops at its end marker)."""
+        while self.stdout.read(BUFFER):
+            pass
+
+    def close(self, failed: bool) -> None:
+        if failed and self._thread.is_alive():  # the reader failed first: stop feeding
+            self._stopping = True
+            cancel = getattr(self.stream, "cancel", None)
+            if cancel:
+                cancel()
+            self.proc.kill()
+        self._thread.join()
+        self.stdout.close()
+        self.stderr = self.proc.stderr.read().decode(errors="replace").strip()
+        self.proc.stderr.close()
+        self.proc.wait()
+
+    def check(self) -> None:
+        if self.errors:
+            raise self.errors[0]
+        if self.proc.returncode != 0:
+            raise ArchiveError(f"the bundle is not a valid gzip stream ({self.stderr or f'exit {self.proc.returncode}'})")
+
+
+def extract_stream(stream: BinaryIO, dest: Path, on_bytes: ProgressFn | None = None,
+                   extractor: str = "auto") -> None:
+    """Extract the gzip'd tar read from `stream` into `dest` (which must exist and be empty).
+
+    extractor: "tar" (GNU tar behind our header vetting, fastest), "python" (tarfile + data filter),
+    "auto" (tar when GNU tar and pigz/gzip exist). Errors the stream raises (a failed download)
+    propagate as themselves; a broken archive raises ArchiveError, an unsafe member UnsafeArchive."""
+    command = _decompressor()
+    if extractor in ("auto", "tar"):
+        from .tarpipe import gnu_tar, relay_extract
+
+        tar = gnu_tar()
+        if tar and command:
+            relay_extract(Gunzip(command, stream, on_bytes), dest, tar)
+            return
+        if extractor == "tar":
+            raise ArchiveError("--extractor tar needs GNU tar and pigz or gzip on PATH")
+    member_filter = _make_filter(dest)
+    if command is None:
+        _extract(io.BufferedReader(_Counting(stream, on_bytes), BUFFER), "r|gz", dest, member_filter)
+        return
+    gunzip = Gunzip(command, stream, on_bytes)
     finished = False
     try:
         _extract(gunzip.stdout, "r|", dest, member_filter)
-        # tar stops at its end-of-archive blocks: drain the rest so gunzip checks the whole stream
-        while gunzip.stdout.read(BUFFER):
-            pass
+        gunzip.drain()
         finished = True
     except ArchiveError:
-        feeder.join()
-        if feed_error:
-            raise feed_error[0] from None
+        gunzip.close(failed=True)
+        gunzip.check()  # a download error explains the truncated archive better
         raise
     finally:
-        if not finished and feeder.is_alive():  # the extractor failed first: stop feeding and reading
-            cancel = getattr(stream, "cancel", None)
-            if cancel:
-                cancel()
-            gunzip.kill()
-        feeder.join()
-        gunzip.stdout.close()
-        stderr = gunzip.stderr.read().decode(errors="replace").strip()
-        gunzip.stderr.close()
-        gunzip.wait()
-    if feed_error:
-        raise feed_error[0]
-    if gunzip.returncode != 0:
-        raise ArchiveError(f"the bundle is not a valid gzip stream ({stderr or f'exit {gunzip.returncode}'})")
+        if gunzip.proc.returncode is None:
+            gunzip.close(failed=not finished)
+    gunzip.check()
 
 
 def _extract(fileobj: BinaryIO, mode: str, dest: Path, member_filter) -> None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import requests
 
-from .manifest import Asset, ManifestError, order_parts, parse_asset
+from .manifest import Asset, ManifestError, check_asset_name, order_parts, parse_asset
 
 DEFAULT_API_URL = "https://api.github.com"
 API_ENV = "ROCMDOCTOR_GITHUB_API"
@@ -69,6 +69,7 @@ def fetch_release(repo: str, tag: str, base_url: str, timeout: tuple[float, floa
         try:
             asset = parse_asset({k: raw.get(k) for k in ("name", "size", "digest")},
                                 f"{url}: assets[{index}]", digest_required=False)
+            check_asset_name(asset.name, tag, f"{url}: assets[{index}]")  # names become file names
         except ManifestError as exc:
             raise ReleaseError(str(exc)) from None
         download = raw.get("browser_download_url")

@@ -58,7 +58,7 @@ class InstallPlan:
     force: bool = False
     precompile: bool = False
     download: DownloadOptions = field(default_factory=DownloadOptions)
-    external_gunzip: bool = True
+    extractor: str = "auto"  # auto | tar | python, see extract.extract_stream
     on_download: ProgressFn | None = None
     on_extract: ProgressFn | None = None
 
@@ -293,13 +293,13 @@ def _install_tree(layout: Layout, plan: InstallPlan) -> int:
     try:
         partial.mkdir(parents=True)
         try:
-            extract_stream(PartStream(fetches.parts), partial, plan.on_extract, plan.external_gunzip)
+            extract_stream(PartStream(fetches.parts), partial, plan.on_extract, plan.extractor)
         except StreamRestarted:
             # A part started over after extraction had read it: extract again from the finished files.
             fetches.wait()
             shutil.rmtree(partial)
             partial.mkdir()
-            extract_stream(PartStream(fetches.parts), partial, plan.on_extract, plan.external_gunzip)
+            extract_stream(PartStream(fetches.parts), partial, plan.on_extract, plan.extractor)
         except (DownloadError, StreamCancelled):
             fetches.wait()
             raise

@@ -127,8 +127,12 @@ def _check_repo(doc: dict[str, Any], where: str) -> str:
     return repo
 
 
+_TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+
+
 def check_tag(tag: str, family: str, where: str) -> None:
-    if not tag or "/" in tag or not tag.endswith("-" + family):
+    """Tags become directory names under <prefix>/bundles: plain names only."""
+    if not _TAG.match(tag) or not tag.endswith("-" + family):
         raise ManifestError(f"{where}: field 'tag' {tag!r} must end with '-{family}' (vllm<ver>-rocm<ver>-<family>)")
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from .github_release import ReleaseError, fetch_release
 from .install import InstallError, Source
-from .manifest import Asset, Lock, LockEntry, Manifest
+from .manifest import Asset, Lock, LockEntry, Manifest, ManifestError, check_tag
 
 GITHUB_DOWNLOAD = "https://github.com/{repo}/releases/download/{tag}/{name}"
 
@@ -75,6 +75,10 @@ def pinned_sources(manifest: Manifest, lock: Lock, family: str, version: str | N
 
 def release_sources(tag: str, repo: str, api_url: str, lock: Lock, mirror: str | None) -> list[Source]:
     """--tag: part names, sizes and digests from the release API; a digest the API lacks must be pinned."""
+    try:
+        check_tag(tag, family_from_tag(tag), "--tag")
+    except ManifestError as exc:
+        raise PlanError(str(exc)) from None
     try:
         release = fetch_release(repo, tag, api_url)
     except ReleaseError as exc:

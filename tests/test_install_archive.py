@@ -32,6 +32,8 @@ def _cases(outside: str) -> dict[str, tuple[dict, str]]:
         # `here -> .` is harmless alone; `here/up -> ../x` then resolves outside the tree.
         "symlink-chain": ({"here": _member("here", tarfile.SYMTYPE, "."),
                            "here/up": _member("here/up", tarfile.SYMTYPE, "../escaped")}, "symlink leaving the bundle"),
+        "symlink-dotdot-through-link": ({"here": _member("here", tarfile.SYMTYPE, "."),
+                                         "up": _member("up", tarfile.SYMTYPE, "here/..")}, "symlink leaving the bundle"),
         "hardlink": ({"lib/hard": _member("lib/hard", tarfile.LNKTYPE, "../../etc/hostname")}, "hard link"),
         "device": ({"dev/null": _member("dev/null", tarfile.CHRTYPE)}, "device node"),
         "fifo": ({"lib/pipe": _member("lib/pipe", tarfile.FIFOTYPE)}, "device node, FIFO"),
@@ -39,15 +41,16 @@ def _cases(outside: str) -> dict[str, tuple[dict, str]]:
     }
 
 
+@pytest.mark.parametrize("extractor", ["tar", "python"])
 @pytest.mark.parametrize("case", sorted(_cases("/x")))
-def test_hostile_member_is_refused(install_lab, tmp_path, case):
+def test_hostile_member_is_refused(install_lab, tmp_path, case, extractor):
     outside = tmp_path / "outside"
     outside.mkdir()
     extra, message = _cases(str(outside))[case]
     install_lab.pin("gfx1151", install_lab.bundle(OLD))
     assert install_lab.install("gfx1151").returncode == 0
     install_lab.pin("gfx1151", install_lab.bundle(EVIL, extra=extra))
-    proc = install_lab.install("gfx1151")
+    proc = install_lab.install("gfx1151", "--extractor", extractor)
     assert proc.returncode == 1, (proc.stdout, proc.stderr)
     assert message in proc.stderr and "Traceback" not in proc.stderr
     assert "previous bundle is still active" in proc.stderr
@@ -58,12 +61,13 @@ def test_hostile_member_is_refused(install_lab, tmp_path, case):
     assert not (install_lab.prefix / "bundles" / EVIL).exists() and install_lab.leftovers() == []
 
 
-def test_internal_links_are_kept(install_lab):
+@pytest.mark.parametrize("extractor", ["tar", "python"])
+def test_internal_links_are_kept(install_lab, extractor):
     """A symlink and a hard link inside the tree are legitimate (the real bundle has them)."""
     extra = {"lib/libfoo.so.1": b"ELF", "lib/libfoo.so": _member("lib/libfoo.so", tarfile.SYMTYPE, "libfoo.so.1"),
              "lib/libfoo.copy": _member("lib/libfoo.copy", tarfile.LNKTYPE, "lib/libfoo.so.1")}
     install_lab.pin("gfx1151", install_lab.bundle(OLD, extra=extra))
-    proc = install_lab.install("gfx1151")
+    proc = install_lab.install("gfx1151", "--extractor", extractor)
     assert proc.returncode == 0, proc.stderr
     lib = install_lab.prefix / "current" / "lib"
     assert (lib / "libfoo.so").read_bytes() == b"ELF" and (lib / "libfoo.copy").read_bytes() == b"ELF"

@@ -116,6 +116,20 @@ def test_tag_for_another_family_and_unknown_tag(install_lab):
     assert proc.returncode == 1 and "not found" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("tag", ["../../etc/x-gfx1151", ".hidden-gfx1151", "vllm1 x-gfx1151"])
+def test_tag_that_is_not_a_plain_name_is_refused(install_lab, tag):
+    _refused(install_lab.cli("install", "--tag", tag, "--prefix", str(install_lab.prefix)), "--tag", "field 'tag'")
+    assert install_lab.server.log == []
+
+
+def test_asset_name_from_the_api_that_is_not_a_plain_file_name_is_refused(install_lab):
+    evil = f"{TAG}-x64./../../escape.tar.gz"
+    install_lab.server.add_release("lemonade-sdk/vllm-rocm", TAG, [(evil, b"x" * 10)])
+    proc = install_lab.cli("install", "--tag", TAG, "--prefix", str(install_lab.prefix))
+    assert proc.returncode == 1 and "is not a plain file name" in proc.stderr
+    assert not (install_lab.root / "escape.tar.gz").exists()
+
+
 def test_bundles_on_an_empty_prefix(install_lab):
     proc = install_lab.cli("bundles", "--prefix", str(install_lab.prefix), "--json")
     assert proc.returncode == 0 and json.loads(proc.stdout)["bundles"] == []

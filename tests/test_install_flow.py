@@ -150,3 +150,21 @@ def test_a_second_install_waits_for_nobody_and_says_so(install_lab):
         proc = install_lab.install("gfx1151")
     assert proc.returncode == 1 and "another rocmdoctor install" in proc.stderr
     assert install_lab.current() is None
+
+
+def test_progress_bars_on_a_terminal_only(install_lab):
+    """Under a pseudo-terminal (script(1)) the bars show on stderr; with --json nothing but JSON."""
+    import shlex
+    import subprocess
+    import sys
+
+    install_lab.pin("gfx1151", install_lab.bundle(T1, payload=300_000))
+    argv = [sys.executable, "-m", "rocmdoctor", *install_lab.install_args("gfx1151")]
+    tty = subprocess.run(["script", "-qec", shlex.join(argv), "/dev/null"], capture_output=True, text=True,
+                         timeout=120, env=install_lab.env())
+    assert tty.returncode == 0, tty.stdout
+    assert "download" in tty.stdout and "extract" in tty.stdout and "changed: installed" in tty.stdout
+    quiet = subprocess.run(["script", "-qec", shlex.join(argv + ["--force", "--json"]), "/dev/null"],
+                           capture_output=True, text=True, timeout=120, env=install_lab.env())
+    assert quiet.returncode == 0
+    assert json.loads(quiet.stdout)["changed"] is True  # the whole terminal output is the JSON, no bars

@@ -186,10 +186,14 @@ def _emit(result: dict[str, Any], as_json: bool, line: str) -> None:
 @_download_options
 @click.option("--force", is_flag=True, help="Reinstall even if current; install despite failing blocking checks.")
 @click.option("--precompile", is_flag=True, help="Compile the bundle's Python bytecode after extraction.")
+@click.option("--extractor", type=click.Choice(["auto", "tar", "python"]), default="auto", show_default=True,
+              envvar="ROCMDOCTOR_EXTRACTOR",
+              help="tar: GNU tar behind rocmdoctor's header checks (fast); python: tarfile with the data "
+                   "filter; auto: tar when GNU tar and pigz/gzip exist. [env: ROCMDOCTOR_EXTRACTOR]")
 @click.option("--json", "as_json", is_flag=True, help="Print an Ansible-style JSON result on stdout.")
 @pass_app
 def install(app: App, family: str, version: str | None, tag: str | None, prefix: Path, mirror: str | None,
-            force: bool, precompile: bool, as_json: bool, **kwargs: Any) -> None:
+            force: bool, precompile: bool, extractor: str, as_json: bool, **kwargs: Any) -> None:
     """Fetch, verify and activate the vllm-rocm bundle for this GPU family."""
     from ..provision.github_release import api_url
     from ..provision.install import InstallPlan, install as run_install
@@ -212,7 +216,7 @@ def install(app: App, family: str, version: str | None, tag: str | None, prefix:
                 chosen = resolve_family(family, manifest)
             tag, sources = pinned_sources(manifest, lock, chosen, version, mirror)
         plan = InstallPlan(prefix=prefix, family=chosen, tag=tag, repo=manifest.repo, sources=sources, force=force,
-                           precompile=precompile, download=_download_settings(kwargs))
+                           precompile=precompile, download=_download_settings(kwargs), extractor=extractor)
         with _progress(not as_json, plan.total_bytes) as (on_download, on_extract):
             plan.on_download, plan.on_extract = on_download, on_extract
             result = run_install(plan)
