@@ -117,6 +117,7 @@ class SshFleet:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.hosts: list[FakeHost] = []
+        self.external: list[FakeHost] = []
         self.client_key = self.workdir / "clientkey"
         self.host_key = self.workdir / "hostkey"
         self.known_hosts = self.workdir / "known_hosts"
@@ -152,6 +153,18 @@ class SshFleet:
         with self.known_hosts.open("a") as kh:
             kh.write(f"{netns} {' '.join(Path(f'{self.host_key}.pub').read_text().split()[:2])}\n")
         self._wait_ready(host)
+        return host
+
+    def add_external(self, name: str, netns: str, host_key: str, **hostvars) -> FakeHost:
+        """A host whose sshd runs elsewhere (e.g. inside a systemd-nspawn container) in network
+        namespace `netns`, with host key `host_key` ("ssh-ed25519 AAAA..."); this fleet's client key
+        must be in its root's authorized_keys. Its namespace and processes are not this fleet's to stop."""
+        host = FakeHost(name=name, netns=netns, dir=self.workdir / "hosts" / name, hostvars=hostvars)
+        host.dir.mkdir(parents=True, exist_ok=True)
+        with self.known_hosts.open("a") as kh:
+            kh.write(f"{netns} {' '.join(host_key.split()[:2])}\n")
+        self._wait_ready(host)
+        self.external.append(host)
         return host
 
     def _sshd_config(self, host: FakeHost) -> str:
@@ -216,7 +229,7 @@ class SshFleet:
     def write_inventory(self, path: Path, group: str = "rocmdoctor_hosts", group_vars: dict | None = None,
                         extra_hosts: dict[str, dict] | None = None) -> Path:
         """A YAML inventory (JSON is YAML) with every fake host plus `extra_hosts` (name -> vars)."""
-        hosts = {h.name: {**self.connection_vars(h), **h.hostvars} for h in self.hosts}
+        hosts = {h.name: {**self.connection_vars(h), **h.hostvars} for h in self.hosts + self.external}
         hosts.update(extra_hosts or {})
         inventory = {"all": {"children": {group: {"hosts": hosts, "vars": group_vars or {}}}}}
         path = Path(path)
