@@ -21,12 +21,22 @@ import shutil
 import subprocess
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
-from .download import (DownloadCancelled, DownloadError, Downloader, DownloadOptions, PartFile, PartStream, StreamCancelled,
-                       StreamRestarted, verify_local)
+from .download import (
+    DownloadCancelled,
+    Downloader,
+    DownloadError,
+    DownloadOptions,
+    PartFile,
+    PartStream,
+    StreamCancelled,
+    StreamRestarted,
+    verify_local,
+)
 from .extract import ArchiveError, UnsafeArchive, extract_stream, fix_exec_bits
 from .manifest import Asset
 
@@ -119,9 +129,17 @@ class Layout:
             if entry.name.startswith(".") or entry.name.endswith(".partial") or not entry.is_dir():
                 continue
             meta = self.metadata(entry.name) or {}
-            found.append({"tag": entry.name, "family": meta.get("family"), "installed_at": meta.get("installed_at"),
-                          "path": str(entry), "current": entry.name == current,
-                          "previous": entry.name == previous, "complete": bool(meta)})
+            found.append(
+                {
+                    "tag": entry.name,
+                    "family": meta.get("family"),
+                    "installed_at": meta.get("installed_at"),
+                    "path": str(entry),
+                    "current": entry.name == current,
+                    "previous": entry.name == previous,
+                    "complete": bool(meta),
+                }
+            )
         return found
 
 
@@ -135,14 +153,16 @@ def _lock(layout: Layout) -> _Held:
         layout.prefix.mkdir(parents=True, exist_ok=True)
         fd = os.open(layout.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
-        raise InstallError(f"cannot use {layout.prefix}: {exc.strerror or exc}; pick a writable --prefix "
-                           "(or run as root)") from None
+        raise InstallError(
+            f"cannot use {layout.prefix}: {exc.strerror or exc}; pick a writable --prefix (or run as root)"
+        ) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise InstallError(f"another rocmdoctor install holds {layout.lock_path}; wait for it to finish "
-                           "and rerun") from None
+        raise InstallError(
+            f"another rocmdoctor install holds {layout.lock_path}; wait for it to finish and rerun"
+        ) from None
     return _Held(fd)
 
 
@@ -228,14 +248,23 @@ def _os_failure(exc: OSError, layout: Layout) -> str:
     import errno
 
     if exc.errno == errno.ENOSPC:
-        return (f"no space left on the device holding {layout.prefix}; the previous bundle is still active. "
-                "Free space (or choose another --prefix) and rerun: finished downloads are kept")
+        return (
+            f"no space left on the device holding {layout.prefix}; the previous bundle is still active. "
+            "Free space (or choose another --prefix) and rerun: finished downloads are kept"
+        )
     return f"{exc.strerror or exc} ({exc.filename or layout.prefix}); the previous bundle is still active"
 
 
 def _result(layout: Layout, plan: InstallPlan, changed: bool, msg: str) -> InstallResult:
-    return InstallResult(changed, msg, plan.tag, layout.current_tag(), layout.previous_tag(), plan.family,
-                         str(layout.bundles / plan.tag))
+    return InstallResult(
+        changed,
+        msg,
+        plan.tag,
+        layout.current_tag(),
+        layout.previous_tag(),
+        plan.family,
+        str(layout.bundles / plan.tag),
+    )
 
 
 class _Fetches:
@@ -249,9 +278,12 @@ class _Fetches:
         self.downloader = Downloader(plan.download, self._on_bytes)
         self.on_download = plan.on_download
         self.parts = [PartFile(s.asset, self.dest / s.asset.name) for s in plan.sources]
-        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(4, len(self.parts)),
-                                                          thread_name_prefix="fetch")
-        self.futures = [self.pool.submit(self._one, part, source) for part, source in zip(self.parts, plan.sources)]
+        self.pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=min(4, len(self.parts)), thread_name_prefix="fetch"
+        )
+        self.futures = [
+            self.pool.submit(self._one, part, source) for part, source in zip(self.parts, plan.sources)
+        ]
 
     def _on_bytes(self, n: int) -> None:
         with self._count_lock:
@@ -307,16 +339,26 @@ def _install_tree(layout: Layout, plan: InstallPlan) -> int:
             # A corrupt archive is usually a corrupt download: let the parts finish so the error
             # names the part whose digest is wrong rather than tar's symptom.
             fetches.wait()
-            raise InstallError(f"{exc}. Nothing was activated; the previous bundle is still active. "
-                               "Report this bundle to its publisher") from None
+            raise InstallError(
+                f"{exc}. Nothing was activated; the previous bundle is still active. "
+                "Report this bundle to its publisher"
+            ) from None
         fetches.wait()  # every digest verified before the tree can become visible
         root = _validate(partial, plan)
-        write_json_atomic(root / METADATA, {
-            "schema_version": 1, "tag": plan.tag, "family": plan.family, "repo": plan.repo,
-            "installed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "assets": [{"name": s.asset.name, "size": s.asset.size, "digest": s.asset.digest}
-                       for s in plan.sources],
-        })
+        write_json_atomic(
+            root / METADATA,
+            {
+                "schema_version": 1,
+                "tag": plan.tag,
+                "family": plan.family,
+                "repo": plan.repo,
+                "installed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "assets": [
+                    {"name": s.asset.name, "size": s.asset.size, "digest": s.asset.digest}
+                    for s in plan.sources
+                ],
+            },
+        )
         _fsync_dir(root)
         _move_into_place(layout, root, plan.tag)
         return fetches.counted
@@ -331,7 +373,12 @@ def _bundle_root(partial: Path) -> Path:
     if (partial / "bin").is_dir():
         return partial
     entries = [e for e in partial.iterdir()]
-    if len(entries) == 1 and entries[0].is_dir() and not entries[0].is_symlink() and (entries[0] / "bin").is_dir():
+    if (
+        len(entries) == 1
+        and entries[0].is_dir()
+        and not entries[0].is_symlink()
+        and (entries[0] / "bin").is_dir()
+    ):
         return entries[0]
     return partial
 
@@ -340,8 +387,10 @@ def _validate(partial: Path, plan: InstallPlan) -> Path:
     root = _bundle_root(partial)
     missing = [name for name in ("bin/vllm-server", "bin/python3") if not (root / name).is_file()]
     if missing:
-        raise InstallError(f"the extracted {plan.tag} lacks {', '.join(missing)}: not a vllm-rocm bundle. "
-                           "Nothing was activated; check the tag and the pins (`rocmdoctor bundle lock`)")
+        raise InstallError(
+            f"the extracted {plan.tag} lacks {', '.join(missing)}: not a vllm-rocm bundle. "
+            "Nothing was activated; check the tag and the pins (`rocmdoctor bundle lock`)"
+        )
     fix_exec_bits(root)
     python = root / "bin" / "python3"
     commands = [[str(python), "-c", "pass"]]
@@ -349,15 +398,20 @@ def _validate(partial: Path, plan: InstallPlan) -> Path:
         commands.append([str(python), "-m", "compileall", "-q", "-j0", *map(str, root.glob("lib/python3.*"))])
     for command in commands:
         try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=VALIDATE_TIMEOUT_S,
-                                  stdin=subprocess.DEVNULL)
+            done = subprocess.run(  # noqa: PLW1510 - the exit status is judged below
+                command, capture_output=True, text=True, timeout=VALIDATE_TIMEOUT_S, stdin=subprocess.DEVNULL
+            )
         except (OSError, subprocess.TimeoutExpired) as exc:
-            raise InstallError(f"the bundle's interpreter does not run ({exc}). Nothing was activated; "
-                               "the previous bundle is still active") from None
+            raise InstallError(
+                f"the bundle's interpreter does not run ({exc}). Nothing was activated; "
+                "the previous bundle is still active"
+            ) from None
         if done.returncode != 0:
             tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-            raise InstallError(f"`{' '.join(command[1:3])}` in the new bundle failed (exit {done.returncode}: "
-                               f"{' / '.join(tail)}). Nothing was activated; the previous bundle is still active")
+            raise InstallError(
+                f"`{' '.join(command[1:3])}` in the new bundle failed (exit {done.returncode}: "
+                f"{' / '.join(tail)}). Nothing was activated; the previous bundle is still active"
+            )
     return root
 
 
@@ -389,24 +443,43 @@ def rollback(prefix: Path, to: str | None = None) -> InstallResult:
         current = layout.current_tag()
         target = to or layout.previous_tag()
         if target is None:
-            raise InstallError(f"no previous bundle under {prefix} to roll back to; `rocmdoctor bundles` "
-                               "lists what is installed")
+            raise InstallError(
+                f"no previous bundle under {prefix} to roll back to; `rocmdoctor bundles` "
+                "lists what is installed"
+            )
         if not (layout.bundles / target / METADATA).is_file():
-            raise InstallError(f"{target} is not a complete bundle under {layout.bundles}; "
-                               "`rocmdoctor bundles` lists what is installed")
+            raise InstallError(
+                f"{target} is not a complete bundle under {layout.bundles}; "
+                "`rocmdoctor bundles` lists what is installed"
+            )
         family = (layout.metadata(target) or {}).get("family") or ""
         if target == current:
-            return InstallResult(False, f"{target} is already current", target, current,
-                                 layout.previous_tag(), family, str(layout.bundles / target))
+            return InstallResult(
+                False,
+                f"{target} is already current",
+                target,
+                current,
+                layout.previous_tag(),
+                family,
+                str(layout.bundles / target),
+            )
         _activate(layout, target)
-        return InstallResult(True, f"switched from {current} to {target}", target, layout.current_tag(),
-                             layout.previous_tag(), family, str(layout.bundles / target))
+        return InstallResult(
+            True,
+            f"switched from {current} to {target}",
+            target,
+            layout.current_tag(),
+            layout.previous_tag(),
+            family,
+            str(layout.bundles / target),
+        )
     finally:
         _unlock(held)
 
 
-def fetch_to(sources: list[Source], dest: Path, options: DownloadOptions,
-             on_bytes: ProgressFn | None = None) -> Iterator[tuple[Asset, bool]]:
+def fetch_to(
+    sources: list[Source], dest: Path, options: DownloadOptions, on_bytes: ProgressFn | None = None
+) -> Iterator[tuple[Asset, bool]]:
     """Fill a mirror directory: yields (asset, downloaded?) per part; parts already there are verified."""
     dest.mkdir(parents=True, exist_ok=True)
     downloader = Downloader(options, on_bytes)

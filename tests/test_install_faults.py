@@ -114,15 +114,18 @@ def test_failure_with_json_reports_failed_true(lab):
     lab.server.inject(part.name, Fault("status", status=404, times=None))
     proc = lab.install("gfx1151", "--json")
     doc = json.loads(proc.stdout)
-    assert proc.returncode == 1 and doc["failed"] is True and doc["changed"] is False and part.name in doc["msg"]
+    assert (
+        proc.returncode == 1 and doc["failed"] is True and doc["changed"] is False and part.name in doc["msg"]
+    )
 
 
 @pytest.fixture
 def small_disk(install_lab):
     """A 20 MiB tmpfs as the prefix (unmounted in teardown)."""
     install_lab.prefix.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m", "install-test-tmpfs", str(install_lab.prefix)],
-                   check=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=20m", "install-test-tmpfs", str(install_lab.prefix)], check=True
+    )
     try:
         yield install_lab
     finally:
