@@ -68,6 +68,7 @@ class InstallPlan:
     force: bool = False
     precompile: bool = False
     download: DownloadOptions = field(default_factory=DownloadOptions)
+    download_dir: Path | None = None  # where parts are staged; default <prefix>/bundles/.downloads
     extractor: str = "auto"  # auto | tar | python, see extract.extract_stream
     on_download: ProgressFn | None = None
     on_extract: ProgressFn | None = None
@@ -234,7 +235,7 @@ def install(plan: InstallPlan) -> InstallResult:
             return _result(layout, plan, True, f"switched to the installed {plan.tag}")
         downloaded = _install_tree(layout, plan)
         _activate(layout, plan.tag)
-        shutil.rmtree(layout.downloads / plan.tag, ignore_errors=True)
+        shutil.rmtree(_staging(layout, plan), ignore_errors=True)
         result = _result(layout, plan, True, f"installed {plan.tag}")
         result.downloaded_bytes = downloaded
         return result
@@ -267,11 +268,15 @@ def _result(layout: Layout, plan: InstallPlan, changed: bool, msg: str) -> Insta
     )
 
 
+def _staging(layout: Layout, plan: InstallPlan) -> Path:
+    return (plan.download_dir or layout.downloads) / plan.tag
+
+
 class _Fetches:
     """The parts' downloads (or local verifications), running beside the extraction."""
 
     def __init__(self, layout: Layout, plan: InstallPlan) -> None:
-        self.dest = layout.downloads / plan.tag
+        self.dest = _staging(layout, plan)
         self.dest.mkdir(parents=True, exist_ok=True)
         self.counted = 0
         self._count_lock = threading.Lock()

@@ -140,3 +140,17 @@ def test_full_disk_leaves_the_previous_bundle_active(small_disk):
     proc = lab.install("gfx1151")
     _failed_cleanly(lab, proc, "no space left")
     assert (lab.prefix / "current" / "bin" / "vllm-server").is_file()
+
+
+def test_download_dir_keeps_finished_parts_for_the_rerun(lab, tmp_path):
+    staging = tmp_path / "staging"
+    first, last = lab.new.assets[0], lab.new.assets[-1]
+    lab.server.inject(last.name, Fault("status", status=404, times=1))
+    failed = lab.install("gfx1151", "--download-dir", str(staging))
+    assert failed.returncode == 1 and last.name in failed.stderr
+    assert (staging / NEW / first.name).stat().st_size == first.size  # verified, kept
+    lab.server.clear_log()
+    rerun = lab.install("gfx1151", "--download-dir", str(staging))
+    assert rerun.returncode == 0, rerun.stderr
+    assert lab.server.downloads(first.name) == []  # re-hashed on disk, not fetched again
+    assert not (staging / NEW).exists() and lab.current() == f"bundles/{NEW}"

@@ -185,6 +185,12 @@ def main() -> None:
     parser.add_argument(
         "--sync", action="store_true", help="include `sync` in each timing (disk-bound figure)"
     )
+    parser.add_argument(
+        "--install-arg",
+        action="append",
+        default=[],
+        help="extra argument for `rocmdoctor install` (repeat), e.g. --install-arg=--extractor=python",
+    )
     parser.add_argument("--dest", type=Path, default=CACHE / "dest", help="where both methods extract")
     args = parser.parse_args()
     parts, facts = build()
@@ -220,6 +226,7 @@ def main() -> None:
                             "--mirror",
                             server.mirror_url,
                             "--json",
+                            *args.install_arg,
                         ],
                         args.sync,
                         stdout=subprocess.DEVNULL,
@@ -231,6 +238,7 @@ def main() -> None:
     base_median = statistics.median(timings["baseline"])
     ours_median = statistics.median(timings["rocmdoctor"])
     result = {
+        "install_args": args.install_arg,
         "bundle": facts,
         "runs": args.runs,
         "sync": args.sync,

@@ -245,6 +245,12 @@ def _emit(result: dict[str, Any], as_json: bool, line: str) -> None:
 @click.option(
     "--force", is_flag=True, help="Reinstall even if current; install despite failing blocking checks."
 )
+@click.option(
+    "--download-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Stage downloaded parts here (default <prefix>/bundles/.downloads; kept there for resuming).",
+)
 @click.option("--precompile", is_flag=True, help="Compile the bundle's Python bytecode after extraction.")
 @click.option(
     "--extractor",
@@ -267,6 +273,7 @@ def install(
     force: bool,
     precompile: bool,
     extractor: str,
+    download_dir: Path | None,
     as_json: bool,
     **kwargs: Any,
 ) -> None:
@@ -302,6 +309,7 @@ def install(
             precompile=precompile,
             download=_download_settings(kwargs),
             extractor=extractor,
+            download_dir=download_dir,
         )
         with _progress(not as_json, plan.total_bytes) as (on_download, on_extract):
             plan.on_download, plan.on_extract = on_download, on_extract
