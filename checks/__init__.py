@@ -15,9 +15,21 @@ check = REGISTRY.check
 
 # Registration happens on import; the list is explicit so a new module that is not named here
 # fails the conformance test instead of silently not running.
-from . import system  # noqa: E402
+# Import order is report order (prerequisites still run first).
+from . import system  # noqa: E402,I001
+from . import gpu  # noqa: E402
+from . import driver  # noqa: E402
+from . import kernel  # noqa: E402
+from . import firmware  # noqa: E402
+from . import access  # noqa: E402
+from . import memory  # noqa: E402
+from . import processes  # noqa: E402
+from . import python_env  # noqa: E402
+from . import disk  # noqa: E402
 
-MODULES = (system,)
+MODULES = (system, gpu, driver, kernel, firmware, access, memory, processes, python_env, disk)
+# Modules in checks/ that register no checks: shared facts and pure rules.
+HELPER_MODULES = ("facts", "kernel_rules", "kernel_guidance")
 
 
 def load_registry() -> Registry:
@@ -27,4 +39,6 @@ def load_registry() -> Registry:
 
 def host_facts(ctx: Context) -> dict[str, Any]:
     """The report's `host` section: what the checks found, independent of any verdict."""
-    return system.host_facts(ctx)
+    from .facts import host_facts as facts_host_facts
+
+    return facts_host_facts(ctx)

@@ -1,34 +1,21 @@
-"""Operating system facts: distro and kernel release."""
+"""Operating system: the distribution and whether rocmdoctor has guidance for it."""
 
 from __future__ import annotations
-
-from typing import Any
 
 from ..model import Result, Severity, passed, warned
 from ..registry import Context
 from . import check
+from .facts import DISTRO_READS, distro_info
 
 # Distros the vllm-rocm bundle and the kernel guidance are written for.
 KNOWN_DISTROS = {"ubuntu", "debian", "fedora", "arch", "opensuse-tumbleweed", "opensuse-leap", "opensuse"}
-
-
-def distro_info(ctx: Context) -> dict[str, Any]:
-    return ctx.memo("distro", ctx.host.distro)
-
-
-def kernel_release(ctx: Context) -> str | None:
-    def read() -> str | None:
-        raw = ctx.host.read_text("/proc/sys/kernel/osrelease")
-        return raw.value.strip() if raw.ok else None
-
-    return ctx.memo("kernel_release", read)
 
 
 @check(
     "os.distro",
     "Distribution is a known target",
     severity=Severity.ADVISORY,
-    reads=("/etc/os-release", "/usr/lib/os-release"),
+    reads=DISTRO_READS,
 )
 def os_distro(ctx: Context) -> Result:
     info = distro_info(ctx)
@@ -46,12 +33,3 @@ def os_distro(ctx: Context) -> Result:
         "Expect to adapt `rocmdoctor fix-kernel` advice; Ubuntu, Debian, Fedora, Arch and openSUSE are covered.",
         **info,
     )
-
-
-def host_facts(ctx: Context) -> dict[str, Any]:
-    info = distro_info(ctx)
-    return {
-        "kernel": kernel_release(ctx),
-        "distro": {"id": info["id"] or None, "version": info["version"] or None, "name": info["name"] or None},
-        "gpus": [],
-    }

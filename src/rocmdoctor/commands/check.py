@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 
@@ -32,7 +33,8 @@ def check(app: App, as_json: bool, only: tuple[str, ...], skip: tuple[str, ...],
     """Diagnose this host for vLLM on ROCm. Exit 0: no failure; 1: a failure; 2: could not run."""
     from ..checks import host_facts, load_registry
     from ..registry import SelectionError
-    from ..report import build_report, list_checks as list_specs
+    from ..report import build_report
+    from ..report import list_checks as list_specs
 
     registry = load_registry()
     if list_checks:
@@ -58,3 +60,58 @@ def check(app: App, as_json: bool, only: tuple[str, ...], skip: tuple[str, ...],
 
         render_check_report(report, make_console(no_color=app.no_color), app.verbose)
     sys.exit(report["exit_code"])
+
+
+@click.command("fix-kernel")
+@click.option("--json", "as_json", is_flag=True, help="Print the guidance as JSON on stdout.")
+@click.option("--user", default=None, help="Whose view to take (as for check).")
+@pass_app
+def fix_kernel(app: App, as_json: bool, user: str | None) -> None:
+    """Print the commands that give this host a kernel, driver and TTM limit fit for vLLM (changes nothing).
+    Exit 0: nothing to fix; 1: steps to take."""
+    from ..checks import load_registry
+    from ..checks.facts import distro_info, kernel_release
+    from ..checks.kernel_guidance import GUIDED_CHECKS, Finding, guidance
+
+    registry = load_registry()
+    ctx = _context(app, user, 8000, "/opt/rocmdoctor")
+    outcomes = registry.run(ctx, registry.select(only=GUIDED_CHECKS))
+    findings = {o.spec.id: Finding(o.result.status.value, o.result.summary, o.result.details) for o in outcomes}
+    document = guidance(distro_info(ctx), kernel_release(ctx), findings)
+    if as_json:
+        emit_json(document)
+    else:
+        click.echo(document["headline"])
+        for number, step in enumerate(document["steps"], 1):
+            click.echo(f"\n{number}. {step['title']}\n   why: {step['why']}")
+            click.echo("   run:")
+            for command in step["commands"]:
+                click.echo(f"     {command}")
+            click.echo("   verify after the reboot:")
+            for command in step["verify"]:
+                click.echo(f"     {command}")
+    sys.exit(1 if document["needs_fixing"] else 0)
+
+
+@click.command()
+@click.argument("out", type=click.Path(dir_okay=False, writable=True, path_type=Path))
+@click.option("--user", default=None, help="Also keep this user's account lines (as for check --user).")
+@click.option("--prefix", default="/opt/rocmdoctor", show_default=True, help="Install prefix whose free space is kept.")
+@pass_app
+def snapshot(app: App, out: Path, user: str | None, prefix: str) -> None:
+    """Write the files the checks read to OUT (.tar.gz); `rocmdoctor --root DIR check` replays it after
+    `mkdir DIR && tar xzf OUT -C DIR`."""
+    from ..checks import load_registry
+    from ..snapshot import snapshot as take_snapshot
+
+    if not out.name.endswith((".tar.gz", ".tgz")):
+        raise UserError(f"{out}: name the archive *.tar.gz")
+    if not out.resolve().parent.is_dir():
+        raise UserError(f"{out.parent} does not exist; create it or write the snapshot elsewhere")
+    ctx = _context(app, user, 8000, prefix)
+    try:
+        snap = take_snapshot(ctx, load_registry().specs, out)
+    except OSError as exc:
+        raise UserError(f"cannot write {out}: {exc.strerror or exc}") from None
+    click.echo(f"wrote {out}: {len(snap.files)} files, {len(snap.links)} links, {len(snap.stat)} stat entries",
+               err=True)

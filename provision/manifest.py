@@ -1,0 +1,273 @@
+"""The pinned description of the bundles: `manifest.toml` (what to install per family) and
+`lock.json` (the exact part names, sizes and sha256 digests), both validated with errors naming the field.
+
+manifest.toml:
+    schema_version = 1
+    repo = "lemonade-sdk/vllm-rocm"
+    [families.gfx1151]
+    tag = "vllm0.20.1-rocm7.12.0-gfx1151"   # optional: without it, install needs --tag
+    channel = "stable"            # stable | nightly
+    parts = ["<tag>-x64.part01-of-02.tar.gz", ...]   # optional: the lock supplies them
+
+lock.json:
+    {"schema_version": 1, "repo": "...", "families": {"gfx1151": {"tag": "...", "pinned": true,
+     "assets": [{"name": "...", "size": 123, "digest": "sha256:<64 hex>", "url": "optional"}]}}}
+A family with "pinned": false has no verified digests yet: install refuses it until `rocmdoctor bundle lock`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+CHANNELS = ("stable", "nightly")
+DEFAULT_REPO = "lemonade-sdk/vllm-rocm"
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+REPO_PATTERN = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
+_PART = re.compile(r"\.part(\d{2})-of-(\d{2})\.tar\.gz$")
+
+
+class ManifestError(ValueError):
+    """A manifest or lock file that cannot be used; the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class Asset:
+    name: str
+    size: int
+    digest: str | None  # "sha256:<hex>"; None only for API answers without one
+    url: str | None = None
+
+    @property
+    def hexdigest(self) -> str | None:
+        return self.digest.split(":", 1)[1] if self.digest else None
+
+
+@dataclass(frozen=True)
+class FamilyPin:
+    family: str
+    tag: str | None  # None: a known family without a reviewed release (install needs --tag)
+    channel: str
+    parts: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LockEntry:
+    family: str
+    tag: str
+    pinned: bool
+    assets: tuple[Asset, ...] = ()
+
+
+@dataclass
+class Manifest:
+    repo: str
+    families: dict[str, FamilyPin] = field(default_factory=dict)
+    source: str = ""
+
+
+@dataclass
+class Lock:
+    repo: str
+    families: dict[str, LockEntry] = field(default_factory=dict)
+    source: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "repo": self.repo,
+            "families": {
+                f: {"tag": e.tag, "pinned": e.pinned,
+                    "assets": [{k: v for k, v in vars(a).items() if v is not None} for a in e.assets]}
+                for f, e in sorted(self.families.items())
+            },
+        }
+
+
+def _load_toml(text: str, where: str) -> dict[str, Any]:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        try:
+            import tomli as tomllib  # type: ignore[no-redef]
+        except ModuleNotFoundError:
+            raise ManifestError(f"{where}: reading TOML on Python 3.10 needs the 'tomli' package "
+                                "(pip install tomli)") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ManifestError(f"{where}: not valid TOML: {exc}") from None
+
+
+def _need(doc: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if key not in doc:
+        raise ManifestError(f"{where}: missing field '{key}'")
+    value = doc[key]
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        names = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
+        raise ManifestError(f"{where}: field '{key}' must be {names}, not {type(value).__name__}")
+    return value
+
+
+def _check_schema(doc: dict[str, Any], where: str) -> None:
+    version = _need(doc, "schema_version", int, where)
+    if version != SCHEMA_VERSION:
+        raise ManifestError(f"{where}: field 'schema_version' is {version}; this rocmdoctor reads {SCHEMA_VERSION}")
+
+
+def _check_repo(doc: dict[str, Any], where: str) -> str:
+    repo = _need(doc, "repo", str, where)
+    if not REPO_PATTERN.match(repo):
+        raise ManifestError(f"{where}: field 'repo' must look like owner/name, not {repo!r}")
+    return repo
+
+
+def check_tag(tag: str, family: str, where: str) -> None:
+    if not tag or "/" in tag or not tag.endswith("-" + family):
+        raise ManifestError(f"{where}: field 'tag' {tag!r} must end with '-{family}' (vllm<ver>-rocm<ver>-<family>)")
+
+
+def parse_manifest(text: str, where: str = "manifest.toml") -> Manifest:
+    doc = _load_toml(text, where)
+    _check_schema(doc, where)
+    manifest = Manifest(repo=_check_repo(doc, where), source=where)
+    families = _need(doc, "families", dict, where)
+    if not families:
+        raise ManifestError(f"{where}: field 'families' is empty")
+    for family, entry in families.items():
+        at = f"{where}: families.{family}"
+        if not isinstance(entry, dict):
+            raise ManifestError(f"{at} must be a table")
+        tag = _need(entry, "tag", str, at) if "tag" in entry else None
+        if tag is not None:
+            check_tag(tag, family, at)
+        channel = _need(entry, "channel", str, at)
+        if channel not in CHANNELS:
+            raise ManifestError(f"{at}: field 'channel' must be one of {', '.join(CHANNELS)}, not {channel!r}")
+        parts = entry.get("parts", [])
+        if not isinstance(parts, list) or not all(isinstance(p, str) and p for p in parts):
+            raise ManifestError(f"{at}: field 'parts' must be a list of file names")
+        if parts and tag is None:
+            raise ManifestError(f"{at}: field 'parts' needs a 'tag'")
+        for part in parts:
+            check_asset_name(part, tag, f"{at}: field 'parts'")
+        manifest.families[family] = FamilyPin(family, tag, channel, tuple(parts))
+    return manifest
+
+
+def check_asset_name(name: str, tag: str, where: str) -> None:
+    if "/" in name or name.startswith("."):
+        raise ManifestError(f"{where}: {name!r} is not a plain file name")
+    if not name.startswith(f"{tag}-x64.") or not (_PART.search(name) or name.endswith("-x64.tar.gz")):
+        raise ManifestError(f"{where}: {name!r} is not a part of {tag} (<tag>-x64.partNN-of-MM.tar.gz)")
+
+
+def parse_asset(doc: Any, where: str, digest_required: bool = True) -> Asset:
+    if not isinstance(doc, dict):
+        raise ManifestError(f"{where} must be an object")
+    name = _need(doc, "name", str, where)
+    size = _need(doc, "size", int, where)
+    if size <= 0:
+        raise ManifestError(f"{where}: field 'size' must be positive, not {size}")
+    digest = doc.get("digest")
+    if digest is None and not digest_required:
+        pass
+    elif not isinstance(digest, str) or not _DIGEST.match(digest):
+        raise ManifestError(f"{where}: field 'digest' must be 'sha256:' and 64 lowercase hex digits, not {digest!r}")
+    url = doc.get("url")
+    if url is not None and not (isinstance(url, str) and url.startswith(("http://", "https://"))):
+        raise ManifestError(f"{where}: field 'url' must be an http(s) URL, not {url!r}")
+    return Asset(name, size, digest, url)
+
+
+def order_parts(assets: list[Asset], where: str) -> tuple[Asset, ...]:
+    """Parts in archive order; partNN-of-MM must be complete and consistent (or one plain tar.gz)."""
+    if len(assets) == 1 and not _PART.search(assets[0].name):
+        return tuple(assets)
+    numbered = []
+    for asset in assets:
+        match = _PART.search(asset.name)
+        if not match:
+            raise ManifestError(f"{where}: {asset.name!r} mixes a plain tarball with split parts")
+        numbered.append((int(match.group(1)), int(match.group(2)), asset))
+    numbered.sort(key=lambda t: t[0])
+    total = len(numbered)
+    if [n for n, _, _ in numbered] != list(range(1, total + 1)) or any(m != total for _, m, _ in numbered):
+        names = ", ".join(a.name for _, _, a in numbered)
+        raise ManifestError(f"{where}: parts must be part01..part{total:02d}-of-{total:02d}, got {names}")
+    return tuple(a for _, _, a in numbered)
+
+
+def parse_lock(text: str, where: str = "lock.json") -> Lock:
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ManifestError(f"{where}: not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ManifestError(f"{where}: must be a JSON object")
+    _check_schema(doc, where)
+    lock = Lock(repo=_check_repo(doc, where), source=where)
+    for family, entry in _need(doc, "families", dict, where).items():
+        at = f"{where}: families.{family}"
+        if not isinstance(entry, dict):
+            raise ManifestError(f"{at} must be an object")
+        tag = _need(entry, "tag", str, at)
+        check_tag(tag, family, at)
+        pinned = _need(entry, "pinned", bool, at)
+        raw_assets = _need(entry, "assets", list, at)
+        if pinned and not raw_assets:
+            raise ManifestError(f"{at}: field 'assets' is empty but 'pinned' is true")
+        assets = [parse_asset(a, f"{at}.assets[{i}]") for i, a in enumerate(raw_assets)]
+        for i, asset in enumerate(assets):
+            check_asset_name(asset.name, tag, f"{at}.assets[{i}]: field 'name'")
+        lock.families[family] = LockEntry(family, tag, pinned, order_parts(assets, at) if assets else ())
+    return lock
+
+
+@dataclass(frozen=True)
+class PinSources:
+    """Where the manifest and lock come from: explicit files, a directory holding both, or the shipped pair."""
+
+    manifest: Path | None = None
+    lock: Path | None = None
+
+    @classmethod
+    def resolve(cls, bundles_dir: Path | None, manifest: Path | None, lock: Path | None,
+                prefix_lock: Path | None) -> "PinSources":
+        if bundles_dir is not None:
+            manifest = manifest or bundles_dir / "manifest.toml"
+            lock = lock or bundles_dir / "lock.json"
+        if lock is None and prefix_lock is not None and prefix_lock.is_file():
+            lock = prefix_lock
+        return cls(manifest, lock)
+
+    def _read(self, path: Path | None, shipped: str) -> tuple[str, str]:
+        if path is None:
+            return resources.files("rocmdoctor.bundles").joinpath(shipped).read_text(), f"(shipped) {shipped}"
+        try:
+            return Path(path).read_text(), str(path)
+        except FileNotFoundError:
+            raise ManifestError(f"{path}: no such file") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ManifestError(f"{path}: cannot read: {exc}") from None
+
+    def load(self) -> tuple[Manifest, Lock]:
+        manifest = parse_manifest(*self._read(self.manifest, "manifest.toml"))
+        lock = parse_lock(*self._read(self.lock, "lock.json"))
+        for family, entry in lock.families.items():
+            pin = manifest.families.get(family)
+            if pin is None:
+                continue
+            where = f"{lock.source}: families.{family}"
+            if entry.tag != pin.tag:
+                raise ManifestError(f"{where}: field 'tag' {entry.tag!r} differs from the manifest's {pin.tag!r}; "
+                                    "run `rocmdoctor bundle lock` to refresh the lock")
+            if pin.parts and entry.assets and tuple(a.name for a in entry.assets) != pin.parts:
+                raise ManifestError(f"{where}: field 'assets' names differ from the manifest's 'parts'; "
+                                    "run `rocmdoctor bundle lock` to refresh the lock")
+        return manifest, lock

@@ -1,0 +1,321 @@
+"""A stand-in for the GitHub releases API and its asset downloads, over real loopback HTTP.
+
+It speaks the parts of the protocol rocmdoctor relies on: `GET /repos/<owner>/<repo>/releases/tags/<tag>`
+(JSON with `assets[]` carrying `name`, `size`, `digest`, `browser_download_url`), asset downloads at
+`/<owner>/<repo>/releases/download/<tag>/<name>` and a flat mirror at `/mirror/<name>`, with `Range`,
+`If-Range` and `ETag`. Every request is logged; faults are injected per asset name:
+
+    with ReleaseServer() as server:
+        server.add_release("lemonade-sdk/vllm-rocm", tag, assets)     # assets: (name, path|bytes[, digest])
+        server.inject(name, Fault("cut", after=100_000))               # first GET dies after 100 kB
+        ...
+        server.range_requests(name)                                    # what the client asked for
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import socket
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Iterable
+from urllib.parse import unquote
+
+CHUNK = 1 << 20
+_RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")
+
+
+@dataclass
+class Fault:
+    """What goes wrong with one asset's downloads.
+
+    kind: "cut" (close the connection after `after` body bytes), "corrupt" (flip the byte at `offset`),
+    "status" (answer `status`, e.g. 404 or 500), "stall" (send `after` body bytes, then nothing for
+    `seconds`), "short" (serve only the first `length` bytes, as if the file were that long).
+    `times`: how many requests it affects (None: all of them).
+    """
+
+    kind: str
+    after: int = 0
+    offset: int = 0
+    status: int = 500
+    seconds: float = 30.0
+    length: int = 0
+    times: int | None = 1
+
+
+@dataclass
+class LogEntry:
+    method: str
+    path: str
+    status: int
+    range: str | None
+    if_range: str | None
+    body_bytes: int
+
+
+@dataclass
+class _Asset:
+    name: str
+    source: Path | bytes
+    size: int
+    digest: str | None
+    etag: str
+
+    def read(self, start: int, end: int) -> Iterable[bytes]:
+        """Body bytes [start, end) in chunks."""
+        if isinstance(self.source, bytes):
+            for pos in range(start, end, CHUNK):
+                yield self.source[pos:min(end, pos + CHUNK)]
+            return
+        with open(self.source, "rb") as fh:
+            fh.seek(start)
+            remaining = end - start
+            while remaining > 0:
+                block = fh.read(min(CHUNK, remaining))
+                if not block:
+                    return
+                remaining -= len(block)
+                yield block
+
+
+def _sha256_of(source: Path | bytes) -> str:
+    if isinstance(source, bytes):
+        return hashlib.sha256(source).hexdigest()
+    digest = hashlib.sha256()
+    with open(source, "rb") as fh:
+        while block := fh.read(CHUNK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@dataclass
+class _State:
+    releases: dict[tuple[str, str], list[_Asset]] = field(default_factory=dict)
+    by_path: dict[str, _Asset] = field(default_factory=dict)
+    faults: dict[str, list[Fault]] = field(default_factory=dict)
+    log: list[LogEntry] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    stopping: threading.Event = field(default_factory=threading.Event)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: "_Server"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - BaseHTTPRequestHandler's name
+        return  # the structured log replaces stderr chatter
+
+    def do_HEAD(self) -> None:
+        self._serve(head=True)
+
+    def do_GET(self) -> None:
+        self._serve(head=False)
+
+    def _record(self, status: int, body_bytes: int = 0) -> LogEntry:
+        """Logged before the body goes out, so a client that has its bytes also finds the entry."""
+        state = self.server.state
+        entry = LogEntry(self.command, unquote(self.path), status, self.headers.get("Range"),
+                         self.headers.get("If-Range"), body_bytes)
+        with state.lock:
+            state.log.append(entry)
+        return entry
+
+    def _simple(self, status: int, body: bytes, content_type: str = "application/json", head: bool = False) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self._record(status, 0 if head else len(body))
+        self.end_headers()
+        if not head:
+            self.wfile.write(body)
+
+    def _take_fault(self, name: str) -> Fault | None:
+        state = self.server.state
+        with state.lock:
+            for fault in state.faults.get(name, []):
+                if fault.times is None or fault.times > 0:
+                    if fault.times is not None:
+                        fault.times -= 1
+                    return fault
+        return None
+
+    def _serve(self, head: bool) -> None:
+        state = self.server.state
+        path = unquote(self.path.split("?", 1)[0])
+        match = re.fullmatch(r"/repos/([^/]+/[^/]+)/releases/tags/(.+)", path)
+        if match:
+            assets = state.releases.get((match.group(1), match.group(2)))
+            if assets is None:
+                body = json.dumps({"message": "Not Found", "documentation_url": "https://docs.github.com/rest"})
+                self._simple(404, body.encode(), head=head)
+                return
+            doc = {
+                "tag_name": match.group(2),
+                "assets": [
+                    {"name": a.name, "size": a.size, "digest": a.digest,
+                     "browser_download_url": self.server.base_url + f"/{match.group(1)}/releases/download/"
+                                                                   f"{match.group(2)}/{a.name}"}
+                    for a in assets
+                ],
+            }
+            self._simple(200, json.dumps(doc).encode(), head=head)
+            return
+        asset = state.by_path.get(path)
+        if asset is None:
+            self._simple(404, b"Not Found", "text/plain", head=head)
+            return
+        self._send_asset(asset, head)
+
+    def _send_asset(self, asset: _Asset, head: bool) -> None:
+        fault = None if head else self._take_fault(asset.name)
+        if fault and fault.kind == "status":
+            self._simple(fault.status, f"injected {fault.status}".encode(), "text/plain")
+            return
+        size = fault.length if fault and fault.kind == "short" else asset.size
+        start, end, status = 0, size, 200
+        wanted = self.headers.get("Range")
+        if_range = self.headers.get("If-Range")
+        if wanted and (if_range is None or if_range == asset.etag):
+            parsed = _RANGE.match(wanted.strip())
+            if parsed:
+                start = int(parsed.group(1))
+                end = min(size, int(parsed.group(2)) + 1) if parsed.group(2) else size
+                if start >= size:
+                    self.send_response(416)
+                    self.send_header("Content-Range", f"bytes */{size}")
+                    self.send_header("Content-Length", "0")
+                    self._record(416)
+                    self.end_headers()
+                    return
+                status = 206
+        self.send_response(status)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(end - start))
+        self.send_header("ETag", asset.etag)
+        self.send_header("Accept-Ranges", "bytes")
+        if status == 206:
+            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
+        entry = self._record(status)
+        self.end_headers()
+        if head:
+            return
+        sent = 0
+        try:
+            for block in asset.read(start, end):
+                if fault and fault.kind == "corrupt" and start + sent <= fault.offset < start + sent + len(block):
+                    pos = fault.offset - start - sent
+                    block = block[:pos] + bytes([block[pos] ^ 0xFF]) + block[pos + 1:]
+                if fault and fault.kind in ("cut", "stall") and sent + len(block) >= fault.after:
+                    head_of_block = block[:max(0, fault.after - sent)]
+                    entry.body_bytes = sent + len(head_of_block)
+                    self.wfile.write(head_of_block)
+                    self.wfile.flush()
+                    if fault.kind == "stall":
+                        self.server.state.stopping.wait(fault.seconds)
+                    self._drop_connection()
+                    return
+                entry.body_bytes = sent + len(block)  # counted first: the client may finish before we do
+                self.wfile.write(block)
+                sent += len(block)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+
+    def _drop_connection(self) -> None:
+        self.close_connection = True
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    state: _State
+    base_url: str
+
+
+class ReleaseServer:
+    """Threaded HTTP server on 127.0.0.1:<free port>; use as a context manager."""
+
+    def __init__(self) -> None:
+        self._server = _Server(("127.0.0.1", 0), _Handler)
+        self._server.state = _State()
+        host, port = self._server.server_address[:2]
+        self.url = f"http://{host}:{port}"
+        self._server.base_url = self.url
+        self._thread: threading.Thread | None = None
+
+    @property
+    def api_url(self) -> str:
+        return self.url
+
+    @property
+    def mirror_url(self) -> str:
+        return self.url + "/mirror"
+
+    @property
+    def log(self) -> list[LogEntry]:
+        with self._server.state.lock:
+            return list(self._server.state.log)
+
+    def add_release(self, repo: str, tag: str, assets: Iterable[tuple], with_digests: bool = True) -> None:
+        """assets: (name, path or bytes) or (name, path or bytes, digest-or-None) tuples."""
+        state = self._server.state
+        entries = []
+        for item in assets:
+            name, source = item[0], item[1]
+            hexdigest = item[2].split(":", 1)[1] if len(item) > 2 and item[2] else _sha256_of(source)
+            size = len(source) if isinstance(source, bytes) else Path(source).stat().st_size
+            digest = (f"sha256:{hexdigest}" if with_digests else None) if len(item) < 3 else item[2]
+            asset = _Asset(name, source, size, digest, f'"{hexdigest[:32]}"')
+            entries.append(asset)
+            state.by_path[f"/{repo}/releases/download/{tag}/{name}"] = asset
+            state.by_path[f"/mirror/{name}"] = asset
+        state.releases[(repo, tag)] = entries
+
+    def inject(self, name: str, fault: Fault) -> None:
+        with self._server.state.lock:
+            self._server.state.faults.setdefault(name, []).append(fault)
+
+    def clear_faults(self) -> None:
+        with self._server.state.lock:
+            self._server.state.faults.clear()
+
+    def clear_log(self) -> None:
+        with self._server.state.lock:
+            self._server.state.log.clear()
+
+    def downloads(self, name: str) -> list[LogEntry]:
+        """GETs of one asset's bytes (API calls left out)."""
+        return [e for e in self.log if e.method == "GET" and e.path.endswith("/" + name)]
+
+    def range_requests(self, name: str) -> list[str | None]:
+        return [e.range for e in self.downloads(name)]
+
+    def body_bytes(self, name: str) -> int:
+        return sum(e.body_bytes for e in self.downloads(name))
+
+    def start(self) -> "ReleaseServer":
+        self._thread = threading.Thread(target=self._server.serve_forever, name="release-server", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.state.stopping.set()
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> "ReleaseServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
