@@ -36,50 +36,35 @@ def test_a_well_behaved_server_passes_every_step():
     assert code == 0 and {s["status"] for s in report["steps"]} == {"pass"}, report
 
 
-def test_healthy_server_whose_completions_fail():
-    with fake_server("--mode", "fail-completions") as server:
-        code, report = rocmdoctor_json("smoke", "--url", server.base_url)
+FAILURES = {
+    "completions fail while /health is 200": (
+        ("--mode", "fail-completions"), (), "completion",
+        ("/health is 200 but requests fail", "HTTP 500"), "the engine reports healthy but cannot serve"),
+    "another served name": (
+        ("--served-name", "qwen3-4b"), ("--model", "tiny"), "models",
+        ("'tiny' is not served", "qwen3-4b"), "--model qwen3-4b"),
+    "stream cut before [DONE]": (
+        ("--mode", "cut-stream"), (), "chat-stream",
+        ("without `data: [DONE]`", "/health is still 200"), "proxy"),
+    "server dies mid-test": (
+        ("--die-after", "2"), (), "chat", ("went away during the test",), "restart"),
+}
+
+
+@pytest.mark.parametrize(("fake_args", "smoke_args", "failing", "says", "remedy"), FAILURES.values(), ids=FAILURES)
+def test_each_failure_is_named_at_its_step_with_a_remedy(fake_args, smoke_args, failing, says, remedy):
+    with fake_server(*fake_args) as server:
+        code, report = rocmdoctor_json("smoke", "--url", server.base_url, *smoke_args)
+        died = server.process.poll()
     steps = steps_by_id(report)
     assert code == 1
-    assert steps["health"]["status"] == "pass"
-    assert steps["completion"]["status"] == "fail"
-    assert "/health is 200 but requests fail" in steps["completion"]["summary"]
-    assert "HTTP 500" in steps["completion"]["summary"]
-    assert "vLLM log" in steps["completion"]["remedy"]
-
-
-def test_a_different_served_name_is_named_with_the_fix():
-    with fake_server("--served-name", "qwen3-4b") as server:
-        code, report = rocmdoctor_json("smoke", "--url", server.base_url, "--model", "tiny")
-    models = steps_by_id(report)["models"]
-    assert code == 1
-    assert models["status"] == "fail"
-    assert "'tiny' is not served" in models["summary"] and "qwen3-4b" in models["summary"]
-    assert "--model qwen3-4b" in models["remedy"]
-
-
-def test_a_stream_cut_before_done():
-    with fake_server("--mode", "cut-stream") as server:
-        code, report = rocmdoctor_json("smoke", "--url", server.base_url)
-    steps = steps_by_id(report)
-    assert code == 1
-    assert steps["chat"]["status"] == "pass"
-    assert steps["chat-stream"]["status"] == "fail"
-    assert "without `data: [DONE]`" in steps["chat-stream"]["summary"]
-    assert "/health is still 200" in steps["chat-stream"]["summary"]
-
-
-def test_a_server_that_dies_mid_test():
-    with fake_server("--die-after", "2") as server:
-        code, report = rocmdoctor_json("smoke", "--url", server.base_url)
-        assert server.process.wait(timeout=10) == 3  # it really exited
-    steps = steps_by_id(report)
-    assert code == 1
-    assert steps["completion"]["status"] == "pass"
-    assert steps["chat"]["status"] == "fail"
-    assert "went away during the test" in steps["chat"]["summary"]
-    assert "restart" in steps["chat"]["remedy"]
-    assert [steps[s]["status"] for s in STEPS[4:]] == ["skip"] * 4
+    assert [steps[s]["status"] for s in STEPS[:STEPS.index(failing)]] == ["pass"] * STEPS.index(failing)
+    assert steps[failing]["status"] == "fail"
+    assert all(fragment in steps[failing]["summary"] for fragment in says), steps[failing]
+    assert remedy in steps[failing]["remedy"]
+    if "--die-after" in fake_args:
+        assert died == 3  # the server process really exited; what follows is skipped, not retried
+        assert {steps[s]["status"] for s in STEPS[STEPS.index(failing) + 1:]} == {"skip"}
 
 
 @pytest.mark.parametrize(("key", "expected"), [

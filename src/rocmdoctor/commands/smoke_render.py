@@ -7,25 +7,22 @@ from pathlib import Path
 from typing import Any
 
 from ..provision.bench import COUNTER
-from ..render import STYLES, _marks
+from ..render import marks_for, print_remedy, status_line
 
 
 def render_smoke(report: dict[str, Any], console: Any, verbose: int = 0) -> None:
     from rich.text import Text
 
-    marks = _marks(console)
+    marks = marks_for(console)
     console.print(Text(f"rocmdoctor smoke  {report['url']}  model={report['model'] or '?'}", style="bold"))
     for step in report["steps"]:
         status = step["status"]
-        line = Text()
-        line.append(f"[{marks[status]}] ", style=STYLES[status])
-        line.append(f"{step['id']:<12} ", style="bold" if status in ("fail", "error") else "")
-        line.append(step["summary"])
-        if status not in ("skip",):
+        line = status_line(marks, status, step["id"], step["summary"], width=12)
+        if status != "skip":
             line.append(f"  ({step['elapsed_s'] * 1000:.0f} ms)", style="dim")
         console.print(line)
         if step["remedy"] and status in ("warn", "fail", "error"):
-            console.print(Text(f"      → {step['remedy']}", style="cyan"))
+            print_remedy(console, step["remedy"])
         if verbose and step["details"]:
             for detail_line in json.dumps(step["details"], indent=2, default=str).splitlines():
                 console.print(Text(f"        {detail_line}", style="dim"))
