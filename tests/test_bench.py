@@ -15,8 +15,21 @@ from rocmdoctor.report import load_schema
 
 def _bench_real_engine(engine, key_file, plot):
     return rocmdoctor_json(
-        "bench", "--url", engine.base_url, "--api-key-file", str(key_file), "--concurrency", "4,16",
-        "--requests", "32", "--prompt-tokens", "32", "--max-tokens", "128", "--plot", str(plot),
+        "bench",
+        "--url",
+        engine.base_url,
+        "--api-key-file",
+        str(key_file),
+        "--concurrency",
+        "4,16",
+        "--requests",
+        "32",
+        "--prompt-tokens",
+        "32",
+        "--max-tokens",
+        "128",
+        "--plot",
+        str(plot),
     )
 
 
@@ -48,8 +61,19 @@ def test_bench_against_the_real_engine(vllm_engine, vllm_engine_key_file, tmp_pa
 def test_latencies_follow_vllm_definitions_on_a_paced_server():
     # 20 ms between tokens: TPOT and ITL must come out near 20 ms, TTFT at least one gap.
     with fake_server("--token-delay", "0.02") as server:
-        code, report = rocmdoctor_json("bench", "--url", server.base_url, "--concurrency", "1,4",
-                                       "--requests", "4", "--max-tokens", "6", "--prompt-tokens", "8")
+        code, report = rocmdoctor_json(
+            "bench",
+            "--url",
+            server.base_url,
+            "--concurrency",
+            "1,4",
+            "--requests",
+            "4",
+            "--max-tokens",
+            "6",
+            "--prompt-tokens",
+            "8",
+        )
     assert code == 0, report
     for level in report["levels"]:
         assert 18 <= level["tpot_ms"]["p50"] <= 60
@@ -59,19 +83,29 @@ def test_latencies_follow_vllm_definitions_on_a_paced_server():
         assert level["output_tokens"] == 4 * 6
     sequential, concurrent = report["levels"]
     assert concurrent["speedup"] > 2  # the paced server serves streams in parallel
-    assert report["cross_check"] == {"status": "match", "counted_tokens": 48, "server_tokens": 48, "detail": ""}
+    assert report["cross_check"] == {
+        "status": "match",
+        "counted_tokens": 48,
+        "server_tokens": 48,
+        "detail": "",
+    }
     assert report["settings"]["prompt_kind"] == "token_ids"
 
 
 def test_a_server_that_dies_mid_run_ends_the_bench_with_what_was_measured():
     # requests 1-4 are the warm-up round, 5-8 the sequential level; number 10 dies in the 4-way level
     with fake_server("--die-after", "10", "--token-delay", "0.002") as server:
-        code, report = rocmdoctor_json("bench", "--url", server.base_url, "--concurrency", "1,4",
-                                       "--requests", "4", "--max-tokens", "8")
+        code, report = rocmdoctor_json(
+            "bench", "--url", server.base_url, "--concurrency", "1,4", "--requests", "4", "--max-tokens", "8"
+        )
     validate(report, load_schema("bench-report.schema.json"))
     assert code == 1
     sequential, broken = report["levels"]
-    assert sequential["failures"] == 0 and broken["failures"] == 4 and "closed the connection" in broken["errors"][0]
+    assert (
+        sequential["failures"] == 0
+        and broken["failures"] == 4
+        and "closed the connection" in broken["errors"][0]
+    )
     assert report["aborted"]["at_concurrency"] == 4
     assert report["aborted"]["kind"] == "unreachable"
     assert "the server went away" in report["aborted"]["remedy"]
@@ -88,12 +122,15 @@ def test_a_stalled_stream_times_out():
     assert time.monotonic() - started < 15
 
 
-@pytest.mark.parametrize(("args", "message", "remedy"), [
-    (("--mode", "fail-completions"), "HTTP 500", "rocmdoctor smoke"),
-    (("--mode", "cut-stream"), "without `data: [DONE]`", "rocmdoctor smoke"),
-    (("--served-name", "other"), "'tiny' is not served", "--model auto"),
-    (("--api-key", "s3cret"), "401", "--api-key-file"),
-])
+@pytest.mark.parametrize(
+    ("args", "message", "remedy"),
+    [
+        (("--mode", "fail-completions"), "HTTP 500", "rocmdoctor smoke"),
+        (("--mode", "cut-stream"), "without `data: [DONE]`", "rocmdoctor smoke"),
+        (("--served-name", "other"), "'tiny' is not served", "--model auto"),
+        (("--api-key", "s3cret"), "401", "--api-key-file"),
+    ],
+)
 def test_a_server_that_cannot_be_benchmarked_says_why(args, message, remedy):
     with fake_server(*args) as server:
         result = rocmdoctor("bench", "--url", server.base_url, "--model", "tiny", "--requests", "16")
@@ -101,14 +138,17 @@ def test_a_server_that_cannot_be_benchmarked_says_why(args, message, remedy):
     assert message in result.stderr and remedy in result.stderr
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--concurrency", "1,x,4"], "positive whole numbers"),
-    (["--concurrency", "0,2"], "positive whole numbers"),
-    (["--concurrency", "1,32", "--requests", "8"], "smaller than the largest --concurrency 32"),
-    (["--plot", "/tmp/bench.pdf"], "name a .png or .svg file"),
-    (["--plot", "/nonexistent-dir/bench.png"], "does not exist"),
-    (["--api-key-file", "/nonexistent/key"], "no such file"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--concurrency", "1,x,4"], "positive whole numbers"),
+        (["--concurrency", "0,2"], "positive whole numbers"),
+        (["--concurrency", "1,32", "--requests", "8"], "smaller than the largest --concurrency 32"),
+        (["--plot", "/tmp/bench.pdf"], "name a .png or .svg file"),
+        (["--plot", "/nonexistent-dir/bench.png"], "does not exist"),
+        (["--api-key-file", "/nonexistent/key"], "no such file"),
+    ],
+)
 def test_bad_input_is_exit_2_without_traceback(args, message):
     result = rocmdoctor("bench", *args)
     assert result.returncode == 2

@@ -15,8 +15,9 @@ STEPS = ["health", "models", "completion", "chat", "chat-stream", "determinism",
 
 
 def test_smoke_passes_against_the_real_engine(vllm_engine, vllm_engine_key_file):
-    code, report = rocmdoctor_json("smoke", "--url", vllm_engine.base_url + "/v1",
-                                   "--api-key-file", str(vllm_engine_key_file))
+    code, report = rocmdoctor_json(
+        "smoke", "--url", vllm_engine.base_url + "/v1", "--api-key-file", str(vllm_engine_key_file)
+    )
     validate(report, load_schema("smoke-report.schema.json"))
     steps = steps_by_id(report)
     assert code == 0, report
@@ -24,8 +25,10 @@ def test_smoke_passes_against_the_real_engine(vllm_engine, vllm_engine_key_file)
     assert {s["status"] for s in report["steps"]} == {"pass"}, report
     assert report["model"] == vllm_engine.model
     # 4 generation requests of 16 tokens each (ignore_eos): the server's counters moved by exactly that
-    assert steps["metrics"]["details"]["growth"] == {"vllm:request_success_total": 4,
-                                                     "vllm:generation_tokens_total": 64}
+    assert steps["metrics"]["details"]["growth"] == {
+        "vllm:request_success_total": 4,
+        "vllm:generation_tokens_total": 64,
+    }
     assert steps["chat-stream"]["details"]["completion_tokens"] == 16
     assert steps["version"]["details"]["version"].startswith("0.")
 
@@ -38,39 +41,55 @@ def test_a_well_behaved_server_passes_every_step():
 
 FAILURES = {
     "completions fail while /health is 200": (
-        ("--mode", "fail-completions"), (), "completion",
-        ("/health is 200 but requests fail", "HTTP 500"), "the engine reports healthy but cannot serve"),
+        ("--mode", "fail-completions"),
+        (),
+        "completion",
+        ("/health is 200 but requests fail", "HTTP 500"),
+        "the engine reports healthy but cannot serve",
+    ),
     "another served name": (
-        ("--served-name", "qwen3-4b"), ("--model", "tiny"), "models",
-        ("'tiny' is not served", "qwen3-4b"), "--model qwen3-4b"),
+        ("--served-name", "qwen3-4b"),
+        ("--model", "tiny"),
+        "models",
+        ("'tiny' is not served", "qwen3-4b"),
+        "--model qwen3-4b",
+    ),
     "stream cut before [DONE]": (
-        ("--mode", "cut-stream"), (), "chat-stream",
-        ("without `data: [DONE]`", "/health is still 200"), "proxy"),
-    "server dies mid-test": (
-        ("--die-after", "2"), (), "chat", ("went away during the test",), "restart"),
+        ("--mode", "cut-stream"),
+        (),
+        "chat-stream",
+        ("without `data: [DONE]`", "/health is still 200"),
+        "proxy",
+    ),
+    "server dies mid-test": (("--die-after", "2"), (), "chat", ("went away during the test",), "restart"),
 }
 
 
-@pytest.mark.parametrize(("fake_args", "smoke_args", "failing", "says", "remedy"), FAILURES.values(), ids=FAILURES)
+@pytest.mark.parametrize(
+    ("fake_args", "smoke_args", "failing", "says", "remedy"), FAILURES.values(), ids=FAILURES
+)
 def test_each_failure_is_named_at_its_step_with_a_remedy(fake_args, smoke_args, failing, says, remedy):
     with fake_server(*fake_args) as server:
         code, report = rocmdoctor_json("smoke", "--url", server.base_url, *smoke_args)
         died = server.process.poll()
     steps = steps_by_id(report)
     assert code == 1
-    assert [steps[s]["status"] for s in STEPS[:STEPS.index(failing)]] == ["pass"] * STEPS.index(failing)
+    assert [steps[s]["status"] for s in STEPS[: STEPS.index(failing)]] == ["pass"] * STEPS.index(failing)
     assert steps[failing]["status"] == "fail"
     assert all(fragment in steps[failing]["summary"] for fragment in says), steps[failing]
     assert remedy in steps[failing]["remedy"]
     if "--die-after" in fake_args:
         assert died == 3  # the server process really exited; what follows is skipped, not retried
-        assert {steps[s]["status"] for s in STEPS[STEPS.index(failing) + 1:]} == {"skip"}
+        assert {steps[s]["status"] for s in STEPS[STEPS.index(failing) + 1 :]} == {"skip"}
 
 
-@pytest.mark.parametrize(("key", "expected"), [
-    (None, "requires an API key"),
-    ("wrong", "rejected the API key"),
-])
+@pytest.mark.parametrize(
+    ("key", "expected"),
+    [
+        (None, "requires an API key"),
+        ("wrong", "rejected the API key"),
+    ],
+)
 def test_a_server_that_needs_an_api_key(tmp_path, key, expected):
     args = []
     if key:
@@ -79,7 +98,9 @@ def test_a_server_that_needs_an_api_key(tmp_path, key, expected):
     with fake_server("--api-key", "s3cret") as server:
         code, report = rocmdoctor_json("smoke", "--url", server.base_url, *args)
         (tmp_path / "right").write_text("s3cret\n")
-        right_code, _ = rocmdoctor_json("smoke", "--url", server.base_url, "--api-key-file", str(tmp_path / "right"))
+        right_code, _ = rocmdoctor_json(
+            "smoke", "--url", server.base_url, "--api-key-file", str(tmp_path / "right")
+        )
     models = steps_by_id(report)["models"]
     assert code == 1 and right_code == 0
     assert expected in models["summary"]
@@ -115,12 +136,15 @@ def test_smoke_text_output_names_the_failure_and_the_fix():
     assert "HTTP 500" in result.stdout and "→ the engine reports healthy but cannot serve" in result.stdout
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--api-key-file", "/nonexistent/smoke-key"], "no such file"),
-    (["--url", "ftp://example.org"], "not an http(s) URL"),
-    (["--url", "http://127.0.0.1:99999"], "invalid port"),
-    (["--timeout", "0"], "Invalid value for '--timeout'"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--api-key-file", "/nonexistent/smoke-key"], "no such file"),
+        (["--url", "ftp://example.org"], "not an http(s) URL"),
+        (["--url", "http://127.0.0.1:99999"], "invalid port"),
+        (["--timeout", "0"], "Invalid value for '--timeout'"),
+    ],
+)
 def test_bad_input_is_exit_2_without_traceback(args, message):
     result = rocmdoctor("smoke", *args)
     assert result.returncode == 2

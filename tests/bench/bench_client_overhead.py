@@ -32,8 +32,10 @@ from rocmdoctor.provision.bench import run_level  # noqa: E402
 
 async def measure(base_url: str, streams: int, requests: int, tokens: int) -> dict:
     async with oc.open_client(oc.Server(base_url, None, 120.0), connections=streams) as client:
-        bodies = [{"model": "tiny", "prompt": [11, 12, 13, 14], "max_tokens": tokens, "ignore_eos": True}
-                  for _ in range(requests)]
+        bodies = [
+            {"model": "tiny", "prompt": [11, 12, 13, 14], "max_tokens": tokens, "ignore_eos": True}
+            for _ in range(requests)
+        ]
         await run_level(client, bodies[:streams], streams)  # connections open, caches warm
         usage_before = resource.getrusage(resource.RUSAGE_SELF)
         cpu_before, wall_before = time.process_time(), time.perf_counter()
@@ -42,8 +44,13 @@ async def measure(base_url: str, streams: int, requests: int, tokens: int) -> di
         usage_after = resource.getrusage(resource.RUSAGE_SELF)
     received = level["output_tokens"]
     return {
-        "streams": streams, "requests": requests, "tokens_per_request": tokens, "failures": level["failures"],
-        "tokens_received": received, "wall_s": round(wall_s, 3), "client_cpu_s": round(cpu_s, 3),
+        "streams": streams,
+        "requests": requests,
+        "tokens_per_request": tokens,
+        "failures": level["failures"],
+        "tokens_received": received,
+        "wall_s": round(wall_s, 3),
+        "client_cpu_s": round(cpu_s, 3),
         "client_user_s": round(usage_after.ru_utime - usage_before.ru_utime, 3),
         "client_sys_s": round(usage_after.ru_stime - usage_before.ru_stime, 3),
         "client_cpu_us_per_token": round(cpu_s / received * 1e6, 2),
@@ -51,7 +58,8 @@ async def measure(base_url: str, streams: int, requests: int, tokens: int) -> di
         "client_cpu_share_of_wall": round(cpu_s / wall_s, 3),
         # what one fully busy core of this client could absorb: the ceiling the client puts on a figure
         "client_ceiling_tokens_per_s_one_core": round(received / cpu_s, 0),
-        "itl_p50_ms": level["itl_ms"]["p50"], "tpot_p50_ms": level["tpot_ms"]["p50"],
+        "itl_p50_ms": level["itl_ms"]["p50"],
+        "tpot_p50_ms": level["tpot_ms"]["p50"],
     }
 
 
@@ -65,9 +73,12 @@ def main() -> None:
     with fake_server("--token-delay", str(args.token_delay)) as server:
         result = asyncio.run(measure(server.base_url, args.streams, args.requests, args.tokens))
     result["token_delay_s"] = args.token_delay
-    result["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(),
-                         "processor": platform.processor() or platform.machine(),
-                         "load_average_1m": round(os.getloadavg()[0], 2)}
+    result["machine"] = {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "processor": platform.processor() or platform.machine(),
+        "load_average_1m": round(os.getloadavg()[0], 2),
+    }
     print(json.dumps(result, indent=2))
 
 

@@ -11,8 +11,9 @@ CLI_TIMEOUT_S = 180
 
 
 def rocmdoctor(*args: str, timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, "-m", "rocmdoctor", *args], capture_output=True, text=True,
-                            timeout=timeout)
+    result = subprocess.run(
+        [sys.executable, "-m", "rocmdoctor", *args], capture_output=True, text=True, timeout=timeout
+    )
     assert "Traceback" not in result.stderr, result.stderr
     return result
 
