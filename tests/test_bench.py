@@ -92,6 +92,46 @@ def test_latencies_follow_vllm_definitions_on_a_paced_server():
     assert report["settings"]["prompt_kind"] == "token_ids"
 
 
+def test_text_output_and_png_plot(tmp_path):
+    plot = tmp_path / "bench.png"
+    with fake_server("--token-delay", "0.001") as server:
+        result = rocmdoctor(
+            "bench",
+            "--url",
+            server.base_url,
+            "--concurrency",
+            "2",
+            "--requests",
+            "4",
+            "--max-tokens",
+            "4",
+            "--plot",
+            str(plot),
+        )
+    assert result.returncode == 0, result.stderr
+    assert "speedup" in result.stdout and "TTFT p50/p99" in result.stdout
+    assert "token cross-check: match: counted 32" in result.stdout
+    assert f"plot written to {plot}" in result.stdout
+    assert plot.read_bytes().startswith(b"\x89PNG")
+
+
+def test_plot_without_matplotlib_is_refused_before_the_run(tmp_path):
+    shadow = tmp_path / "shadow" / "matplotlib"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'matplotlib'\")\n")
+    result = rocmdoctor(
+        "bench",
+        "--url",
+        "http://127.0.0.1:9",
+        "--plot",
+        str(tmp_path / "b.png"),
+        env={"PYTHONPATH": str(tmp_path / "shadow")},
+    )
+    assert result.returncode == 2
+    assert "pip install 'rocmdoctor[plot]'" in result.stderr
+    assert not (tmp_path / "b.png").exists()
+
+
 def test_a_server_that_dies_mid_run_ends_the_bench_with_what_was_measured():
     # requests 1-4 are the warm-up round, 5-8 the sequential level; number 10 dies in the 4-way level
     with fake_server("--die-after", "10", "--token-delay", "0.002") as server:
