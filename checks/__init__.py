@@ -26,8 +26,9 @@ from . import memory  # noqa: E402
 from . import processes  # noqa: E402
 from . import python_env  # noqa: E402
 from . import disk  # noqa: E402
+from . import deep  # noqa: E402  (the GPU probe, --deep only, runs last: it is the slow one)
 
-MODULES = (system, gpu, driver, kernel, firmware, access, memory, processes, python_env, disk)
+MODULES = (system, gpu, driver, kernel, firmware, access, memory, processes, python_env, disk, deep)
 # Modules in checks/ that register no checks: shared facts and pure rules.
 HELPER_MODULES = ("facts", "kernel_rules", "kernel_guidance")
 

@@ -332,34 +332,8 @@ def kernel_release(ctx: Context) -> str | None:
     return ctx.memo("facts.kernel_release", read)
 
 
-def _os_release_fallback(ctx: Context) -> dict[str, str]:
-    """os-release parsed leniently, for files `distro` chokes on (invalid UTF-8, unbalanced quotes)."""
-    fields: dict[str, str] = {}
-    for path in ("/etc/os-release", "/usr/lib/os-release"):
-        raw = ctx.host.read_text(path, limit=64 * 1024)
-        if raw.ok:
-            for line in raw.value.splitlines():
-                key, sep, value = line.partition("=")
-                if sep and key.strip().isidentifier():
-                    fields[key.strip()] = value.strip().strip("\"'")
-            break
-    return {
-        "id": fields.get("ID", "").lower(),
-        "version": fields.get("VERSION_ID", ""),
-        "name": fields.get("NAME", ""),
-        "like": fields.get("ID_LIKE", ""),
-        "codename": fields.get("VERSION_CODENAME", ""),
-    }
-
-
 def distro_info(ctx: Context) -> dict[str, Any]:
-    def read() -> dict[str, Any]:
-        try:
-            return ctx.host.distro()
-        except (UnicodeDecodeError, ValueError, OSError):
-            return _os_release_fallback(ctx)
-
-    return ctx.memo("facts.distro", read)
+    return ctx.memo("facts.distro", ctx.host.distro)
 
 
 def gpu_summary(gpu: GpuNode) -> dict[str, Any]:

@@ -194,3 +194,37 @@ def snapshot(ctx: Context, specs: list[CheckSpec], out: Path) -> Snapshot:
     snap = collect(ctx, specs)
     write_archive(snap, out)
     return snap
+
+
+# Only these members may be symlinks: /proc/<pid>/fd/<n> links whose text names what a process
+# holds open. The Host reads their text and never follows links out of the root.
+_FD_LINK = re.compile(r"^proc/\d+/fd/\d+$")
+
+
+class SnapshotError(ValueError):
+    """The archive given to --root is not a readable, safe snapshot."""
+
+
+def _replay_filter(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
+    if member.issym() and _FD_LINK.match(member.name):
+        return member.replace(mode=0o777, uid=0, gid=0, uname="", gname="", deep=False)
+    return tarfile.data_filter(member, dest)
+
+
+def unpack(archive: Path) -> Path:
+    """Extract a snapshot archive into a private temporary directory removed at exit."""
+    import atexit
+    import shutil
+
+    dest = Path(tempfile.mkdtemp(prefix="rocmdoctor-replay-"))
+    atexit.register(shutil.rmtree, dest, ignore_errors=True)
+    try:
+        with tarfile.open(archive, mode="r:*") as tar:
+            tar.extractall(dest, filter=_replay_filter)
+    except tarfile.FilterError as exc:
+        raise SnapshotError(f"{archive}: refusing unsafe member {exc.tarinfo.name!r} ({exc})") from None
+    except (tarfile.TarError, EOFError, OSError) as exc:
+        raise SnapshotError(f"{archive} is not a readable snapshot archive ({exc})") from None
+    if not (dest / META_DIR).is_dir():
+        raise SnapshotError(f"{archive} has no {META_DIR}/ folder: not made by `rocmdoctor snapshot`")
+    return dest

@@ -10,10 +10,14 @@ import click
 from .common import App, UserError, emit_json, pass_app
 
 
-def _context(app: App, user: str | None, port: int, prefix: str, python: str | None = None):
+def _context(app: App, user: str | None, port: int, prefix: str, python: str | None = None,
+             deep_timeout: float | None = None):
     from ..registry import Context, Options
 
-    return Context(app.host(), Options(user=user, port=port, prefix=prefix, python=python))
+    options = Options(user=user, port=port, prefix=prefix, python=python)
+    if deep_timeout is not None:
+        options.deep_timeout_s = deep_timeout
+    return Context(app.host(), options)
 
 
 @click.command()
@@ -27,9 +31,12 @@ def _context(app: App, user: str | None, port: int, prefix: str, python: str | N
 @click.option("--deep", is_flag=True, help="Also probe the GPU through the bundle's own PyTorch (slow).")
 @click.option("--python", "python", default=None, metavar="PATH",
               help="Interpreter for --deep (default: <prefix>/current/bin/python3).")
+@click.option("--deep-timeout", type=click.FloatRange(min=1), default=None, metavar="SECONDS",
+              help="How long the --deep probe may take before it is killed (default 180).")
 @pass_app
 def check(app: App, as_json: bool, only: tuple[str, ...], skip: tuple[str, ...], list_checks: bool,
-          user: str | None, port: int, prefix: str, deep: bool, python: str | None) -> None:
+          user: str | None, port: int, prefix: str, deep: bool, python: str | None,
+          deep_timeout: float | None) -> None:
     """Diagnose this host for vLLM on ROCm. Exit 0: no failure; 1: a failure; 2: could not run."""
     from ..checks import host_facts, load_registry
     from ..registry import SelectionError
@@ -49,7 +56,7 @@ def check(app: App, as_json: bool, only: tuple[str, ...], skip: tuple[str, ...],
         specs = registry.select(only, skip, include_optional=deep)
     except SelectionError as exc:
         raise UserError(str(exc)) from None
-    ctx = _context(app, user, port, prefix, python)
+    ctx = _context(app, user, port, prefix, python, deep_timeout)
     outcomes = registry.run(ctx, specs)
     report = build_report(str(ctx.host.root), host_facts(ctx), outcomes)
     if as_json:
