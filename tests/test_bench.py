@@ -132,6 +132,18 @@ def test_plot_without_matplotlib_is_refused_before_the_run(tmp_path):
     assert not (tmp_path / "b.png").exists()
 
 
+def test_tokens_the_server_counted_beyond_ours_are_a_mismatch():
+    with fake_server("--mode", "noisy") as server:
+        code, report = rocmdoctor_json(
+            "bench", "--url", server.base_url, "--concurrency", "2", "--requests", "4", "--max-tokens", "4"
+        )
+    check = report["cross_check"]
+    assert code == 1 and report["failures"] == 0
+    # 8 requests of 4 tokens measured; the other client's token per request shows up only on the server
+    assert (check["status"], check["counted_tokens"], check["server_tokens"]) == ("mismatch", 32, 40)
+    assert "other clients share it" in check["detail"]
+
+
 def test_a_server_that_dies_mid_run_ends_the_bench_with_what_was_measured():
     # requests 1-4 are the warm-up round, 5-8 the sequential level; number 10 dies in the 4-way level
     with fake_server("--die-after", "10", "--token-delay", "0.002") as server:

@@ -83,6 +83,22 @@ def test_each_failure_is_named_at_its_step_with_a_remedy(fake_args, smoke_args, 
         assert {steps[s]["status"] for s in STEPS[STEPS.index(failing) + 1 :]} == {"skip"}
 
 
+def test_a_busy_nondeterministic_server_gets_warnings_not_failures():
+    with fake_server("--mode", "noisy") as server:
+        code, report = rocmdoctor_json("smoke", "--url", server.base_url)
+    steps = steps_by_id(report)
+    assert code == 0
+    assert (
+        steps["determinism"]["status"] == "warn"
+        and "two different answers" in steps["determinism"]["summary"]
+    )
+    assert steps["metrics"]["status"] == "warn" and "other clients" in steps["metrics"]["remedy"]
+    assert steps["metrics"]["details"]["growth"] == {
+        "vllm:request_success_total": 8,
+        "vllm:generation_tokens_total": 68,
+    }
+
+
 @pytest.mark.parametrize(
     ("key", "expected"),
     [

@@ -22,7 +22,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-MODES = ("ok", "fail-completions", "cut-stream", "stall")
+# noisy: answers differ between identical requests and another (invisible) client adds one request
+# of one token to the counters for each of ours: both are warnings for smoke, a mismatch for bench.
+MODES = ("ok", "fail-completions", "cut-stream", "stall", "noisy")
 CUT_AFTER_CHUNKS = 3
 
 
@@ -139,7 +141,8 @@ def make_app(behaviour: Behaviour):
         if behaviour.mode == "stall" and not body.get("stream"):
             await asyncio.sleep(3600)
         tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
-        pieces = [f" tok{i}" for i in range(tokens)]
+        salt = f"-{number}" if behaviour.mode == "noisy" else ""
+        pieces = [f" tok{i}{salt}" for i in range(tokens)]
         usage = {
             "prompt_tokens": prompt_len(body),
             "completion_tokens": tokens,
@@ -226,9 +229,10 @@ def make_app(behaviour: Behaviour):
         return response
 
     def account(usage: dict) -> None:
-        counters.generation_tokens += usage["completion_tokens"]
+        other_client = 1 if behaviour.mode == "noisy" else 0
+        counters.generation_tokens += usage["completion_tokens"] + other_client
         counters.prompt_tokens += usage["prompt_tokens"]
-        counters.successes += 1
+        counters.successes += 1 + other_client
 
     app = web.Application(middlewares=[authenticate])
     app.router.add_get("/health", health)
