@@ -44,7 +44,9 @@ def main() -> None:
         for _ in range(args.runs):
             load_before = os.getloadavg()[0]
             started = time.monotonic()
-            with start_engine(model, enforce_eager=not args.compile, log_path=Path(scratch) / "vllm.log") as engine:
+            with start_engine(
+                model, enforce_eager=not args.compile, log_path=Path(scratch) / "vllm.log"
+            ) as engine:
                 requests_s = [round(completion_s(engine.base_url, engine.model), 3) for _ in range(3)]
                 stopping = time.monotonic()
             result = {
