@@ -76,7 +76,7 @@ def _common_options(fn: Any) -> Any:
         "timeout_s",
         type=click.FloatRange(min=0.1),
         default=None,
-        help="Seconds of silence from the server before a request fails.",
+        help="Seconds of silence from the server before a request fails (smoke: 30, bench: 60).",
     )(fn)
     fn = click.option(
         "--api-key-file",
@@ -141,7 +141,13 @@ def smoke(
     show_default=True,
     help="Requests sent at every level (at least the largest concurrency).",
 )
-@click.option("--prompt-tokens", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option(
+    "--prompt-tokens",
+    type=click.IntRange(min=1),
+    default=128,
+    show_default=True,
+    help="Prompt length in tokens (exact where the server has /tokenize, as vLLM does).",
+)
 @click.option(
     "--max-tokens",
     type=click.IntRange(min=2),
