@@ -51,6 +51,23 @@ def test_cut_connection_resumes_with_range_and_fetches_only_the_rest(lab):
             assert lab.server.range_requests(other.name) == [None]
 
 
+def test_server_ignoring_range_restarts_the_part_and_the_extraction(lab):
+    """A 200 to a Range request restarts the part from byte 0; extraction that already read from it
+    starts over from the finished files, and the result is complete."""
+    part = lab.new.assets[0]
+    lab.server.inject(part.name, Fault("cut", after=40_000))
+    lab.server.inject(part.name, Fault("norange"))
+    proc = lab.install("gfx1151", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert [(g.range, g.status) for g in lab.server.downloads(part.name)] == [
+        (None, 200),
+        ("bytes=40000-", 200),
+    ]
+    tree = lab.prefix / "current" / "lib/python3.13/site-packages"
+    assert (tree / "marker.txt").read_text() == NEW
+    assert (tree / "payload.bin").stat().st_size == PAYLOAD
+
+
 def test_resume_after_a_killed_run_rehashes_the_bytes_on_disk(lab):
     """A staging file left by an earlier run is re-hashed, then only the rest is requested."""
     part = lab.new.assets[0]

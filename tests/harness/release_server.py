@@ -36,7 +36,8 @@ class Fault:
 
     kind: "cut" (close the connection after `after` body bytes), "corrupt" (flip the byte at `offset`),
     "status" (answer `status`, e.g. 404 or 500), "stall" (send `after` body bytes, then nothing for
-    `seconds`), "short" (serve only the first `length` bytes, as if the file were that long).
+    `seconds`), "short" (serve only the first `length` bytes, as if the file were that long),
+    "norange" (ignore Range and answer 200 with the whole file, like a server without range support).
     `times`: how many requests it affects (None: all of them).
     """
 
@@ -195,7 +196,8 @@ class _Handler(BaseHTTPRequestHandler):
         start, end, status = 0, size, 200
         wanted = self.headers.get("Range")
         if_range = self.headers.get("If-Range")
-        if wanted and (if_range is None or if_range == asset.etag):
+        honour_range = not (fault and fault.kind == "norange")
+        if wanted and honour_range and (if_range is None or if_range == asset.etag):
             parsed = _RANGE.match(wanted.strip())
             if parsed:
                 start = int(parsed.group(1))
