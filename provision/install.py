@@ -4,7 +4,8 @@ Layout under <prefix>:
     bundles/<tag>/                 complete, validated trees (each with .rocmdoctor-bundle.json)
     bundles/<tag>.partial/         extraction in progress (never pointed at; removed on the next run)
     bundles/.downloads/<tag>/      parts being downloaded (kept on failure so a rerun resumes)
-    current -> bundles/<tag>       switched atomically (symlink to a temp name, then os.replace)
+    current -> bundles/<tag>       switched atomically (symlink to a temp name, then os.replace);
+                                   a live tag is replaced by swapping trees (RENAME_EXCHANGE)
     previous -> bundles/<tag>      what `rollback` returns to
     .install.lock                  flock: one install at a time
 
@@ -420,17 +421,39 @@ def _validate(partial: Path, plan: InstallPlan) -> Path:
     return root
 
 
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two directories in one step (renameat2 RENAME_EXCHANGE); False where unsupported."""
+    import ctypes
+    import errno
+
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(a))
+
+
 def _move_into_place(layout: Layout, root: Path, tag: str) -> None:
     final = layout.bundles / tag
-    aside = layout.bundles / f".{tag}.old-{os.getpid()}"
-    if final.exists():  # --force or a rebuilt release: keep the old tree until the new one is in
-        os.replace(final, aside)
-    os.replace(root, final)
-    _fsync_dir(layout.bundles)
+    if final.exists() and _exchange(root, final):
+        # --force or a rebuilt release: `current` saw the old tree, then the new one, never nothing.
+        _fsync_dir(layout.bundles)
+        shutil.rmtree(root)  # now the old tree
+    else:
+        aside = layout.bundles / f".{tag}.old-{os.getpid()}"
+        if final.exists():  # no RENAME_EXCHANGE here: keep the old tree until the new one is in
+            os.replace(final, aside)
+        os.replace(root, final)
+        _fsync_dir(layout.bundles)
+        shutil.rmtree(aside, ignore_errors=True)
     partial = layout.bundles / f"{tag}.partial"
     if partial.exists():
         shutil.rmtree(partial)
-    shutil.rmtree(aside, ignore_errors=True)
 
 
 def _activate(layout: Layout, tag: str) -> None:

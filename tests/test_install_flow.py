@@ -206,3 +206,32 @@ def test_progress_bars_on_a_terminal_only(install_lab):
     )
     assert quiet.returncode == 0
     assert json.loads(quiet.stdout)["changed"] is True  # the whole terminal output is the JSON, no bars
+
+
+def test_replacing_the_live_tag_never_leaves_current_dangling(tmp_path, monkeypatch):
+    """--force or a rebuilt release swaps the trees in one step: at every filesystem call on the
+    way, `current` resolves to a complete bundle (the old one, then the new one)."""
+    import os
+    import shutil
+
+    from rocmdoctor.provision import install as installer
+
+    layout = installer.Layout(tmp_path)
+    for tree, text in ((layout.bundles / "t1", "old"), (layout.bundles / "t1.partial" / "root", "new")):
+        (tree / "bin").mkdir(parents=True)
+        (tree / "bin" / "vllm-server").write_text(text)
+    installer._point(layout.current, "bundles/t1")
+    seen: list[str] = []
+
+    def watched(real):
+        def call(*args, **kwargs):
+            seen.append((layout.current / "bin" / "vllm-server").read_text())  # raises if dangling
+            return real(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(installer.os, "replace", watched(os.replace))
+    monkeypatch.setattr(installer.shutil, "rmtree", watched(shutil.rmtree))
+    installer._move_into_place(layout, layout.bundles / "t1.partial" / "root", "t1")
+    assert (layout.current / "bin" / "vllm-server").read_text() == "new"
+    assert seen and set(seen) == {"new"}  # the swap happened before any other step
+    assert sorted(p.name for p in layout.bundles.iterdir()) == ["t1"]
