@@ -189,7 +189,7 @@ def write_atomic(path: Path, content: str, mode: int) -> None:
         os.close(dir_fd)
 
 
-def apply_file(root: Path, spec: FileSpec) -> FileChange:
+def apply_file(root: Path, spec: FileSpec, check: bool = False) -> FileChange:
     real = _under(root, spec.path)
     try:
         old = real.read_text()
@@ -198,7 +198,8 @@ def apply_file(root: Path, spec: FileSpec) -> FileChange:
         old, old_mode = None, None
     if old == spec.content:
         if old_mode != spec.mode:
-            real.chmod(spec.mode)
+            if not check:
+                real.chmod(spec.mode)
             return FileChange(spec.path, True, f"mode {old_mode:04o} -> {spec.mode:04o}")
         return FileChange(spec.path, False)
     if spec.secret:
@@ -207,7 +208,8 @@ def apply_file(root: Path, spec: FileSpec) -> FileChange:
         diff = "".join(difflib.unified_diff((old or "").splitlines(True), spec.content.splitlines(True),
                                             fromfile=spec.path if old is not None else "/dev/null",
                                             tofile=spec.path))
-    write_atomic(real, spec.content, spec.mode)
+    if not check:
+        write_atomic(real, spec.content, spec.mode)
     return FileChange(spec.path, True, diff)
 
 
@@ -219,17 +221,19 @@ def _names(root: Path, db: str) -> set[str]:
     return {line.split(":", 1)[0] for line in lines if line and not line.startswith("#")}
 
 
-def ensure_accounts(root: Path, user: str) -> list[str]:
+def ensure_accounts(root: Path, user: str, check: bool = False) -> list[str]:
     """The service user (system account, own group, no login) and the device groups, if missing."""
     root_args = [] if root == Path("/") else ["--root", str(root)]
     created = []
     for group in DEVICE_GROUPS:
         if group not in _names(root, "group"):
-            _run(["groupadd", *root_args, "--system", group])
+            if not check:
+                _run(["groupadd", *root_args, "--system", group])
             created.append(f"group {group}")
     if user not in _names(root, "passwd"):
-        _run(["useradd", *root_args, "--system", "--user-group", "--home-dir", f"/var/lib/{STATE_NAME}",
-              "--no-create-home", "--shell", "/usr/sbin/nologin", "--comment", "vLLM server", user])
+        if not check:
+            _run(["useradd", *root_args, "--system", "--user-group", "--home-dir", f"/var/lib/{STATE_NAME}",
+                  "--no-create-home", "--shell", "/usr/sbin/nologin", "--comment", "vLLM server", user])
         created.append(f"user {user}")
     return created
 
@@ -248,13 +252,16 @@ def systemd_running(root: Path) -> bool:
     return root == Path("/") and Path("/run/systemd/system").is_dir()
 
 
-def write(root: Path, specs: list[FileSpec], user: str) -> WriteReport:
+def write(root: Path, specs: list[FileSpec], user: str, check: bool = False) -> WriteReport:
+    """Make the host match `specs`; with `check`, only report what would change (Ansible's --check)."""
     report = WriteReport()
-    report.accounts = ensure_accounts(root, user)
-    report.files = [apply_file(root, spec) for spec in specs]
+    report.accounts = ensure_accounts(root, user, check)
+    report.files = [apply_file(root, spec, check) for spec in specs]
     unit_changed = any(f.changed and f.path.endswith(".service") for f in report.files)
     if unit_changed:
-        if systemd_running(root):
+        if check:
+            report.daemon_reload = "would run"
+        elif systemd_running(root):
             _run(["systemctl", "daemon-reload"])
             report.daemon_reload = "done"
         else:

@@ -79,12 +79,13 @@ def show_settings(args, stream=sys.stderr) -> None:
 
 @click.command(context_settings={"ignore_unknown_options": True})
 @click.option("--write", is_flag=True, help="Write the unit, its env file and readiness script (else print the unit).")
+@click.option("--check", "check_only", is_flag=True, help="With --write: show what would change, change nothing.")
 @click.option("--user", default="vllm", show_default=True, help="Service account (created with its groups if missing).")
 @click.option("--timeout", "timeout_s", default=1800, show_default=True, type=int,
               help="Seconds systemd waits for the model to load and answer a completion.")
 @server_options
 @pass_app
-def unit(app: App, write: bool, user: str, timeout_s: int, **opts: Any) -> None:
+def unit(app: App, write: bool, check_only: bool, user: str, timeout_s: int, **opts: Any) -> None:
     """Render the systemd unit for the vLLM server; with --write install it (idempotent).
 
     Extra vLLM arguments go after `--`: rocmdoctor unit --model M -- --enforce-eager
@@ -96,6 +97,8 @@ def unit(app: App, write: bool, user: str, timeout_s: int, **opts: Any) -> None:
         specs = file_specs(args, Layout(prefix=opts["prefix"]), user, api_key(opts), timeout_s)
     except UnitError as exc:
         raise UserError(str(exc)) from None
+    if check_only and not write:
+        raise UserError("--check goes with --write (it shows what --write would change)")
     if not write:
         if opts["as_json"]:
             emit_json({"unit": specs[0].content, "path": specs[0].path, "server_args": args.to_json()})
@@ -103,18 +106,19 @@ def unit(app: App, write: bool, user: str, timeout_s: int, **opts: Any) -> None:
             click.echo(specs[0].content, nl=False)
         return
     try:
-        report = write_files(app.root, specs, user)
+        report = write_files(app.root, specs, user, check=check_only)
     except (UnitError, OSError) as exc:
         raise UserError(f"could not write the unit: {exc}") from None
     if opts["as_json"]:
         emit_json({**report.to_json(), "server_args": args.to_json()})
         return
+    changed_word = "would change" if check_only else "changed"
     for change in report.files:
-        click.echo(f"{'changed' if change.changed else 'ok     '} {change.path}")
+        click.echo(f"{changed_word if change.changed else 'ok'} {change.path}")
         if change.diff:
             click.echo(change.diff.rstrip("\n"))
     for account in report.accounts:
-        click.echo(f"created {account}")
+        click.echo(f"{'would create' if check_only else 'created'} {account}")
     click.echo(f"daemon-reload: {report.daemon_reload}")
     click.echo(f"changed={str(report.changed).lower()}")
 
