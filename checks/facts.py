@@ -31,12 +31,17 @@ GPU_READS = (
     f"{DRM}/renderD*/device/board_info",
 )
 MEMINFO_READS = (MEMINFO,)
+# What `distro` consults under a root: os-release, and release files such as /etc/debian_version,
+# which give the point release (12.11 rather than 12).
+DISTRO_READS = ("/etc/os-release", "/usr/lib/os-release", "/etc/*-release", "/etc/*_version")
 
 AMD_VENDOR_ID = 0x1002
 # Carve-outs of APUs are 512 MiB to 4 GiB (BIOS UMA setting); no ROCm-capable dGPU is that small.
 APU_MAX_CARVEOUT = 4 << 30
 # gfx targets that exist only as integrated GPUs (Phoenix, Strix Point, Strix Halo, Krackan, ...).
-APU_ONLY_GFX = frozenset({"gfx90c", "gfx1035", "gfx1036", "gfx1103", "gfx1150", "gfx1151", "gfx1152", "gfx1153"})
+APU_ONLY_GFX = frozenset(
+    {"gfx90c", "gfx1035", "gfx1036", "gfx1103", "gfx1150", "gfx1151", "gfx1152", "gfx1153"}
+)
 # KFD mem bank heap types (kfd_crat.h): system memory (APU) vs frame buffer (dGPU VRAM).
 HEAP_SYSTEM = 1
 HEAP_FRAME_BUFFER = (2, 3)
@@ -61,6 +66,12 @@ class GpuNode:
     @property
     def gfx_target_version(self) -> int:
         return self.properties.get("gfx_target_version", 0)
+
+
+def sentence(parts: list[str]) -> str:
+    """Remedy fragments joined into one sentence: 'a; b.' with the first letter raised."""
+    text = "; ".join(parts)
+    return text[:1].upper() + text[1:] + "."
 
 
 # -- parsing -------------------------------------------------------------------------------
@@ -139,8 +150,11 @@ def kfd_node_ids(ctx: Context) -> list[int]:
 def drm_device_dirs(ctx: Context) -> list[str]:
     """card<N> and renderD<N> device directories in numeric order (card10 after card9)."""
     names = ctx.host.listdir(DRM)
-    return [f"{DRM}/{n}/device" for n in names
-            if (n.startswith("card") and n[4:].isdigit()) or (n.startswith("renderD") and n[7:].isdigit())]
+    return [
+        f"{DRM}/{n}/device"
+        for n in names
+        if (n.startswith("card") and n[4:].isdigit()) or (n.startswith("renderD") and n[7:].isdigit())
+    ]
 
 
 def _slot_of(ctx: Context, device_dir: str) -> str | None:
@@ -151,7 +165,9 @@ def _slot_of(ctx: Context, device_dir: str) -> str | None:
     return slot.lower() if slot else None
 
 
-def find_drm_device(ctx: Context, render_minor: int | None, kfd_slot: str | None) -> tuple[str | None, str | None]:
+def find_drm_device(
+    ctx: Context, render_minor: int | None, kfd_slot: str | None
+) -> tuple[str | None, str | None]:
     """(device dir, PCI slot) of a KFD node: by render minor first, else by PCI address."""
     if render_minor is not None and render_minor >= 0:
         candidate = f"{DRM}/renderD{render_minor}/device"
@@ -174,8 +190,15 @@ def _bank_sizes(ctx: Context, node: int) -> list[tuple[int, int]]:
     return banks
 
 
-def apu_signals(gfx: str, props: dict[str, int], banks: list[tuple[int, int]], vram_total: int | None,
-                gtt_total: int | None, device_dir: str | None, ctx: Context) -> dict[str, bool]:
+def apu_signals(
+    gfx: str,
+    props: dict[str, int],
+    banks: list[tuple[int, int]],
+    vram_total: int | None,
+    gtt_total: int | None,
+    device_dir: str | None,
+    ctx: Context,
+) -> dict[str, bool]:
     """Independent hints; True votes APU, False votes dGPU (PCI class alone is not enough)."""
     signals: dict[str, bool] = {}
     if gfx in APU_ONLY_GFX:
@@ -224,10 +247,19 @@ def _read_node(ctx: Context, node: int) -> GpuNode | None:
     signals = apu_signals(gfx, props, banks, mem["vram_total"], mem["gtt_total"], device_dir, ctx)
     device_id = props.get("device_id") or None
     return GpuNode(
-        node=node, gfx=gfx, family=family_for_gfx(gfx), apu=decide_apu(signals),
-        vram_total=mem["vram_total"], vram_used=mem["vram_used"], gtt_total=mem["gtt_total"],
-        gtt_used=mem["gtt_used"], render_minor=render_minor if render_minor is not None and render_minor >= 0 else None,
-        pci_slot=slot, device_id=device_id, simd_count=props.get("simd_count"), properties=props,
+        node=node,
+        gfx=gfx,
+        family=family_for_gfx(gfx),
+        apu=decide_apu(signals),
+        vram_total=mem["vram_total"],
+        vram_used=mem["vram_used"],
+        gtt_total=mem["gtt_total"],
+        gtt_used=mem["gtt_used"],
+        render_minor=render_minor if render_minor is not None and render_minor >= 0 else None,
+        pci_slot=slot,
+        device_id=device_id,
+        simd_count=props.get("simd_count"),
+        properties=props,
     )
 
 
@@ -279,13 +311,13 @@ def usable_memory(ctx: Context, gpu: GpuNode) -> tuple[int | None, int | None]:
     if gpu.apu:
         if gpu.gtt_total is None:
             return None, None
-        free = gpu.gtt_total - gpu.gtt_used if gpu.gtt_used is not None else None
+        free = gpu.gtt_total - gpu.gtt_used if gpu.gtt_used is not None else gpu.gtt_total
         available = meminfo(ctx).get("MemAvailable")
-        if free is None:
-            free = available
-        elif available is not None:
+        if available is not None:
             free = min(free, available)
-        return gpu.gtt_total, None if free is None else max(0, free)
+        elif gpu.gtt_used is None:
+            return gpu.gtt_total, None
+        return gpu.gtt_total, max(0, free)
     if gpu.vram_total is None:
         return None, None
     free = gpu.vram_total - gpu.vram_used if gpu.vram_used is not None else None
@@ -306,11 +338,18 @@ def distro_info(ctx: Context) -> dict[str, Any]:
 
 def gpu_summary(gpu: GpuNode) -> dict[str, Any]:
     return {
-        "node": gpu.node, "gfx": gpu.gfx, "family": gpu.family, "apu": gpu.apu,
-        "vram_total": gpu.vram_total, "vram_used": gpu.vram_used,
-        "gtt_total": gpu.gtt_total, "gtt_used": gpu.gtt_used,
-        "render_minor": gpu.render_minor, "pci_slot": gpu.pci_slot,
-        "device_id": gpu.device_id, "simd_count": gpu.simd_count,
+        "node": gpu.node,
+        "gfx": gpu.gfx,
+        "family": gpu.family,
+        "apu": gpu.apu,
+        "vram_total": gpu.vram_total,
+        "vram_used": gpu.vram_used,
+        "gtt_total": gpu.gtt_total,
+        "gtt_used": gpu.gtt_used,
+        "render_minor": gpu.render_minor,
+        "pci_slot": gpu.pci_slot,
+        "device_id": gpu.device_id,
+        "simd_count": gpu.simd_count,
     }
 
 
@@ -319,6 +358,10 @@ def host_facts(ctx: Context) -> dict[str, Any]:
     info = distro_info(ctx)
     return {
         "kernel": kernel_release(ctx),
-        "distro": {"id": info["id"] or None, "version": info["version"] or None, "name": info["name"] or None},
+        "distro": {
+            "id": info["id"] or None,
+            "version": info["version"] or None,
+            "name": info["name"] or None,
+        },
         "gpus": [gpu_summary(g) for g in gpus(ctx)],
     }

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..model import Result, Severity, passed, warned
 from ..registry import Context
 from . import check
-from .facts import distro_info
+from .facts import DISTRO_READS, distro_info
 
 # Distros the vllm-rocm bundle and the kernel guidance are written for.
 KNOWN_DISTROS = {"ubuntu", "debian", "fedora", "arch", "opensuse-tumbleweed", "opensuse-leap", "opensuse"}
@@ -17,7 +15,7 @@ KNOWN_DISTROS = {"ubuntu", "debian", "fedora", "arch", "opensuse-tumbleweed", "o
     "os.distro",
     "Distribution is a known target",
     severity=Severity.ADVISORY,
-    reads=("/etc/os-release", "/usr/lib/os-release"),
+    reads=DISTRO_READS,
 )
 def os_distro(ctx: Context) -> Result:
     info = distro_info(ctx)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 import requests
+import urllib3
 
 from .manifest import Asset
 
@@ -249,27 +250,31 @@ class Downloader:
             if response.headers.get("ETag"):
                 etag_file.write_text(response.headers["ETag"])
             with open(staging, mode, buffering=0) as fh:
-                try:
-                    for block in response.iter_content(CHUNK):
-                        if self._cancelled.is_set():
-                            raise DownloadCancelled(asset.name)
-                        if have + len(block) > asset.size:
-                            raise DownloadError(asset.name, f"the server sent more than the {asset.size} bytes the "
-                                                "lock declares; run `rocmdoctor bundle lock` to refresh the pins")
-                        fh.write(block)
-                        digest.update(block)
-                        have += len(block)
-                        part.publish(written=have)
-                        self.on_bytes(len(block))
-                except requests.Timeout:
-                    raise _Retryable(f"the server stalled: no data for {opts.read_timeout_s:g}s at byte {have}")
-                except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError) as exc:
-                    if "timed out" in str(exc).lower():
-                        raise _Retryable(f"the server stalled: no data for {opts.read_timeout_s:g}s at byte {have}")
-                    raise _Retryable(f"connection lost at byte {have}: {_short(exc)}")
+                while block := self._read_block(response, have):
+                    if self._cancelled.is_set():
+                        raise DownloadCancelled(asset.name)
+                    if have + len(block) > asset.size:
+                        raise DownloadError(asset.name, f"the server sent more than the {asset.size} bytes the "
+                                            "lock declares; run `rocmdoctor bundle lock` to refresh the pins")
+                    fh.write(block)
+                    digest.update(block)
+                    have += len(block)
+                    part.publish(written=have)
+                    self.on_bytes(len(block))
         if have != asset.size:
             raise _Retryable(f"the server ended the body at {have} of {asset.size} bytes")
         return digest
+
+
+    def _read_block(self, response: requests.Response, have: int) -> bytes:
+        """Whatever has arrived, up to CHUNK (read1): a cut connection loses only bytes in flight, so a
+        resume starts close to where the cut happened."""
+        try:
+            return response.raw.read1(CHUNK)
+        except (urllib3.exceptions.ReadTimeoutError, TimeoutError):
+            raise _Retryable(f"the server stalled: no data for {self.options.read_timeout_s:g}s at byte {have}")
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise _Retryable(f"connection lost at byte {have}: {_short(exc)}")
 
 
 def _short(exc: BaseException) -> str:

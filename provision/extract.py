@@ -136,15 +136,20 @@ def extract_stream(stream: BinaryIO, dest: Path, on_bytes: ProgressFn | None = N
 
     feeder = threading.Thread(target=feed, name="gunzip-feed", daemon=True)
     feeder.start()
+    finished = False
     try:
         _extract(gunzip.stdout, "r|", dest, member_filter)
+        # tar stops at its end-of-archive blocks: drain the rest so gunzip checks the whole stream
+        while gunzip.stdout.read(BUFFER):
+            pass
+        finished = True
     except ArchiveError:
         feeder.join()
         if feed_error:
             raise feed_error[0] from None
         raise
     finally:
-        if feeder.is_alive():  # the extractor failed first: stop feeding and reading
+        if not finished and feeder.is_alive():  # the extractor failed first: stop feeding and reading
             cancel = getattr(stream, "cancel", None)
             if cancel:
                 cancel()

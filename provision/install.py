@@ -304,8 +304,9 @@ def _install_tree(layout: Layout, plan: InstallPlan) -> int:
             fetches.wait()
             raise
         except (ArchiveError, UnsafeArchive) as exc:
-            fetches.cancel()
-            fetches.wait()  # a corrupt archive is usually a corrupt download: name the part, not tar's error
+            # A corrupt archive is usually a corrupt download: let the parts finish so the error
+            # names the part whose digest is wrong rather than tar's symptom.
+            fetches.wait()
             raise InstallError(f"{exc}. Nothing was activated; the previous bundle is still active. "
                                "Report this bundle to its publisher") from None
         fetches.wait()  # every digest verified before the tree can become visible

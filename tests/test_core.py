@@ -116,3 +116,19 @@ def test_warn_and_fail_need_a_remedy():
 )
 def test_exit_code_contract(statuses, code):
     assert exit_code(statuses) == code
+
+
+def test_damaged_metadata_and_os_release_never_raise(tmp_path):
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "os-release").write_bytes(b'ID=debian\nVERSION_ID="12\nNAME=\xff\xfe Debian\n')
+    meta = tmp_path / ".rocmdoctor"
+    meta.mkdir()
+    (meta / "stat.json").write_text(json.dumps({"/opt": {"type": "dir", "free_bytes": "lots"}}))
+    (meta / "env.json").write_text(json.dumps(["PYTHONPATH=/x"]))
+    host = Host(tmp_path)
+    assert host.distro()["id"] == "debian"
+    assert host.free_bytes("/opt/rocmdoctor") is None
+    assert dict(host.env) == {}
+    (meta / "stat.json").write_text("[1, 2]")
+    fresh = Host(tmp_path)
+    assert fresh.stat("/dev/kfd") is None and not fresh.exists("/dev/kfd")

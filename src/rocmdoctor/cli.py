@@ -66,21 +66,29 @@ class App:
     def host(self) -> Any:
         from .host import Host, RootError
 
+        root = self.root
+        if root.is_file():
+            from .snapshot import SnapshotError, unpack
+
+            try:
+                root = unpack(root)
+            except SnapshotError as exc:
+                raise UserError(str(exc)) from None
         try:
-            return Host(self.root)
+            return Host(root)
         except RootError as exc:
-            raise UserError(f"{exc}; point --root (or ROCMDOCTOR_ROOT) at a directory") from None
+            raise UserError(f"{exc}; point --root (or ROCMDOCTOR_ROOT) at a directory or a snapshot archive") from None
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="rocmdoctor")
 @click.option(
     "--root",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=click.Path(path_type=Path),
     default="/",
     envvar="ROCMDOCTOR_ROOT",
     show_default=True,
-    help="Read the host through this directory (a snapshot or fixture). [env var: ROCMDOCTOR_ROOT]",
+    help="Read the host through this directory or `rocmdoctor snapshot` archive. [env var: ROCMDOCTOR_ROOT]",
 )
 @click.option("-v", "--verbose", count=True, help="Show details under each line (-vv: more).")
 @click.option("--no-color", is_flag=True, help="No colour (NO_COLOR is honoured too).")

@@ -180,6 +180,13 @@ class Host:
             return norm
         return str(self.root) + norm
 
+    def _escapes(self, real: str) -> bool:
+        """A captured tree is untrusted input: a symlink in it must never lead outside the root."""
+        if self.is_live:
+            return False
+        resolved = os.path.realpath(real)
+        return resolved != str(self.root) and not resolved.startswith(str(self.root) + os.sep)
+
     def _guard(self, path: str) -> None:
         for pattern in FORBIDDEN_PATTERNS:
             if pattern == "/dev/*" and path.startswith("/dev/"):
@@ -197,6 +204,8 @@ class Host:
         self._note(path)
         self._guard(path)
         real = self._real(path)
+        if self._escapes(real):
+            return Read(path, ReadState.UNREADABLE, detail="a link in the captured tree points outside --root")
         try:
             fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -255,29 +264,35 @@ class Host:
         self._meta_cache[name] = value
         return value
 
+    def _stat_meta(self) -> dict[str, Any]:
+        meta = self.read_json_meta(STAT_FILE)
+        return meta if isinstance(meta, dict) else {}
+
     def exists(self, path: str) -> bool:
         self._note(path)
         if not self.is_live:
             prefix = path.rstrip("/") + "/"
-            if any(d == path or d.startswith(prefix) for d in self.read_json_meta(STAT_FILE) or {}):
+            if any(d == path or d.startswith(prefix) for d in self._stat_meta()):
                 return True
         return os.path.lexists(self._real(path))
 
     def is_dir(self, path: str) -> bool:
         self._note(path)
-        return os.path.isdir(self._real(path))
+        real = self._real(path)
+        return not self._escapes(real) and os.path.isdir(real)
 
     def listdir(self, path: str) -> list[str]:
         """Entries of a directory in natural order; [] when it is absent or unreadable."""
         self._note(path)
+        real = self._real(path)
         try:
-            names = os.listdir(self._real(path))
+            names = [] if self._escapes(real) else os.listdir(real)
         except OSError:
             names = []
         if not self.is_live:
             # Device nodes exist in a captured root only as stat.json entries.
             prefix = path.rstrip("/") + "/"
-            for described in self.read_json_meta(STAT_FILE) or {}:
+            for described in self._stat_meta():
                 if described.startswith(prefix) and "/" not in described[len(prefix):]:
                     names.append(described[len(prefix):])
         return natural_sorted(set(names))
@@ -314,7 +329,7 @@ class Host:
         """Type, mode and owner; from stat.json for a captured root, which cannot carry them."""
         self._note(path)
         if not self.is_live:
-            described = (self.read_json_meta(STAT_FILE) or {}).get(path)
+            described = self._stat_meta().get(path)
             if isinstance(described, dict):
                 try:
                     return StatInfo(
@@ -340,12 +355,15 @@ class Host:
         """Free space for unprivileged writers at `path` or its nearest existing parent."""
         self._note(path)
         if not self.is_live:
-            described = (self.read_json_meta(STAT_FILE) or {})
+            described = self._stat_meta()
             probe = path
             while True:
                 entry = described.get(probe)
                 if isinstance(entry, dict) and "free_bytes" in entry:
-                    return int(entry["free_bytes"])
+                    try:
+                        return int(entry["free_bytes"])
+                    except (TypeError, ValueError):
+                        return None
                 if probe == "/":
                     return None
                 probe = os.path.dirname(probe)
@@ -359,18 +377,42 @@ class Host:
         return st.f_bavail * st.f_frsize
 
     def distro(self) -> dict[str, str]:
-        """id, version and name from os-release (through `distro`, under the root)."""
+        """id, version, name, like and codename from os-release (through `distro`, under the root).
+
+        `distro` chokes on some files (invalid UTF-8, unbalanced quotes); those are parsed leniently.
+        """
         import distro as distro_mod
 
         self._note("/etc/os-release")
-        info = distro_mod.LinuxDistribution(
-            include_lsb=False,
-            include_uname=False,
-            include_oslevel=False,
-            root_dir=None if self.is_live else str(self.root),
-        )
-        return {"id": info.id(), "version": info.version(best=True), "name": info.name(pretty=False),
-                "like": info.like(), "codename": info.codename()}
+        try:
+            info = distro_mod.LinuxDistribution(
+                include_lsb=False,
+                include_uname=False,
+                include_oslevel=False,
+                root_dir=None if self.is_live else str(self.root),
+            )
+            return {"id": info.id(), "version": info.version(best=True), "name": info.name(pretty=False),
+                    "like": info.like(), "codename": info.codename()}
+        except (UnicodeDecodeError, ValueError, OSError):
+            return self._os_release_lenient()
+
+    def _os_release_lenient(self) -> dict[str, str]:
+        fields: dict[str, str] = {}
+        for path in ("/etc/os-release", "/usr/lib/os-release"):
+            raw = self.read_text(path, limit=64 * 1024)
+            if raw.ok:
+                for line in raw.value.splitlines():
+                    key, sep, value = line.partition("=")
+                    if sep and key.strip().isidentifier():
+                        fields[key.strip()] = value.strip().strip("\"'")
+                break
+        return {
+            "id": fields.get("ID", "").lower(),
+            "version": fields.get("VERSION_ID", ""),
+            "name": fields.get("NAME", ""),
+            "like": fields.get("ID_LIKE", ""),
+            "codename": fields.get("VERSION_CODENAME", ""),
+        }
 
     # -- identity and environment ------------------------------------------------------
 
@@ -378,7 +420,8 @@ class Host:
     def env(self) -> Mapping[str, str]:
         if self.is_live:
             return os.environ
-        return dict(self.read_json_meta(ENV_FILE) or {})
+        meta = self.read_json_meta(ENV_FILE)
+        return {str(k): str(v) for k, v in meta.items()} if isinstance(meta, dict) else {}
 
     def identity(self) -> Identity | None:
         if self.is_live:

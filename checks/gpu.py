@@ -1,0 +1,82 @@
+"""GPUs in the KFD topology: are there any, which gfx targets, APU or dGPU, which bundle family."""
+
+from __future__ import annotations
+
+from ..model import Result, failed, passed, warned
+from ..registry import Context
+from . import check
+from .facts import AMD_VENDOR_ID, GPU_READS, KFD_NODES, drm_device_dirs, gpu_summary, gpus, parse_uevent
+
+KFD_ROOT = "/sys/class/kfd"
+WSL_DEVICE = "/dev/dxg"
+VENDOR_NAMES = {0x10DE: "NVIDIA", 0x8086: "Intel", AMD_VENDOR_ID: "AMD"}
+BUNDLE_FAMILIES = "gfx1151, gfx1150, gfx110X, gfx120X, gfx942, gfx950"
+
+
+def other_display_devices(ctx: Context) -> list[str]:
+    """What the DRM class shows instead of an AMD GPU, e.g. 'NVIDIA 10de:2684 (nvidia) at 0000:01:00.0'."""
+    seen: dict[str, str] = {}
+    for device_dir in drm_device_dirs(ctx):
+        raw = ctx.host.read_text(f"{device_dir}/uevent")
+        if not raw.ok:
+            continue
+        uevent = parse_uevent(raw.value)
+        slot = uevent.get("PCI_SLOT_NAME", device_dir)
+        vendor_hex, _, device_hex = uevent.get("PCI_ID", "").partition(":")
+        try:
+            vendor = VENDOR_NAMES.get(int(vendor_hex, 16), f"vendor {vendor_hex.lower()}")
+        except ValueError:
+            vendor = "unknown vendor"
+        driver = uevent.get("DRIVER", "no driver")
+        seen.setdefault(slot, f"{vendor} {vendor_hex.lower()}:{device_hex.lower()} ({driver}) at {slot}")
+    return list(seen.values())
+
+
+@check("gpu.present", "AMD GPU in the KFD topology", reads=(KFD_ROOT, WSL_DEVICE, *GPU_READS))
+def gpu_present(ctx: Context) -> Result:
+    found = gpus(ctx)
+    if found:
+        names = ", ".join(f"{g.gfx} (node {g.node})" for g in found)
+        return passed(f"{len(found)} AMD GPU node(s): {names}", nodes=[g.node for g in found])
+    others = other_display_devices(ctx)
+    instead = f"; found instead: {'; '.join(others)}" if others else ""
+    if ctx.host.stat(WSL_DEVICE) is not None:
+        return failed(
+            f"this is WSL ({WSL_DEVICE}): its GPU passthrough has no KFD topology{instead}",
+            "Run vLLM on native Linux; the vllm-rocm bundle needs /dev/kfd, which WSL does not provide.",
+            other_devices=others,
+        )
+    if not ctx.host.exists(KFD_ROOT):
+        return failed(
+            f"no {KFD_ROOT}: the amdgpu kernel driver with KFD is not loaded{instead}",
+            "Load amdgpu (`sudo modprobe amdgpu`) on a host with a supported AMD GPU; vLLM on ROCm needs /dev/kfd.",
+            other_devices=others,
+        )
+    nodes = [n for n in ctx.host.listdir(KFD_NODES) if n.isdigit()]
+    return failed(
+        f"KFD topology has {len(nodes)} node(s) but none is a GPU (gfx_target_version 0 everywhere){instead}",
+        "Check `dmesg | grep -i amdgpu` for a driver that failed to initialise the GPU; in WSL or a VM pass the GPU through.",
+        kfd_nodes=nodes,
+        other_devices=others,
+    )
+
+
+@check("gpu.arch", "GPU architecture and vllm-rocm bundle family", depends=("gpu.present",), reads=GPU_READS)
+def gpu_arch(ctx: Context) -> Result:
+    found = gpus(ctx)
+    rows = [gpu_summary(g) for g in found]
+    described = ", ".join(
+        f"node {g.node}: {g.gfx} {'APU' if g.apu else 'dGPU' if g.apu is False else '(APU or dGPU unknown)'}"
+        f" -> {g.family or 'no bundle'}"
+        for g in found
+    )
+    unsupported = sorted({g.gfx for g in found if g.family is None})
+    if unsupported:
+        return warned(
+            f"no vllm-rocm bundle for {', '.join(unsupported)} ({described})",
+            f"Bundles exist for {BUNDLE_FAMILIES}; use one of those GPUs or build vLLM for "
+            f"{', '.join(unsupported)} from source.",
+            gpus=rows,
+        )
+    families = sorted({g.family for g in found if g.family})
+    return passed(described, gpus=rows, families=families)

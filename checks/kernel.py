@@ -1,0 +1,111 @@
+"""The running kernel: new enough for the GPU, and exporting the CWSR sizes the runtime needs."""
+
+from __future__ import annotations
+
+from ..model import Result, failed, passed, warned
+from ..registry import Context
+from . import check
+from .facts import DISTRO_READS, GPU_READS, OSRELEASE, GpuNode, distro_info, gpus, kernel_release
+from .kernel_rules import (
+    CWSR_REQUIRED_TARGETS,
+    carries_cwsr_export,
+    expected_cwsr,
+    minimum_for,
+    parse_release,
+)
+
+FIX_KERNEL = "run `rocmdoctor fix-kernel` for the commands for this distro"
+
+
+def needs_cwsr(gpu: GpuNode) -> bool:
+    return gpu.gfx_target_version in CWSR_REQUIRED_TARGETS
+
+
+def exports_cwsr(gpu: GpuNode) -> bool:
+    return "cwsr_size" in gpu.properties and "ctl_stack_size" in gpu.properties
+
+
+@check(
+    "kernel.version",
+    "Kernel new enough for the GPU (CWSR export)",
+    depends=("gpu.arch",),
+    reads=(OSRELEASE, *DISTRO_READS, *GPU_READS),
+)
+def kernel_version(ctx: Context) -> Result:
+    text = kernel_release(ctx)
+    release = parse_release(text)
+    info = distro_info(ctx)
+    needing = [g for g in gpus(ctx) if needs_cwsr(g)]
+    details = {"kernel": text, "distro": info["id"], "minimum": minimum_for(info["id"], info["version"])}
+    if release is None:
+        return warned(
+            f"cannot parse the kernel release {text!r} from {OSRELEASE}",
+            f"Check `uname -r`; the minimum for gfx1151 is {details['minimum']}.",
+            **details,
+        )
+    if not needing:
+        names = ", ".join(sorted({g.gfx for g in gpus(ctx)}))
+        return passed(f"{text}: no CWSR minimum applies to {names}", **details)
+    if carries_cwsr_export(release, info["id"]):
+        return passed(f"{text} carries the CWSR export (minimum {details['minimum']})", **details)
+    if all(exports_cwsr(g) for g in needing):
+        return passed(
+            f"{text} is older than {details['minimum']} but exports the CWSR sizes (a backport)", **details
+        )
+    return failed(
+        f"{text} is older than the minimum for {needing[0].gfx}: {details['minimum']}",
+        f"Install a kernel with the CWSR export, then reboot; {FIX_KERNEL}.",
+        **details,
+    )
+
+
+@check(
+    "kernel.cwsr",
+    "CWSR sizes exported and as the kernel formula expects",
+    depends=("gpu.arch",),
+    reads=GPU_READS,
+)
+def kernel_cwsr(ctx: Context) -> Result:
+    missing, wrong, fine, not_needed = [], [], [], []
+    rows = []
+    for gpu in gpus(ctx):
+        expected = expected_cwsr(gpu.properties)
+        exported = (gpu.properties.get("cwsr_size"), gpu.properties.get("ctl_stack_size"))
+        rows.append(
+            {
+                "node": gpu.node,
+                "gfx": gpu.gfx,
+                "cwsr_size": exported[0],
+                "ctl_stack_size": exported[1],
+                "expected": list(expected) if expected else None,
+                "required": needs_cwsr(gpu),
+            }
+        )
+        label = f"{gpu.gfx} (node {gpu.node})"
+        if not exports_cwsr(gpu):
+            (missing if needs_cwsr(gpu) else not_needed).append(label)
+        elif expected is not None and exported != expected:
+            wrong.append(
+                f"{label}: cwsr_size {exported[0]}, ctl_stack_size {exported[1]}, "
+                f"expected {expected[0]} / {expected[1]}"
+            )
+        else:
+            fine.append(label)
+    if missing:
+        return failed(
+            f"cwsr_size/ctl_stack_size not exported for {', '.join(missing)}: this kernel lacks the CWSR fix",
+            f"Boot a kernel with the fix (6.18.4+, Ubuntu 24.04 HWE 6.17.0-19+); {FIX_KERNEL}.",
+            gpus=rows,
+        )
+    if wrong:
+        return warned(
+            "CWSR sizes exported but not what the kernel formula gives: " + "; ".join(wrong),
+            f"The kernel exports the sizes but lacks the VGPR bump for this GPU; update it ({FIX_KERNEL}).",
+            gpus=rows,
+        )
+    parts = []
+    if fine:
+        parts.append(f"exported as expected on {', '.join(fine)}")
+    if not_needed:
+        parts.append(f"not exported on {', '.join(not_needed)} (not required there)")
+    return passed("; ".join(parts) or "no GPU node to check", gpus=rows)

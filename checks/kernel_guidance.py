@@ -1,0 +1,207 @@
+"""`rocmdoctor fix-kernel`: the commands that fix what kernel.*, driver.dkms and memory.ttm found,
+for the distribution at hand. Pure functions over check results; nothing here reads the host."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# The checks whose findings this guidance answers (their prerequisites come along).
+GUIDED_CHECKS = ("kernel.version", "kernel.cwsr", "driver.dkms", "memory.ttm")
+PROBLEM = ("fail", "warn")
+CWSR_GREP = 'grep -E "cwsr_size|ctl_stack_size" /sys/class/kfd/kfd/topology/nodes/*/properties'
+
+
+@dataclass(frozen=True)
+class Step:
+    id: str
+    title: str
+    why: str
+    commands: tuple[str, ...]
+    verify: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "title": self.title,
+            "why": self.why,
+            "commands": list(self.commands),
+            "verify": list(self.verify),
+        }
+
+
+@dataclass(frozen=True)
+class Finding:
+    status: str
+    summary: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def distro_family(distro_id: str | None, like: str | None) -> str:
+    """ubuntu, debian, fedora, arch, opensuse, or 'other'."""
+    names = [distro_id or ""] + (like or "").split()
+    for name in names:
+        if name in ("ubuntu", "debian", "fedora", "arch"):
+            return name
+        if name.startswith("opensuse") or name in ("suse", "sles"):
+            return "opensuse"
+        if name in ("rhel", "centos"):
+            return "fedora"
+    return "other"
+
+
+def kernel_commands(family: str, distro_id: str | None, version: str | None) -> tuple[str, ...]:
+    version = version or ""
+    if distro_id == "ubuntu" and version.startswith("24.04"):
+        return (
+            "sudo apt update",
+            "sudo apt install --install-recommends linux-generic-hwe-24.04   # 6.17.0-19 or later",
+            "# or, on OEM machines: sudo apt install linux-oem-24.04   # 6.14.0-1018 or later",
+            "sudo reboot",
+        )
+    if distro_id == "ubuntu" and version.startswith("22.04"):
+        return (
+            "# Ubuntu 22.04 has no kernel with the CWSR export: move to 24.04, then take its HWE kernel",
+            "sudo do-release-upgrade",
+            "sudo apt install --install-recommends linux-generic-hwe-24.04",
+            "sudo reboot",
+        )
+    if family == "ubuntu":  # 26.04 and later ship the fix in their own kernel
+        return ("sudo apt update", "sudo apt full-upgrade", "sudo reboot")
+    if family == "debian":
+        suite = {"12": "bookworm", "13": "trixie"}.get(version.split(".")[0], "trixie")
+        return (
+            "sudo apt update",
+            f"sudo apt install -t {suite}-backports linux-image-amd64   # 6.18.4+ (or 6.12.64+ on 6.12 LTS)",
+            "sudo reboot",
+        )
+    if family == "fedora":
+        return ("sudo dnf upgrade --refresh 'kernel*'   # Fedora 43 ships 6.18.4 or later", "sudo reboot")
+    if family == "arch":
+        return ("sudo pacman -Syu linux   # or your kernel package (linux-lts: 6.12.64+)", "sudo reboot")
+    if family == "opensuse" and "leap" in (distro_id or ""):
+        return (
+            (
+                "sudo zypper addrepo -f https://download.opensuse.org/repositories/Kernel:/stable:/Backport/standard/"
+                " kernel-stable-backport"
+            ),
+            "sudo zypper install --from kernel-stable-backport kernel-default",
+            "sudo reboot",
+        )
+    if family == "opensuse":
+        return ("sudo zypper dup   # Tumbleweed ships 6.18.4 or later", "sudo reboot")
+    return (
+        "# install a kernel >= 6.18.4 (or 6.12.64+ on the 6.12 LTS line) from your distribution",
+        "sudo reboot",
+    )
+
+
+def dkms_commands(family: str) -> tuple[str, ...]:
+    remove = {
+        "ubuntu": "sudo apt remove --purge amdgpu-dkms amdgpu-dkms-firmware",
+        "debian": "sudo apt remove --purge amdgpu-dkms amdgpu-dkms-firmware",
+        "fedora": "sudo dnf remove amdgpu-dkms",
+        "opensuse": "sudo zypper remove amdgpu-dkms",
+        "arch": "sudo pacman -Rns amdgpu-dkms",
+    }.get(family, "# remove the amdgpu-dkms package with your package manager")
+    reinstall = (
+        "sudo amdgpu-install -y --usecase=rocm --no-dkms   # only if you want ROCm userspace from AMD's repo",
+    )
+    return (
+        remove,
+        *(reinstall if family in ("ubuntu", "debian", "fedora", "opensuse") else ()),
+        "sudo reboot",
+    )
+
+
+def initramfs_command(family: str) -> str:
+    return {
+        "ubuntu": "sudo update-initramfs -u",
+        "debian": "sudo update-initramfs -u",
+        "arch": "sudo mkinitcpio -P",
+    }.get(family, "sudo dracut -f")
+
+
+def ttm_commands(family: str, pages: int, modules: list[str]) -> tuple[str, ...]:
+    lines = [f'echo "options {m} pages_limit={pages}" | sudo tee /etc/modprobe.d/{m}.conf' for m in modules]
+    return (*lines, initramfs_command(family), "sudo reboot")
+
+
+def guidance(distro: dict[str, Any], kernel: str | None, findings: dict[str, Finding]) -> dict[str, Any]:
+    """The fix-kernel document: steps for every guided check that warned or failed."""
+    family = distro_family(distro.get("id"), distro.get("like"))
+    steps: list[Step] = []
+    dkms = findings.get("driver.dkms")
+    # DKMS first: left installed, it rebuilds itself for the new kernel and shadows it again.
+    if dkms and dkms.status in PROBLEM:
+        steps.append(
+            Step(
+                "dkms",
+                "Remove the amdgpu DKMS driver so the in-tree amdgpu loads",
+                dkms.summary,
+                dkms_commands(family),
+                (
+                    "test -e /sys/module/amdgpu/version && echo 'still DKMS' || echo in-tree",
+                    "modinfo -n amdgpu   # under kernel/drivers/gpu/drm/amd/amdgpu/",
+                    "rocmdoctor check --only driver.dkms",
+                ),
+            )
+        )
+    cwsr, version = findings.get("kernel.cwsr"), findings.get("kernel.version")
+    kernel_problems = [f for f in (version, cwsr) if f and f.status in PROBLEM]
+    if kernel_problems or (dkms and dkms.status == "fail"):
+        minimum = (version.details.get("minimum") if version else None) or "6.18.4"
+        why = "; ".join(f.summary for f in kernel_problems) or "the DKMS driver hides the kernel's own amdgpu"
+        steps.append(
+            Step(
+                "kernel",
+                f"Boot a kernel with the CWSR export (minimum {minimum})",
+                why,
+                kernel_commands(family, distro.get("id"), distro.get("version")),
+                (
+                    "uname -r",
+                    CWSR_GREP + "   # both lines on every GPU node",
+                    "rocmdoctor check --only 'kernel.*'",
+                ),
+            )
+        )
+    ttm = findings.get("memory.ttm")
+    if ttm and ttm.status in PROBLEM and ttm.details.get("suggested_pages_limit"):
+        pages = int(ttm.details["suggested_pages_limit"])
+        limits = ttm.details.get("pages_limit") or {}
+        modules = (
+            ["ttm", "amdttm"] if "amdttm" in limits or ttm.details.get("governing") == "amdttm" else ["ttm"]
+        )
+        steps.append(
+            Step(
+                "ttm",
+                f"Let the GPU reach {pages // 262144} GiB of RAM (ttm.pages_limit={pages})",
+                ttm.summary,
+                ttm_commands(family, pages, modules),
+                (
+                    *(f"cat /sys/module/{m}/parameters/pages_limit   # {pages}" for m in modules),
+                    f"cat /sys/class/drm/card*/device/mem_info_gtt_total   # {pages * 4096}",
+                    "rocmdoctor check --only memory.ttm",
+                ),
+            )
+        )
+    found_gpu = findings.get("gpu.present")
+    if found_gpu is not None and found_gpu.status != "pass":
+        headline = f"No AMD GPU to fix the kernel for: {found_gpu.summary}"
+    elif steps:
+        headline = f"{len(steps)} thing(s) to fix on {distro.get('name') or family} with kernel {kernel}"
+    else:
+        headline = f"Nothing needs fixing: kernel {kernel} is fine for the GPU(s) found."
+    return {
+        "schema_version": 1,
+        "distro": {
+            "id": distro.get("id") or None,
+            "version": distro.get("version") or None,
+            "family": family,
+        },
+        "kernel": kernel,
+        "needs_fixing": bool(steps),
+        "headline": headline,
+        "steps": [s.to_json() for s in steps],
+        "findings": {cid: {"status": f.status, "summary": f.summary} for cid, f in findings.items()},
+    }

@@ -1,0 +1,164 @@
+"""GPU memory: what vLLM will see and the --gpu-memory-utilization that starts; TTM limits on APUs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..memory_rule import MIN_USEFUL_UTILIZATION, recommended
+from ..model import Result, Severity, failed, passed, skipped, warned
+from ..registry import Context
+from . import check
+from .facts import GPU_READS, MEMINFO_READS, GpuNode, gpus, meminfo, usable_memory
+
+GIB = 1 << 30
+PAGES_PER_GIB = 262144  # 4 KiB pages
+TTM_LIMITS = {
+    "ttm": "/sys/module/ttm/parameters/pages_limit",
+    "amdttm": "/sys/module/amdttm/parameters/pages_limit",
+}
+# The kernel's default TTM limit is half of RAM; anything this low is that default.
+DEFAULT_TTM_FRACTION = 0.6
+OS_RESERVE_GIB = 4
+VLLM_DEFAULT_UTILIZATION = 0.92
+
+
+def gib(value: int | None) -> str:
+    return "?" if value is None else f"{value / GIB:.1f} GiB"
+
+
+def gpu_pool(ctx: Context, gpu: GpuNode) -> dict[str, Any]:
+    total, free = usable_memory(ctx, gpu)
+    row: dict[str, Any] = {
+        "node": gpu.node,
+        "gfx": gpu.gfx,
+        "pool": "gtt" if gpu.apu else "vram",
+        "total_bytes": total,
+        "free_bytes": free,
+        "vram_total": gpu.vram_total,
+        "vram_used": gpu.vram_used,
+        "gtt_total": gpu.gtt_total,
+        "gtt_used": gpu.gtt_used,
+    }
+    if gpu.apu:
+        row["mem_available"] = meminfo(ctx).get("MemAvailable")
+    row["recommended"] = recommended(total, free) if total and free is not None else None
+    return row
+
+
+@check(
+    "memory.gpu",
+    "GPU memory and the --gpu-memory-utilization that starts",
+    depends=("gpu.arch",),
+    reads=(*GPU_READS, *MEMINFO_READS),
+)
+def memory_gpu(ctx: Context) -> Result:
+    rows = [gpu_pool(ctx, g) for g in gpus(ctx)]
+    unknown = [r for r in rows if r["recommended"] is None]
+    if unknown:
+        r = unknown[0]
+        what = "GTT and MemAvailable" if r["pool"] == "gtt" else "VRAM total and use"
+        return warned(
+            f"cannot read {what} of node {r['node']} ({r['gfx']}): mem_info_* files are missing or unreadable",
+            "Load amdgpu with its sysfs (check /sys/class/drm/renderD*/device/mem_info_*); until then start vLLM "
+            "with a conservative --gpu-memory-utilization.",
+            gpus=rows,
+            recommended_gpu_memory_utilization=None,
+        )
+    worst = min(rows, key=lambda r: r["recommended"])
+    details = {
+        "gpus": rows,
+        "recommended_gpu_memory_utilization": worst["recommended"],
+        "total_bytes": worst["total_bytes"],
+        "free_bytes": worst["free_bytes"],
+        "pool": worst["pool"],
+    }
+    where = f"node {worst['node']} {worst['gfx']} {worst['pool'].upper()}"
+    usage = f"{gib(worst['free_bytes'])} free of {gib(worst['total_bytes'])} ({where})"
+    if worst["recommended"] < MIN_USEFUL_UTILIZATION:
+        return failed(
+            f"only {usage}: no --gpu-memory-utilization leaves room for a model",
+            "Free GPU memory first (see processes.orphans; stop other GPU users)"
+            + ("; on an APU raise ttm.pages_limit (memory.ttm)" if worst["pool"] == "gtt" else "")
+            + ".",
+            **details,
+        )
+    note = (
+        ""
+        if worst["recommended"] >= VLLM_DEFAULT_UTILIZATION
+        else f"; vLLM's default {VLLM_DEFAULT_UTILIZATION} would not start"
+    )
+    return passed(f"{usage}: use --gpu-memory-utilization {worst['recommended']:.2f}{note}", **details)
+
+
+def ttm_limits(ctx: Context) -> dict[str, int]:
+    found = {}
+    for name, path in TTM_LIMITS.items():
+        raw = ctx.host.read_int(path)
+        if raw.ok and raw.value > 0:
+            found[name] = raw.value
+    return found
+
+
+def ttm_setting(pages: int, names: list[str]) -> str:
+    options = " ".join(f"{n}.pages_limit={pages}" for n in names)
+    files = "; ".join(f"`options {n} pages_limit={pages}` in /etc/modprobe.d/{n}.conf" for n in names)
+    return f"{options} on the kernel command line (or {files}), then reboot"
+
+
+@check(
+    "memory.ttm",
+    "APU: TTM limit lets the GPU reach most of RAM",
+    severity=Severity.DEGRADING,
+    depends=("gpu.arch",),
+    reads=(*GPU_READS, *MEMINFO_READS, *TTM_LIMITS.values(), "/sys/module/amdttm"),
+)
+def memory_ttm(ctx: Context) -> Result:
+    apus = [g for g in gpus(ctx) if g.apu]
+    if not apus:
+        return skipped("no APU: the TTM limit only bounds unified memory")
+    ram = meminfo(ctx).get("MemTotal")
+    limits = ttm_limits(ctx)
+    # With a DKMS amdgpu, amdttm is the TTM the GPU uses; the in-tree ttm may be loaded beside it.
+    names = ["ttm", "amdttm"] if ctx.host.exists("/sys/module/amdttm") else ["ttm"]
+    governing = "amdttm" if "amdttm" in names and "amdttm" in limits else "ttm"
+    pages = limits.get(governing)
+    gtt_total = apus[0].gtt_total
+    limit_bytes = pages * 4096 if pages else gtt_total
+    details = {"pages_limit": limits, "governing": governing, "mem_total": ram, "gtt_total": gtt_total}
+    if ram is None or limit_bytes is None:
+        return warned(
+            "cannot compare the TTM limit with RAM: /proc/meminfo or the TTM parameters are unreadable",
+            "Check /sys/module/ttm/parameters/pages_limit and /proc/meminfo as root.",
+            **details,
+        )
+    target_gib = max(1, int(ram // GIB) - OS_RESERVE_GIB)
+    target_pages = target_gib * PAGES_PER_GIB
+    details["suggested_pages_limit"] = target_pages
+    reach = f"{gib(limit_bytes)} of {gib(ram)} RAM"
+    if limit_bytes <= ram * DEFAULT_TTM_FRACTION:
+        return warned(
+            f"the GPU can reach only {reach} (the default TTM limit, about half of RAM)",
+            f"Set {ttm_setting(target_pages, names)} ({target_gib} GiB = {target_gib} x {PAGES_PER_GIB} pages).",
+            **details,
+        )
+    if len(names) == 2 and len(set(limits.values())) > 1:
+        return warned(
+            f"ttm and amdttm disagree ({limits}): tools read one, the DKMS driver uses the other",
+            f"Set both: {ttm_setting(limits[governing], names)}.",
+            **details,
+        )
+    if limit_bytes > ram:
+        return warned(
+            f"TTM limit {gib(limit_bytes)} exceeds RAM {gib(ram)}: large allocations can OOM the host",
+            f"Lower it: {ttm_setting(target_pages, names)}.",
+            **details,
+        )
+    if gtt_total is not None and pages and gtt_total < pages * 4096 * 0.9:
+        return warned(
+            f"GTT is {gib(gtt_total)} although {governing}.pages_limit allows {gib(pages * 4096)}: "
+            "amdgpu.gttsize caps it",
+            "Remove amdgpu.gttsize from the kernel command line (deprecated; ttm.pages_limit alone sets GTT), "
+            "then reboot.",
+            **details,
+        )
+    return passed(f"{governing}.pages_limit {pages or '?'}: the GPU can reach {reach}", **details)

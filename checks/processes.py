@@ -1,0 +1,160 @@
+"""Leftover vLLM engines and other processes holding the GPU, and a process already on the serving port."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..model import Probe, Result, Severity, passed, warned
+from ..registry import Context
+from . import check
+from .facts import sentence
+
+PROC_READS = (
+    "/proc/[0-9]*/comm",
+    "/proc/[0-9]*/cmdline",
+    "/proc/[0-9]*/status",
+    "/proc/[0-9]*/fd/*",
+    "/proc/net/tcp",
+    "/proc/net/tcp6",
+)
+TCP_LISTEN = "0A"
+SECRET_FLAGS = ("key", "token", "password", "secret")
+GPU_DEVICES = ("/dev/kfd",)
+
+
+@dataclass
+class Proc:
+    pid: int
+    comm: str
+    cmdline: str
+    ppid: int | None
+    gpu_fds: int = 0
+    sockets: set[int] = field(default_factory=set)
+
+    @property
+    def is_vllm(self) -> bool:
+        # setproctitle names engines "VLLM::EngineCore"; comm keeps only 15 characters of it.
+        if self.comm.startswith("VLLM::") or "VLLM::" in self.cmdline:
+            return True
+        words = self.cmdline.split()
+        return (
+            any(w.endswith(("vllm", "vllm-server")) for w in words[:3]) or "vllm.entrypoints" in self.cmdline
+        )
+
+    def label(self) -> str:
+        name = self.cmdline.split(" ")[0] if self.cmdline.startswith("VLLM::") else self.comm
+        return f"{self.pid} ({name})"
+
+
+def redact(cmdline: str) -> str:
+    """A command line fit for a report: values of --api-key and the like replaced."""
+    words = cmdline.split(" ")
+    for i, word in enumerate(words):
+        flag, eq, _ = word.partition("=")
+        if flag.startswith("-") and any(s in flag.lower() for s in SECRET_FLAGS):
+            if eq:
+                words[i] = f"{flag}=***"
+            elif i + 1 < len(words):
+                words[i + 1] = "***"
+    return " ".join(words)
+
+
+def read_proc(ctx: Context, pid: int) -> Proc | None:
+    comm = ctx.host.read_text(f"/proc/{pid}/comm", limit=256)
+    if not comm.ok:
+        return None
+    cmd = ctx.host.read_text(f"/proc/{pid}/cmdline", limit=4096)
+    cmdline = cmd.value.replace("\x00", " ").strip() if cmd.ok else ""
+    ppid = None
+    status = ctx.host.read_text(f"/proc/{pid}/status", limit=16384)
+    if status.ok:
+        for line in status.value.splitlines():
+            if line.startswith("PPid:") and line[5:].strip().isdigit():
+                ppid = int(line[5:].strip())
+                break
+    proc = Proc(pid, comm.value.strip(), cmdline, ppid)
+    for fd in ctx.host.listdir(f"/proc/{pid}/fd"):
+        target = ctx.host.readlink(f"/proc/{pid}/fd/{fd}")
+        if not target.ok:
+            continue
+        if target.value in GPU_DEVICES:
+            proc.gpu_fds += 1
+        elif target.value.startswith("socket:[") and target.value[8:-1].isdigit():
+            proc.sockets.add(int(target.value[8:-1]))
+    return proc
+
+
+def listening_inodes(ctx: Context, port: int) -> set[int]:
+    """Socket inodes listening on `port` (IPv4 and IPv6) from /proc/net/tcp{,6}."""
+    inodes = set()
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        raw = ctx.host.read_text(path)
+        if not raw.ok:
+            continue
+        for line in raw.value.splitlines()[1:]:
+            cols = line.split()
+            if len(cols) < 10 or cols[3] != TCP_LISTEN:
+                continue
+            try:
+                local_port = int(cols[1].rsplit(":", 1)[1], 16)
+                inode = int(cols[9])
+            except (IndexError, ValueError):
+                continue
+            if local_port == port:
+                inodes.add(inode)
+    return inodes
+
+
+@check(
+    "processes.orphans",
+    "No leftover vLLM or GPU-holding processes; serving port free",
+    severity=Severity.DEGRADING,
+    probe=Probe.PROCESS,
+    reads=("/proc", *PROC_READS),
+)
+def processes_orphans(ctx: Context) -> Result:
+    procs = [p for p in (read_proc(ctx, pid) for pid in ctx.host.pids()) if p is not None]
+    holders = [p for p in procs if p.is_vllm or p.gpu_fds]
+    port = ctx.options.port
+    inodes = listening_inodes(ctx, port)
+    on_port = [p for p in procs if p.sockets & inodes]
+    details = {
+        "gpu_processes": [
+            {
+                "pid": p.pid,
+                "comm": p.comm,
+                "cmdline": redact(p.cmdline)[:200],
+                "ppid": p.ppid,
+                "kfd_fds": p.gpu_fds,
+                "vllm": p.is_vllm,
+            }
+            for p in holders
+        ],
+        "port": port,
+        "port_listeners": [p.pid for p in on_port],
+        "port_in_use": bool(inodes),
+    }
+    problems, remedies = [], []
+    if holders:
+        described = []
+        for p in holders:
+            why = [
+                w
+                for w, hit in (
+                    ("orphaned: parent is PID 1", p.ppid == 1 and p.is_vllm),
+                    ("holds /dev/kfd", p.gpu_fds > 0),
+                )
+                if hit
+            ]
+            described.append(p.label() + (f" [{', '.join(why)}]" if why else ""))
+        problems.append("processes holding the GPU: " + ", ".join(described))
+        remedies.append(
+            f"stop them (`kill {' '.join(str(p.pid) for p in holders)}`, then `kill -9` what remains)"
+        )
+    if inodes:
+        who = ", ".join(p.label() for p in on_port) or "a process rocmdoctor cannot see (run as root)"
+        problems.append(f"port {port} is already in use by {who}")
+        remedies.append(f"free port {port} or serve on another (--port)")
+    if problems:
+        return warned("; ".join(problems), sentence(remedies), **details)
+    return passed(f"no vLLM or other process holds the GPU; port {port} is free", **details)

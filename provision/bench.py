@@ -1,0 +1,314 @@
+"""`rocmdoctor bench`: what concurrency buys on this server, and where it stops paying.
+
+The same request set runs sequentially and at each concurrency level, streamed, timed with vLLM's
+own definitions (`vllm bench serve`): TTFT = first chunk with choices - send; ITL = gaps between
+chunks; E2EL = last content chunk - send; TPOT = (E2EL - TTFT) / (output tokens - 1). Output tokens
+are the server's own `usage.completion_tokens`, and their total is checked against the growth of
+`vllm:generation_tokens_total` over the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import __version__
+from . import openai_client as oc
+from . import prometheus
+from .smoke import LOG_HINT
+
+SEED_TEXT = ("The server answers every request in order, streams one chunk per token and measures "
+             "the latency of each reply under load. ")
+PERCENTILES = (50, 90, 99)
+# The knee: the smallest concurrency that reaches this share of the best throughput measured.
+KNEE_SHARE = 0.9
+# Errors that every later request would repeat: stop the run instead of waiting them out.
+FATAL_KINDS = (oc.UNREACHABLE, oc.TIMEOUT, oc.UNAUTHORIZED, oc.MODEL_NOT_FOUND)
+COUNTER = "vllm:generation_tokens_total"
+METRICS_SETTLE_S = 5.0
+
+
+class BenchAborted(Exception):
+    """The server cannot be benchmarked at all (gone, stalled, wrong key or model)."""
+
+    def __init__(self, error: oc.ServerError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    url: str
+    model: str = "auto"
+    api_key: str | None = None
+    timeout_s: float = 60.0
+    concurrency: tuple[int, ...] = (1, 2, 4, 8, 16)
+    requests: int = 32
+    prompt_tokens: int = 128
+    max_tokens: int = 128
+
+
+@dataclass
+class RequestResult:
+    ok: bool
+    output_tokens: int = 0
+    ttft_s: float | None = None
+    e2el_s: float | None = None
+    itl_s: list[float] = field(default_factory=list)
+    error: str = ""
+
+    @property
+    def tpot_s(self) -> float | None:
+        if not self.ok or self.output_tokens <= 1 or self.ttft_s is None or self.e2el_s is None:
+            return None
+        return (self.e2el_s - self.ttft_s) / (self.output_tokens - 1)
+
+
+def percentile(values: list[float], p: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default method)."""
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * p / 100
+    low, high = math.floor(rank), math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def distribution_ms(values_s: list[float]) -> dict[str, float] | None:
+    if not values_s:
+        return None
+    ms = [v * 1000 for v in values_s]
+    summary = {"mean": statistics.fmean(ms)}
+    summary.update({f"p{p}": percentile(ms, p) for p in PERCENTILES})
+    return {k: round(v, 3) for k, v in summary.items()}
+
+
+async def _one_request(client: oc.Client, body: dict[str, Any]) -> RequestResult:
+    try:
+        streamed = await client.stream("/v1/completions", body)
+    except oc.ServerError as exc:
+        if exc.kind in FATAL_KINDS:
+            raise BenchAborted(exc) from None
+        return RequestResult(ok=False, error=str(exc))
+    times = streamed.chunk_times
+    if not times or streamed.output_tokens is None:
+        return RequestResult(ok=False, error="the stream carried no tokens or no usage")
+    return RequestResult(
+        ok=True,
+        output_tokens=streamed.output_tokens,
+        ttft_s=times[0] - streamed.start,
+        e2el_s=times[-1] - streamed.start,
+        itl_s=[b - a for a, b in zip(times, times[1:])],
+    )
+
+
+async def run_level(client: oc.Client, bodies: list[dict[str, Any]], concurrency: int) -> dict[str, Any]:
+    gate = asyncio.Semaphore(concurrency)
+
+    async def gated(body: dict[str, Any]) -> RequestResult:
+        async with gate:
+            return await _one_request(client, body)
+
+    started = time.perf_counter()
+    tasks = [asyncio.ensure_future(gated(body)) for body in bodies]
+    try:
+        results = await asyncio.gather(*tasks)
+    except BenchAborted:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    duration = time.perf_counter() - started
+    return summarize_level(concurrency, results, duration)
+
+
+def summarize_level(concurrency: int, results: list[RequestResult], duration_s: float) -> dict[str, Any]:
+    done = [r for r in results if r.ok]
+    output_tokens = sum(r.output_tokens for r in done)
+    errors = sorted({r.error for r in results if not r.ok})
+    return {
+        "concurrency": concurrency,
+        "requests": len(results),
+        "completed": len(done),
+        "failures": len(results) - len(done),
+        "duration_s": round(duration_s, 4),
+        "output_tokens": output_tokens,
+        "output_tokens_per_s": round(output_tokens / duration_s, 3),
+        "requests_per_s": round(len(done) / duration_s, 4),
+        "speedup": None,  # filled in once the sequential level is known
+        "ttft_ms": distribution_ms([r.ttft_s for r in done]),
+        "tpot_ms": distribution_ms([t for r in done if (t := r.tpot_s) is not None]),
+        "itl_ms": distribution_ms([gap for r in done for gap in r.itl_s]),
+        "e2el_ms": distribution_ms([r.e2el_s for r in done]),
+        "errors": errors[:5],
+    }
+
+
+def find_knee(levels: list[dict[str, Any]]) -> dict[str, Any]:
+    """The smallest concurrency within KNEE_SHARE of the best throughput; levels past the best that
+    fall below that share are where more concurrency hurts."""
+    clean = [lv for lv in levels if lv["failures"] == 0] or levels
+    best = max(clean, key=lambda lv: lv["output_tokens_per_s"])
+    threshold = KNEE_SHARE * best["output_tokens_per_s"]
+    knee = next(lv for lv in clean if lv["output_tokens_per_s"] >= threshold)
+    hurting = [lv["concurrency"] for lv in levels
+               if lv["concurrency"] > best["concurrency"] and lv["output_tokens_per_s"] < threshold]
+    at_limit = knee["concurrency"] == max(lv["concurrency"] for lv in levels)
+    if at_limit:
+        advice = (f"throughput still rises at concurrency {knee['concurrency']}, the largest tested: "
+                  "rerun with higher --concurrency levels to find the knee")
+    else:
+        advice = (f"start vLLM with --max-num-seqs {knee['concurrency']}: more concurrent sequences add "
+                  f"less than {round((1 - KNEE_SHARE) * 100)}% throughput")
+        if hurting:
+            advice += f" and throughput falls at concurrency {', '.join(map(str, hurting))}"
+    return {
+        "concurrency": knee["concurrency"],
+        "output_tokens_per_s": knee["output_tokens_per_s"],
+        "best_concurrency": best["concurrency"],
+        "best_output_tokens_per_s": best["output_tokens_per_s"],
+        "hurting_at": hurting,
+        "reached_limit": at_limit,
+        "recommended_max_num_seqs": None if at_limit else knee["concurrency"],
+        "advice": advice,
+    }
+
+
+async def _prompt_ids(client: oc.Client, model: str, prompt_tokens: int, count: int) -> list[list[int]] | None:
+    """Exactly `prompt_tokens` token ids per request, a different rotation each so prefix caching
+    cannot skip the prefill; None when the server has no /tokenize (then words are sent)."""
+    try:
+        answer = await client.post_json("/tokenize", {"model": model, "prompt": SEED_TEXT})
+    except oc.ServerError as exc:
+        if exc.kind in FATAL_KINDS and exc.kind != oc.MODEL_NOT_FOUND:
+            raise BenchAborted(exc) from None
+        return None
+    ids = answer.get("tokens") if isinstance(answer, dict) else None
+    if not ids:
+        return None
+    return [[ids[(i + k) % len(ids)] for k in range(prompt_tokens)] for i in range(count)]
+
+
+def _prompt_words(prompt_tokens: int, count: int) -> list[str]:
+    words = SEED_TEXT.split()
+    return [" ".join(words[(i + k) % len(words)] for k in range(prompt_tokens)) for i in range(count)]
+
+
+async def _generation_counter(client: oc.Client, model: str) -> float | None:
+    try:
+        samples = prometheus.parse((await client.request("GET", "/metrics")).decode(errors="replace"))
+    except (oc.ServerError, prometheus.MetricsFormatError):
+        return None
+    value = prometheus.counter_sum(samples, COUNTER, model_name=model)
+    return value if value is not None else prometheus.counter_sum(samples, COUNTER)
+
+
+async def _cross_check(client: oc.Client, model: str, before: float | None, counted: int) -> dict[str, Any]:
+    if before is None:
+        return {"status": "unavailable", "counted_tokens": counted, "server_tokens": None,
+                "detail": f"/metrics has no {COUNTER}"}
+    deadline = time.monotonic() + METRICS_SETTLE_S
+    while True:
+        after = await _generation_counter(client, model)
+        grown = None if after is None else int(after - before)
+        if grown == counted or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.2)
+    status = "match" if grown == counted else "mismatch"
+    detail = "" if status == "match" else (
+        "the server generated more tokens than this run received: other clients share it, or failed "
+        "requests generated tokens" if grown is not None and grown > counted
+        else "the server counted fewer tokens than this run received")
+    return {"status": status, "counted_tokens": counted, "server_tokens": grown, "detail": detail}
+
+
+async def resolve_model(client: oc.Client, wanted: str) -> str:
+    try:
+        listing = await client.get_json("/v1/models")
+    except oc.ServerError as exc:
+        raise BenchAborted(exc) from None
+    served = [m.get("id") for m in (listing.get("data") or []) if isinstance(m, dict)]
+    if wanted == "auto" and served:
+        return served[0]
+    if wanted not in served:
+        raise BenchAborted(oc.ServerError(
+            oc.MODEL_NOT_FOUND, f"model {wanted!r} is not served; the server serves {served}"))
+    return wanted
+
+
+def abort_remedy(error: oc.ServerError, api_key_given: bool) -> str:
+    if error.kind == oc.UNAUTHORIZED:
+        return ("check that --api-key-file holds the key vLLM was started with" if api_key_given
+                else "pass --api-key-file FILE holding the key vLLM was started with (--api-key or VLLM_API_KEY)")
+    if error.kind == oc.MODEL_NOT_FOUND:
+        return "use --model auto, or restart vLLM with --served-model-name set to the name you pass"
+    if error.kind == oc.TIMEOUT:
+        return f"the server stopped answering: {LOG_HINT}; raise --timeout if it is only slow"
+    return f"the server went away: {LOG_HINT} (often out of memory), restart it and rerun"
+
+
+async def run_levels(options: BenchOptions) -> dict[str, Any]:
+    """Every level in order; a fatal error after the warm-up ends the run with what was measured."""
+    levels = sorted(set(options.concurrency) | {1})
+    server = oc.Server(options.url, options.api_key, options.timeout_s)
+    async with oc.open_client(server, connections=max(levels)) as client:
+        model = await resolve_model(client, options.model)
+        ids = await _prompt_ids(client, model, options.prompt_tokens, options.requests)
+        prompts: list[Any] = ids if ids is not None else _prompt_words(options.prompt_tokens, options.requests)
+        bodies = [{"model": model, "prompt": p, "max_tokens": options.max_tokens, "ignore_eos": True,
+                   "temperature": 0} for p in prompts]
+        # One warm-up request, as `vllm bench serve` sends, so the first level pays no cold start.
+        warm_up = await run_level(client, bodies[:1], 1)
+        if warm_up["failures"]:
+            raise BenchAborted(oc.ServerError(oc.HTTP, f"the warm-up request failed: {warm_up['errors'][0]}"))
+        before = await _generation_counter(client, model)
+        results: list[dict[str, Any]] = []
+        aborted = None
+        try:
+            for concurrency in levels:
+                results.append(await run_level(client, bodies, concurrency))
+        except BenchAborted as exc:
+            aborted = {"kind": exc.error.kind, "message": str(exc.error), "at_concurrency": concurrency,
+                       "remedy": abort_remedy(exc.error, options.api_key is not None)}
+        counted = sum(lv["output_tokens"] for lv in results)
+        if aborted:
+            cross_check = {"status": "skipped", "counted_tokens": counted, "server_tokens": None,
+                           "detail": "the run was aborted"}
+        else:
+            cross_check = await _cross_check(client, model, before, counted)
+    return {"model": model, "prompt_kind": "token_ids" if ids is not None else "words",
+            "levels": results, "cross_check": cross_check, "aborted": aborted}
+
+
+def build_report(options: BenchOptions, run: dict[str, Any]) -> dict[str, Any]:
+    levels = run["levels"]
+    sequential = levels[0]["output_tokens_per_s"] if levels else 0
+    for level in levels:
+        level["speedup"] = round(level["output_tokens_per_s"] / sequential, 3) if sequential else None
+    failures = sum(lv["failures"] for lv in levels)
+    ok = failures == 0 and not run["aborted"] and run["cross_check"]["status"] != "mismatch"
+    measured = any(lv["output_tokens_per_s"] > 0 for lv in levels)
+    return {
+        "schema_version": 1,
+        "tool": "rocmdoctor",
+        "version": __version__,
+        "command": "bench",
+        "url": options.url,
+        "model": run["model"],
+        "settings": {"requests": options.requests, "prompt_tokens": options.prompt_tokens,
+                     "prompt_kind": run["prompt_kind"], "max_tokens": options.max_tokens,
+                     "concurrency": sorted(set(options.concurrency) | {1}), "timeout_s": options.timeout_s},
+        "levels": levels,
+        "knee": find_knee(levels) if measured else None,
+        "cross_check": run["cross_check"],
+        "failures": failures,
+        "aborted": run["aborted"],
+        "exit_code": 0 if ok else 1,
+    }
+
+
+def run_bench(options: BenchOptions) -> dict[str, Any]:
+    """The bench report; raises BenchAborted when the server cannot be benchmarked at all."""
+    return build_report(options, asyncio.run(run_levels(options)))

@@ -1,0 +1,353 @@
+"""`rocmdoctor smoke`: prove that a vLLM OpenAI server really serves, step by step.
+
+A green /health is not enough (an engine can die after start, a served name can differ, a proxy can
+cut streams), so every step sends real requests and a failure names its likely cause.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import __version__
+from ..model import Result, Status, exit_code, failed, passed, skipped, warned
+from . import openai_client as oc
+from . import prometheus
+
+MAX_TOKENS = 16
+PROMPT = "The server answers the prompt"
+CHAT = [{"role": "user", "content": "Say hello to the user."}]
+# vLLM updates its counters just after the last response; give them this long to settle.
+METRICS_SETTLE_S = 5.0
+
+LOG_HINT = ("read the vLLM log for the first error (`journalctl -u vllm`, or the --log-file of "
+            "`rocmdoctor serve`)")
+
+
+@dataclass(frozen=True)
+class SmokeOptions:
+    url: str
+    model: str = "auto"
+    api_key: str | None = None
+    timeout_s: float = 30.0
+
+
+@dataclass
+class Step:
+    id: str
+    title: str
+    result: Result
+    elapsed_s: float = 0.0
+
+
+@dataclass
+class _State:
+    """What the steps learn and hand to later ones."""
+
+    client: oc.Client
+    options: SmokeOptions
+    model: str | None = None
+    served: list[str] = field(default_factory=list)
+    baseline: list[prometheus.Sample] | None = None
+    completion_text: str | None = None
+    chat_tokens: int | None = None
+    requests_ok: int = 0
+    tokens_generated: int = 0
+    # Set once the server is gone, dead or stalled: later steps would only repeat the failure.
+    stop_reason: str | None = None
+
+
+class StepFailed(Exception):
+    def __init__(self, result: Result) -> None:
+        super().__init__(result.summary)
+        self.result = result
+
+
+async def _health_now(client: oc.Client) -> str:
+    """'ok', 'dead' (503: engine died) or 'gone' (nothing answers), to name the cause of a failure."""
+    try:
+        await client.request("GET", "/health")
+        return "ok"
+    except oc.ServerError as exc:
+        return "dead" if exc.status == 503 else "gone"
+
+
+async def explain(state: _State, exc: oc.ServerError) -> Result:
+    """Turn a request failure into a finding with a remedy, probing /health to tell the causes apart."""
+    options = state.options
+    if exc.kind == oc.UNAUTHORIZED:
+        if options.api_key:
+            return failed(f"the server rejected the API key ({exc})",
+                          "pass the key vLLM was started with (--api-key or VLLM_API_KEY) in --api-key-file")
+        return failed(f"the server requires an API key ({exc})",
+                      "pass --api-key-file FILE holding the key vLLM was started with (--api-key or VLLM_API_KEY)")
+    if exc.kind == oc.MODEL_NOT_FOUND:
+        return failed(f"model {state.model!r} is not served ({exc})",
+                      f"use --model auto or one of {state.served}, or restart vLLM with "
+                      f"--served-model-name {state.model}")
+    if exc.kind == oc.TIMEOUT:
+        state.stop_reason = "the server stopped answering"
+        return failed(f"{exc}: the server accepts connections but does not answer",
+                      f"it may be stuck or overloaded: {LOG_HINT}; raise --timeout if it is only slow")
+    if exc.kind == oc.BAD_RESPONSE:
+        return failed(str(exc), "check that --url points at vLLM's OpenAI-compatible server")
+    health = await _health_now(state.client)
+    if health == "gone":
+        state.stop_reason = "the server is gone"
+        return failed(f"the server went away during the test ({exc}; /health no longer answers)",
+                      f"the vLLM process exited: {LOG_HINT} (often out of memory), then restart it")
+    if health == "dead":
+        state.stop_reason = "the engine is dead"
+        return failed(f"the engine died during the test ({exc}; /health now answers 503)",
+                      f"{LOG_HINT}, then restart the server")
+    if exc.kind == oc.STREAM_CUT:
+        return failed(f"{exc} although /health is still 200",
+                      "a proxy in between or the server cut the stream: try the server's own port, "
+                      f"check proxy buffering and timeouts, {LOG_HINT}")
+    if exc.kind == oc.DISCONNECTED:
+        return failed(f"{exc} although /health is still 200", f"{LOG_HINT}; check any proxy in between")
+    return failed(f"/health is 200 but requests fail: {exc}",
+                  f"the engine reports healthy but cannot serve: {LOG_HINT}")
+
+
+def _usage_tokens(path: str, answer: dict[str, Any]) -> int:
+    usage = answer.get("usage") or {}
+    tokens = usage.get("completion_tokens")
+    if not isinstance(tokens, int) or tokens <= 0:
+        raise StepFailed(failed(f"{path} returned no usage.completion_tokens (usage={usage})",
+                                "check that --url points at vLLM's OpenAI-compatible server"))
+    return tokens
+
+
+def _first_choice(path: str, answer: dict[str, Any]) -> dict[str, Any]:
+    choices = answer.get("choices") if isinstance(answer, dict) else None
+    if not choices:
+        raise StepFailed(failed(f"{path} answered without choices: {str(answer)[:200]}",
+                                "check that --url points at vLLM's OpenAI-compatible server"))
+    return choices[0]
+
+
+def _non_empty(path: str, text: str | None) -> str:
+    if not text:
+        raise StepFailed(failed(f"{path} returned empty text",
+                                f"the model produced nothing for a {MAX_TOKENS}-token request: {LOG_HINT}"))
+    return text
+
+
+def _completion_body(state: _State) -> dict[str, Any]:
+    # ignore_eos makes the answer exactly MAX_TOKENS long, so every count can be checked.
+    return {"model": state.model, "prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
+
+
+def _chat_body(state: _State) -> dict[str, Any]:
+    return {"model": state.model, "messages": CHAT, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
+
+
+async def step_health(state: _State) -> Result:
+    try:
+        await state.client.request("GET", "/health")
+    except oc.ServerError as exc:
+        if exc.kind == oc.UNREACHABLE:
+            state.stop_reason = "nothing answers"
+            return Result(Status.ERROR, f"nothing answers at {state.options.url}: {exc}",
+                          "start the server (`rocmdoctor serve`, or `systemctl start vllm`) or point --url at it")
+        if exc.status == 503:
+            state.stop_reason = "the engine is dead"
+            return failed("/health answers 503: the engine is dead", f"{LOG_HINT}, then restart the server")
+        return await explain(state, exc)
+    return passed("/health answers 200")
+
+
+async def step_models(state: _State) -> Result:
+    listing = await state.client.get_json("/v1/models")
+    state.served = [m.get("id") for m in (listing.get("data") or []) if isinstance(m, dict)]
+    if not state.served:
+        return failed("/v1/models lists no model", "check that --url points at vLLM's OpenAI-compatible server")
+    wanted = state.options.model
+    if wanted == "auto":
+        state.model = state.served[0]
+        return passed(f"serves {state.model!r}", served=state.served)
+    state.model = wanted
+    if wanted not in state.served:
+        return failed(f"model {wanted!r} is not served; the server serves {state.served}",
+                      f"use --model {state.served[0]} (or --model auto), or restart vLLM with "
+                      f"--served-model-name {wanted}", served=state.served)
+    return passed(f"serves {wanted!r}", served=state.served)
+
+
+async def _read_metrics(client: oc.Client) -> list[prometheus.Sample]:
+    return prometheus.parse((await client.request("GET", "/metrics")).decode(errors="replace"))
+
+
+async def step_completion(state: _State) -> Result:
+    try:
+        state.baseline = await _read_metrics(state.client)
+    except (oc.ServerError, prometheus.MetricsFormatError):
+        state.baseline = None  # the metrics step reports it
+    answer = await state.client.post_json("/v1/completions", _completion_body(state))
+    text = _non_empty("/v1/completions", _first_choice("/v1/completions", answer).get("text"))
+    tokens = _usage_tokens("/v1/completions", answer)
+    state.completion_text = text
+    state.requests_ok += 1
+    state.tokens_generated += tokens
+    return passed(f"{tokens} tokens of text", completion_tokens=tokens, text=text[:80])
+
+
+async def step_chat(state: _State) -> Result:
+    answer = await state.client.post_json("/v1/chat/completions", _chat_body(state))
+    message = _first_choice("/v1/chat/completions", answer).get("message") or {}
+    text = _non_empty("/v1/chat/completions", message.get("content"))
+    tokens = _usage_tokens("/v1/chat/completions", answer)
+    state.chat_tokens = tokens
+    state.requests_ok += 1
+    state.tokens_generated += tokens
+    return passed(f"{tokens} tokens of chat reply", completion_tokens=tokens, text=text[:80])
+
+
+async def step_chat_stream(state: _State) -> Result:
+    streamed = await state.client.stream("/v1/chat/completions", _chat_body(state))
+    _non_empty("/v1/chat/completions (stream)", streamed.text)
+    if streamed.output_tokens is None:
+        return failed("the stream's final chunk carries no usage",
+                      "the server ignores stream_options.include_usage: upgrade vLLM, or start it with "
+                      "--enable-force-include-usage")
+    state.requests_ok += 1
+    state.tokens_generated += streamed.output_tokens
+    details = {"chunks": len(streamed.chunk_times), "completion_tokens": streamed.output_tokens}
+    if state.chat_tokens is not None and streamed.output_tokens != state.chat_tokens:
+        return failed(f"the stream reports {streamed.output_tokens} tokens, the same request unstreamed "
+                      f"{state.chat_tokens}", f"the server's token accounting is inconsistent: {LOG_HINT}",
+                      **details)
+    return passed(f"{len(streamed.chunk_times)} chunks to [DONE], usage {streamed.output_tokens} tokens "
+                  "agrees with the unstreamed reply", **details)
+
+
+async def step_determinism(state: _State) -> Result:
+    answer = await state.client.post_json("/v1/completions", _completion_body(state))
+    text = _first_choice("/v1/completions", answer).get("text")
+    state.requests_ok += 1
+    state.tokens_generated += _usage_tokens("/v1/completions", answer)
+    if state.completion_text is None:
+        return skipped("no first completion to compare with")
+    if text != state.completion_text:
+        return warned("temperature 0 gave two different answers to the same prompt",
+                      "batch-dependent kernels can cause this; if answers must be reproducible, check "
+                      "the attention backend and that no other traffic shares the server",
+                      first=state.completion_text[:80], second=(text or "")[:80])
+    return passed("temperature 0 gives the same answer twice")
+
+
+def _metric_growth(state: _State, now: list[prometheus.Sample], name: str) -> float | None:
+    labels = {"model_name": state.model} if prometheus.counter_sum(now, name, model_name=state.model) is not None else {}
+    after = prometheus.counter_sum(now, name, **labels)
+    before = prometheus.counter_sum(state.baseline or [], name, **labels)
+    if after is None or before is None:
+        return None
+    return after - before
+
+
+async def step_metrics(state: _State) -> Result:
+    if state.baseline is None:
+        return warned("/metrics could not be read or parsed before the requests",
+                      "vLLM serves Prometheus metrics at /metrics; check that nothing in front of it blocks that path")
+    expected = {"vllm:request_success_total": state.requests_ok,
+                "vllm:generation_tokens_total": state.tokens_generated}
+    deadline = time.monotonic() + METRICS_SETTLE_S
+    while True:
+        now = await _read_metrics(state.client)
+        growth = {name: _metric_growth(state, now, name) for name in expected}
+        if any(g is None for g in growth.values()):
+            return warned(f"/metrics lacks {[n for n, g in growth.items() if g is None]}",
+                          "start vLLM without --disable-log-stats so it counts requests and tokens")
+        if all(growth[n] >= expected[n] for n in expected) or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.2)
+    details = {"expected": expected, "growth": growth}
+    if any(growth[n] < expected[n] for n in expected):
+        return failed(f"the server counted less than was sent: {growth} for {expected}",
+                      f"the engine did not account for finished requests: {LOG_HINT}", **details)
+    if growth != expected:
+        return warned(f"counters grew by more than this test sent: {growth} for {expected}",
+                      "other clients are using the server; rerun on an idle server to check the counters",
+                      **details)
+    return passed(f"{state.requests_ok} requests and {state.tokens_generated} generated tokens counted",
+                  **details)
+
+
+async def step_version(state: _State) -> Result:
+    document = await state.client.get_json("/version")
+    version = document.get("version") if isinstance(document, dict) else None
+    if not version:
+        return warned("/version gives no version", "check that --url points at a vLLM server")
+    return passed(f"vLLM {version}", version=version)
+
+
+StepFn = Callable[[_State], Awaitable[Result]]
+STEPS: list[tuple[str, str, StepFn]] = [
+    ("health", "GET /health", step_health),
+    ("models", "GET /v1/models", step_models),
+    ("completion", "POST /v1/completions", step_completion),
+    ("chat", "POST /v1/chat/completions", step_chat),
+    ("chat-stream", "streamed chat with usage", step_chat_stream),
+    ("determinism", "greedy determinism", step_determinism),
+    ("metrics", "GET /metrics counters", step_metrics),
+    ("version", "GET /version", step_version),
+]
+# A step runs only when these passed (or warned) before it.
+NEEDS = {"models": ("health",), "completion": ("models",), "chat": ("models",), "chat-stream": ("models",),
+         "determinism": ("completion",), "metrics": ("completion",), "version": ("health",)}
+
+
+async def _run_step(state: _State, fn: StepFn) -> Result:
+    try:
+        return await fn(state)
+    except StepFailed as exc:
+        return exc.result
+    except oc.ServerError as exc:
+        return await explain(state, exc)
+
+
+async def run_steps(options: SmokeOptions) -> tuple[list[Step], str | None]:
+    """Every step in order, each timed; returns the steps and the model they used."""
+    steps: list[Step] = []
+    status: dict[str, Status] = {}
+    async with oc.open_client(oc.Server(options.url, options.api_key, options.timeout_s)) as client:
+        state = _State(client, options)
+        for step_id, title, fn in STEPS:
+            blocker = next((n for n in NEEDS.get(step_id, ()) if status[n] not in (Status.PASS, Status.WARN)), None)
+            started = time.perf_counter()
+            if state.stop_reason:
+                result = skipped(state.stop_reason)
+            elif blocker:
+                result = skipped(f"needs the {blocker!r} step")
+            else:
+                result = await _run_step(state, fn)
+            steps.append(Step(step_id, title, result, time.perf_counter() - started))
+            status[step_id] = result.status
+    return steps, state.model
+
+
+def build_report(options: SmokeOptions, steps: list[Step], model: str | None) -> dict[str, Any]:
+    statuses = [s.result.status for s in steps]
+    return {
+        "schema_version": 1,
+        "tool": "rocmdoctor",
+        "version": __version__,
+        "command": "smoke",
+        "url": options.url,
+        "model": model,
+        "summary": {st.value: statuses.count(st) for st in Status} | {"total": len(statuses)},
+        "exit_code": exit_code(statuses),
+        "steps": [
+            {"id": s.id, "title": s.title, "status": s.result.status.value, "summary": s.result.summary,
+             "remedy": s.result.remedy, "elapsed_s": round(s.elapsed_s, 4), "details": s.result.details}
+            for s in steps
+        ],
+    }
+
+
+def run_smoke(options: SmokeOptions) -> dict[str, Any]:
+    return build_report(options, *asyncio.run(run_steps(options)))

@@ -1,0 +1,230 @@
+"""`rocmdoctor snapshot`: the files the checks declare in `reads`, packed so that `--root` replays them.
+
+Everything is read through the Host (so a snapshot of a fixture or of another snapshot works the
+same way). What a tree cannot carry goes to `.rocmdoctor/`: device nodes and free space in
+stat.json, the invoking identity, and only the environment variables the checks name. Secrets stay
+out: /etc/passwd and /etc/group keep only the lines of the users concerned, and a process's
+command line is kept only when the check reports that process (with secret flags redacted).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import tarfile
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .host import ENV_FILE, IDENTITY_FILE, META_DIR, STAT_FILE, Host, ReadState
+from .registry import CheckSpec, Context
+
+PASSWD, GROUP = "/etc/passwd", "/etc/group"
+MODULE_FILE = re.compile(r"\.ko(\.[a-z]+)?$")
+
+
+@dataclass
+class Snapshot:
+    files: dict[str, bytes] = field(default_factory=dict)
+    links: dict[str, str] = field(default_factory=dict)
+    dirs: set[str] = field(default_factory=set)
+    stat: dict[str, dict[str, Any]] = field(default_factory=dict)
+    identity: dict[str, Any] | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    def meta(self) -> dict[str, bytes]:
+        return {
+            f"{META_DIR}/{STAT_FILE}": _json(self.stat),
+            f"{META_DIR}/{IDENTITY_FILE}": _json(self.identity),
+            f"{META_DIR}/{ENV_FILE}": _json(self.env),
+        }
+
+
+def _json(value: Any) -> bytes:
+    return (json.dumps(value, indent=2, sort_keys=True) + "\n").encode()
+
+
+def _users(ctx: Context) -> set[str]:
+    identity = ctx.host.identity()
+    names = {identity.user} if identity else set()
+    if ctx.options.user:
+        names.add(ctx.options.user)
+    return names
+
+
+def _filter_passwd(text: str, users: set[str]) -> str:
+    return "".join(
+        line + "\n"
+        for line in text.splitlines()
+        if line.split(":", 1)[0] in users or line.split(":")[2:3] == ["0"]
+    )
+
+
+def _filter_group(text: str, users: set[str], gids: set[int], keep_gids: set[int]) -> str:
+    """Group lines naming one of `users`, or whose gid is a user's primary group or a device's;
+    member lists cut down to `users`."""
+    out = []
+    for line in text.splitlines():
+        parts = line.split(":")
+        if len(parts) < 4 or not parts[2].isdigit():
+            continue
+        members = [m for m in parts[3].split(",") if m.strip() in users]
+        if members or int(parts[2]) in gids | keep_gids:
+            out.append(":".join([parts[0], parts[1], parts[2], ",".join(members)]))
+    return "".join(line + "\n" for line in out)
+
+
+def _reported_pids(ctx: Context) -> set[int]:
+    from .checks.processes import read_proc
+
+    return {p.pid for p in (read_proc(ctx, pid) for pid in ctx.host.pids()) if p and (p.is_vllm or p.gpu_fds)}
+
+
+def _capture(host: Host, snap: Snapshot, path: str) -> None:
+    """One host path into the snapshot: device node, directory, fd link or file contents."""
+    from .checks.processes import redact
+
+    st = host.stat(path)
+    if path.startswith("/dev/"):
+        if st is not None:
+            snap.stat[path] = st.to_json()
+    elif st is not None and st.type == "dir":
+        snap.dirs.add(path)
+    elif st is not None and st.type == "link" and path.startswith("/proc/"):
+        target = host.readlink(path)
+        if target.ok:
+            snap.links[path] = target.value
+    elif MODULE_FILE.search(path):
+        snap.files[path] = b""  # checks test that a module file exists; its bytes stay out
+    else:
+        raw = host.read_text(path)
+        if raw.state is ReadState.EMPTY:
+            snap.files[path] = b""
+        elif raw.ok:
+            text = raw.value
+            if path.endswith("/cmdline"):
+                text = redact(text.replace("\x00", " ")).replace(" ", "\x00")
+            snap.files[path] = text.encode()
+
+
+def collect(ctx: Context, specs: list[CheckSpec]) -> Snapshot:
+    from .checks.access import find_account
+    from .checks.disk import measured_paths
+
+    host = ctx.host
+    snap = Snapshot()
+    users = _users(ctx)
+    reported: set[int] | None = None
+    for pattern in dict.fromkeys(p for spec in specs for p in spec.reads):
+        for path in host.glob(pattern):
+            if path.startswith("/proc/") and path.endswith("/cmdline"):
+                if reported is None:
+                    reported = _reported_pids(ctx)
+                if int(path.split("/")[2]) not in reported:
+                    continue
+            _capture(host, snap, path)
+    accounts = [a for a in (find_account(ctx, u) for u in users) if a]
+    device_gids = {entry["gid"] for entry in snap.stat.values() if "gid" in entry}
+    if PASSWD in snap.files:
+        snap.files[PASSWD] = _filter_passwd(snap.files[PASSWD].decode(), users).encode()
+    if GROUP in snap.files:
+        snap.files[GROUP] = _filter_group(
+            snap.files[GROUP].decode(), users, {a.gid for a in accounts}, device_gids
+        ).encode()
+    for path in measured_paths(ctx):
+        free = host.free_bytes(path)
+        if free is not None:
+            snap.stat[path] = {"type": "dir", "mode": "0755", "uid": 0, "gid": 0, "free_bytes": free}
+    identity = host.identity()
+    snap.identity = identity.to_json() if identity else None
+    names = sorted({n for spec in specs for n in spec.env})
+    snap.env = {n: host.env[n] for n in names if n in host.env}
+    return snap
+
+
+def _add(tar: tarfile.TarFile, name: str, kind: bytes, data: bytes = b"", target: str = "") -> None:
+    info = tarfile.TarInfo(name)
+    info.mtime = 0
+    info.type = kind
+    if kind == tarfile.DIRTYPE:
+        info.mode = 0o755
+        tar.addfile(info)
+    elif kind == tarfile.SYMTYPE:
+        info.linkname = target
+        tar.addfile(info)
+    else:
+        info.size, info.mode = len(data), 0o644
+        tar.addfile(info, io.BytesIO(data))
+
+
+def write_archive(snap: Snapshot, out: Path) -> None:
+    """A .tar.gz of the tree, written atomically (temp file in the same directory, fsync, rename)."""
+    out = out.resolve()
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+    try:
+        with os.fdopen(fd, "wb") as raw:
+            with tarfile.open(fileobj=raw, mode="w:gz") as tar:
+                parents = {str(Path(p).parent) for p in [*snap.files, *snap.links, *snap.dirs]}
+                all_dirs = set(snap.dirs)
+                for parent in parents:
+                    while parent not in ("/", ""):
+                        all_dirs.add(parent)
+                        parent = str(Path(parent).parent)
+                for path in sorted(all_dirs):
+                    _add(tar, path.lstrip("/"), tarfile.DIRTYPE)
+                for path, data in sorted(snap.files.items()):
+                    _add(tar, path.lstrip("/"), tarfile.REGTYPE, data)
+                for path, target in sorted(snap.links.items()):
+                    _add(tar, path.lstrip("/"), tarfile.SYMTYPE, target=target)
+                _add(tar, META_DIR, tarfile.DIRTYPE)
+                for name, data in snap.meta().items():
+                    _add(tar, name, tarfile.REGTYPE, data)
+            raw.flush()
+            os.fsync(raw.fileno())
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def snapshot(ctx: Context, specs: list[CheckSpec], out: Path) -> Snapshot:
+    snap = collect(ctx, specs)
+    write_archive(snap, out)
+    return snap
+
+
+# Only these members may be symlinks: /proc/<pid>/fd/<n> links whose text names what a process
+# holds open. The Host reads their text and never follows links out of the root.
+_FD_LINK = re.compile(r"^proc/\d+/fd/\d+$")
+
+
+class SnapshotError(ValueError):
+    """The archive given to --root is not a readable, safe snapshot."""
+
+
+def _replay_filter(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
+    if member.issym() and _FD_LINK.match(member.name):
+        return member.replace(mode=0o777, uid=0, gid=0, uname="", gname="", deep=False)
+    return tarfile.data_filter(member, dest)
+
+
+def unpack(archive: Path) -> Path:
+    """Extract a snapshot archive into a private temporary directory removed at exit."""
+    import atexit
+    import shutil
+
+    dest = Path(tempfile.mkdtemp(prefix="rocmdoctor-replay-"))
+    atexit.register(shutil.rmtree, dest, ignore_errors=True)
+    try:
+        with tarfile.open(archive, mode="r:*") as tar:
+            tar.extractall(dest, filter=_replay_filter)
+    except tarfile.FilterError as exc:
+        raise SnapshotError(f"{archive}: refusing unsafe member {exc.tarinfo.name!r} ({exc})") from None
+    except (tarfile.TarError, EOFError, OSError) as exc:
+        raise SnapshotError(f"{archive} is not a readable snapshot archive ({exc})") from None
+    if not (dest / META_DIR).is_dir():
+        raise SnapshotError(f"{archive} has no {META_DIR}/ folder: not made by `rocmdoctor snapshot`")
+    return dest

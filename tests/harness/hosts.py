@@ -1,0 +1,58 @@
+"""Host fixture trees (tests/fixtures/hosts/<id>/) and running `rocmdoctor check` on them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+HOSTS = Path(__file__).resolve().parent.parent / "fixtures" / "hosts"
+# The ids are a contract: other helpers' tests use them.
+FIXTURE_IDS = (
+    "strix-halo-nocwsr-dkms",
+    "strix-halo-clean",
+    "strix-halo-default-ttm",
+    "strix-point",
+    "rx7900xtx-no-render",
+    "r9700",
+    "mi300x",
+    "no-amd-gpu",
+)
+ROOT_PLACEHOLDER = "<root>"
+VERSION_PLACEHOLDER = "<version>"
+
+
+def fixture_root(fixture_id: str) -> Path:
+    return HOSTS / fixture_id
+
+
+def run_cli(
+    *args: str, root: Path | str | None = None, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """`python -m rocmdoctor [--root R] ARGS` as a real process."""
+    argv = [sys.executable, "-m", "rocmdoctor"]
+    if root is not None:
+        argv += ["--root", str(root)]
+    full_env = {k: v for k, v in os.environ.items() if k != "ROCMDOCTOR_ROOT"}
+    full_env.update(env or {})
+    return subprocess.run(
+        argv + list(args), check=False, capture_output=True, text=True, timeout=timeout, env=full_env
+    )
+
+
+def check_json(root: Path | str, *args: str) -> tuple[int, dict[str, Any], str]:
+    proc = run_cli("check", "--json", *args, root=root)
+    return proc.returncode, json.loads(proc.stdout), proc.stderr
+
+
+def normalize(report: dict[str, Any]) -> dict[str, Any]:
+    """What may differ between machines and releases, replaced by placeholders."""
+    out = json.loads(json.dumps(report))
+    root = out["root"]
+    out["root"] = ROOT_PLACEHOLDER
+    out["version"] = VERSION_PLACEHOLDER
+    text = json.dumps(out).replace(json.dumps(root)[1:-1], ROOT_PLACEHOLDER)
+    return json.loads(text)

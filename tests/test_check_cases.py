@@ -1,0 +1,118 @@
+"""States no fixture shows by itself, made by changing one thing in a copy of a fixture."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from harness.hosts import fixture_root
+from rocmdoctor.checks import load_registry
+from rocmdoctor.host import Host
+from rocmdoctor.model import Status
+from rocmdoctor.registry import Context, Options
+
+# The line format of amdgpu_debugfs_firmware_info_show() (drivers/gpu/drm/amd/amdgpu/amdgpu_kms.c).
+FIRMWARE_INFO = (
+    "MES_KIQ feature version: 6, firmware version: 0x0000006c\n"
+    "MES feature version: 1, firmware version: 0x{mes:08x}\n"
+)
+
+
+@pytest.fixture
+def host_copy(tmp_path):
+    def copy(fixture_id):
+        root = tmp_path / fixture_id
+        shutil.copytree(fixture_root(fixture_id), root, symlinks=True)
+        return root
+
+    return copy
+
+
+def run(root, check_id, **options):
+    registry = load_registry()
+    outcomes = registry.run(Context(Host(root), Options(**options)), registry.select(only=[check_id]))
+    return {o.spec.id: o.result for o in outcomes}[check_id]
+
+
+def edit_json(path, change):
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("mes, status", [(0x83, Status.WARN), (0x86, Status.WARN), (0x80, Status.PASS)])
+def test_known_bad_mes_firmware(host_copy, mes, status):
+    root = host_copy("strix-halo-default-ttm")
+    info = root / "sys/kernel/debug/dri/1/amdgpu_firmware_info"
+    info.parent.mkdir(parents=True)
+    info.write_text(FIRMWARE_INFO.format(mes=mes))
+    result = run(root, "firmware.mes")
+    assert result.status is status
+    assert (hex(mes) in result.summary) is True
+
+
+def test_device_group_without_a_name_is_a_mapping_problem(host_copy):
+    root = host_copy("rx7900xtx-no-render")
+    edit_json(root / ".rocmdoctor/stat.json", lambda d: d["/dev/kfd"].update(gid=65534 + 1))
+    result = run(root, "access.devices")
+    assert result.status is Status.FAIL and "has no name" in result.summary
+
+
+def test_another_user_is_judged_by_the_files_not_the_session(host_copy):
+    root = host_copy("strix-point")
+    with (root / "etc/passwd").open("a") as fh:
+        fh.write("vllm:x:998:998::/var/lib/vllm:/usr/sbin/nologin\n")
+    result = run(root, "access.devices", user="vllm")
+    assert result.status is Status.FAIL and "sudo usermod -aG render,video vllm" in result.remedy
+
+
+def test_dkms_seen_through_modules_dep_alone(host_copy):
+    root = host_copy("strix-halo-clean")
+    (root / "lib/modules/6.19.11-1-cachyos/modules.dep").write_text(
+        "updates/dkms/amdgpu.ko.zst: kernel/drivers/gpu/drm/drm_exec.ko.zst\n"
+    )
+    result = run(root, "driver.dkms")
+    assert result.status is Status.FAIL and "modules_dep" in result.details["signals"]
+
+
+def test_ttm_and_amdttm_that_disagree(host_copy):
+    root = host_copy("strix-halo-nocwsr-dkms")
+    (root / "sys/module/ttm/parameters/pages_limit").write_text("25165824\n")
+    result = run(root, "memory.ttm")
+    assert result.status is Status.WARN and "disagree" in result.summary
+
+
+def test_port_in_use_without_a_visible_owner(host_copy):
+    root = host_copy("mi300x")
+    shutil.rmtree(root / "proc/22751")
+    result = run(root, "processes.orphans")
+    assert "port 8000 is already in use by a process rocmdoctor cannot see" in result.summary
+
+
+def test_secret_flags_are_redacted_in_details(host_copy):
+    root = host_copy("mi300x")
+    (root / "proc/13673/cmdline").write_bytes(b"vllm\x00serve\x00m\x00--api-key\x00s3cret\x00--token=t0k\x00")
+    result = run(root, "processes.orphans")
+    (engine,) = [p for p in result.details["gpu_processes"] if p["pid"] == 13673]
+    assert "s3cret" not in engine["cmdline"] and "t0k" not in engine["cmdline"] and "***" in engine["cmdline"]
+
+
+def test_memory_too_small_for_any_model_fails(host_copy):
+    root = host_copy("strix-point")
+    (root / "proc/meminfo").write_text("MemTotal: 32111336 kB\nMemFree: 10000 kB\nMemAvailable: 900000 kB\n")
+    result = run(root, "memory.gpu")
+    assert result.status is Status.FAIL and result.details["recommended_gpu_memory_utilization"] == 0.0
+
+
+def test_wsl_is_named_as_the_reason(host_copy):
+    root = host_copy("no-amd-gpu")
+    edit_json(
+        root / ".rocmdoctor/stat.json",
+        lambda d: d.update(
+            {"/dev/dxg": {"type": "char", "mode": "0666", "uid": 0, "gid": 0, "rdev": "10:63"}}
+        ),
+    )
+    result = run(root, "gpu.present")
+    assert result.status is Status.FAIL and "WSL" in result.summary
