@@ -36,7 +36,7 @@ class UnitError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class Layout:
+class ServiceLayout:
     """Where things live on the target (host paths, without --root)."""
 
     prefix: str = "/opt/rocmdoctor"
@@ -125,7 +125,7 @@ def read_api_key(path: Path) -> str:
     return key
 
 
-def render_unit(args: ServerArgs, layout: Layout, user: str, timeout_s: int = DEFAULT_LOAD_TIMEOUT_S) -> str:
+def render_unit(args: ServerArgs, layout: ServiceLayout, user: str, timeout_s: int = DEFAULT_LOAD_TIMEOUT_S) -> str:
     if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", user):
         raise UnitError(f"--user {user!r} is not a valid system user name (lower case, digits, - and _)")
     values = {
@@ -155,7 +155,7 @@ def wait_ready_script() -> str:
     return resources.files(__package__).joinpath("libexec/wait-ready").read_text()
 
 
-def file_specs(args: ServerArgs, layout: Layout, user: str, api_key: str | None,
+def file_specs(args: ServerArgs, layout: ServiceLayout, user: str, api_key: str | None,
                timeout_s: int = DEFAULT_LOAD_TIMEOUT_S) -> list[FileSpec]:
     return [
         FileSpec(layout.unit_path, render_unit(args, layout, user, timeout_s), 0o644),

@@ -11,9 +11,8 @@ from typing import Any, Callable
 
 import click
 
+from .bundle import DEFAULT_PREFIX
 from .common import App, UserError, emit_json, pass_app
-
-DEFAULT_PREFIX = "/opt/rocmdoctor"
 
 
 def server_options(fn: Callable) -> Callable:
@@ -34,7 +33,8 @@ def server_options(fn: Callable) -> Callable:
                      help="File holding the API key clients must send (never pass --api-key itself)."),
         click.option("--vllm-args", default="", metavar="TEXT",
                      help="More vLLM arguments as one string, split like a shell would (never run by one)."),
-        click.option("--prefix", default=DEFAULT_PREFIX, show_default=True, help="Where bundles are installed."),
+        click.option("--prefix", default=DEFAULT_PREFIX, envvar="ROCMDOCTOR_PREFIX", show_default=True,
+                     help="Where `rocmdoctor install` put the bundles. [env: ROCMDOCTOR_PREFIX]"),
         click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout."),
         click.argument("extra", nargs=-1, type=click.UNPROCESSED),
     ]
@@ -90,11 +90,11 @@ def unit(app: App, write: bool, check_only: bool, user: str, timeout_s: int, **o
 
     Extra vLLM arguments go after `--`: rocmdoctor unit --model M -- --enforce-eager
     """
-    from ..provision.unit import Layout, UnitError, file_specs, write as write_files
+    from ..provision.unit import ServiceLayout, UnitError, file_specs, write as write_files
 
     args = resolve_args(app, opts)
     try:
-        specs = file_specs(args, Layout(prefix=opts["prefix"]), user, api_key(opts), timeout_s)
+        specs = file_specs(args, ServiceLayout(prefix=opts["prefix"]), user, api_key(opts), timeout_s)
     except UnitError as exc:
         raise UserError(str(exc)) from None
     if check_only and not write:
@@ -136,14 +136,15 @@ def serve(app: App, timeout_s: float, cache_dir: Path | None, log_file: Path | N
     """Run the vLLM server in the foreground until Ctrl-C; report ready only after a real completion.
 
     Extra vLLM arguments go after `--`: rocmdoctor serve --model M -- --enforce-eager
+
     Exit 0 after a clean stop; 1 when the server did not become ready, died, or left a process behind.
     """
     from ..provision.serve import (Server, Stopped, SignalsToStop, ProgressLine, default_cache_base,
                                    new_marker, port_in_use, server_env)
-    from ..provision.unit import Layout
+    from ..provision.unit import ServiceLayout, readiness_url
 
     args = resolve_args(app, opts)
-    executable = Path(Layout(prefix=opts["prefix"]).server)
+    executable = Path(ServiceLayout(prefix=opts["prefix"]).server)
     if not os.access(executable, os.X_OK):
         raise UserError(f"{executable} is missing or not executable: install a bundle first "
                         f"(rocmdoctor install --prefix {opts['prefix']})")
@@ -153,8 +154,6 @@ def serve(app: App, timeout_s: float, cache_dir: Path | None, log_file: Path | N
     cache_base = default_cache_base(os.environ)
     env = server_env(os.environ, cache_dir or Path(os.environ.get("VLLM_CACHE_ROOT") or cache_base / "vllm"),
                      api_key(opts), new_marker())
-    from ..provision.unit import readiness_url
-
     server = Server(executable, args.argv(), readiness_url(args), args.served_model_name, env,
                     log_file or cache_base / "rocmdoctor" / f"serve-{args.port}.log")
     events = Events(opts["as_json"])
