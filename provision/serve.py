@@ -203,11 +203,16 @@ class Server:
 
 
 class SignalsToStop:
-    """While active, SIGTERM and SIGINT raise Stopped in the main thread."""
+    """While active, the first SIGTERM or SIGINT raises Stopped in the main thread; later ones are
+    ignored so that a second Ctrl-C cannot interrupt the stop (which ends in SIGKILL anyway)."""
 
     def __enter__(self) -> "SignalsToStop":
+        self.received = False
+
         def handler(signum, frame):
-            raise Stopped(signum)
+            if not self.received:
+                self.received = True
+                raise Stopped(signum)
 
         self.previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
         return self
