@@ -55,7 +55,7 @@ class Stopped(Exception):
 
 
 def default_cache_base(env: Mapping[str, str]) -> Path:
-    return Path(env.get("XDG_CACHE_HOME") or Path(env.get("HOME", "/root")) / ".cache")
+    return Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache")
 
 
 def server_env(base: Mapping[str, str], cache_root: Path, api_key: str | None, marker: str) -> dict[str, str]:
