@@ -107,6 +107,7 @@ def test_serve_installed_bundle_until_ready_then_sigterm_leaves_nothing(installe
         ready = run.next_event(420)
         assert ready["event"] == "ready", ready
         assert ready["model"] == "tiny" and ready["url"] == f"http://127.0.0.1:{run.port}/v1"
+        assert 0 < ready["health_seconds"] <= ready["seconds"]
         status, reply = completion(run.port, API_KEY)
         assert status == 200 and reply["choices"][0]["text"]
         assert completion(run.port, None)[0] == 401, "the key file must protect /v1"

@@ -171,7 +171,8 @@ def serve(app: App, timeout_s: float, cache_dir: Path | None, log_file: Path | N
                 sys.exit(1)
             events.emit("ready", f"ready in {outcome.seconds:.0f} s: {server.base_url}/v1 serves "
                                  f"{args.served_model_name!r} (Ctrl-C stops it)",
-                        url=f"{server.base_url}/v1", model=args.served_model_name, seconds=round(outcome.seconds, 1))
+                        url=f"{server.base_url}/v1", model=args.served_model_name, seconds=round(outcome.seconds, 1),
+                        health_seconds=round(outcome.health_seconds or 0, 1))
             returncode = server.wait_exit()
             events.failed(server.failure(f"the server exited with status {returncode} after it was ready"))
             events.stopped(server.stop(), reason="exited")
