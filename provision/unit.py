@@ -95,6 +95,8 @@ class WriteReport:
 
 def systemd_quote(word: str) -> str:
     """One argv word for ExecStart=: systemd splits on spaces, unquotes, and expands $ and %."""
+    if re.search(r"[\x00-\x1f\x7f]", word):
+        raise UnitError(f"{word!r}: control characters (newlines, tabs) cannot go into a unit file")
     escaped = word.replace("%", "%%").replace("$", "$$")
     if escaped and not re.search(r"[\s\"'\\;]", escaped):
         return escaped

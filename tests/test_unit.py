@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rocmdoctor.provision.unit import command_line
+from rocmdoctor.provision.unit import UnitError, command_line
 
 MAX_EXPOSURE = 3.5
 
@@ -84,6 +84,8 @@ def test_unit_carries_the_hardening_the_gpu_needs(tmp_path):
 def test_exec_words_are_quoted_for_systemd():
     assert command_line(["/a b/x", "100%", "$HOME", 'say "hi"', "plain"]) == \
         '"/a b/x" 100%% $$HOME "say \\"hi\\"" plain'
+    with pytest.raises(UnitError, match="control characters"):
+        command_line(["tiny\nExecStartPre=/bin/sh"])
 
 
 def account_root(tmp_path: Path) -> Path:
