@@ -48,3 +48,16 @@ def test_load_failure_prints_the_log_tail_and_the_likely_cause(tmp_path):
     assert "stopped (not ready); no server process left" in err
     assert "Traceback (most recent call last)" not in err.split("--- last lines")[0]
     assert done.stdout == ""
+
+
+def test_a_server_that_cannot_be_executed_is_a_clear_error(tmp_path):
+    prefix = tmp_path / "opt"
+    server = prefix / "current" / "bin" / "vllm-server"
+    server.parent.mkdir(parents=True)
+    server.write_text("no shebang, not a program\n")
+    server.chmod(0o755)
+    done = subprocess.run([sys.executable, "-m", "rocmdoctor", "serve", "--prefix", str(prefix), "--model", "m",
+                           "--gpu-memory-utilization", "0.5", "--port", str(free_port()),
+                           "--log-file", str(tmp_path / "serve.log")], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert f"rocmdoctor: cannot start {server}" in done.stderr and "Exec format error" in done.stderr

@@ -161,7 +161,11 @@ def serve(app: App, timeout_s: float, cache_dir: Path | None, log_file: Path | N
     show_settings(args)
     with SignalsToStop():
         try:
-            server.start()
+            try:
+                server.start()
+            except OSError as exc:
+                raise UserError(f"cannot start {executable} (log {server.log_path}): "
+                                f"{exc.strerror or exc}") from None
             progress = ProgressLine(args.served_model_name)
             outcome = server.wait_ready(timeout_s, progress)
             progress.finish()
