@@ -1,0 +1,276 @@
+"""The vLLM server's command line, resolved in one place from host facts and the user's choices.
+
+`unit` and `serve` both call `resolve()`: what runs in the foreground and what systemd runs are
+the same arguments. Every computed flag carries the reason it has its value, so a user can see
+why `--gpu-memory-utilization 0.87` and not vLLM's default 0.92.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from ..memory_rule import MIN_USEFUL_UTILIZATION, recommended, requested_bytes
+
+GIB = 1 << 30
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+
+# --max-num-seqs per memory class. A Strix Halo owner measured throughput collapse with vLLM's
+# default (256) on the unified pool until --max-num-seqs 10; discrete cards keep vLLM's own
+# defaults (256 below 70 GiB, 1024 above: RocmPlatform's server defaults).
+MAX_NUM_SEQS_BY_CLASS = {"unified": 10, "discrete": 256, "discrete-large": 1024}
+LARGE_DEVICE_BYTES = 70 * GIB
+
+# Flags rocmdoctor computes, with the option the user sets them through instead.
+COMPUTED_FLAGS = {
+    "--model": "--model",
+    "--served-model-name": "--served-model-name",
+    "--host": "--host",
+    "--port": "--port",
+    "--gpu-memory-utilization": "--gpu-memory-utilization",
+    "--max-model-len": "--max-model-len",
+    "--max-num-seqs": "--max-num-seqs",
+    "--tensor-parallel-size": "--tensor-parallel-size",
+}
+# vLLM's short spellings of the same flags.
+FLAG_ALIASES = {"-tp": "--tensor-parallel-size"}
+# With an explicit KV cache size vLLM ignores --gpu-memory-utilization; computing it is moot.
+UTILIZATION_REPLACED_BY = ("--kv-cache-memory-bytes",)
+
+
+class ArgumentError(ValueError):
+    """The user's choices cannot be turned into a working command line; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuPool:
+    """What vLLM will see for one GPU: the pool it sizes from and what is free in it."""
+
+    name: str  # e.g. "node 1 (gfx1151)"
+    family: str  # same-family GPUs can share a tensor-parallel group
+    total: int | None  # None: the host did not say
+    free: int | None
+    unified: bool  # APU: the pool is system memory (GTT), shared with the CPU
+
+
+@dataclass
+class Choices:
+    """What the user asked for; None means "compute it"."""
+
+    model: str
+    served_model_name: str | None = None
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    gpu_memory_utilization: float | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    tensor_parallel_size: int | None = None
+    extra: Sequence[str] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    flag: str
+    value: str
+    reason: str
+
+
+@dataclass
+class ServerArgs:
+    settings: list[Setting]
+    extra: list[str]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def served_model_name(self) -> str:
+        return self.value("--served-model-name") or ""
+
+    @property
+    def port(self) -> int:
+        return int(self.value("--port") or DEFAULT_PORT)
+
+    @property
+    def host(self) -> str:
+        return self.value("--host") or DEFAULT_HOST
+
+    def value(self, flag: str) -> str | None:
+        return next((s.value for s in self.settings if s.flag == flag), None)
+
+    def argv(self) -> list[str]:
+        out: list[str] = []
+        for setting in self.settings:
+            out += [setting.flag, setting.value]
+        return out + list(self.extra)
+
+    def to_json(self) -> dict:
+        return {
+            "argv": self.argv(),
+            "settings": [{"flag": s.flag, "value": s.value, "reason": s.reason} for s in self.settings],
+            "extra": list(self.extra),
+            "notes": list(self.notes),
+        }
+
+
+def parse_extra(extra: str | Iterable[str]) -> list[str]:
+    """Extra vLLM arguments as argv: a string is split like a POSIX shell would, but never run by one."""
+    if isinstance(extra, str):
+        try:
+            return shlex.split(extra)
+        except ValueError as exc:
+            raise ArgumentError(f"cannot split the extra vLLM arguments ({exc}); check the quotes") from None
+    return list(extra)
+
+
+def _flag_name(token: str) -> str | None:
+    """The canonical long flag a token sets ('--max_num_seqs=4' -> '--max-num-seqs'), or None."""
+    if not token.startswith("-") or token == "-" or token == "--":
+        return None
+    name = token.split("=", 1)[0]
+    if name in FLAG_ALIASES:
+        return FLAG_ALIASES[name]
+    if name.startswith("--"):
+        # vLLM's FlexibleArgumentParser accepts underscores for dashes.
+        return "--" + name[2:].replace("_", "-")
+    return name
+
+
+def check_extra(extra: Sequence[str]) -> list[str]:
+    """Refuse secrets on the command line and flags that rocmdoctor computes."""
+    problems = []
+    for token in extra:
+        flag = _flag_name(token)
+        if flag == "--api-key":
+            raise ArgumentError(
+                "--api-key on the command line is visible to every user in the process list and the unit; "
+                "write the key to a file (mode 0600) and pass --api-key-file FILE (vLLM reads VLLM_API_KEY)"
+            )
+        if flag in COMPUTED_FLAGS:
+            problems.append(f"{flag} is computed by rocmdoctor; set it with rocmdoctor's {COMPUTED_FLAGS[flag]}")
+    if problems:
+        raise ArgumentError("; ".join(problems))
+    return [flag for flag in map(_flag_name, extra) if flag]
+
+
+def default_served_name(model: str) -> str:
+    """A local directory is served under its name (not its whole path); a Hugging Face id as itself,
+    as vLLM would."""
+    if model.startswith(("/", "./", "../", "~")):
+        return model.rstrip("/").rsplit("/", 1)[-1]
+    return model
+
+
+def memory_class(pool: GpuPool) -> str:
+    if pool.unified:
+        return "unified"
+    return "discrete-large" if (pool.total or 0) >= LARGE_DEVICE_BYTES else "discrete"
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.2f} GiB"
+
+
+def tensor_parallel_group(pools: Sequence[GpuPool], size: int | None) -> list[GpuPool]:
+    """The GPUs vLLM will use: the first one, or `size` GPUs of one family."""
+    if not pools:
+        return []
+    if size is None or size == 1:
+        return [pools[0]]
+    if size < 1:
+        raise ArgumentError(f"--tensor-parallel-size must be 1 or more, not {size}")
+    family = pools[0].family
+    same = [p for p in pools if p.family == family]
+    if len(same) < size:
+        others = sorted({p.family for p in pools} - {family})
+        found = f"{len(same)} {family} GPU(s)" + (f" (and {', '.join(others)}, which cannot share the group)"
+                                                   if others else "")
+        raise ArgumentError(f"--tensor-parallel-size {size} needs {size} GPUs of one family; this host has {found}")
+    return same[:size]
+
+
+def utilization_for(group: Sequence[GpuPool]) -> tuple[float, str]:
+    """The largest value every GPU in the group passes vLLM's startup rule with, and why."""
+    unknown = [p.name for p in group if not p.total or p.free is None]
+    if unknown:
+        raise ArgumentError(f"the memory of {', '.join(unknown)} cannot be read (rocmdoctor check says why); "
+                            "pass --gpu-memory-utilization to choose it yourself")
+    worst = min(group, key=lambda p: recommended(p.total, p.free))
+    util = recommended(worst.total, worst.free)
+    pool_word = "unified pool" if worst.unified else "VRAM"
+    if util < MIN_USEFUL_UTILIZATION:
+        raise ArgumentError(
+            f"{worst.name}: only {_gib(worst.free)} of {_gib(worst.total)} {pool_word} is free; vLLM cannot start "
+            "with so little. Stop the processes holding GPU memory (rocmdoctor check lists them)"
+            + (" or give the GPU a larger GTT pool (rocmdoctor fix-kernel)" if worst.unified else "")
+        )
+    reason = (f"vLLM needs ceil(total x util) <= free at startup: {worst.name} {pool_word} "
+              f"{_gib(worst.free)} free of {_gib(worst.total)}, 1 GiB kept as margin "
+              f"-> {util:.2f} asks {_gib(requested_bytes(worst.total, util))}")
+    return util, reason
+
+
+def resolve(choices: Choices, pools: Sequence[GpuPool]) -> ServerArgs:
+    """The full command line for `<prefix>/current/bin/vllm-server`."""
+    if not choices.model:
+        raise ArgumentError("no model given: pass --model (a Hugging Face id or a local directory)")
+    if not 0 < choices.port < 65536:
+        raise ArgumentError(f"--port must be between 1 and 65535, not {choices.port}")
+    extra = parse_extra(choices.extra)
+    extra_flags = check_extra(extra)
+    notes: list[str] = []
+    served = choices.served_model_name or default_served_name(choices.model)
+    settings = [
+        Setting("--model", choices.model, "your choice"),
+        Setting("--served-model-name", served,
+                "your choice" if choices.served_model_name else "default: the directory name or the HF id"),
+        Setting("--host", choices.host,
+                "loopback only: put a TLS proxy in front to expose it" if choices.host == DEFAULT_HOST
+                else "your choice"),
+        Setting("--port", str(choices.port), "your choice" if choices.port != DEFAULT_PORT else "default"),
+    ]
+    group = tensor_parallel_group(pools, choices.tensor_parallel_size)
+    if choices.gpu_memory_utilization is not None:
+        util = choices.gpu_memory_utilization
+        if not 0 < util <= 1:
+            raise ArgumentError(f"--gpu-memory-utilization must be in (0, 1], not {util}")
+        settings.append(Setting("--gpu-memory-utilization", f"{util:.2f}", "your choice"))
+        for pool in group:
+            if pool.total and pool.free is not None and pool.free < requested_bytes(pool.total, util):
+                notes.append(f"{pool.name}: {util:.2f} asks {_gib(requested_bytes(pool.total, util))} but only "
+                             f"{_gib(pool.free)} is free; vLLM will refuse to start")
+    elif any(flag in UTILIZATION_REPLACED_BY for flag in extra_flags):
+        notes.append("--kv-cache-memory-bytes given: vLLM sizes the KV cache from it and ignores "
+                     "--gpu-memory-utilization")
+    elif group:
+        util, reason = utilization_for(group)
+        settings.append(Setting("--gpu-memory-utilization", f"{util:.2f}", reason))
+    else:
+        raise ArgumentError("no AMD GPU found, so the memory vLLM may use cannot be computed; run "
+                            "`rocmdoctor check`, or pass --gpu-memory-utilization to choose it yourself")
+    if choices.max_model_len is not None:
+        if choices.max_model_len < 1:
+            raise ArgumentError(f"--max-model-len must be positive, not {choices.max_model_len}")
+        settings.append(Setting("--max-model-len", str(choices.max_model_len), "your choice"))
+    if choices.max_num_seqs is not None:
+        if choices.max_num_seqs < 1:
+            raise ArgumentError(f"--max-num-seqs must be positive, not {choices.max_num_seqs}")
+        settings.append(Setting("--max-num-seqs", str(choices.max_num_seqs), "your choice"))
+    elif group:
+        cls = memory_class(group[0])
+        settings.append(Setting("--max-num-seqs", str(MAX_NUM_SEQS_BY_CLASS[cls]), f"default for {cls} memory"))
+    if len(group) > 1:
+        settings.append(Setting("--tensor-parallel-size", str(len(group)),
+                                f"your choice: {len(group)} {group[0].family} GPUs"))
+    return ServerArgs(settings, extra, notes)
+
+
+def pools_from_facts(ctx) -> list[GpuPool]:
+    """The GPUs the diagnosis found, each with the pool vLLM will size from (an APU's GTT pool)."""
+    from ..checks import facts
+
+    pools = []
+    for gpu in facts.gpus(ctx):
+        total, free = facts.usable_memory(ctx, gpu)
+        pools.append(GpuPool(f"node {gpu.node} ({gpu.gfx})", gpu.family or gpu.gfx, total, free, bool(gpu.apu)))
+    return pools

@@ -1,0 +1,216 @@
+"""`rocmdoctor unit` and `rocmdoctor serve`: the vLLM server with arguments computed from this host."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+
+from .bundle import DEFAULT_PREFIX
+from .common import App, UserError, emit_json, pass_app
+
+
+def server_options(fn: Callable) -> Callable:
+    """The options `unit` and `serve` share, in the order --help shows them."""
+    options = [
+        click.option("--model", required=True, help="Hugging Face id or local model directory."),
+        click.option("--served-model-name", default=None, help="Name clients ask for (default: the model's last path part)."),
+        click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on."),
+        click.option("--port", default=8000, show_default=True, type=int, help="Port to listen on."),
+        click.option("--gpu-memory-utilization", type=float, default=None,
+                     help="Override the value computed from the free memory of the GPU (or APU pool)."),
+        click.option("--max-model-len", type=int, default=None, help="Context length (default: the model's)."),
+        click.option("--max-num-seqs", type=int, default=None,
+                     help="Concurrent sequences (default: 10 on a unified-memory APU, vLLM's otherwise)."),
+        click.option("--tensor-parallel-size", type=int, default=None,
+                     help="Spread the model over this many GPUs of one family."),
+        click.option("--api-key-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                     help="File holding the API key clients must send (never pass --api-key itself)."),
+        click.option("--vllm-args", default="", metavar="TEXT",
+                     help="More vLLM arguments as one string, split like a shell would (never run by one)."),
+        click.option("--prefix", default=DEFAULT_PREFIX, envvar="ROCMDOCTOR_PREFIX", show_default=True,
+                     help="Where `rocmdoctor install` put the bundles. [env: ROCMDOCTOR_PREFIX]"),
+        click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout."),
+        click.argument("extra", nargs=-1, type=click.UNPROCESSED),
+    ]
+    return functools.reduce(lambda f, option: option(f), reversed(options), fn)
+
+
+def resolve_args(app: App, opts: dict[str, Any]):
+    from ..provision.server_args import ArgumentError, Choices, parse_extra, pools_from_facts, resolve
+    from ..registry import Context, Options
+
+    try:
+        extra = parse_extra(opts["vllm_args"]) + list(opts["extra"])
+        choices = Choices(model=opts["model"], served_model_name=opts["served_model_name"], host=opts["host"],
+                          port=opts["port"], gpu_memory_utilization=opts["gpu_memory_utilization"],
+                          max_model_len=opts["max_model_len"], max_num_seqs=opts["max_num_seqs"],
+                          tensor_parallel_size=opts["tensor_parallel_size"], extra=extra)
+        pools = pools_from_facts(Context(app.host(), Options(prefix=opts["prefix"])))
+        return resolve(choices, pools)
+    except ArgumentError as exc:
+        raise UserError(str(exc)) from None
+
+
+def api_key(opts: dict[str, Any]) -> str | None:
+    from ..provision.unit import UnitError, read_api_key
+
+    if opts["api_key_file"] is None:
+        return None
+    try:
+        return read_api_key(opts["api_key_file"])
+    except UnitError as exc:
+        raise UserError(str(exc)) from None
+
+
+def show_settings(args, stream=sys.stderr) -> None:
+    for setting in args.settings:
+        print(f"  {setting.flag} {setting.value}  ({setting.reason})", file=stream)
+    if args.extra:
+        print(f"  extra: {' '.join(args.extra)}", file=stream)
+    for note in args.notes:
+        print(f"  note: {note}", file=stream)
+
+
+@click.command(context_settings={"ignore_unknown_options": True})
+@click.option("--write", is_flag=True, help="Write the unit, its env file and readiness script (else print the unit).")
+@click.option("--check", "check_only", is_flag=True, help="With --write: show what would change, change nothing.")
+@click.option("--user", default="vllm", show_default=True, help="Service account (created with its groups if missing).")
+@click.option("--timeout", "timeout_s", default=1800, show_default=True, type=int,
+              help="Seconds systemd waits for the model to load and answer a completion.")
+@server_options
+@pass_app
+def unit(app: App, write: bool, check_only: bool, user: str, timeout_s: int, **opts: Any) -> None:
+    """Render the systemd unit for the vLLM server; with --write install it (idempotent).
+
+    Extra vLLM arguments go after `--`: rocmdoctor unit --model M -- --enforce-eager
+    """
+    from ..provision.unit import ServiceLayout, UnitError, file_specs, write as write_files
+
+    args = resolve_args(app, opts)
+    try:
+        specs = file_specs(args, ServiceLayout(prefix=opts["prefix"]), user, api_key(opts), timeout_s)
+    except UnitError as exc:
+        raise UserError(str(exc)) from None
+    if check_only and not write:
+        raise UserError("--check goes with --write (it shows what --write would change)")
+    if not write:
+        if opts["as_json"]:
+            emit_json({"unit": specs[0].content, "path": specs[0].path, "server_args": args.to_json()})
+        else:
+            click.echo(specs[0].content, nl=False)
+        return
+    try:
+        report = write_files(app.root, specs, user, check=check_only)
+    except (UnitError, OSError) as exc:
+        raise UserError(f"could not write the unit: {exc}") from None
+    if opts["as_json"]:
+        emit_json({**report.to_json(), "server_args": args.to_json()})
+        return
+    changed_word = "would change" if check_only else "changed"
+    for change in report.files:
+        click.echo(f"{changed_word if change.changed else 'ok'} {change.path}")
+        if change.diff:
+            click.echo(change.diff.rstrip("\n"))
+    for account in report.accounts:
+        click.echo(f"{'would create' if check_only else 'created'} {account}")
+    click.echo(f"daemon-reload: {report.daemon_reload}")
+    click.echo(f"changed={str(report.changed).lower()}")
+
+
+@click.command(context_settings={"ignore_unknown_options": True})
+@click.option("--timeout", "timeout_s", default=1800, show_default=True, type=float,
+              help="Seconds to wait for the model to load and answer a completion (cold JIT takes minutes).")
+@click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="VLLM_CACHE_ROOT: compile and JIT caches that make the next start fast [default: ~/.cache/vllm].")
+@click.option("--log-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Server log [default: ~/.cache/rocmdoctor/serve-PORT.log].")
+@server_options
+@pass_app
+def serve(app: App, timeout_s: float, cache_dir: Path | None, log_file: Path | None, **opts: Any) -> None:
+    """Run the vLLM server in the foreground until Ctrl-C; report ready only after a real completion.
+
+    Extra vLLM arguments go after `--`: rocmdoctor serve --model M -- --enforce-eager
+
+    Exit 0 after a clean stop; 1 when the server did not become ready, died, or left a process behind.
+    """
+    from ..provision.serve import (Server, Stopped, SignalsToStop, ProgressLine, default_cache_base,
+                                   new_marker, port_in_use, server_env)
+    from ..provision.unit import ServiceLayout, readiness_url
+
+    args = resolve_args(app, opts)
+    executable = Path(ServiceLayout(prefix=opts["prefix"]).server)
+    if not os.access(executable, os.X_OK):
+        raise UserError(f"{executable} is missing or not executable: install a bundle first "
+                        f"(rocmdoctor install --prefix {opts['prefix']})")
+    if port_in_use(args.host, args.port):
+        raise UserError(f"port {args.port} on {args.host} is already in use (an earlier server still running?); "
+                        "stop it or pass --port")
+    cache_base = default_cache_base(os.environ)
+    env = server_env(os.environ, cache_dir or Path(os.environ.get("VLLM_CACHE_ROOT") or cache_base / "vllm"),
+                     api_key(opts), new_marker())
+    server = Server(executable, args.argv(), readiness_url(args), args.served_model_name, env,
+                    log_file or cache_base / "rocmdoctor" / f"serve-{args.port}.log")
+    events = Events(opts["as_json"])
+    print(f"starting {executable} (log: {server.log_path})", file=sys.stderr)
+    show_settings(args)
+    with SignalsToStop():
+        try:
+            try:
+                server.start()
+            except OSError as exc:
+                raise UserError(f"cannot start {executable} (log {server.log_path}): "
+                                f"{exc.strerror or exc}") from None
+            progress = ProgressLine(args.served_model_name)
+            outcome = server.wait_ready(timeout_s, progress)
+            progress.finish()
+            if not outcome.ready:
+                events.failed(outcome)
+                events.stopped(server.stop(), reason="not ready")
+                sys.exit(1)
+            events.emit("ready", f"ready in {outcome.seconds:.0f} s: {server.base_url}/v1 serves "
+                                 f"{args.served_model_name!r} (Ctrl-C stops it)",
+                        url=f"{server.base_url}/v1", model=args.served_model_name, seconds=round(outcome.seconds, 1),
+                        health_seconds=round(outcome.health_seconds or 0, 1))
+            returncode = server.wait_exit()
+            events.failed(server.failure(f"the server exited with status {returncode} after it was ready"))
+            events.stopped(server.stop(), reason="exited")
+            sys.exit(1)
+        except Stopped as stop:
+            left = server.stop()
+            events.stopped(left, reason=f"{stop}")
+            sys.exit(1 if left else 0)
+
+
+class Events:
+    """Human lines on stderr, or one JSON object per line on stdout."""
+
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+
+    def emit(self, event: str, message: str, **data: Any) -> None:
+        if self.as_json:
+            sys.stdout.write(json.dumps({"event": event, **data}) + "\n")
+            sys.stdout.flush()
+        else:
+            print(message, file=sys.stderr)
+
+    def failed(self, outcome) -> None:
+        lines = [f"NOT READY: {outcome.reason}"]
+        if outcome.log_tail:
+            lines += ["--- last lines of the server log ---", outcome.log_tail, "---"]
+        if outcome.cause:
+            lines += [f"likely cause: {outcome.cause.summary}", f"what to do: {outcome.cause.remedy}"]
+        else:
+            lines.append("likely cause: not a known signature; read the log above")
+        self.emit("failed", "\n".join(lines), **outcome.to_json())
+
+    def stopped(self, leftover_pids: list[int], reason: str) -> None:
+        message = (f"stopped ({reason}); no server process left" if not leftover_pids
+                   else f"stopped ({reason}) but these server processes survived SIGKILL: {leftover_pids}")
+        self.emit("stopped", message, reason=reason, leftover_pids=leftover_pids)

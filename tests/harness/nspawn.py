@@ -1,0 +1,148 @@
+"""A real systemd: boot the cached Debian root (tests/setup/50-nspawn-rootfs.sh) with systemd-nspawn.
+
+    machine = boot("serve-unit", netns="serve-unit", binds=[Bind("/work/repo", read_only=True)])
+    machine.run(["systemctl", "start", "vllm"])
+    machine.stop()
+
+Each machine boots from the one read-only base with --volatile=overlay (every boot starts clean,
+several can run at once), lives in its own network namespace (its 127.0.0.1:8000 is its own; reach
+it from the host with `ip netns exec NETNS ...`), and runs commands through nsenter into the
+container's namespaces, so no sshd or machined is needed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import psutil
+
+BOOT_TIMEOUT_S = 90.0
+
+
+def rootfs() -> Path:
+    cache = Path(os.environ.get("ROCMDOCTOR_TEST_CACHE") or "/root/.cache/rocmdoctor-test")
+    return cache / "nspawn-rootfs"
+
+
+@dataclass(frozen=True)
+class Bind:
+    source: str
+    target: str | None = None  # default: the same path inside
+    read_only: bool = True
+
+    def option(self) -> str:
+        return f"--bind{'-ro' if self.read_only else ''}={self.source}:{self.target or self.source}"
+
+
+class BootError(RuntimeError):
+    pass
+
+
+@dataclass
+class Machine:
+    name: str
+    netns: str
+    process: subprocess.Popen
+    log_path: Path
+    _leader: int | None = field(default=None, repr=False)
+
+    @property
+    def leader(self) -> int:
+        """The container's PID 1 (systemd), as seen from the host."""
+        if self._leader is None:
+            children = psutil.Process(self.process.pid).children()
+            if not children:
+                raise BootError(f"{self.name}: systemd-nspawn has no child yet")
+            self._leader = children[0].pid
+        return self._leader
+
+    def run(self, cmd: Sequence[str] | str, timeout: float = 120.0, check: bool = True,
+            input: str | None = None) -> subprocess.CompletedProcess:
+        """Run a command inside the container (as root, in all its namespaces); a string goes to sh -c."""
+        argv = ["sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        done = subprocess.run(["nsenter", "--target", str(self.leader), "--all", "--", *argv],
+                              capture_output=True, text=True, timeout=timeout, input=input,
+                              env={"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                                   "LANG": "C.UTF-8"})
+        if check and done.returncode != 0:
+            raise subprocess.CalledProcessError(done.returncode, argv, done.stdout, done.stderr)
+        return done
+
+    def host_run(self, argv: Sequence[str], timeout: float = 60.0) -> subprocess.CompletedProcess:
+        """Run a host command inside the machine's network namespace (to reach its loopback)."""
+        return subprocess.run(["ip", "netns", "exec", self.netns, *argv], capture_output=True, text=True,
+                              timeout=timeout)
+
+    def wait_running(self, timeout: float = BOOT_TIMEOUT_S) -> str:
+        deadline = time.monotonic() + timeout
+        state = ""
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise BootError(f"{self.name}: systemd-nspawn exited {self.process.returncode}:\n{self.log()}")
+            try:
+                state = self.run(["systemctl", "is-system-running", "--wait"], timeout=timeout,
+                                 check=False).stdout.strip()
+            except (BootError, psutil.Error, subprocess.TimeoutExpired):
+                state = ""
+            if state in ("running", "degraded"):
+                return state
+            time.sleep(0.5)
+        raise BootError(f"{self.name}: not running after {timeout:.0f} s (state {state!r}):\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:] if self.log_path.exists() else ""
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Power off (SIGTERM to nspawn makes the container's systemd shut down), then drop the netns."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        subprocess.run(["ip", "netns", "delete", self.netns], capture_output=True)
+
+
+def boot(name: str, netns: str | None = None, binds: Sequence[Bind] = (), log_dir: Path | None = None,
+         base: Path | None = None, timeout: float = BOOT_TIMEOUT_S) -> Machine:
+    """Boot a container named `name` in network namespace `netns` (created; default: the name)."""
+    base = base or rootfs()
+    if not (base / "usr/lib/systemd/systemd").exists():
+        raise BootError(f"no nspawn root at {base}: run tests/setup/50-nspawn-rootfs.sh")
+    if shutil.which("systemd-nspawn") is None:
+        raise BootError("systemd-nspawn is missing: run tests/setup/10-system-packages.sh")
+    netns = netns or name
+    subprocess.run(["ip", "netns", "delete", netns], capture_output=True)
+    subprocess.run(["ip", "netns", "add", netns], check=True, capture_output=True)
+    subprocess.run(["ip", "netns", "exec", netns, "ip", "link", "set", "lo", "up"], check=True)
+    log_path = (log_dir or Path("/tmp")) / f"{name}.nspawn.log"
+    argv = ["systemd-nspawn", "--quiet", "-D", str(base), "--volatile=overlay", "--boot", "--register=no",
+            "--keep-unit", f"--network-namespace-path=/run/netns/{netns}", f"--machine={name}",
+            f"--hostname={name}", "--console=pipe", *(b.option() for b in binds)]
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+    machine = Machine(name, netns, process, log_path)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                machine.leader
+                break
+            except (BootError, psutil.Error):
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise BootError(f"{name}: systemd-nspawn did not start:\n{machine.log()}") from None
+                time.sleep(0.2)
+        machine.wait_running(max(1.0, deadline - time.monotonic()))
+    except BaseException:
+        machine.stop()
+        raise
+    return machine
