@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..atomic import fsync_dir, write_atomic
 from .download import (
     DownloadCancelled,
     Downloader,
@@ -172,31 +173,17 @@ def _unlock(held: _Held) -> None:
     os.close(held.fd)  # closing drops the flock
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _point(link: Path, target: str) -> None:
     """Atomically make `link` a symlink to `target` (never absent, never half-written)."""
     temp = link.with_name(f".{link.name}.tmp-{os.getpid()}")
     temp.unlink(missing_ok=True)
     os.symlink(target, temp)
     os.replace(temp, link)
-    _fsync_dir(link.parent)
+    fsync_dir(link.parent)
 
 
 def write_json_atomic(path: Path, doc: Any) -> None:
-    temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(temp, "w") as fh:
-        json.dump(doc, fh, indent=2)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(temp, path)
+    write_atomic(path, json.dumps(doc, indent=2) + "\n")
 
 
 def recover(layout: Layout) -> None:
@@ -365,7 +352,7 @@ def _install_tree(layout: Layout, plan: InstallPlan) -> int:
                 ],
             },
         )
-        _fsync_dir(root)
+        fsync_dir(root)
         _move_into_place(layout, root, plan.tag)
         return fetches.counted
     except BaseException:
@@ -442,14 +429,14 @@ def _move_into_place(layout: Layout, root: Path, tag: str) -> None:
     final = layout.bundles / tag
     if final.exists() and _exchange(root, final):
         # --force or a rebuilt release: `current` saw the old tree, then the new one, never nothing.
-        _fsync_dir(layout.bundles)
+        fsync_dir(layout.bundles)
         shutil.rmtree(root)  # now the old tree
     else:
         aside = layout.bundles / f".{tag}.old-{os.getpid()}"
         if final.exists():  # no RENAME_EXCHANGE here: keep the old tree until the new one is in
             os.replace(final, aside)
         os.replace(root, final)
-        _fsync_dir(layout.bundles)
+        fsync_dir(layout.bundles)
         shutil.rmtree(aside, ignore_errors=True)
     partial = layout.bundles / f"{tag}.partial"
     if partial.exists():

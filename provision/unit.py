@@ -9,14 +9,13 @@ runs only where systemd is PID 1 and only when the unit changed.
 from __future__ import annotations
 
 import difflib
-import os
 import re
 import subprocess
-import tempfile
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from ..atomic import write_atomic
 from .server_args import ServerArgs
 
 UNIT_NAME = "vllm.service"
@@ -168,27 +167,6 @@ def file_specs(args: ServerArgs, layout: ServiceLayout, user: str, api_key: str 
 
 def _under(root: Path, host_path: str) -> Path:
     return root / host_path.lstrip("/")
-
-
-def write_atomic(path: Path, content: str, mode: int) -> None:
-    """Temp file in the same directory, fsync, rename: readers see the old or the new file, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "w") as out:
-            out.write(content)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def apply_file(root: Path, spec: FileSpec, check: bool = False) -> FileChange:
