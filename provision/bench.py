@@ -13,6 +13,7 @@ import asyncio
 import math
 import statistics
 import time
+from itertools import pairwise
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,8 +22,10 @@ from . import openai_client as oc
 from . import prometheus
 from .smoke import LOG_HINT
 
-SEED_TEXT = ("The server answers every request in order, streams one chunk per token and measures "
-             "the latency of each reply under load. ")
+SEED_TEXT = (
+    "The server answers every request in order, streams one chunk per token and measures "
+    "the latency of each reply under load. "
+)
 PERCENTILES = (50, 90, 99)
 # The knee: the smallest concurrency that reaches this share of the best throughput measured.
 KNEE_SHARE = 0.9
@@ -100,7 +103,7 @@ async def _one_request(client: oc.Client, body: dict[str, Any]) -> RequestResult
         output_tokens=streamed.output_tokens,
         ttft_s=times[0] - streamed.start,
         e2el_s=times[-1] - streamed.start,
-        itl_s=[b - a for a, b in zip(times, times[1:])],
+        itl_s=[b - a for a, b in pairwise(times)],
     )
 
 
@@ -153,15 +156,22 @@ def find_knee(levels: list[dict[str, Any]]) -> dict[str, Any]:
     best = max(clean, key=lambda lv: lv["output_tokens_per_s"])
     threshold = KNEE_SHARE * best["output_tokens_per_s"]
     knee = next(lv for lv in clean if lv["output_tokens_per_s"] >= threshold)
-    hurting = [lv["concurrency"] for lv in levels
-               if lv["concurrency"] > best["concurrency"] and lv["output_tokens_per_s"] < threshold]
+    hurting = [
+        lv["concurrency"]
+        for lv in levels
+        if lv["concurrency"] > best["concurrency"] and lv["output_tokens_per_s"] < threshold
+    ]
     at_limit = knee["concurrency"] == max(lv["concurrency"] for lv in levels)
     if at_limit:
-        advice = (f"throughput still rises at concurrency {knee['concurrency']}, the largest tested: "
-                  "rerun with higher --concurrency levels to find the knee")
+        advice = (
+            f"throughput still rises at concurrency {knee['concurrency']}, the largest tested: "
+            "rerun with higher --concurrency levels to find the knee"
+        )
     else:
-        advice = (f"start vLLM with --max-num-seqs {knee['concurrency']}: more concurrent sequences add "
-                  f"less than {round((1 - KNEE_SHARE) * 100)}% throughput")
+        advice = (
+            f"start vLLM with --max-num-seqs {knee['concurrency']}: more concurrent sequences add "
+            f"less than {round((1 - KNEE_SHARE) * 100)}% throughput"
+        )
         if hurting:
             advice += f" and throughput falls at concurrency {', '.join(map(str, hurting))}"
     return {
@@ -176,7 +186,9 @@ def find_knee(levels: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-async def _prompt_ids(client: oc.Client, model: str, prompt_tokens: int, count: int) -> list[list[int]] | None:
+async def _prompt_ids(
+    client: oc.Client, model: str, prompt_tokens: int, count: int
+) -> list[list[int]] | None:
     """Exactly `prompt_tokens` token ids per request, a different rotation each so prefix caching
     cannot skip the prefill; None when the server has no /tokenize (then words are sent)."""
     try:
@@ -207,8 +219,12 @@ async def _generation_counter(client: oc.Client, model: str) -> float | None:
 
 async def _cross_check(client: oc.Client, model: str, before: float | None, counted: int) -> dict[str, Any]:
     if before is None:
-        return {"status": "unavailable", "counted_tokens": counted, "server_tokens": None,
-                "detail": f"/metrics has no {COUNTER}"}
+        return {
+            "status": "unavailable",
+            "counted_tokens": counted,
+            "server_tokens": None,
+            "detail": f"/metrics has no {COUNTER}",
+        }
     deadline = time.monotonic() + METRICS_SETTLE_S
     while True:
         after = await _generation_counter(client, model)
@@ -217,10 +233,16 @@ async def _cross_check(client: oc.Client, model: str, before: float | None, coun
             break
         await asyncio.sleep(0.2)
     status = "match" if grown == counted else "mismatch"
-    detail = "" if status == "match" else (
-        "the server generated more tokens than this run received: other clients share it, or failed "
-        "requests generated tokens" if grown is not None and grown > counted
-        else "the server counted fewer tokens than this run received")
+    detail = (
+        ""
+        if status == "match"
+        else (
+            "the server generated more tokens than this run received: other clients share it, or failed "
+            "requests generated tokens"
+            if grown is not None and grown > counted
+            else "the server counted fewer tokens than this run received"
+        )
+    )
     return {"status": status, "counted_tokens": counted, "server_tokens": grown, "detail": detail}
 
 
@@ -233,8 +255,9 @@ async def resolve_model(client: oc.Client, wanted: str) -> str:
     if wanted == "auto" and served:
         return served[0]
     if wanted not in served:
-        raise BenchAborted(oc.ServerError(
-            oc.MODEL_NOT_FOUND, f"model {wanted!r} is not served; the server serves {served}"))
+        raise BenchAborted(
+            oc.ServerError(oc.MODEL_NOT_FOUND, f"model {wanted!r} is not served; the server serves {served}")
+        )
     return wanted
 
 
@@ -244,19 +267,27 @@ async def _still_serving(client: oc.Client) -> None:
         await client.request("GET", "/health")
     except oc.ServerError as exc:
         if exc.kind == oc.UNREACHABLE or exc.status == 503:
-            raise BenchAborted(oc.ServerError(oc.UNREACHABLE, f"the server went away during the run ({exc})")) from None
+            raise BenchAborted(
+                oc.ServerError(oc.UNREACHABLE, f"the server went away during the run ({exc})")
+            ) from None
 
 
 def abort_remedy(error: oc.ServerError, api_key_given: bool) -> str:
     if error.kind == oc.UNAUTHORIZED:
-        return ("check that --api-key-file holds the key vLLM was started with" if api_key_given
-                else "pass --api-key-file FILE holding the key vLLM was started with (--api-key or VLLM_API_KEY)")
+        return (
+            "check that --api-key-file holds the key vLLM was started with"
+            if api_key_given
+            else "pass --api-key-file FILE holding the key vLLM was started with (--api-key or VLLM_API_KEY)"
+        )
     if error.kind == oc.MODEL_NOT_FOUND:
         return "use --model auto, or restart vLLM with --served-model-name set to the name you pass"
     if error.kind == oc.TIMEOUT:
         return f"the server stopped answering: {LOG_HINT}; raise --timeout if it is only slow"
     if error.kind in (oc.HTTP, oc.STREAM_CUT, oc.BAD_RESPONSE):
-        return f"the server cannot serve a streamed completion: run `rocmdoctor smoke` to see which step fails; {LOG_HINT}"
+        return (
+            "the server cannot serve a streamed completion: run `rocmdoctor smoke` to see which step "
+            f"fails; {LOG_HINT}"
+        )
     return f"the server went away: {LOG_HINT} (often out of memory), restart it and rerun"
 
 
@@ -267,12 +298,22 @@ async def run_levels(options: BenchOptions) -> dict[str, Any]:
     async with oc.open_client(server, connections=max(levels)) as client:
         model = await resolve_model(client, options.model)
         ids = await _prompt_ids(client, model, options.prompt_tokens, options.requests)
-        prompts: list[Any] = ids if ids is not None else _prompt_words(options.prompt_tokens, options.requests)
-        bodies = [{"model": model, "prompt": p, "max_tokens": options.max_tokens, "ignore_eos": True,
-                   "temperature": 0} for p in prompts]
+        prompts: list[Any] = (
+            ids if ids is not None else _prompt_words(options.prompt_tokens, options.requests)
+        )
+        bodies = [
+            {
+                "model": model,
+                "prompt": p,
+                "max_tokens": options.max_tokens,
+                "ignore_eos": True,
+                "temperature": 0,
+            }
+            for p in prompts
+        ]
         # A warm-up round at the highest concurrency: a fresh engine pays for every new batch shape
         # once (kernel selection, allocator growth), which would otherwise land in the measured levels.
-        warm_up = await run_level(client, bodies[:max(levels)], max(levels))
+        warm_up = await run_level(client, bodies[: max(levels)], max(levels))
         if warm_up["failures"]:
             raise BenchAborted(oc.ServerError(oc.HTTP, f"the warm-up request failed: {warm_up['errors'][0]}"))
         before = await _generation_counter(client, model)
@@ -284,16 +325,29 @@ async def run_levels(options: BenchOptions) -> dict[str, Any]:
                 if results[-1]["failures"]:
                     await _still_serving(client)
         except BenchAborted as exc:
-            aborted = {"kind": exc.error.kind, "message": str(exc.error), "at_concurrency": concurrency,
-                       "remedy": abort_remedy(exc.error, options.api_key is not None)}
+            aborted = {
+                "kind": exc.error.kind,
+                "message": str(exc.error),
+                "at_concurrency": concurrency,
+                "remedy": abort_remedy(exc.error, options.api_key is not None),
+            }
         counted = sum(lv["output_tokens"] for lv in results)
         if aborted:
-            cross_check = {"status": "skipped", "counted_tokens": counted, "server_tokens": None,
-                           "detail": "the run was aborted"}
+            cross_check = {
+                "status": "skipped",
+                "counted_tokens": counted,
+                "server_tokens": None,
+                "detail": "the run was aborted",
+            }
         else:
             cross_check = await _cross_check(client, model, before, counted)
-    return {"model": model, "prompt_kind": "token_ids" if ids is not None else "words",
-            "levels": results, "cross_check": cross_check, "aborted": aborted}
+    return {
+        "model": model,
+        "prompt_kind": "token_ids" if ids is not None else "words",
+        "levels": results,
+        "cross_check": cross_check,
+        "aborted": aborted,
+    }
 
 
 def build_report(options: BenchOptions, run: dict[str, Any]) -> dict[str, Any]:
@@ -311,9 +365,14 @@ def build_report(options: BenchOptions, run: dict[str, Any]) -> dict[str, Any]:
         "command": "bench",
         "url": options.url,
         "model": run["model"],
-        "settings": {"requests": options.requests, "prompt_tokens": options.prompt_tokens,
-                     "prompt_kind": run["prompt_kind"], "max_tokens": options.max_tokens,
-                     "concurrency": sorted(set(options.concurrency) | {1}), "timeout_s": options.timeout_s},
+        "settings": {
+            "requests": options.requests,
+            "prompt_tokens": options.prompt_tokens,
+            "prompt_kind": run["prompt_kind"],
+            "max_tokens": options.max_tokens,
+            "concurrency": sorted(set(options.concurrency) | {1}),
+            "timeout_s": options.timeout_s,
+        },
         "levels": levels,
         "knee": find_knee(levels) if measured else None,
         "cross_check": run["cross_check"],

@@ -16,10 +16,9 @@ import hashlib
 import io
 import os
 import threading
-import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import requests
 import urllib3
@@ -65,7 +64,9 @@ class _Retryable(Exception):
     pass
 
 
-def sha256_file(path: Path, digest: "hashlib._Hash | None" = None, on_bytes: ProgressFn | None = None) -> "hashlib._Hash":
+def sha256_file(
+    path: Path, digest: hashlib._Hash | None = None, on_bytes: ProgressFn | None = None
+) -> hashlib._Hash:
     digest = digest or hashlib.sha256()
     with open(path, "rb", buffering=0) as fh:
         buf = bytearray(CHUNK)
@@ -89,8 +90,14 @@ class PartFile:
     generation: int = 0  # bumped when the file restarts from 0
     cond: threading.Condition = field(default_factory=threading.Condition)
 
-    def publish(self, written: int | None = None, path: Path | None = None, done: bool = False,
-                error: BaseException | None = None, restarted: bool = False) -> None:
+    def publish(
+        self,
+        written: int | None = None,
+        path: Path | None = None,
+        done: bool = False,
+        error: BaseException | None = None,
+        restarted: bool = False,
+    ) -> None:
         with self.cond:
             if written is not None:
                 self.written = written
@@ -103,7 +110,7 @@ class PartFile:
             self.cond.notify_all()
 
 
-def _check_digest(part: PartFile, digest: "hashlib._Hash") -> None:
+def _check_digest(part: PartFile, digest: hashlib._Hash) -> None:
     if digest.hexdigest() != part.asset.hexdigest:
         raise DigestMismatch(
             part.asset.name,
@@ -119,8 +126,11 @@ def verify_local(part: PartFile, source: Path, on_bytes: ProgressFn | None = Non
     try:
         size = source.stat().st_size
         if size != part.asset.size:
-            raise DownloadError(part.asset.name, f"{source} is {size} bytes, the lock says {part.asset.size}; "
-                                "refill the mirror with `rocmdoctor bundle fetch --to DIR`")
+            raise DownloadError(
+                part.asset.name,
+                f"{source} is {size} bytes, the lock says {part.asset.size}; "
+                "refill the mirror with `rocmdoctor bundle fetch --to DIR`",
+            )
         seen = 0
 
         def advance(n: int) -> None:
@@ -183,8 +193,11 @@ class Downloader:
                 attempt += 1
                 if attempt > opts.retries:
                     have = staging.stat().st_size if staging.exists() else 0
-                    raise DownloadError(part.asset.name, f"gave up after {attempt} attempts: {exc}. {have} bytes "
-                                        "are kept: rerun the same command to resume") from None
+                    raise DownloadError(
+                        part.asset.name,
+                        f"gave up after {attempt} attempts: {exc}. {have} bytes "
+                        "are kept: rerun the same command to resume",
+                    ) from None
                 if self._cancelled.wait(min(opts.max_backoff_s, opts.backoff_s * 2 ** (attempt - 1))):
                     raise DownloadCancelled(part.asset.name) from None
         try:
@@ -198,7 +211,7 @@ class Downloader:
             part.path = final
         etag_file.unlink(missing_ok=True)
 
-    def _attempt(self, part: PartFile, url: str, staging: Path, etag_file: Path) -> "hashlib._Hash":
+    def _attempt(self, part: PartFile, url: str, staging: Path, etag_file: Path) -> hashlib._Hash:
         """One request; returns the digest of the complete file or raises _Retryable."""
         asset, opts = part.asset, self.options
         have = staging.stat().st_size if staging.exists() else 0
@@ -217,10 +230,13 @@ class Downloader:
             if etag:
                 headers["If-Range"] = etag
         try:
-            response = self._session().get(url, headers=headers, stream=True,
-                                           timeout=(opts.connect_timeout_s, opts.read_timeout_s))
+            response = self._session().get(
+                url, headers=headers, stream=True, timeout=(opts.connect_timeout_s, opts.read_timeout_s)
+            )
         except requests.Timeout:
-            raise _Retryable(f"no answer from {url} within {opts.connect_timeout_s:g}s/{opts.read_timeout_s:g}s")
+            raise _Retryable(
+                f"no answer from {url} within {opts.connect_timeout_s:g}s/{opts.read_timeout_s:g}s"
+            )
         except requests.ConnectionError as exc:
             raise _Retryable(f"cannot connect to {url}: {_short(exc)}")
         with response:
@@ -228,18 +244,26 @@ class Downloader:
             if status == 416 and have:
                 if have == asset.size:
                     return digest
-                raise DownloadError(asset.name, f"the server has only {have} bytes, the lock says {asset.size}: "
-                                    "the part is shorter than declared (truncated upload or a rebuilt release; "
-                                    "run `rocmdoctor bundle lock` or fix the mirror)")
+                raise DownloadError(
+                    asset.name,
+                    f"the server has only {have} bytes, the lock says {asset.size}: "
+                    "the part is shorter than declared (truncated upload or a rebuilt release; "
+                    "run `rocmdoctor bundle lock` or fix the mirror)",
+                )
             if status in (404, 410):
-                raise DownloadError(asset.name, f"not found at {url} ({status}): the mirror lacks it or the "
-                                    "release was removed; fill the mirror with `rocmdoctor bundle fetch` or "
-                                    "refresh the pins with `rocmdoctor bundle lock`")
+                raise DownloadError(
+                    asset.name,
+                    f"not found at {url} ({status}): the mirror lacks it or the "
+                    "release was removed; fill the mirror with `rocmdoctor bundle fetch` or "
+                    "refresh the pins with `rocmdoctor bundle lock`",
+                )
             if status >= 500 or status in (408, 429):
                 raise _Retryable(f"server error {status} from {url}")
             if status == 206 and have:
                 if not response.headers.get("Content-Range", "").startswith(f"bytes {have}-"):
-                    raise _Retryable(f"the server resumed at the wrong offset ({response.headers.get('Content-Range')})")
+                    raise _Retryable(
+                        f"the server resumed at the wrong offset ({response.headers.get('Content-Range')})"
+                    )
                 mode = "ab"
             elif status == 200:
                 if have:
@@ -254,8 +278,11 @@ class Downloader:
                     if self._cancelled.is_set():
                         raise DownloadCancelled(asset.name)
                     if have + len(block) > asset.size:
-                        raise DownloadError(asset.name, f"the server sent more than the {asset.size} bytes the "
-                                            "lock declares; run `rocmdoctor bundle lock` to refresh the pins")
+                        raise DownloadError(
+                            asset.name,
+                            f"the server sent more than the {asset.size} bytes the "
+                            "lock declares; run `rocmdoctor bundle lock` to refresh the pins",
+                        )
                     fh.write(block)
                     digest.update(block)
                     have += len(block)
@@ -265,14 +292,15 @@ class Downloader:
             raise _Retryable(f"the server ended the body at {have} of {asset.size} bytes")
         return digest
 
-
     def _read_block(self, response: requests.Response, have: int) -> bytes:
         """Whatever has arrived, up to CHUNK (read1): a cut connection loses only bytes in flight, so a
         resume starts close to where the cut happened."""
         try:
             return response.raw.read1(CHUNK)
         except (urllib3.exceptions.ReadTimeoutError, TimeoutError):
-            raise _Retryable(f"the server stalled: no data for {self.options.read_timeout_s:g}s at byte {have}")
+            raise _Retryable(
+                f"the server stalled: no data for {self.options.read_timeout_s:g}s at byte {have}"
+            )
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise _Retryable(f"connection lost at byte {have}: {_short(exc)}")
 
@@ -284,7 +312,7 @@ def _short(exc: BaseException) -> str:
 
 def _os_message(exc: OSError, where: Path) -> str:
     if exc.errno == errno.ENOSPC:
-        return f"no space left on the device holding {where}; free space there or pick another --prefix, then rerun"
+        return f"no space left on the device holding {where}; free space there or pick another --prefix"
     return f"cannot write under {where}: {exc.strerror or exc}"
 
 
@@ -332,7 +360,7 @@ class PartStream(io.RawIOBase):
                         break
                     part.cond.wait(self.poll_s)
                 if self._fh is None:
-                    self._fh = open(part.path, "rb", buffering=0)
+                    self._fh = open(part.path, "rb", buffering=0)  # noqa: SIM115 - kept open across reads
                 available = part.written - self._pos
             if available <= 0:  # the part is done and fully read
                 self._fh.close()
@@ -341,7 +369,7 @@ class PartStream(io.RawIOBase):
                 self._pos = 0
                 self._generation = 0
                 continue
-            n = self._fh.readinto(memoryview(buffer)[:min(len(buffer), available)])
+            n = self._fh.readinto(memoryview(buffer)[: min(len(buffer), available)])
             if not n:
                 raise StreamRestarted(part.asset.name)
             self._pos += n

@@ -16,8 +16,9 @@ import subprocess
 import tarfile
 import threading
 import zlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO
 
 ProgressFn = Callable[[int], None]
 BUFFER = 1 << 20
@@ -71,8 +72,9 @@ def check_member(member: tarfile.TarInfo, dest: str) -> None:
 def _make_filter(dest: Path) -> Callable[[tarfile.TarInfo, str], tarfile.TarInfo | None]:
     data_filter = getattr(tarfile, "data_filter", None)
     if data_filter is None:
-        raise ArchiveError("this Python lacks tarfile extraction filters (PEP 706); use Python 3.10.12, "
-                           "3.11.4 or newer")
+        raise ArchiveError(
+            "this Python lacks tarfile extraction filters (PEP 706); use Python 3.10.12, 3.11.4 or newer"
+        )
     root = os.path.realpath(dest)
 
     def member_filter(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
@@ -111,14 +113,17 @@ class Gunzip:
     thread, ahead of the truncated-archive symptom they cause."""
 
     def __init__(self, command: list[str], stream: BinaryIO, on_bytes: ProgressFn | None) -> None:
-        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.proc = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
         self.stdout = self.proc.stdout
         self.stream = stream
         self.errors: list[BaseException] = []
         self.stderr = ""
         self._stopping = False
-        self._thread = threading.Thread(target=self._feed, args=(_Counting(stream, on_bytes),),
-                                        name="gunzip-feed", daemon=True)
+        self._thread = threading.Thread(
+            target=self._feed, args=(_Counting(stream, on_bytes),), name="gunzip-feed", daemon=True
+        )
         self._thread.start()
 
     def _feed(self, source: _Counting) -> None:
@@ -159,11 +164,14 @@ class Gunzip:
         if self.errors:
             raise self.errors[0]
         if self.proc.returncode != 0:
-            raise ArchiveError(f"the bundle is not a valid gzip stream ({self.stderr or f'exit {self.proc.returncode}'})")
+            raise ArchiveError(
+                f"the bundle is not a valid gzip stream ({self.stderr or f'exit {self.proc.returncode}'})"
+            )
 
 
-def extract_stream(stream: BinaryIO, dest: Path, on_bytes: ProgressFn | None = None,
-                   extractor: str = "auto") -> None:
+def extract_stream(
+    stream: BinaryIO, dest: Path, on_bytes: ProgressFn | None = None, extractor: str = "auto"
+) -> None:
     """Extract the gzip'd tar read from `stream` into `dest` (which must exist and be empty).
 
     extractor: "tar" (GNU tar behind our header vetting, fastest), "python" (tarfile + data filter),

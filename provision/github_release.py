@@ -46,13 +46,17 @@ def fetch_release(repo: str, tag: str, base_url: str, timeout: tuple[float, floa
     try:
         response = requests.get(url, headers=headers, timeout=timeout)
     except requests.RequestException as exc:
-        raise ReleaseError(f"cannot reach the release API at {base_url}: {exc}; check the network, or point "
-                           f"--api-url/{API_ENV} at a reachable mirror, or install from --mirror") from None
+        raise ReleaseError(
+            f"cannot reach the release API at {base_url}: {exc}; check the network, or point "
+            f"--api-url/{API_ENV} at a reachable mirror, or install from --mirror"
+        ) from None
     if response.status_code == 404:
         raise ReleaseError(f"release {tag} not found in {repo} ({url}); check --tag and --repo")
     if response.status_code in (403, 429):
-        raise ReleaseError(f"the release API refused the request ({response.status_code}, rate limit?); "
-                           "set GITHUB_TOKEN or retry later")
+        raise ReleaseError(
+            f"the release API refused the request ({response.status_code}, rate limit?); "
+            "set GITHUB_TOKEN or retry later"
+        )
     if response.status_code != 200:
         raise ReleaseError(f"the release API answered {response.status_code} for {url}; retry later")
     try:
@@ -61,19 +65,26 @@ def fetch_release(repo: str, tag: str, base_url: str, timeout: tuple[float, floa
         if not isinstance(raw_assets, list):
             raise TypeError("assets is not a list")
     except (ValueError, KeyError, TypeError) as exc:
-        raise ReleaseError(f"{url} did not return a release object ({exc}); is --api-url a GitHub API?") from None
+        raise ReleaseError(
+            f"{url} did not return a release object ({exc}); is --api-url a GitHub API?"
+        ) from None
     found = []
     for index, raw in enumerate(raw_assets):
         if not isinstance(raw, dict) or not is_bundle_asset(str(raw.get("name", "")), tag):
             continue
         try:
-            asset = parse_asset({k: raw.get(k) for k in ("name", "size", "digest")},
-                                f"{url}: assets[{index}]", digest_required=False)
+            asset = parse_asset(
+                {k: raw.get(k) for k in ("name", "size", "digest")},
+                f"{url}: assets[{index}]",
+                digest_required=False,
+            )
             check_asset_name(asset.name, tag, f"{url}: assets[{index}]")  # names become file names
         except ManifestError as exc:
             raise ReleaseError(str(exc)) from None
         download = raw.get("browser_download_url")
-        found.append(Asset(asset.name, asset.size, asset.digest, download if isinstance(download, str) else None))
+        found.append(
+            Asset(asset.name, asset.size, asset.digest, download if isinstance(download, str) else None)
+        )
     if not found:
         raise ReleaseError(f"release {tag} in {repo} has no {tag}-x64 tarball assets")
     try:

@@ -4,7 +4,8 @@ Layout under <prefix>:
     bundles/<tag>/                 complete, validated trees (each with .rocmdoctor-bundle.json)
     bundles/<tag>.partial/         extraction in progress (never pointed at; removed on the next run)
     bundles/.downloads/<tag>/      parts being downloaded (kept on failure so a rerun resumes)
-    current -> bundles/<tag>       switched atomically (symlink to a temp name, then os.replace)
+    current -> bundles/<tag>       switched atomically (symlink to a temp name, then os.replace);
+                                   a live tag is replaced by swapping trees (RENAME_EXCHANGE)
     previous -> bundles/<tag>      what `rollback` returns to
     .install.lock                  flock: one install at a time
 
@@ -21,12 +22,23 @@ import shutil
 import subprocess
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
-from .download import (DownloadCancelled, DownloadError, Downloader, DownloadOptions, PartFile, PartStream, StreamCancelled,
-                       StreamRestarted, verify_local)
+from ..atomic import fsync_dir, write_atomic
+from .download import (
+    DownloadCancelled,
+    Downloader,
+    DownloadError,
+    DownloadOptions,
+    PartFile,
+    PartStream,
+    StreamCancelled,
+    StreamRestarted,
+    verify_local,
+)
 from .extract import ArchiveError, UnsafeArchive, extract_stream, fix_exec_bits
 from .manifest import Asset
 
@@ -58,6 +70,7 @@ class InstallPlan:
     force: bool = False
     precompile: bool = False
     download: DownloadOptions = field(default_factory=DownloadOptions)
+    download_dir: Path | None = None  # where parts are staged; default <prefix>/bundles/.downloads
     extractor: str = "auto"  # auto | tar | python, see extract.extract_stream
     on_download: ProgressFn | None = None
     on_extract: ProgressFn | None = None
@@ -119,9 +132,17 @@ class Layout:
             if entry.name.startswith(".") or entry.name.endswith(".partial") or not entry.is_dir():
                 continue
             meta = self.metadata(entry.name) or {}
-            found.append({"tag": entry.name, "family": meta.get("family"), "installed_at": meta.get("installed_at"),
-                          "path": str(entry), "current": entry.name == current,
-                          "previous": entry.name == previous, "complete": bool(meta)})
+            found.append(
+                {
+                    "tag": entry.name,
+                    "family": meta.get("family"),
+                    "installed_at": meta.get("installed_at"),
+                    "path": str(entry),
+                    "current": entry.name == current,
+                    "previous": entry.name == previous,
+                    "complete": bool(meta),
+                }
+            )
         return found
 
 
@@ -135,27 +156,21 @@ def _lock(layout: Layout) -> _Held:
         layout.prefix.mkdir(parents=True, exist_ok=True)
         fd = os.open(layout.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
-        raise InstallError(f"cannot use {layout.prefix}: {exc.strerror or exc}; pick a writable --prefix "
-                           "(or run as root)") from None
+        raise InstallError(
+            f"cannot use {layout.prefix}: {exc.strerror or exc}; pick a writable --prefix (or run as root)"
+        ) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise InstallError(f"another rocmdoctor install holds {layout.lock_path}; wait for it to finish "
-                           "and rerun") from None
+        raise InstallError(
+            f"another rocmdoctor install holds {layout.lock_path}; wait for it to finish and rerun"
+        ) from None
     return _Held(fd)
 
 
 def _unlock(held: _Held) -> None:
     os.close(held.fd)  # closing drops the flock
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _point(link: Path, target: str) -> None:
@@ -164,17 +179,11 @@ def _point(link: Path, target: str) -> None:
     temp.unlink(missing_ok=True)
     os.symlink(target, temp)
     os.replace(temp, link)
-    _fsync_dir(link.parent)
+    fsync_dir(link.parent)
 
 
 def write_json_atomic(path: Path, doc: Any) -> None:
-    temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(temp, "w") as fh:
-        json.dump(doc, fh, indent=2)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(temp, path)
+    write_atomic(path, json.dumps(doc, indent=2) + "\n")
 
 
 def recover(layout: Layout) -> None:
@@ -214,7 +223,7 @@ def install(plan: InstallPlan) -> InstallResult:
             return _result(layout, plan, True, f"switched to the installed {plan.tag}")
         downloaded = _install_tree(layout, plan)
         _activate(layout, plan.tag)
-        shutil.rmtree(layout.downloads / plan.tag, ignore_errors=True)
+        shutil.rmtree(_staging(layout, plan), ignore_errors=True)
         result = _result(layout, plan, True, f"installed {plan.tag}")
         result.downloaded_bytes = downloaded
         return result
@@ -228,30 +237,46 @@ def _os_failure(exc: OSError, layout: Layout) -> str:
     import errno
 
     if exc.errno == errno.ENOSPC:
-        return (f"no space left on the device holding {layout.prefix}; the previous bundle is still active. "
-                "Free space (or choose another --prefix) and rerun: finished downloads are kept")
+        return (
+            f"no space left on the device holding {layout.prefix}; the previous bundle is still active. "
+            "Free space (or choose another --prefix) and rerun: finished downloads are kept"
+        )
     return f"{exc.strerror or exc} ({exc.filename or layout.prefix}); the previous bundle is still active"
 
 
 def _result(layout: Layout, plan: InstallPlan, changed: bool, msg: str) -> InstallResult:
-    return InstallResult(changed, msg, plan.tag, layout.current_tag(), layout.previous_tag(), plan.family,
-                         str(layout.bundles / plan.tag))
+    return InstallResult(
+        changed,
+        msg,
+        plan.tag,
+        layout.current_tag(),
+        layout.previous_tag(),
+        plan.family,
+        str(layout.bundles / plan.tag),
+    )
+
+
+def _staging(layout: Layout, plan: InstallPlan) -> Path:
+    return (plan.download_dir or layout.downloads) / plan.tag
 
 
 class _Fetches:
     """The parts' downloads (or local verifications), running beside the extraction."""
 
     def __init__(self, layout: Layout, plan: InstallPlan) -> None:
-        self.dest = layout.downloads / plan.tag
+        self.dest = _staging(layout, plan)
         self.dest.mkdir(parents=True, exist_ok=True)
         self.counted = 0
         self._count_lock = threading.Lock()
         self.downloader = Downloader(plan.download, self._on_bytes)
         self.on_download = plan.on_download
         self.parts = [PartFile(s.asset, self.dest / s.asset.name) for s in plan.sources]
-        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(4, len(self.parts)),
-                                                          thread_name_prefix="fetch")
-        self.futures = [self.pool.submit(self._one, part, source) for part, source in zip(self.parts, plan.sources)]
+        self.pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=min(4, len(self.parts)), thread_name_prefix="fetch"
+        )
+        self.futures = [
+            self.pool.submit(self._one, part, source) for part, source in zip(self.parts, plan.sources)
+        ]
 
     def _on_bytes(self, n: int) -> None:
         with self._count_lock:
@@ -307,17 +332,27 @@ def _install_tree(layout: Layout, plan: InstallPlan) -> int:
             # A corrupt archive is usually a corrupt download: let the parts finish so the error
             # names the part whose digest is wrong rather than tar's symptom.
             fetches.wait()
-            raise InstallError(f"{exc}. Nothing was activated; the previous bundle is still active. "
-                               "Report this bundle to its publisher") from None
+            raise InstallError(
+                f"{exc}. Nothing was activated; the previous bundle is still active. "
+                "Report this bundle to its publisher"
+            ) from None
         fetches.wait()  # every digest verified before the tree can become visible
         root = _validate(partial, plan)
-        write_json_atomic(root / METADATA, {
-            "schema_version": 1, "tag": plan.tag, "family": plan.family, "repo": plan.repo,
-            "installed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "assets": [{"name": s.asset.name, "size": s.asset.size, "digest": s.asset.digest}
-                       for s in plan.sources],
-        })
-        _fsync_dir(root)
+        write_json_atomic(
+            root / METADATA,
+            {
+                "schema_version": 1,
+                "tag": plan.tag,
+                "family": plan.family,
+                "repo": plan.repo,
+                "installed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "assets": [
+                    {"name": s.asset.name, "size": s.asset.size, "digest": s.asset.digest}
+                    for s in plan.sources
+                ],
+            },
+        )
+        fsync_dir(root)
         _move_into_place(layout, root, plan.tag)
         return fetches.counted
     except BaseException:
@@ -331,7 +366,12 @@ def _bundle_root(partial: Path) -> Path:
     if (partial / "bin").is_dir():
         return partial
     entries = [e for e in partial.iterdir()]
-    if len(entries) == 1 and entries[0].is_dir() and not entries[0].is_symlink() and (entries[0] / "bin").is_dir():
+    if (
+        len(entries) == 1
+        and entries[0].is_dir()
+        and not entries[0].is_symlink()
+        and (entries[0] / "bin").is_dir()
+    ):
         return entries[0]
     return partial
 
@@ -340,8 +380,10 @@ def _validate(partial: Path, plan: InstallPlan) -> Path:
     root = _bundle_root(partial)
     missing = [name for name in ("bin/vllm-server", "bin/python3") if not (root / name).is_file()]
     if missing:
-        raise InstallError(f"the extracted {plan.tag} lacks {', '.join(missing)}: not a vllm-rocm bundle. "
-                           "Nothing was activated; check the tag and the pins (`rocmdoctor bundle lock`)")
+        raise InstallError(
+            f"the extracted {plan.tag} lacks {', '.join(missing)}: not a vllm-rocm bundle. "
+            "Nothing was activated; check the tag and the pins (`rocmdoctor bundle lock`)"
+        )
     fix_exec_bits(root)
     python = root / "bin" / "python3"
     commands = [[str(python), "-c", "pass"]]
@@ -349,29 +391,56 @@ def _validate(partial: Path, plan: InstallPlan) -> Path:
         commands.append([str(python), "-m", "compileall", "-q", "-j0", *map(str, root.glob("lib/python3.*"))])
     for command in commands:
         try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=VALIDATE_TIMEOUT_S,
-                                  stdin=subprocess.DEVNULL)
+            done = subprocess.run(  # noqa: PLW1510 - the exit status is judged below
+                command, capture_output=True, text=True, timeout=VALIDATE_TIMEOUT_S, stdin=subprocess.DEVNULL
+            )
         except (OSError, subprocess.TimeoutExpired) as exc:
-            raise InstallError(f"the bundle's interpreter does not run ({exc}). Nothing was activated; "
-                               "the previous bundle is still active") from None
+            raise InstallError(
+                f"the bundle's interpreter does not run ({exc}). Nothing was activated; "
+                "the previous bundle is still active"
+            ) from None
         if done.returncode != 0:
             tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-            raise InstallError(f"`{' '.join(command[1:3])}` in the new bundle failed (exit {done.returncode}: "
-                               f"{' / '.join(tail)}). Nothing was activated; the previous bundle is still active")
+            raise InstallError(
+                f"`{' '.join(command[1:3])}` in the new bundle failed (exit {done.returncode}: "
+                f"{' / '.join(tail)}). Nothing was activated; the previous bundle is still active"
+            )
     return root
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two directories in one step (renameat2 RENAME_EXCHANGE); False where unsupported."""
+    import ctypes
+    import errno
+
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(a))
 
 
 def _move_into_place(layout: Layout, root: Path, tag: str) -> None:
     final = layout.bundles / tag
-    aside = layout.bundles / f".{tag}.old-{os.getpid()}"
-    if final.exists():  # --force or a rebuilt release: keep the old tree until the new one is in
-        os.replace(final, aside)
-    os.replace(root, final)
-    _fsync_dir(layout.bundles)
+    if final.exists() and _exchange(root, final):
+        # --force or a rebuilt release: `current` saw the old tree, then the new one, never nothing.
+        fsync_dir(layout.bundles)
+        shutil.rmtree(root)  # now the old tree
+    else:
+        aside = layout.bundles / f".{tag}.old-{os.getpid()}"
+        if final.exists():  # no RENAME_EXCHANGE here: keep the old tree until the new one is in
+            os.replace(final, aside)
+        os.replace(root, final)
+        fsync_dir(layout.bundles)
+        shutil.rmtree(aside, ignore_errors=True)
     partial = layout.bundles / f"{tag}.partial"
     if partial.exists():
         shutil.rmtree(partial)
-    shutil.rmtree(aside, ignore_errors=True)
 
 
 def _activate(layout: Layout, tag: str) -> None:
@@ -389,24 +458,43 @@ def rollback(prefix: Path, to: str | None = None) -> InstallResult:
         current = layout.current_tag()
         target = to or layout.previous_tag()
         if target is None:
-            raise InstallError(f"no previous bundle under {prefix} to roll back to; `rocmdoctor bundles` "
-                               "lists what is installed")
+            raise InstallError(
+                f"no previous bundle under {prefix} to roll back to; `rocmdoctor bundles` "
+                "lists what is installed"
+            )
         if not (layout.bundles / target / METADATA).is_file():
-            raise InstallError(f"{target} is not a complete bundle under {layout.bundles}; "
-                               "`rocmdoctor bundles` lists what is installed")
+            raise InstallError(
+                f"{target} is not a complete bundle under {layout.bundles}; "
+                "`rocmdoctor bundles` lists what is installed"
+            )
         family = (layout.metadata(target) or {}).get("family") or ""
         if target == current:
-            return InstallResult(False, f"{target} is already current", target, current,
-                                 layout.previous_tag(), family, str(layout.bundles / target))
+            return InstallResult(
+                False,
+                f"{target} is already current",
+                target,
+                current,
+                layout.previous_tag(),
+                family,
+                str(layout.bundles / target),
+            )
         _activate(layout, target)
-        return InstallResult(True, f"switched from {current} to {target}", target, layout.current_tag(),
-                             layout.previous_tag(), family, str(layout.bundles / target))
+        return InstallResult(
+            True,
+            f"switched from {current} to {target}",
+            target,
+            layout.current_tag(),
+            layout.previous_tag(),
+            family,
+            str(layout.bundles / target),
+        )
     finally:
         _unlock(held)
 
 
-def fetch_to(sources: list[Source], dest: Path, options: DownloadOptions,
-             on_bytes: ProgressFn | None = None) -> Iterator[tuple[Asset, bool]]:
+def fetch_to(
+    sources: list[Source], dest: Path, options: DownloadOptions, on_bytes: ProgressFn | None = None
+) -> Iterator[tuple[Asset, bool]]:
     """Fill a mirror directory: yields (asset, downloaded?) per part; parts already there are verified."""
     dest.mkdir(parents=True, exist_ok=True)
     downloader = Downloader(options, on_bytes)

@@ -82,8 +82,11 @@ class Lock:
             "schema_version": SCHEMA_VERSION,
             "repo": self.repo,
             "families": {
-                f: {"tag": e.tag, "pinned": e.pinned,
-                    "assets": [{k: v for k, v in vars(a).items() if v is not None} for a in e.assets]}
+                f: {
+                    "tag": e.tag,
+                    "pinned": e.pinned,
+                    "assets": [{k: v for k, v in vars(a).items() if v is not None} for a in e.assets],
+                }
                 for f, e in sorted(self.families.items())
             },
         }
@@ -96,8 +99,9 @@ def _load_toml(text: str, where: str) -> dict[str, Any]:
         try:
             import tomli as tomllib  # type: ignore[no-redef]
         except ModuleNotFoundError:
-            raise ManifestError(f"{where}: reading TOML on Python 3.10 needs the 'tomli' package "
-                                "(pip install tomli)") from None
+            raise ManifestError(
+                f"{where}: reading TOML on Python 3.10 needs the 'tomli' package (pip install tomli)"
+            ) from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -117,7 +121,9 @@ def _need(doc: dict[str, Any], key: str, kind: type | tuple[type, ...], where: s
 def _check_schema(doc: dict[str, Any], where: str) -> None:
     version = _need(doc, "schema_version", int, where)
     if version != SCHEMA_VERSION:
-        raise ManifestError(f"{where}: field 'schema_version' is {version}; this rocmdoctor reads {SCHEMA_VERSION}")
+        raise ManifestError(
+            f"{where}: field 'schema_version' is {version}; this rocmdoctor reads {SCHEMA_VERSION}"
+        )
 
 
 def _check_repo(doc: dict[str, Any], where: str) -> str:
@@ -133,7 +139,9 @@ _TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 def check_tag(tag: str, family: str, where: str) -> None:
     """Tags become directory names under <prefix>/bundles: plain names only."""
     if not _TAG.match(tag) or not tag.endswith("-" + family):
-        raise ManifestError(f"{where}: field 'tag' {tag!r} must end with '-{family}' (vllm<ver>-rocm<ver>-<family>)")
+        raise ManifestError(
+            f"{where}: field 'tag' {tag!r} must end with '-{family}' (vllm<ver>-rocm<ver>-<family>)"
+        )
 
 
 def parse_manifest(text: str, where: str = "manifest.toml") -> Manifest:
@@ -152,7 +160,9 @@ def parse_manifest(text: str, where: str = "manifest.toml") -> Manifest:
             check_tag(tag, family, at)
         channel = _need(entry, "channel", str, at)
         if channel not in CHANNELS:
-            raise ManifestError(f"{at}: field 'channel' must be one of {', '.join(CHANNELS)}, not {channel!r}")
+            raise ManifestError(
+                f"{at}: field 'channel' must be one of {', '.join(CHANNELS)}, not {channel!r}"
+            )
         parts = entry.get("parts", [])
         if not isinstance(parts, list) or not all(isinstance(p, str) and p for p in parts):
             raise ManifestError(f"{at}: field 'parts' must be a list of file names")
@@ -182,7 +192,9 @@ def parse_asset(doc: Any, where: str, digest_required: bool = True) -> Asset:
     if digest is None and not digest_required:
         pass
     elif not isinstance(digest, str) or not _DIGEST.match(digest):
-        raise ManifestError(f"{where}: field 'digest' must be 'sha256:' and 64 lowercase hex digits, not {digest!r}")
+        raise ManifestError(
+            f"{where}: field 'digest' must be 'sha256:' and 64 lowercase hex digits, not {digest!r}"
+        )
     url = doc.get("url")
     if url is not None and not (isinstance(url, str) and url.startswith(("http://", "https://"))):
         raise ManifestError(f"{where}: field 'url' must be an http(s) URL, not {url!r}")
@@ -235,14 +247,15 @@ def parse_lock(text: str, where: str = "lock.json") -> Lock:
 
 @dataclass(frozen=True)
 class PinSources:
-    """Where the manifest and lock come from: explicit files, a directory holding both, or the shipped pair."""
+    """Where the manifest and lock come from: explicit files, a directory with both, or the shipped pair."""
 
     manifest: Path | None = None
     lock: Path | None = None
 
     @classmethod
-    def resolve(cls, bundles_dir: Path | None, manifest: Path | None, lock: Path | None,
-                prefix_lock: Path | None) -> "PinSources":
+    def resolve(
+        cls, bundles_dir: Path | None, manifest: Path | None, lock: Path | None, prefix_lock: Path | None
+    ) -> PinSources:
         if bundles_dir is not None:
             manifest = manifest or bundles_dir / "manifest.toml"
             lock = lock or bundles_dir / "lock.json"
@@ -269,9 +282,13 @@ class PinSources:
                 continue
             where = f"{lock.source}: families.{family}"
             if entry.tag != pin.tag:
-                raise ManifestError(f"{where}: field 'tag' {entry.tag!r} differs from the manifest's {pin.tag!r}; "
-                                    "run `rocmdoctor bundle lock` to refresh the lock")
+                raise ManifestError(
+                    f"{where}: field 'tag' {entry.tag!r} differs from the manifest's {pin.tag!r}; "
+                    "run `rocmdoctor bundle lock` to refresh the lock"
+                )
             if pin.parts and entry.assets and tuple(a.name for a in entry.assets) != pin.parts:
-                raise ManifestError(f"{where}: field 'assets' names differ from the manifest's 'parts'; "
-                                    "run `rocmdoctor bundle lock` to refresh the lock")
+                raise ManifestError(
+                    f"{where}: field 'assets' names differ from the manifest's 'parts'; "
+                    "run `rocmdoctor bundle lock` to refresh the lock"
+                )
         return manifest, lock

@@ -84,12 +84,16 @@ async def _translated(where: str, timeout_s: float) -> AsyncIterator[None]:
     try:
         yield
     except aiohttp.ClientConnectorError as exc:
-        reason = "connection refused" if isinstance(exc.os_error, ConnectionRefusedError) else str(exc.os_error)
+        reason = (
+            "connection refused" if isinstance(exc.os_error, ConnectionRefusedError) else str(exc.os_error)
+        )
         raise ServerError(UNREACHABLE, f"cannot connect to {where}: {reason}") from None
     except (asyncio.TimeoutError, aiohttp.ServerTimeoutError):
         raise ServerError(TIMEOUT, f"{where}: no answer within {timeout_s:g} s") from None
     except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError) as exc:
-        raise ServerError(DISCONNECTED, f"{where}: the server closed the connection mid-answer ({exc})") from None
+        raise ServerError(
+            DISCONNECTED, f"{where}: the server closed the connection mid-answer ({exc})"
+        ) from None
     except aiohttp.ClientError as exc:
         raise ServerError(BAD_RESPONSE, f"{where}: {type(exc).__name__}: {exc}") from None
 
@@ -134,12 +138,14 @@ class Client:
         return self.server.base_url + path
 
     async def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> bytes:
-        async with _translated(self._url(path), self.server.timeout_s):
-            async with self._session.request(method, self._url(path), json=body) as response:
-                payload = await response.read()
-                if response.status >= 400:
-                    raise _http_error(path, response.status, payload)
-                return payload
+        async with (
+            _translated(self._url(path), self.server.timeout_s),
+            self._session.request(method, self._url(path), json=body) as response,
+        ):
+            payload = await response.read()
+            if response.status >= 400:
+                raise _http_error(path, response.status, payload)
+            return payload
 
     async def get_json(self, path: str) -> Any:
         return _json(path, await self.request("GET", path))
@@ -152,29 +158,32 @@ class Client:
         body = {**body, "stream": True, "stream_options": {"include_usage": True}}
         result = Streamed(start=time.perf_counter())
         pieces: list[str] = []
-        async with _translated(self._url(path), self.server.timeout_s):
-            async with self._session.post(self._url(path), json=body) as response:
-                if response.status >= 400:
-                    raise _http_error(path, response.status, await response.read())
-                async for raw in response.content:
-                    now = time.perf_counter()
-                    line = raw.strip()
-                    if not line.startswith(b"data:"):
-                        continue  # blank separators, comments and other SSE fields
-                    data = line[5:].strip()
-                    if data == b"[DONE]":
-                        result.text = "".join(pieces)
-                        return result
-                    chunk = _json(path, data)
-                    if "error" in chunk and not chunk.get("choices"):
-                        raise ServerError(HTTP, f"{path}: error inside the stream: {_error_message(data)}")
-                    if choices := chunk.get("choices"):
-                        result.chunk_times.append(now)
-                        pieces.append(_chunk_text(choices[0]))
-                    if chunk.get("usage"):
-                        result.usage = chunk["usage"]
+        async with (
+            _translated(self._url(path), self.server.timeout_s),
+            self._session.post(self._url(path), json=body) as response,
+        ):
+            if response.status >= 400:
+                raise _http_error(path, response.status, await response.read())
+            async for raw in response.content:
+                now = time.perf_counter()
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue  # blank separators, comments and other SSE fields
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    result.text = "".join(pieces)
+                    return result
+                chunk = _json(path, data)
+                if "error" in chunk and not chunk.get("choices"):
+                    raise ServerError(HTTP, f"{path}: error inside the stream: {_error_message(data)}")
+                if choices := chunk.get("choices"):
+                    result.chunk_times.append(now)
+                    pieces.append(_chunk_text(choices[0]))
+                if chunk.get("usage"):
+                    result.usage = chunk["usage"]
         raise ServerError(
-            STREAM_CUT, f"{path}: the stream ended after {len(result.chunk_times)} chunks without `data: [DONE]`"
+            STREAM_CUT,
+            f"{path}: the stream ended after {len(result.chunk_times)} chunks without `data: [DONE]`",
         )
 
 

@@ -46,10 +46,10 @@ def _parse_line(line: str) -> Sample:
         raise MetricsFormatError(f"not a metric line: {line!r}")
     pos = name_match.end()
     labels: dict[str, str] = {}
-    if line[pos:pos + 1] == "{":
+    if line[pos : pos + 1] == "{":
         pos += 1
         while True:
-            if line[pos:pos + 1] == "}":
+            if line[pos : pos + 1] == "}":
                 pos += 1
                 break
             label = _LABEL.match(line, pos)
@@ -64,10 +64,16 @@ def _parse_line(line: str) -> Sample:
 
 
 def parse(text: str) -> list[Sample]:
-    return [_parse_line(line.strip()) for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    return [
+        _parse_line(line.strip())
+        for line in text.splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
 
 
 def counter_sum(samples: list[Sample], name: str, **labels: str) -> float | None:
     """The sum of every sample of `name` whose labels include `labels`; None when there is none."""
-    values = [s.value for s in samples if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())]
+    values = [
+        s.value for s in samples if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    ]
     return sum(values) if values else None

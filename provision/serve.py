@@ -55,7 +55,7 @@ class Stopped(Exception):
 
 
 def default_cache_base(env: Mapping[str, str]) -> Path:
-    return Path(env.get("XDG_CACHE_HOME") or Path(env.get("HOME", "/root")) / ".cache")
+    return Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache")
 
 
 def server_env(base: Mapping[str, str], cache_root: Path, api_key: str | None, marker: str) -> dict[str, str]:
@@ -98,9 +98,11 @@ class Outcome:
     cause: Cause | None = None
     log_tail: str = ""
     returncode: int | None = None
+    health_seconds: float | None = None  # when /health first answered 200
 
     def to_json(self) -> dict:
         return {"ready": self.ready, "seconds": round(self.seconds, 1), "reason": self.reason,
+                "health_seconds": None if self.health_seconds is None else round(self.health_seconds, 1),
                 "cause": self.cause.to_json() if self.cause else None, "returncode": self.returncode,
                 "log_tail": self.log_tail}
 
@@ -146,13 +148,16 @@ class Server:
             if self.process.poll() is not None:
                 return self.failure(f"the server exited with status {self.process.returncode} while loading")
             if readiness.healthy(self.base_url):
+                health_s = self.elapsed()
                 problem = readiness.completion(self.base_url, self.served_name, key)
                 if problem is None:
-                    return Outcome(True, self.elapsed())
+                    return Outcome(True, self.elapsed(), health_seconds=health_s)
                 # Give a dying engine a moment so its traceback is in the log we diagnose.
                 time.sleep(2)
-                return self.failure(f"/health answered 200 but a completion with {self.served_name!r} failed: "
-                                    f"{problem}")
+                outcome = self.failure(f"/health answered 200 but a completion with {self.served_name!r} "
+                                       f"failed: {problem}")
+                outcome.health_seconds = health_s
+                return outcome
             progress(self.elapsed(), tail(self.log_path, 1))
             time.sleep(POLL_S)
         return self.failure(f"not ready after {timeout_s:.0f} s (raise --timeout for a cold JIT or a large model)")
@@ -203,11 +208,16 @@ class Server:
 
 
 class SignalsToStop:
-    """While active, SIGTERM and SIGINT raise Stopped in the main thread."""
+    """While active, the first SIGTERM or SIGINT raises Stopped in the main thread; later ones are
+    ignored so that a second Ctrl-C cannot interrupt the stop (which ends in SIGKILL anyway)."""
 
     def __enter__(self) -> "SignalsToStop":
+        self.received = False
+
         def handler(signum, frame):
-            raise Stopped(signum)
+            if not self.received:
+                self.received = True
+                raise Stopped(signum)
 
         self.previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
         return self

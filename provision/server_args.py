@@ -153,6 +153,14 @@ def check_extra(extra: Sequence[str]) -> list[str]:
     return [flag for flag in map(_flag_name, extra) if flag]
 
 
+def default_served_name(model: str) -> str:
+    """A local directory is served under its name (not its whole path); a Hugging Face id as itself,
+    as vLLM would."""
+    if model.startswith(("/", "./", "../", "~")):
+        return model.rstrip("/").rsplit("/", 1)[-1]
+    return model
+
+
 def memory_class(pool: GpuPool) -> str:
     if pool.unified:
         return "unified"
@@ -211,11 +219,11 @@ def resolve(choices: Choices, pools: Sequence[GpuPool]) -> ServerArgs:
     extra = parse_extra(choices.extra)
     extra_flags = check_extra(extra)
     notes: list[str] = []
-    served = choices.served_model_name or choices.model.rstrip("/").rsplit("/", 1)[-1]
+    served = choices.served_model_name or default_served_name(choices.model)
     settings = [
         Setting("--model", choices.model, "your choice"),
         Setting("--served-model-name", served,
-                "your choice" if choices.served_model_name else "the model's last path component"),
+                "your choice" if choices.served_model_name else "default: the directory name or the HF id"),
         Setting("--host", choices.host,
                 "loopback only: put a TLS proxy in front to expose it" if choices.host == DEFAULT_HOST
                 else "your choice"),

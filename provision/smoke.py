@@ -23,8 +23,9 @@ CHAT = [{"role": "user", "content": "Say hello to the user."}]
 # vLLM updates its counters just after the last response; give them this long to settle.
 METRICS_SETTLE_S = 5.0
 
-LOG_HINT = ("read the vLLM log for the first error (`journalctl -u vllm`, or the --log-file of "
-            "`rocmdoctor serve`)")
+LOG_HINT = (
+    "read the vLLM log for the first error (`journalctl -u vllm`, or the --log-file of `rocmdoctor serve`)"
+)
 
 
 @dataclass(frozen=True)
@@ -80,70 +81,109 @@ async def explain(state: _State, exc: oc.ServerError) -> Result:
     options = state.options
     if exc.kind == oc.UNAUTHORIZED:
         if options.api_key:
-            return failed(f"the server rejected the API key ({exc})",
-                          "pass the key vLLM was started with (--api-key or VLLM_API_KEY) in --api-key-file")
-        return failed(f"the server requires an API key ({exc})",
-                      "pass --api-key-file FILE holding the key vLLM was started with (--api-key or VLLM_API_KEY)")
+            return failed(
+                f"the server rejected the API key ({exc})",
+                "pass the key vLLM was started with (--api-key or VLLM_API_KEY) in --api-key-file",
+            )
+        return failed(
+            f"the server requires an API key ({exc})",
+            "pass --api-key-file FILE holding the key vLLM was started with (--api-key or VLLM_API_KEY)",
+        )
     if exc.kind == oc.MODEL_NOT_FOUND:
-        return failed(f"model {state.model!r} is not served ({exc})",
-                      f"use --model auto or one of {state.served}, or restart vLLM with "
-                      f"--served-model-name {state.model}")
+        return failed(
+            f"model {state.model!r} is not served ({exc})",
+            f"use --model auto or one of {state.served}, or restart vLLM with "
+            f"--served-model-name {state.model}",
+        )
     if exc.kind == oc.TIMEOUT:
         state.stop_reason = "the server stopped answering"
-        return failed(f"{exc}: the server accepts connections but does not answer",
-                      f"it may be stuck or overloaded: {LOG_HINT}; raise --timeout if it is only slow")
+        return failed(
+            f"{exc}: the server accepts connections but does not answer",
+            f"it may be stuck or overloaded: {LOG_HINT}; raise --timeout if it is only slow",
+        )
     if exc.kind == oc.BAD_RESPONSE:
         return failed(str(exc), "check that --url points at vLLM's OpenAI-compatible server")
     health = await _health_now(state.client)
     if health == "gone":
         state.stop_reason = "the server is gone"
-        return failed(f"the server went away during the test ({exc}; /health no longer answers)",
-                      f"the vLLM process exited: {LOG_HINT} (often out of memory), then restart it")
+        return failed(
+            f"the server went away during the test ({exc}; /health no longer answers)",
+            f"the vLLM process exited: {LOG_HINT} (often out of memory), then restart it",
+        )
     if health == "dead":
         state.stop_reason = "the engine is dead"
-        return failed(f"the engine died during the test ({exc}; /health now answers 503)",
-                      f"{LOG_HINT}, then restart the server")
+        return failed(
+            f"the engine died during the test ({exc}; /health now answers 503)",
+            f"{LOG_HINT}, then restart the server",
+        )
     if exc.kind == oc.STREAM_CUT:
-        return failed(f"{exc} although /health is still 200",
-                      "a proxy in between or the server cut the stream: try the server's own port, "
-                      f"check proxy buffering and timeouts, {LOG_HINT}")
+        return failed(
+            f"{exc} although /health is still 200",
+            "a proxy in between or the server cut the stream: try the server's own port, "
+            f"check proxy buffering and timeouts, {LOG_HINT}",
+        )
     if exc.kind == oc.DISCONNECTED:
         return failed(f"{exc} although /health is still 200", f"{LOG_HINT}; check any proxy in between")
-    return failed(f"/health is 200 but requests fail: {exc}",
-                  f"the engine reports healthy but cannot serve: {LOG_HINT}")
+    return failed(
+        f"/health is 200 but requests fail: {exc}", f"the engine reports healthy but cannot serve: {LOG_HINT}"
+    )
 
 
 def _usage_tokens(path: str, answer: dict[str, Any]) -> int:
     usage = answer.get("usage") or {}
     tokens = usage.get("completion_tokens")
     if not isinstance(tokens, int) or tokens <= 0:
-        raise StepFailed(failed(f"{path} returned no usage.completion_tokens (usage={usage})",
-                                "check that --url points at vLLM's OpenAI-compatible server"))
+        raise StepFailed(
+            failed(
+                f"{path} returned no usage.completion_tokens (usage={usage})",
+                "check that --url points at vLLM's OpenAI-compatible server",
+            )
+        )
     return tokens
 
 
 def _first_choice(path: str, answer: dict[str, Any]) -> dict[str, Any]:
     choices = answer.get("choices") if isinstance(answer, dict) else None
     if not choices:
-        raise StepFailed(failed(f"{path} answered without choices: {str(answer)[:200]}",
-                                "check that --url points at vLLM's OpenAI-compatible server"))
+        raise StepFailed(
+            failed(
+                f"{path} answered without choices: {str(answer)[:200]}",
+                "check that --url points at vLLM's OpenAI-compatible server",
+            )
+        )
     return choices[0]
 
 
 def _non_empty(path: str, text: str | None) -> str:
     if not text:
-        raise StepFailed(failed(f"{path} returned empty text",
-                                f"the model produced nothing for a {MAX_TOKENS}-token request: {LOG_HINT}"))
+        raise StepFailed(
+            failed(
+                f"{path} returned empty text",
+                f"the model produced nothing for a {MAX_TOKENS}-token request: {LOG_HINT}",
+            )
+        )
     return text
 
 
 def _completion_body(state: _State) -> dict[str, Any]:
     # ignore_eos makes the answer exactly MAX_TOKENS long, so every count can be checked.
-    return {"model": state.model, "prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
+    return {
+        "model": state.model,
+        "prompt": PROMPT,
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
 
 
 def _chat_body(state: _State) -> dict[str, Any]:
-    return {"model": state.model, "messages": CHAT, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
+    return {
+        "model": state.model,
+        "messages": CHAT,
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
 
 
 async def step_health(state: _State) -> Result:
@@ -152,8 +192,11 @@ async def step_health(state: _State) -> Result:
     except oc.ServerError as exc:
         if exc.kind == oc.UNREACHABLE:
             state.stop_reason = "nothing answers"
-            return Result(Status.ERROR, f"nothing answers at {state.options.url}: {exc}",
-                          "start the server (`rocmdoctor serve`, or `systemctl start vllm`) or point --url at it")
+            return Result(
+                Status.ERROR,
+                f"nothing answers at {state.options.url}: {exc}",
+                "start the server (`rocmdoctor serve`, or `systemctl start vllm`) or point --url at it",
+            )
         if exc.status == 503:
             state.stop_reason = "the engine is dead"
             return failed("/health answers 503: the engine is dead", f"{LOG_HINT}, then restart the server")
@@ -165,16 +208,21 @@ async def step_models(state: _State) -> Result:
     listing = await state.client.get_json("/v1/models")
     state.served = [m.get("id") for m in (listing.get("data") or []) if isinstance(m, dict)]
     if not state.served:
-        return failed("/v1/models lists no model", "check that --url points at vLLM's OpenAI-compatible server")
+        return failed(
+            "/v1/models lists no model", "check that --url points at vLLM's OpenAI-compatible server"
+        )
     wanted = state.options.model
     if wanted == "auto":
         state.model = state.served[0]
         return passed(f"serves {state.model!r}", served=state.served)
     state.model = wanted
     if wanted not in state.served:
-        return failed(f"model {wanted!r} is not served; the server serves {state.served}",
-                      f"use --model {state.served[0]} (or --model auto), or restart vLLM with "
-                      f"--served-model-name {wanted}", served=state.served)
+        return failed(
+            f"model {wanted!r} is not served; the server serves {state.served}",
+            f"use --model {state.served[0]} (or --model auto), or restart vLLM with "
+            f"--served-model-name {wanted}",
+            served=state.served,
+        )
     return passed(f"serves {wanted!r}", served=state.served)
 
 
@@ -211,18 +259,26 @@ async def step_chat_stream(state: _State) -> Result:
     streamed = await state.client.stream("/v1/chat/completions", _chat_body(state))
     _non_empty("/v1/chat/completions (stream)", streamed.text)
     if streamed.output_tokens is None:
-        return failed("the stream's final chunk carries no usage",
-                      "the server ignores stream_options.include_usage: upgrade vLLM, or start it with "
-                      "--enable-force-include-usage")
+        return failed(
+            "the stream's final chunk carries no usage",
+            "the server ignores stream_options.include_usage: upgrade vLLM, or start it with "
+            "--enable-force-include-usage",
+        )
     state.requests_ok += 1
     state.tokens_generated += streamed.output_tokens
     details = {"chunks": len(streamed.chunk_times), "completion_tokens": streamed.output_tokens}
     if state.chat_tokens is not None and streamed.output_tokens != state.chat_tokens:
-        return failed(f"the stream reports {streamed.output_tokens} tokens, the same request unstreamed "
-                      f"{state.chat_tokens}", f"the server's token accounting is inconsistent: {LOG_HINT}",
-                      **details)
-    return passed(f"{len(streamed.chunk_times)} chunks to [DONE], usage {streamed.output_tokens} tokens "
-                  "agrees with the unstreamed reply", **details)
+        return failed(
+            f"the stream reports {streamed.output_tokens} tokens, the same request unstreamed "
+            f"{state.chat_tokens}",
+            f"the server's token accounting is inconsistent: {LOG_HINT}",
+            **details,
+        )
+    return passed(
+        f"{len(streamed.chunk_times)} chunks to [DONE], usage {streamed.output_tokens} tokens "
+        "agrees with the unstreamed reply",
+        **details,
+    )
 
 
 async def step_determinism(state: _State) -> Result:
@@ -233,15 +289,22 @@ async def step_determinism(state: _State) -> Result:
     if state.completion_text is None:
         return skipped("no first completion to compare with")
     if text != state.completion_text:
-        return warned("temperature 0 gave two different answers to the same prompt",
-                      "batch-dependent kernels can cause this; if answers must be reproducible, check "
-                      "the attention backend and that no other traffic shares the server",
-                      first=state.completion_text[:80], second=(text or "")[:80])
+        return warned(
+            "temperature 0 gave two different answers to the same prompt",
+            "batch-dependent kernels can cause this; if answers must be reproducible, check "
+            "the attention backend and that no other traffic shares the server",
+            first=state.completion_text[:80],
+            second=(text or "")[:80],
+        )
     return passed("temperature 0 gives the same answer twice")
 
 
 def _metric_growth(state: _State, now: list[prometheus.Sample], name: str) -> float | None:
-    labels = {"model_name": state.model} if prometheus.counter_sum(now, name, model_name=state.model) is not None else {}
+    labels = (
+        {"model_name": state.model}
+        if prometheus.counter_sum(now, name, model_name=state.model) is not None
+        else {}
+    )
     after = prometheus.counter_sum(now, name, **labels)
     before = prometheus.counter_sum(state.baseline or [], name, **labels)
     if after is None or before is None:
@@ -251,30 +314,42 @@ def _metric_growth(state: _State, now: list[prometheus.Sample], name: str) -> fl
 
 async def step_metrics(state: _State) -> Result:
     if state.baseline is None:
-        return warned("/metrics could not be read or parsed before the requests",
-                      "vLLM serves Prometheus metrics at /metrics; check that nothing in front of it blocks that path")
-    expected = {"vllm:request_success_total": state.requests_ok,
-                "vllm:generation_tokens_total": state.tokens_generated}
+        return warned(
+            "/metrics could not be read or parsed before the requests",
+            "vLLM serves Prometheus metrics at /metrics; check that nothing in front of it blocks that path",
+        )
+    expected = {
+        "vllm:request_success_total": state.requests_ok,
+        "vllm:generation_tokens_total": state.tokens_generated,
+    }
     deadline = time.monotonic() + METRICS_SETTLE_S
     while True:
         now = await _read_metrics(state.client)
         growth = {name: _metric_growth(state, now, name) for name in expected}
         if any(g is None for g in growth.values()):
-            return warned(f"/metrics lacks {[n for n, g in growth.items() if g is None]}",
-                          "start vLLM without --disable-log-stats so it counts requests and tokens")
+            return warned(
+                f"/metrics lacks {[n for n, g in growth.items() if g is None]}",
+                "start vLLM without --disable-log-stats so it counts requests and tokens",
+            )
         if all(growth[n] >= expected[n] for n in expected) or time.monotonic() > deadline:
             break
         await asyncio.sleep(0.2)
     details = {"expected": expected, "growth": growth}
     if any(growth[n] < expected[n] for n in expected):
-        return failed(f"the server counted less than was sent: {growth} for {expected}",
-                      f"the engine did not account for finished requests: {LOG_HINT}", **details)
+        return failed(
+            f"the server counted less than was sent: {growth} for {expected}",
+            f"the engine did not account for finished requests: {LOG_HINT}",
+            **details,
+        )
     if growth != expected:
-        return warned(f"counters grew by more than this test sent: {growth} for {expected}",
-                      "other clients are using the server; rerun on an idle server to check the counters",
-                      **details)
-    return passed(f"{state.requests_ok} requests and {state.tokens_generated} generated tokens counted",
-                  **details)
+        return warned(
+            f"counters grew by more than this test sent: {growth} for {expected}",
+            "other clients are using the server; rerun on an idle server to check the counters",
+            **details,
+        )
+    return passed(
+        f"{state.requests_ok} requests and {state.tokens_generated} generated tokens counted", **details
+    )
 
 
 async def step_version(state: _State) -> Result:
@@ -297,8 +372,15 @@ STEPS: list[tuple[str, str, StepFn]] = [
     ("version", "GET /version", step_version),
 ]
 # A step runs only when these passed (or warned) before it.
-NEEDS = {"models": ("health",), "completion": ("models",), "chat": ("models",), "chat-stream": ("models",),
-         "determinism": ("completion",), "metrics": ("completion",), "version": ("health",)}
+NEEDS = {
+    "models": ("health",),
+    "completion": ("models",),
+    "chat": ("models",),
+    "chat-stream": ("models",),
+    "determinism": ("completion",),
+    "metrics": ("completion",),
+    "version": ("health",),
+}
 
 
 async def _run_step(state: _State, fn: StepFn) -> Result:
@@ -317,7 +399,9 @@ async def run_steps(options: SmokeOptions) -> tuple[list[Step], str | None]:
     async with oc.open_client(oc.Server(options.url, options.api_key, options.timeout_s)) as client:
         state = _State(client, options)
         for step_id, title, fn in STEPS:
-            blocker = next((n for n in NEEDS.get(step_id, ()) if status[n] not in (Status.PASS, Status.WARN)), None)
+            blocker = next(
+                (n for n in NEEDS.get(step_id, ()) if status[n] not in (Status.PASS, Status.WARN)), None
+            )
             started = time.perf_counter()
             if state.stop_reason:
                 result = skipped(state.stop_reason)
@@ -342,8 +426,15 @@ def build_report(options: SmokeOptions, steps: list[Step], model: str | None) ->
         "summary": {st.value: statuses.count(st) for st in Status} | {"total": len(statuses)},
         "exit_code": exit_code(statuses),
         "steps": [
-            {"id": s.id, "title": s.title, "status": s.result.status.value, "summary": s.result.summary,
-             "remedy": s.result.remedy, "elapsed_s": round(s.elapsed_s, 4), "details": s.result.details}
+            {
+                "id": s.id,
+                "title": s.title,
+                "status": s.result.status.value,
+                "summary": s.result.summary,
+                "remedy": s.result.remedy,
+                "elapsed_s": round(s.elapsed_s, 4),
+                "details": s.result.details,
+            }
             for s in steps
         ],
     }

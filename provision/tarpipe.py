@@ -36,7 +36,9 @@ def gnu_tar() -> str | None:
     if not found:
         return None
     try:
-        version = subprocess.run([found, "--version"], capture_output=True, text=True, timeout=10).stdout
+        version = subprocess.run(
+            [found, "--version"], capture_output=True, text=True, timeout=10, check=False
+        ).stdout
     except (OSError, subprocess.TimeoutExpired):
         return None
     return found if "GNU tar" in version else None
@@ -60,12 +62,12 @@ def _text(field: bytes) -> str:
 def _pax(data: bytes) -> dict[str, str]:
     records: dict[str, str] = {}
     pos = 0
-    while pos < len(data) and data[pos:pos + 1] != b"\0":
+    while pos < len(data) and data[pos : pos + 1] != b"\0":
         match = _PAX_RECORD.match(data, pos)
         if not match:
             raise ArchiveError("the bundle archive has a corrupt pax header")
         length = int(match.group(1))
-        record = data[match.end():pos + length]
+        record = data[match.end() : pos + length]
         if length <= 0 or not record.endswith(b"\n") or b"=" not in record:
             raise ArchiveError("the bundle archive has a corrupt pax header")
         key, value = record[:-1].split(b"=", 1)
@@ -128,14 +130,14 @@ class HeaderVetter:
             if self._skip:
                 take = min(self._skip, size - pos)
                 if self._collect is not None:
-                    self._collect += data[pos:pos + take]
+                    self._collect += data[pos : pos + take]
                 self._skip -= take
                 pos += take
                 if not self._skip and self._collect is not None:
                     self._finish_collect()
                 continue
             take = min(BLOCK - len(self._header), size - pos)
-            self._header += data[pos:pos + take]
+            self._header += data[pos : pos + take]
             pos += take
             if len(self._header) == BLOCK:
                 header, self._header = bytes(self._header), bytearray()
@@ -146,14 +148,14 @@ class HeaderVetter:
         data, kind = bytes(self._collect or b""), self._collect_kind
         self._collect = None
         if kind == b"x":
-            self._pax.update(_pax(data[:self._collect_size]))
+            self._pax.update(_pax(data[: self._collect_size]))
         elif kind == b"g":
-            if {"path", "linkpath"} & set(_pax(data[:self._collect_size])):
+            if {"path", "linkpath"} & set(_pax(data[: self._collect_size])):
                 raise UnsafeArchive("(global pax header)", "sets a path for every member")
         elif kind == b"L":
-            self._long_name = data[:self._collect_size].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            self._long_name = data[: self._collect_size].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
         elif kind == b"K":
-            self._long_link = data[:self._collect_size].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            self._long_link = data[: self._collect_size].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
 
     def _on_header(self, header: bytes) -> None:
         if header == bytes(BLOCK):
@@ -198,8 +200,9 @@ class HeaderVetter:
         if ".." in clean.split("/"):
             raise UnsafeArchive(name, "contains '..'")
         if kind not in (*_REGULAR, _HARD, _SYM, b"5") or sparse:
-            raise UnsafeArchive(name, "is a device node, FIFO or other special file (type "
-                                      f"{kind.decode(errors='replace')!r})")
+            raise UnsafeArchive(
+                name, f"is a device node, FIFO or other special file (type {kind.decode(errors='replace')!r})"
+            )
         if mode & (stat.S_ISUID | stat.S_ISGID):
             raise UnsafeArchive(name, "has the setuid or setgid bit")
         # a later member with the same name replaces an earlier symlink
@@ -218,11 +221,24 @@ class HeaderVetter:
             raise UnsafeArchive(name, "would be written through a symlink leaving the bundle")
 
 
-def relay_extract(gunzip: "Gunzip", dest: Path, tar: str) -> None:
+def relay_extract(gunzip: Gunzip, dest: Path, tar: str) -> None:
     """The plain tar from `gunzip` -> HeaderVetter -> GNU tar -x into `dest`."""
-    untar = subprocess.Popen([tar, "-x", "-f", "-", "-C", str(dest), "--no-same-owner", "--no-same-permissions",
-                              "--warning=no-unknown-keyword"],
-                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    untar = subprocess.Popen(
+        [
+            tar,
+            "-x",
+            "-f",
+            "-",
+            "-C",
+            str(dest),
+            "--no-same-owner",
+            "--no-same-permissions",
+            "--warning=no-unknown-keyword",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     vetter = HeaderVetter()
     finished = False
     try:

@@ -9,14 +9,13 @@ runs only where systemd is PID 1 and only when the unit changed.
 from __future__ import annotations
 
 import difflib
-import os
 import re
 import subprocess
-import tempfile
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from ..atomic import write_atomic
 from .server_args import ServerArgs
 
 UNIT_NAME = "vllm.service"
@@ -36,7 +35,7 @@ class UnitError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class Layout:
+class ServiceLayout:
     """Where things live on the target (host paths, without --root)."""
 
     prefix: str = "/opt/rocmdoctor"
@@ -95,6 +94,8 @@ class WriteReport:
 
 def systemd_quote(word: str) -> str:
     """One argv word for ExecStart=: systemd splits on spaces, unquotes, and expands $ and %."""
+    if re.search(r"[\x00-\x1f\x7f]", word):
+        raise UnitError(f"{word!r}: control characters (newlines, tabs) cannot go into a unit file")
     escaped = word.replace("%", "%%").replace("$", "$$")
     if escaped and not re.search(r"[\s\"'\\;]", escaped):
         return escaped
@@ -125,7 +126,7 @@ def read_api_key(path: Path) -> str:
     return key
 
 
-def render_unit(args: ServerArgs, layout: Layout, user: str, timeout_s: int = DEFAULT_LOAD_TIMEOUT_S) -> str:
+def render_unit(args: ServerArgs, layout: ServiceLayout, user: str, timeout_s: int = DEFAULT_LOAD_TIMEOUT_S) -> str:
     if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", user):
         raise UnitError(f"--user {user!r} is not a valid system user name (lower case, digits, - and _)")
     values = {
@@ -155,7 +156,7 @@ def wait_ready_script() -> str:
     return resources.files(__package__).joinpath("libexec/wait-ready").read_text()
 
 
-def file_specs(args: ServerArgs, layout: Layout, user: str, api_key: str | None,
+def file_specs(args: ServerArgs, layout: ServiceLayout, user: str, api_key: str | None,
                timeout_s: int = DEFAULT_LOAD_TIMEOUT_S) -> list[FileSpec]:
     return [
         FileSpec(layout.unit_path, render_unit(args, layout, user, timeout_s), 0o644),
@@ -168,28 +169,7 @@ def _under(root: Path, host_path: str) -> Path:
     return root / host_path.lstrip("/")
 
 
-def write_atomic(path: Path, content: str, mode: int) -> None:
-    """Temp file in the same directory, fsync, rename: readers see the old or the new file, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "w") as out:
-            out.write(content)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
-def apply_file(root: Path, spec: FileSpec) -> FileChange:
+def apply_file(root: Path, spec: FileSpec, check: bool = False) -> FileChange:
     real = _under(root, spec.path)
     try:
         old = real.read_text()
@@ -198,7 +178,8 @@ def apply_file(root: Path, spec: FileSpec) -> FileChange:
         old, old_mode = None, None
     if old == spec.content:
         if old_mode != spec.mode:
-            real.chmod(spec.mode)
+            if not check:
+                real.chmod(spec.mode)
             return FileChange(spec.path, True, f"mode {old_mode:04o} -> {spec.mode:04o}")
         return FileChange(spec.path, False)
     if spec.secret:
@@ -207,7 +188,8 @@ def apply_file(root: Path, spec: FileSpec) -> FileChange:
         diff = "".join(difflib.unified_diff((old or "").splitlines(True), spec.content.splitlines(True),
                                             fromfile=spec.path if old is not None else "/dev/null",
                                             tofile=spec.path))
-    write_atomic(real, spec.content, spec.mode)
+    if not check:
+        write_atomic(real, spec.content, spec.mode)
     return FileChange(spec.path, True, diff)
 
 
@@ -219,17 +201,19 @@ def _names(root: Path, db: str) -> set[str]:
     return {line.split(":", 1)[0] for line in lines if line and not line.startswith("#")}
 
 
-def ensure_accounts(root: Path, user: str) -> list[str]:
+def ensure_accounts(root: Path, user: str, check: bool = False) -> list[str]:
     """The service user (system account, own group, no login) and the device groups, if missing."""
     root_args = [] if root == Path("/") else ["--root", str(root)]
     created = []
     for group in DEVICE_GROUPS:
         if group not in _names(root, "group"):
-            _run(["groupadd", *root_args, "--system", group])
+            if not check:
+                _run(["groupadd", *root_args, "--system", group])
             created.append(f"group {group}")
     if user not in _names(root, "passwd"):
-        _run(["useradd", *root_args, "--system", "--user-group", "--home-dir", f"/var/lib/{STATE_NAME}",
-              "--no-create-home", "--shell", "/usr/sbin/nologin", "--comment", "vLLM server", user])
+        if not check:
+            _run(["useradd", *root_args, "--system", "--user-group", "--home-dir", f"/var/lib/{STATE_NAME}",
+                  "--no-create-home", "--shell", "/usr/sbin/nologin", "--comment", "vLLM server", user])
         created.append(f"user {user}")
     return created
 
@@ -248,13 +232,16 @@ def systemd_running(root: Path) -> bool:
     return root == Path("/") and Path("/run/systemd/system").is_dir()
 
 
-def write(root: Path, specs: list[FileSpec], user: str) -> WriteReport:
+def write(root: Path, specs: list[FileSpec], user: str, check: bool = False) -> WriteReport:
+    """Make the host match `specs`; with `check`, only report what would change (Ansible's --check)."""
     report = WriteReport()
-    report.accounts = ensure_accounts(root, user)
-    report.files = [apply_file(root, spec) for spec in specs]
+    report.accounts = ensure_accounts(root, user, check)
+    report.files = [apply_file(root, spec, check) for spec in specs]
     unit_changed = any(f.changed and f.path.endswith(".service") for f in report.files)
     if unit_changed:
-        if systemd_running(root):
+        if check:
+            report.daemon_reload = "would run"
+        elif systemd_running(root):
             _run(["systemctl", "daemon-reload"])
             report.daemon_reload = "done"
         else:

@@ -27,6 +27,7 @@ def pytest_configure(config: pytest.Config) -> None:
     for path in sorted((REPO / "tests" / "plugins").glob("*.py")):
         spec = importlib.util.spec_from_file_location(f"rocmdoctor_test_plugins.{path.stem}", path)
         module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses and pickling look their module up by name
         spec.loader.exec_module(module)
         config.pluginmanager.register(module, f"rocmdoctor-{path.stem}")
 

@@ -132,3 +132,17 @@ def test_damaged_metadata_and_os_release_never_raise(tmp_path):
     (meta / "stat.json").write_text("[1, 2]")
     fresh = Host(tmp_path)
     assert fresh.stat("/dev/kfd") is None and not fresh.exists("/dev/kfd")
+
+
+def test_atomic_write_keeps_the_old_file_when_the_writer_fails(tmp_path):
+    from rocmdoctor.atomic import atomic_file, write_atomic
+
+    target = tmp_path / "vllm.env"
+    write_atomic(target, "OLD=1\n", 0o600)
+    assert target.read_text() == "OLD=1\n" and (target.stat().st_mode & 0o777) == 0o600
+    with pytest.raises(RuntimeError):
+        with atomic_file(target, 0o600) as out:
+            out.write(b"NEW=")
+            raise RuntimeError("disk went away")
+    assert target.read_text() == "OLD=1\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["vllm.env"]

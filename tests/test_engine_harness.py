@@ -27,8 +27,12 @@ def test_tiny_model_vocabulary_matches_its_tokenizer(tmp_path):
 def test_stop_group_kills_children_that_ignore_sigterm():
     stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)"
     parent = subprocess.Popen(
-        [sys.executable, "-c",
-         f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {stubborn!r}]); time.sleep(300)"],
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time; "
+            f"subprocess.Popen([sys.executable, '-c', {stubborn!r}]); time.sleep(300)",
+        ],
         start_new_session=True,
     )
     deadline = time.monotonic() + 10

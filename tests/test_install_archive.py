@@ -13,7 +13,9 @@ OLD = "vllm0.1.0-rocm7.0.0-gfx1151"
 EVIL = "vllm0.6.6-rocm7.0.0-gfx1151"
 
 
-def _member(name: str, kind: bytes = tarfile.REGTYPE, linkname: str = "", mode: int = 0o644) -> tarfile.TarInfo:
+def _member(
+    name: str, kind: bytes = tarfile.REGTYPE, linkname: str = "", mode: int = 0o644
+) -> tarfile.TarInfo:
     info = tarfile.TarInfo(name)
     info.type, info.linkname, info.mode = kind, linkname, mode
     if kind in (tarfile.CHRTYPE, tarfile.BLKTYPE):
@@ -27,13 +29,22 @@ def _cases(outside: str) -> dict[str, tuple[dict, str]]:
         "dotdot": ({"../escaped.txt": (_member("../escaped.txt"), b"x")}, "contains '..'"),
         "absolute": ({f"{outside}/abs.txt": (_member(f"{outside}/abs.txt"), b"x")}, "absolute path"),
         "symlink-absolute": ({"lib/out": _member("lib/out", tarfile.SYMTYPE, outside)}, "symlink"),
-        "symlink-relative": ({"lib/out": _member("lib/out", tarfile.SYMTYPE, "../../../../../../../../" + outside)},
-                             "symlink leaving the bundle"),
+        "symlink-relative": (
+            {"lib/out": _member("lib/out", tarfile.SYMTYPE, "../../../../../../../../" + outside)},
+            "symlink leaving the bundle",
+        ),
         # `here -> .` is harmless alone; `here/up -> ../x` then resolves outside the tree.
-        "symlink-chain": ({"here": _member("here", tarfile.SYMTYPE, "."),
-                           "here/up": _member("here/up", tarfile.SYMTYPE, "../escaped")}, "symlink leaving the bundle"),
-        "symlink-dotdot-through-link": ({"here": _member("here", tarfile.SYMTYPE, "."),
-                                         "up": _member("up", tarfile.SYMTYPE, "here/..")}, "symlink leaving the bundle"),
+        "symlink-chain": (
+            {
+                "here": _member("here", tarfile.SYMTYPE, "."),
+                "here/up": _member("here/up", tarfile.SYMTYPE, "../escaped"),
+            },
+            "symlink leaving the bundle",
+        ),
+        "symlink-dotdot-through-link": (
+            {"here": _member("here", tarfile.SYMTYPE, "."), "up": _member("up", tarfile.SYMTYPE, "here/..")},
+            "symlink leaving the bundle",
+        ),
         "hardlink": ({"lib/hard": _member("lib/hard", tarfile.LNKTYPE, "../../etc/hostname")}, "hard link"),
         "device": ({"dev/null": _member("dev/null", tarfile.CHRTYPE)}, "device node"),
         "fifo": ({"lib/pipe": _member("lib/pipe", tarfile.FIFOTYPE)}, "device node, FIFO"),
@@ -64,8 +75,11 @@ def test_hostile_member_is_refused(install_lab, tmp_path, case, extractor):
 @pytest.mark.parametrize("extractor", ["tar", "python"])
 def test_internal_links_are_kept(install_lab, extractor):
     """A symlink and a hard link inside the tree are legitimate (the real bundle has them)."""
-    extra = {"lib/libfoo.so.1": b"ELF", "lib/libfoo.so": _member("lib/libfoo.so", tarfile.SYMTYPE, "libfoo.so.1"),
-             "lib/libfoo.copy": _member("lib/libfoo.copy", tarfile.LNKTYPE, "lib/libfoo.so.1")}
+    extra = {
+        "lib/libfoo.so.1": b"ELF",
+        "lib/libfoo.so": _member("lib/libfoo.so", tarfile.SYMTYPE, "libfoo.so.1"),
+        "lib/libfoo.copy": _member("lib/libfoo.copy", tarfile.LNKTYPE, "lib/libfoo.so.1"),
+    }
     install_lab.pin("gfx1151", install_lab.bundle(OLD, extra=extra))
     proc = install_lab.install("gfx1151", "--extractor", extractor)
     assert proc.returncode == 0, proc.stderr
@@ -85,7 +99,9 @@ def test_tree_without_the_shim_is_not_activated(install_lab):
     files_without_shim = {"lib/python3.13/site-packages/x.py": b""}
     from harness.bundles import build_bundle
 
-    broken = build_bundle(install_lab.root / "broken", "vllm0.9.9-rocm7.0.0-gfx1151", files_without_shim, 4096)
+    broken = build_bundle(
+        install_lab.root / "broken", "vllm0.9.9-rocm7.0.0-gfx1151", files_without_shim, 4096
+    )
     install_lab.server.add_release("lemonade-sdk/vllm-rocm", broken.tag, broken.release_assets())
     install_lab.pin("gfx1151", built)
     assert install_lab.install("gfx1151").returncode == 0

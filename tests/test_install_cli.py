@@ -9,7 +9,10 @@ import pytest
 TAG = "vllm0.1.0-rocm7.0.0-gfx1151"
 PART = f"{TAG}-x64.part01-of-01.tar.gz"
 DIGEST = "sha256:" + "ab" * 32
-MANIFEST = f'schema_version = 1\nrepo = "lemonade-sdk/vllm-rocm"\n[families.gfx1151]\ntag = "{TAG}"\nchannel = "stable"\n'
+MANIFEST = (
+    f'schema_version = 1\nrepo = "lemonade-sdk/vllm-rocm"\n'
+    f'[families.gfx1151]\ntag = "{TAG}"\nchannel = "stable"\n'
+)
 
 
 def _lock(**entry) -> dict:
@@ -33,8 +36,12 @@ BAD_LOCKS = {
     "'name'": _lock(assets=[{"size": 10, "digest": DIGEST}]),
     "'assets'": _lock(assets=[]),
     "'pinned'": _lock(pinned="yes"),
-    "part01..part02": _lock(assets=[{"name": f"{TAG}-x64.part02-of-02.tar.gz", "size": 10, "digest": DIGEST},
-                                     {"name": f"{TAG}-x64.part02-of-02.tar.gz", "size": 10, "digest": DIGEST}]),
+    "part01..part02": _lock(
+        assets=[
+            {"name": f"{TAG}-x64.part02-of-02.tar.gz", "size": 10, "digest": DIGEST},
+            {"name": f"{TAG}-x64.part02-of-02.tar.gz", "size": 10, "digest": DIGEST},
+        ]
+    ),
     "not a part of": _lock(assets=[{"name": "evil.tar.gz", "size": 10, "digest": DIGEST}]),
 }
 
@@ -71,12 +78,18 @@ def test_lock_that_is_not_json(install_lab):
 
 
 def test_missing_pin_files(install_lab, tmp_path):
-    _refused(install_lab.install("gfx1151", "--manifest", str(tmp_path / "nope.toml")), "nope.toml: no such file")
+    _refused(
+        install_lab.install("gfx1151", "--manifest", str(tmp_path / "nope.toml")), "nope.toml: no such file"
+    )
 
 
 def test_unknown_family_lists_the_known_ones(install_lab):
-    _refused(install_lab.cli("install", "--family", "gfx906", "--prefix", str(install_lab.prefix)),
-             "unknown GPU family 'gfx906'", "gfx1151", "gfx942")
+    _refused(
+        install_lab.cli("install", "--family", "gfx906", "--prefix", str(install_lab.prefix)),
+        "unknown GPU family 'gfx906'",
+        "gfx1151",
+        "gfx942",
+    )
 
 
 def test_shipped_pins_are_valid_and_unpinned_install_says_run_bundle_lock(install_lab):
@@ -86,10 +99,16 @@ def test_shipped_pins_are_valid_and_unpinned_install_says_run_bundle_lock(instal
     assert set(manifest.families) == {"gfx1151", "gfx1150", "gfx110X", "gfx120X", "gfx942", "gfx950"}
     assert manifest.families["gfx942"].tag == "vllm0.19.1-rocm7.13.0-gfx942"
     assert all(not entry.pinned and not entry.assets for entry in lock.families.values())
-    _refused(install_lab.cli("install", "--family", "gfx1151", "--prefix", str(install_lab.prefix)),
-             "no pinned digests", "rocmdoctor bundle lock --family gfx1151")
-    _refused(install_lab.cli("install", "--family", "gfx950", "--prefix", str(install_lab.prefix)),
-             "no release of gfx950 is pinned", "--tag")
+    _refused(
+        install_lab.cli("install", "--family", "gfx1151", "--prefix", str(install_lab.prefix)),
+        "no pinned digests",
+        "rocmdoctor bundle lock --family gfx1151",
+    )
+    _refused(
+        install_lab.cli("install", "--family", "gfx950", "--prefix", str(install_lab.prefix)),
+        "no release of gfx950 is pinned",
+        "--tag",
+    )
     assert not install_lab.prefix.joinpath("current").exists()
 
 
@@ -100,7 +119,9 @@ def test_version_the_pins_do_not_have(install_lab):
 
 def test_mirror_that_is_neither_dir_nor_url(install_lab, tmp_path):
     install_lab.pin("gfx1151", install_lab.bundle(TAG))
-    _refused(install_lab.install("gfx1151", "--mirror", str(tmp_path / "absent")), "not a directory or http(s) URL")
+    _refused(
+        install_lab.install("gfx1151", "--mirror", str(tmp_path / "absent")), "not a directory or http(s) URL"
+    )
 
 
 def test_mirror_dir_missing_a_part_says_bundle_fetch(install_lab, tmp_path):
@@ -110,15 +131,21 @@ def test_mirror_dir_missing_a_part_says_bundle_fetch(install_lab, tmp_path):
 
 
 def test_tag_for_another_family_and_unknown_tag(install_lab):
-    _refused(install_lab.cli("install", "--tag", TAG, "--family", "gfx942", "--prefix", str(install_lab.prefix)),
-             "is for gfx1151")
-    proc = install_lab.cli("install", "--tag", "vllm9.9.9-rocm7.0.0-gfx1151", "--prefix", str(install_lab.prefix))
+    _refused(
+        install_lab.cli("install", "--tag", TAG, "--family", "gfx942", "--prefix", str(install_lab.prefix)),
+        "is for gfx1151",
+    )
+    proc = install_lab.cli(
+        "install", "--tag", "vllm9.9.9-rocm7.0.0-gfx1151", "--prefix", str(install_lab.prefix)
+    )
     assert proc.returncode == 1 and "not found" in proc.stderr and "Traceback" not in proc.stderr
 
 
 @pytest.mark.parametrize("tag", ["../../etc/x-gfx1151", ".hidden-gfx1151", "vllm1 x-gfx1151"])
 def test_tag_that_is_not_a_plain_name_is_refused(install_lab, tag):
-    _refused(install_lab.cli("install", "--tag", tag, "--prefix", str(install_lab.prefix)), "--tag", "field 'tag'")
+    _refused(
+        install_lab.cli("install", "--tag", tag, "--prefix", str(install_lab.prefix)), "--tag", "field 'tag'"
+    )
     assert install_lab.server.log == []
 
 

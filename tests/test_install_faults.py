@@ -51,6 +51,23 @@ def test_cut_connection_resumes_with_range_and_fetches_only_the_rest(lab):
             assert lab.server.range_requests(other.name) == [None]
 
 
+def test_server_ignoring_range_restarts_the_part_and_the_extraction(lab):
+    """A 200 to a Range request restarts the part from byte 0; extraction that already read from it
+    starts over from the finished files, and the result is complete."""
+    part = lab.new.assets[0]
+    lab.server.inject(part.name, Fault("cut", after=40_000))
+    lab.server.inject(part.name, Fault("norange"))
+    proc = lab.install("gfx1151", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert [(g.range, g.status) for g in lab.server.downloads(part.name)] == [
+        (None, 200),
+        ("bytes=40000-", 200),
+    ]
+    tree = lab.prefix / "current" / "lib/python3.13/site-packages"
+    assert (tree / "marker.txt").read_text() == NEW
+    assert (tree / "payload.bin").stat().st_size == PAYLOAD
+
+
 def test_resume_after_a_killed_run_rehashes_the_bytes_on_disk(lab):
     """A staging file left by an earlier run is re-hashed, then only the rest is requested."""
     part = lab.new.assets[0]
@@ -114,15 +131,18 @@ def test_failure_with_json_reports_failed_true(lab):
     lab.server.inject(part.name, Fault("status", status=404, times=None))
     proc = lab.install("gfx1151", "--json")
     doc = json.loads(proc.stdout)
-    assert proc.returncode == 1 and doc["failed"] is True and doc["changed"] is False and part.name in doc["msg"]
+    assert (
+        proc.returncode == 1 and doc["failed"] is True and doc["changed"] is False and part.name in doc["msg"]
+    )
 
 
 @pytest.fixture
 def small_disk(install_lab):
     """A 20 MiB tmpfs as the prefix (unmounted in teardown)."""
     install_lab.prefix.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m", "install-test-tmpfs", str(install_lab.prefix)],
-                   check=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=20m", "install-test-tmpfs", str(install_lab.prefix)], check=True
+    )
     try:
         yield install_lab
     finally:
@@ -137,3 +157,17 @@ def test_full_disk_leaves_the_previous_bundle_active(small_disk):
     proc = lab.install("gfx1151")
     _failed_cleanly(lab, proc, "no space left")
     assert (lab.prefix / "current" / "bin" / "vllm-server").is_file()
+
+
+def test_download_dir_keeps_finished_parts_for_the_rerun(lab, tmp_path):
+    staging = tmp_path / "staging"
+    first, last = lab.new.assets[0], lab.new.assets[-1]
+    lab.server.inject(last.name, Fault("status", status=404, times=1))
+    failed = lab.install("gfx1151", "--download-dir", str(staging))
+    assert failed.returncode == 1 and last.name in failed.stderr
+    assert (staging / NEW / first.name).stat().st_size == first.size  # verified, kept
+    lab.server.clear_log()
+    rerun = lab.install("gfx1151", "--download-dir", str(staging))
+    assert rerun.returncode == 0, rerun.stderr
+    assert lab.server.downloads(first.name) == []  # re-hashed on disk, not fetched again
+    assert not (staging / NEW).exists() and lab.current() == f"bundles/{NEW}"

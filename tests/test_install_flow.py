@@ -47,8 +47,10 @@ def test_rollback_switches_back_and_forth_and_bundles_lists_them(install_lab):
     back = _json(install_lab.cli("rollback", "--prefix", str(install_lab.prefix), "--json"))
     assert back["changed"] is True and back["current"] == T1 and back["previous"] == T2
     listing = _json(install_lab.cli("bundles", "--prefix", str(install_lab.prefix), "--json"))
-    assert {b["tag"]: (b["current"], b["previous"]) for b in listing["bundles"]} == {T1: (True, False),
-                                                                                      T2: (False, True)}
+    assert {b["tag"]: (b["current"], b["previous"]) for b in listing["bundles"]} == {
+        T1: (True, False),
+        T2: (False, True),
+    }
     forth = _json(install_lab.cli("rollback", "--prefix", str(install_lab.prefix), "--json"))
     assert forth["current"] == T2
     again = _json(install_lab.cli("rollback", "--prefix", str(install_lab.prefix), "--to", T2, "--json"))
@@ -91,8 +93,16 @@ def test_tag_without_api_digest_is_refused_unless_pinned(install_lab):
     assert "no digest" in proc.stderr and built.assets[0].name in proc.stderr
     assert install_lab.current() is None
     install_lab.pin("gfx1151", built)  # a reviewed lock pins the digest the API lacks
-    pinned = install_lab.cli("install", "--tag", T2, "--prefix", str(install_lab.prefix),
-                             "--bundles-dir", str(install_lab.pins), "--json")
+    pinned = install_lab.cli(
+        "install",
+        "--tag",
+        T2,
+        "--prefix",
+        str(install_lab.prefix),
+        "--bundles-dir",
+        str(install_lab.pins),
+        "--json",
+    )
     assert pinned.returncode == 0, pinned.stderr
     assert _json(pinned)["current"] == T2
 
@@ -101,8 +111,9 @@ def test_tag_whose_api_digest_differs_from_the_lock_is_refused(install_lab):
     old = install_lab.bundle(T1, publish=False, payload=1000)
     install_lab.pin("gfx1151", old)
     install_lab.bundle(T1, payload=2000)  # "rebuilt under the same tag"
-    proc = install_lab.cli("install", "--tag", T1, "--prefix", str(install_lab.prefix),
-                           "--bundles-dir", str(install_lab.pins))
+    proc = install_lab.cli(
+        "install", "--tag", T1, "--prefix", str(install_lab.prefix), "--bundles-dir", str(install_lab.pins)
+    )
     assert proc.returncode == 2 and "rebuilt under the same tag" in proc.stderr
 
 
@@ -111,10 +122,19 @@ def test_bundle_lock_pins_from_the_api_and_install_uses_it(install_lab):
     pins = install_lab.pins
     pins.mkdir()
     (pins / "manifest.toml").write_text(
-        f'schema_version = 1\nrepo = "lemonade-sdk/vllm-rocm"\n[families.gfx1151]\ntag = "{T1}"\nchannel = "stable"\n'
-        f'[families.gfx110X]\ntag = "vllm0.1.0-rocm7.0.0-gfx110X"\nchannel = "nightly"\n')
-    (pins / "lock.json").write_text(json.dumps({"schema_version": 1, "repo": "lemonade-sdk/vllm-rocm", "families": {
-        "gfx1151": {"tag": T1, "pinned": False, "assets": []}}}))
+        f'schema_version = 1\nrepo = "lemonade-sdk/vllm-rocm"\n'
+        f'[families.gfx1151]\ntag = "{T1}"\nchannel = "stable"\n'
+        f'[families.gfx110X]\ntag = "vllm0.1.0-rocm7.0.0-gfx110X"\nchannel = "nightly"\n'
+    )
+    (pins / "lock.json").write_text(
+        json.dumps(
+            {
+                "schema_version": 1,
+                "repo": "lemonade-sdk/vllm-rocm",
+                "families": {"gfx1151": {"tag": T1, "pinned": False, "assets": []}},
+            }
+        )
+    )
     unpinned = install_lab.install("gfx1151")
     assert unpinned.returncode == 2 and "rocmdoctor bundle lock" in unpinned.stderr
 
@@ -130,11 +150,17 @@ def test_bundle_lock_pins_from_the_api_and_install_uses_it(install_lab):
 def test_bundle_fetch_fills_a_mirror_that_install_uses_offline(install_lab, tmp_path):
     install_lab.pin("gfx1151", install_lab.bundle(T1, payload=100_000))
     mirror = tmp_path / "mirror"
-    fetched = _json(install_lab.cli("bundle", "fetch", "--to", str(mirror), "--bundles-dir", str(install_lab.pins),
-                                    "--json"))
+    fetched = _json(
+        install_lab.cli(
+            "bundle", "fetch", "--to", str(mirror), "--bundles-dir", str(install_lab.pins), "--json"
+        )
+    )
     assert fetched["changed"] is True and len(fetched["fetched"]) == len(list(mirror.glob("*.tar.gz")))
-    again = _json(install_lab.cli("bundle", "fetch", "--to", str(mirror), "--bundles-dir", str(install_lab.pins),
-                                  "--json"))
+    again = _json(
+        install_lab.cli(
+            "bundle", "fetch", "--to", str(mirror), "--bundles-dir", str(install_lab.pins), "--json"
+        )
+    )
     assert again["changed"] is False
     install_lab.server.stop()  # offline from here on
     proc = install_lab.install("gfx1151", "--mirror", str(mirror), "--json")
@@ -160,11 +186,52 @@ def test_progress_bars_on_a_terminal_only(install_lab):
 
     install_lab.pin("gfx1151", install_lab.bundle(T1, payload=300_000))
     argv = [sys.executable, "-m", "rocmdoctor", *install_lab.install_args("gfx1151")]
-    tty = subprocess.run(["script", "-qec", shlex.join(argv), "/dev/null"], capture_output=True, text=True,
-                         timeout=120, env=install_lab.env())
+    tty = subprocess.run(
+        ["script", "-qec", shlex.join(argv), "/dev/null"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=install_lab.env(),
+        check=False,
+    )
     assert tty.returncode == 0, tty.stdout
     assert "download" in tty.stdout and "extract" in tty.stdout and "changed: installed" in tty.stdout
-    quiet = subprocess.run(["script", "-qec", shlex.join(argv + ["--force", "--json"]), "/dev/null"],
-                           capture_output=True, text=True, timeout=120, env=install_lab.env())
+    quiet = subprocess.run(
+        ["script", "-qec", shlex.join(argv + ["--force", "--json"]), "/dev/null"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=install_lab.env(),
+        check=False,
+    )
     assert quiet.returncode == 0
     assert json.loads(quiet.stdout)["changed"] is True  # the whole terminal output is the JSON, no bars
+
+
+def test_replacing_the_live_tag_never_leaves_current_dangling(tmp_path, monkeypatch):
+    """--force or a rebuilt release swaps the trees in one step: at every filesystem call on the
+    way, `current` resolves to a complete bundle (the old one, then the new one)."""
+    import os
+    import shutil
+
+    from rocmdoctor.provision import install as installer
+
+    layout = installer.Layout(tmp_path)
+    for tree, text in ((layout.bundles / "t1", "old"), (layout.bundles / "t1.partial" / "root", "new")):
+        (tree / "bin").mkdir(parents=True)
+        (tree / "bin" / "vllm-server").write_text(text)
+    installer._point(layout.current, "bundles/t1")
+    seen: list[str] = []
+
+    def watched(real):
+        def call(*args, **kwargs):
+            seen.append((layout.current / "bin" / "vllm-server").read_text())  # raises if dangling
+            return real(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(installer.os, "replace", watched(os.replace))
+    monkeypatch.setattr(installer.shutil, "rmtree", watched(shutil.rmtree))
+    installer._move_into_place(layout, layout.bundles / "t1.partial" / "root", "t1")
+    assert (layout.current / "bin" / "vllm-server").read_text() == "new"
+    assert seen and set(seen) == {"new"}  # the swap happened before any other step
+    assert sorted(p.name for p in layout.bundles.iterdir()) == ["t1"]

@@ -13,8 +13,10 @@ T2 = "vllm0.2.0-rocm7.0.0-gfx1151"
 
 def _many_files(tag: str) -> dict:
     # enough members that extraction takes a while, so kills land in every phase
-    return {f"lib/python3.13/site-packages/pkg{i // 100}/mod{i}.py": f"# {tag} {i}\n".encode() * 20
-            for i in range(3000)}
+    return {
+        f"lib/python3.13/site-packages/pkg{i // 100}/mod{i}.py": f"# {tag} {i}\n".encode() * 20
+        for i in range(3000)
+    }
 
 
 def _assert_current_is_complete(lab) -> None:
@@ -31,8 +33,10 @@ def _assert_current_is_complete(lab) -> None:
 
 
 def test_sigkill_at_random_points_then_rerun_always_completes(install_lab):
-    bundles = {tag: install_lab.bundle(tag, extra=_many_files(tag), payload=2 << 20, part_size=512 << 10)
-               for tag in (T1, T2)}
+    bundles = {
+        tag: install_lab.bundle(tag, extra=_many_files(tag), payload=2 << 20, part_size=512 << 10)
+        for tag in (T1, T2)
+    }
     started = time.monotonic()
     install_lab.pin("gfx1151", bundles[T1])
     assert install_lab.install("gfx1151").returncode == 0

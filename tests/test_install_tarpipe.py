@@ -1,4 +1,4 @@
-"""The header vetting in front of GNU tar: long names (pax and GNU 'L'/'K') cannot smuggle a member past it."""
+"""The header vetting in front of GNU tar: long names (pax, GNU 'L'/'K') cannot smuggle a member past it."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import io
 import tarfile
 
 import pytest
-
 from rocmdoctor.provision.extract import ArchiveError, UnsafeArchive
 from rocmdoctor.provision.tarpipe import HeaderVetter
 
@@ -30,13 +29,15 @@ def _member(name: str, kind: bytes = tarfile.REGTYPE, linkname: str = "", size: 
 def _vet(data: bytes, chunk: int = 700) -> HeaderVetter:
     vetter = HeaderVetter()
     for pos in range(0, len(data), chunk):  # odd chunk size: headers straddle reads
-        vetter.feed(memoryview(data)[pos:pos + chunk])
+        vetter.feed(memoryview(data)[pos : pos + chunk])
     return vetter
 
 
 @pytest.mark.parametrize("fmt", [tarfile.PAX_FORMAT, tarfile.GNU_FORMAT])
 def test_long_names_are_vetted(fmt):
-    ok = _vet(_tar([_member(LONG + "/file", size=3000), _member(LONG + "/link", tarfile.SYMTYPE, "file")], fmt))
+    ok = _vet(
+        _tar([_member(LONG + "/file", size=3000), _member(LONG + "/link", tarfile.SYMTYPE, "file")], fmt)
+    )
     assert ok.ended and ok.members == 2
     with pytest.raises(UnsafeArchive, match=r"contains '\.\.'"):
         _vet(_tar([_member(LONG + "/../../../escaped", size=10)], fmt))

@@ -70,6 +70,21 @@ class ServeRun:
     def finish(self, timeout: float = 90) -> int:
         return self.process.wait(timeout)
 
+    def stop_cleanly(self, sig: signal.Signals, engine: list[psutil.Process]) -> None:
+        """The signal stops serve with exit 0, and none of the engine's processes is left."""
+        self.process.send_signal(sig)
+        assert self.next_event(90) == {"event": "stopped", "reason": sig.name, "leftover_pids": []}
+        assert self.finish() == 0
+        assert_all_gone(engine)
+
+    def __enter__(self) -> "ServeRun":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.process.poll() is None:  # a failed assertion must not leave a server running
+            self.process.kill()
+            self.process.wait()
+
 
 def completion(port: int, key: str | None) -> tuple[int, dict]:
     body = json.dumps({"model": "tiny", "prompt": "Hello", "max_tokens": 4}).encode()
@@ -88,11 +103,11 @@ def assert_all_gone(processes: list[psutil.Process]) -> None:
 
 
 def test_serve_installed_bundle_until_ready_then_sigterm_leaves_nothing(installed_prefix, tiny_model, tmp_path):
-    run = ServeRun(installed_prefix, tiny_model, tmp_path)
-    try:
+    with ServeRun(installed_prefix, tiny_model, tmp_path) as run:
         ready = run.next_event(420)
         assert ready["event"] == "ready", ready
         assert ready["model"] == "tiny" and ready["url"] == f"http://127.0.0.1:{run.port}/v1"
+        assert 0 < ready["health_seconds"] <= ready["seconds"]
         status, reply = completion(run.port, API_KEY)
         assert status == 200 and reply["choices"][0]["text"]
         assert completion(run.port, None)[0] == 401, "the key file must protect /v1"
@@ -104,19 +119,11 @@ def test_serve_installed_bundle_until_ready_then_sigterm_leaves_nothing(installe
         assert server_env["VLLM_API_KEY"] == API_KEY
         assert len(engine) >= 2, "expected the API server and VLLM::EngineCore"
 
-        run.process.send_signal(signal.SIGTERM)
-        stopped = run.next_event(90)
-        assert stopped == {"event": "stopped", "reason": "SIGTERM", "leftover_pids": []}
-        assert run.finish() == 0
-        assert_all_gone(engine)
-    finally:
-        if run.process.poll() is None:
-            run.process.kill()
+        run.stop_cleanly(signal.SIGTERM, engine)
 
 
 def test_healthy_but_crashing_engine_is_not_ready_and_names_the_cause(installed_prefix, crashing_model, tmp_path):
-    run = ServeRun(installed_prefix, crashing_model, tmp_path)
-    try:
+    with ServeRun(installed_prefix, crashing_model, tmp_path) as run:
         failed = run.next_event(420)
         assert failed["event"] == "failed" and failed["ready"] is False
         assert "/health answered 200 but a completion with 'tiny' failed" in failed["reason"]
@@ -126,28 +133,17 @@ def test_healthy_but_crashing_engine_is_not_ready_and_names_the_cause(installed_
         stopped = run.next_event(90)
         assert stopped["event"] == "stopped" and stopped["leftover_pids"] == []
         assert run.finish() == 1
-    finally:
-        if run.process.poll() is None:
-            run.process.kill()
 
 
 def test_ctrl_c_while_engine_core_loads_leaves_no_engine(installed_prefix, tiny_model, tmp_path):
-    run = ServeRun(installed_prefix, tiny_model, tmp_path)
-    try:
+    with ServeRun(installed_prefix, tiny_model, tmp_path) as run:
         deadline = time.monotonic() + 300
         engine: list[psutil.Process] = []
         while time.monotonic() < deadline and len(engine) < 2:
             time.sleep(1)
             engine = run.engine_processes()
         assert len(engine) >= 2, "EngineCore never appeared"
-        run.process.send_signal(signal.SIGINT)
-        stopped = run.next_event(90)
-        assert stopped == {"event": "stopped", "reason": "SIGINT", "leftover_pids": []}
-        assert run.finish() == 0
-        assert_all_gone(engine)
-    finally:
-        if run.process.poll() is None:
-            run.process.kill()
+        run.stop_cleanly(signal.SIGINT, engine)
 
 
 def test_missing_bundle_and_busy_port_are_refused(tmp_path, tiny_model):

@@ -55,6 +55,7 @@ def test_defaults_bind_loopback_and_name_the_model_after_its_directory():
     args = resolve(Choices(model="/srv/models/Qwen3-4B/"), [pool(24, 23)])
     assert args.argv()[:8] == ["--model", "/srv/models/Qwen3-4B/", "--served-model-name", "Qwen3-4B",
                                "--host", "127.0.0.1", "--port", "8000"]
+    assert resolve(Choices(model="Qwen/Qwen3-4B"), [pool(24, 23)]).served_model_name == "Qwen/Qwen3-4B"
 
 
 def test_tensor_parallel_uses_same_family_and_the_tightest_gpu():

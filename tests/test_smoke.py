@@ -15,8 +15,9 @@ STEPS = ["health", "models", "completion", "chat", "chat-stream", "determinism",
 
 
 def test_smoke_passes_against_the_real_engine(vllm_engine, vllm_engine_key_file):
-    code, report = rocmdoctor_json("smoke", "--url", vllm_engine.base_url + "/v1",
-                                   "--api-key-file", str(vllm_engine_key_file))
+    code, report = rocmdoctor_json(
+        "smoke", "--url", vllm_engine.base_url + "/v1", "--api-key-file", str(vllm_engine_key_file)
+    )
     validate(report, load_schema("smoke-report.schema.json"))
     steps = steps_by_id(report)
     assert code == 0, report
@@ -24,8 +25,10 @@ def test_smoke_passes_against_the_real_engine(vllm_engine, vllm_engine_key_file)
     assert {s["status"] for s in report["steps"]} == {"pass"}, report
     assert report["model"] == vllm_engine.model
     # 4 generation requests of 16 tokens each (ignore_eos): the server's counters moved by exactly that
-    assert steps["metrics"]["details"]["growth"] == {"vllm:request_success_total": 4,
-                                                     "vllm:generation_tokens_total": 64}
+    assert steps["metrics"]["details"]["growth"] == {
+        "vllm:request_success_total": 4,
+        "vllm:generation_tokens_total": 64,
+    }
     assert steps["chat-stream"]["details"]["completion_tokens"] == 16
     assert steps["version"]["details"]["version"].startswith("0.")
 
@@ -36,56 +39,73 @@ def test_a_well_behaved_server_passes_every_step():
     assert code == 0 and {s["status"] for s in report["steps"]} == {"pass"}, report
 
 
-def test_healthy_server_whose_completions_fail():
-    with fake_server("--mode", "fail-completions") as server:
-        code, report = rocmdoctor_json("smoke", "--url", server.base_url)
+FAILURES = {
+    "completions fail while /health is 200": (
+        ("--mode", "fail-completions"),
+        (),
+        "completion",
+        ("/health is 200 but requests fail", "HTTP 500"),
+        "the engine reports healthy but cannot serve",
+    ),
+    "another served name": (
+        ("--served-name", "qwen3-4b"),
+        ("--model", "tiny"),
+        "models",
+        ("'tiny' is not served", "qwen3-4b"),
+        "--model qwen3-4b",
+    ),
+    "stream cut before [DONE]": (
+        ("--mode", "cut-stream"),
+        (),
+        "chat-stream",
+        ("without `data: [DONE]`", "/health is still 200"),
+        "proxy",
+    ),
+    "server dies mid-test": (("--die-after", "2"), (), "chat", ("went away during the test",), "restart"),
+}
+
+
+@pytest.mark.parametrize(
+    ("fake_args", "smoke_args", "failing", "says", "remedy"), FAILURES.values(), ids=FAILURES
+)
+def test_each_failure_is_named_at_its_step_with_a_remedy(fake_args, smoke_args, failing, says, remedy):
+    with fake_server(*fake_args) as server:
+        code, report = rocmdoctor_json("smoke", "--url", server.base_url, *smoke_args)
+        died = server.process.poll()
     steps = steps_by_id(report)
     assert code == 1
-    assert steps["health"]["status"] == "pass"
-    assert steps["completion"]["status"] == "fail"
-    assert "/health is 200 but requests fail" in steps["completion"]["summary"]
-    assert "HTTP 500" in steps["completion"]["summary"]
-    assert "vLLM log" in steps["completion"]["remedy"]
+    assert [steps[s]["status"] for s in STEPS[: STEPS.index(failing)]] == ["pass"] * STEPS.index(failing)
+    assert steps[failing]["status"] == "fail"
+    assert all(fragment in steps[failing]["summary"] for fragment in says), steps[failing]
+    assert remedy in steps[failing]["remedy"]
+    if "--die-after" in fake_args:
+        assert died == 3  # the server process really exited; what follows is skipped, not retried
+        assert {steps[s]["status"] for s in STEPS[STEPS.index(failing) + 1 :]} == {"skip"}
 
 
-def test_a_different_served_name_is_named_with_the_fix():
-    with fake_server("--served-name", "qwen3-4b") as server:
-        code, report = rocmdoctor_json("smoke", "--url", server.base_url, "--model", "tiny")
-    models = steps_by_id(report)["models"]
-    assert code == 1
-    assert models["status"] == "fail"
-    assert "'tiny' is not served" in models["summary"] and "qwen3-4b" in models["summary"]
-    assert "--model qwen3-4b" in models["remedy"]
-
-
-def test_a_stream_cut_before_done():
-    with fake_server("--mode", "cut-stream") as server:
+def test_a_busy_nondeterministic_server_gets_warnings_not_failures():
+    with fake_server("--mode", "noisy") as server:
         code, report = rocmdoctor_json("smoke", "--url", server.base_url)
     steps = steps_by_id(report)
-    assert code == 1
-    assert steps["chat"]["status"] == "pass"
-    assert steps["chat-stream"]["status"] == "fail"
-    assert "without `data: [DONE]`" in steps["chat-stream"]["summary"]
-    assert "/health is still 200" in steps["chat-stream"]["summary"]
+    assert code == 0
+    assert (
+        steps["determinism"]["status"] == "warn"
+        and "two different answers" in steps["determinism"]["summary"]
+    )
+    assert steps["metrics"]["status"] == "warn" and "other clients" in steps["metrics"]["remedy"]
+    assert steps["metrics"]["details"]["growth"] == {
+        "vllm:request_success_total": 8,
+        "vllm:generation_tokens_total": 68,
+    }
 
 
-def test_a_server_that_dies_mid_test():
-    with fake_server("--die-after", "2") as server:
-        code, report = rocmdoctor_json("smoke", "--url", server.base_url)
-        assert server.process.wait(timeout=10) == 3  # it really exited
-    steps = steps_by_id(report)
-    assert code == 1
-    assert steps["completion"]["status"] == "pass"
-    assert steps["chat"]["status"] == "fail"
-    assert "went away during the test" in steps["chat"]["summary"]
-    assert "restart" in steps["chat"]["remedy"]
-    assert [steps[s]["status"] for s in STEPS[4:]] == ["skip"] * 4
-
-
-@pytest.mark.parametrize(("key", "expected"), [
-    (None, "requires an API key"),
-    ("wrong", "rejected the API key"),
-])
+@pytest.mark.parametrize(
+    ("key", "expected"),
+    [
+        (None, "requires an API key"),
+        ("wrong", "rejected the API key"),
+    ],
+)
 def test_a_server_that_needs_an_api_key(tmp_path, key, expected):
     args = []
     if key:
@@ -94,7 +114,9 @@ def test_a_server_that_needs_an_api_key(tmp_path, key, expected):
     with fake_server("--api-key", "s3cret") as server:
         code, report = rocmdoctor_json("smoke", "--url", server.base_url, *args)
         (tmp_path / "right").write_text("s3cret\n")
-        right_code, _ = rocmdoctor_json("smoke", "--url", server.base_url, "--api-key-file", str(tmp_path / "right"))
+        right_code, _ = rocmdoctor_json(
+            "smoke", "--url", server.base_url, "--api-key-file", str(tmp_path / "right")
+        )
     models = steps_by_id(report)["models"]
     assert code == 1 and right_code == 0
     assert expected in models["summary"]
@@ -130,12 +152,15 @@ def test_smoke_text_output_names_the_failure_and_the_fix():
     assert "HTTP 500" in result.stdout and "→ the engine reports healthy but cannot serve" in result.stdout
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--api-key-file", "/nonexistent/smoke-key"], "no such file"),
-    (["--url", "ftp://example.org"], "not an http(s) URL"),
-    (["--url", "http://127.0.0.1:99999"], "invalid port"),
-    (["--timeout", "0"], "Invalid value for '--timeout'"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--api-key-file", "/nonexistent/smoke-key"], "no such file"),
+        (["--url", "ftp://example.org"], "not an http(s) URL"),
+        (["--url", "http://127.0.0.1:99999"], "invalid port"),
+        (["--timeout", "0"], "Invalid value for '--timeout'"),
+    ],
+)
 def test_bad_input_is_exit_2_without_traceback(args, message):
     result = rocmdoctor("smoke", *args)
     assert result.returncode == 2

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rocmdoctor.provision.unit import command_line
+from rocmdoctor.provision.unit import UnitError, command_line
 
 MAX_EXPOSURE = 3.5
 
@@ -84,6 +84,8 @@ def test_unit_carries_the_hardening_the_gpu_needs(tmp_path):
 def test_exec_words_are_quoted_for_systemd():
     assert command_line(["/a b/x", "100%", "$HOME", 'say "hi"', "plain"]) == \
         '"/a b/x" 100%% $$HOME "say \\"hi\\"" plain'
+    with pytest.raises(UnitError, match="control characters"):
+        command_line(["tiny\nExecStartPre=/bin/sh"])
 
 
 def account_root(tmp_path: Path) -> Path:
@@ -191,3 +193,16 @@ def test_wait_ready_gives_up_after_its_timeout():
     done = subprocess.run([sys.executable, str(WAIT_READY), "http://127.0.0.1:9", "tiny", "1"],
                           capture_output=True, text=True, timeout=60, env={})
     assert done.returncode == 1 and "not ready after 1 s" in done.stderr
+
+
+def test_check_mode_reports_changes_and_writes_nothing(tmp_path):
+    root = account_root(tmp_path)
+    passwd_before = (root / "etc/passwd").read_text()
+    planned = write_unit(root, "--check")
+    assert planned["changed"] is True and planned["daemon_reload"] == "would run"
+    assert "user vllm" in planned["accounts_created"]
+    assert not (root / "etc/systemd").exists() and (root / "etc/passwd").read_text() == passwd_before
+    write_unit(root)
+    assert write_unit(root, "--check")["changed"] is False
+    done = rocmdoctor("unit", "--check", "--model", "m", "--gpu-memory-utilization", "0.8")
+    assert done.returncode == 2 and "--check goes with --write" in done.stderr

@@ -10,15 +10,33 @@ ASCII_MARKS = {"pass": "ok", "warn": "!!", "fail": "XX", "skip": "--", "error": 
 STYLES = {"pass": "green", "warn": "yellow", "fail": "bold red", "skip": "dim", "error": "magenta"}
 
 
-def _marks(console: Any) -> dict[str, str]:
+def marks_for(console: Any) -> dict[str, str]:
     encoding = (getattr(console, "encoding", "") or "").lower()
     return MARKS if "utf" in encoding else ASCII_MARKS
+
+
+def status_line(marks: dict[str, str], status: str, ident: str, summary: str, width: int = 20) -> Any:
+    """`[✓] id  summary`: the one line per check (or smoke step) that every report starts from."""
+    from rich.text import Text
+
+    line = Text()
+    line.append(f"[{marks[status]}] ", style=STYLES[status])
+    line.append(f"{ident:<{width}} ", style="bold" if status in ("fail", "error") else "")
+    line.append(summary)
+    return line
+
+
+def print_remedy(console: Any, remedy: str) -> None:
+    from rich.text import Text
+
+    for remedy_line in remedy.splitlines():
+        console.print(Text(f"      → {remedy_line}", style="cyan"))
 
 
 def render_check_report(report: dict[str, Any], console: Any, verbose: int = 0) -> None:
     from rich.text import Text
 
-    marks = _marks(console)
+    marks = marks_for(console)
     host = report.get("host", {})
     distro = host.get("distro") or {}
     gpus = host.get("gpus") or []
@@ -31,14 +49,9 @@ def render_check_report(report: dict[str, Any], console: Any, verbose: int = 0) 
     console.print()
     for entry in report["checks"]:
         status = entry["status"]
-        line = Text()
-        line.append(f"[{marks[status]}] ", style=STYLES[status])
-        line.append(f"{entry['id']:<20} ", style="bold" if status in ("fail", "error") else "")
-        line.append(entry["summary"])
-        console.print(line)
+        console.print(status_line(marks, status, entry["id"], entry["summary"]))
         if entry.get("remedy") and status in ("warn", "fail", "error"):
-            for remedy_line in entry["remedy"].splitlines():
-                console.print(Text(f"      → {remedy_line}", style="cyan"))
+            print_remedy(console, entry["remedy"])
         if verbose and entry.get("details"):
             details = {k: v for k, v in entry["details"].items() if verbose > 1 or k != "traceback"}
             for remedy_line in json.dumps(details, indent=2, default=str).splitlines():

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
 import tarfile
 import tempfile
@@ -19,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .atomic import atomic_file
 from .host import ENV_FILE, IDENTITY_FILE, META_DIR, STAT_FILE, Host, ReadState
 from .registry import CheckSpec, Context
 
@@ -162,32 +162,22 @@ def _add(tar: tarfile.TarFile, name: str, kind: bytes, data: bytes = b"", target
 
 def write_archive(snap: Snapshot, out: Path) -> None:
     """A .tar.gz of the tree, written atomically (temp file in the same directory, fsync, rename)."""
-    out = out.resolve()
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-    try:
-        with os.fdopen(fd, "wb") as raw:
-            with tarfile.open(fileobj=raw, mode="w:gz") as tar:
-                parents = {str(Path(p).parent) for p in [*snap.files, *snap.links, *snap.dirs]}
-                all_dirs = set(snap.dirs)
-                for parent in parents:
-                    while parent not in ("/", ""):
-                        all_dirs.add(parent)
-                        parent = str(Path(parent).parent)
-                for path in sorted(all_dirs):
-                    _add(tar, path.lstrip("/"), tarfile.DIRTYPE)
-                for path, data in sorted(snap.files.items()):
-                    _add(tar, path.lstrip("/"), tarfile.REGTYPE, data)
-                for path, target in sorted(snap.links.items()):
-                    _add(tar, path.lstrip("/"), tarfile.SYMTYPE, target=target)
-                _add(tar, META_DIR, tarfile.DIRTYPE)
-                for name, data in snap.meta().items():
-                    _add(tar, name, tarfile.REGTYPE, data)
-            raw.flush()
-            os.fsync(raw.fileno())
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_file(out.resolve()) as raw, tarfile.open(fileobj=raw, mode="w:gz") as tar:
+        parents = {str(Path(p).parent) for p in [*snap.files, *snap.links, *snap.dirs]}
+        all_dirs = set(snap.dirs)
+        for parent in parents:
+            while parent not in ("/", ""):
+                all_dirs.add(parent)
+                parent = str(Path(parent).parent)
+        for path in sorted(all_dirs):
+            _add(tar, path.lstrip("/"), tarfile.DIRTYPE)
+        for path, data in sorted(snap.files.items()):
+            _add(tar, path.lstrip("/"), tarfile.REGTYPE, data)
+        for path, target in sorted(snap.links.items()):
+            _add(tar, path.lstrip("/"), tarfile.SYMTYPE, target=target)
+        _add(tar, META_DIR, tarfile.DIRTYPE)
+        for name, data in snap.meta().items():
+            _add(tar, name, tarfile.REGTYPE, data)
 
 
 def snapshot(ctx: Context, specs: list[CheckSpec], out: Path) -> Snapshot:

@@ -27,22 +27,67 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from harness.bundles import build_bundle, write_pins  # noqa: E402
-from harness.release_server import ReleaseServer  # noqa: E402
+from harness.bundles import write_pins
+from harness.release_server import ReleaseServer
 
 TAG = "vllm0.0.0-rocm0.0.0-gfx1151"
 PY_FILES = 49_800
 SO_FILES = 200
-CACHE = Path(os.environ.get("ROCMDOCTOR_TEST_CACHE", Path.home() / ".cache/rocmdoctor-test")) / "install-bench"
+CACHE = (
+    Path(os.environ.get("ROCMDOCTOR_TEST_CACHE", Path.home() / ".cache/rocmdoctor-test")) / "install-bench"
+)
 
 
 def _text_pool(rng: random.Random, size: int) -> bytes:
-    words = ("def class import return self None True False for in if else elif while yield async await "
-             "torch tensor kernel device stream launch config module parameter weight bias shape dtype "
-             "float16 bfloat16 int8 rocm hip gfx1151 vllm engine scheduler cache block token").split()
+    words = [
+        "def",
+        "class",
+        "import",
+        "return",
+        "self",
+        "None",
+        "True",
+        "False",
+        "for",
+        "in",
+        "if",
+        "else",
+        "elif",
+        "while",
+        "yield",
+        "async",
+        "await",
+        "torch",
+        "tensor",
+        "kernel",
+        "device",
+        "stream",
+        "launch",
+        "config",
+        "module",
+        "parameter",
+        "weight",
+        "bias",
+        "shape",
+        "dtype",
+        "float16",
+        "bfloat16",
+        "int8",
+        "rocm",
+        "hip",
+        "gfx1151",
+        "vllm",
+        "engine",
+        "scheduler",
+        "cache",
+        "block",
+        "token",
+    ]
     out = bytearray()
     while len(out) < size:
-        line = " " * rng.choice((0, 4, 8, 12)) + " ".join(rng.choice(words) for _ in range(rng.randint(2, 12)))
+        line = " " * rng.choice((0, 4, 8, 12)) + " ".join(
+            rng.choice(words) for _ in range(rng.randint(2, 12))
+        )
         out += line.encode() + b"\n"
     return bytes(out[:size])
 
@@ -58,7 +103,7 @@ def _tree(root: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         size = int(rng.lognormvariate(8.3, 0.9))  # median ~4 kB, long tail
         start = rng.randrange(0, len(pool) - min(size, len(pool) - 1))
-        path.write_bytes(pool[start:start + size])
+        path.write_bytes(pool[start : start + size])
     libs = sp / "_rocm_sdk_core/lib"
     libs.mkdir(parents=True, exist_ok=True)
     for i in range(SO_FILES):
@@ -85,7 +130,9 @@ def build() -> tuple[list[Path], dict]:
     tree = CACHE / "tree"
     print("building the synthetic bundle (once) ...", file=sys.stderr)
     _tree(tree)
-    raw = subprocess.run(["du", "-sb", str(tree)], capture_output=True, text=True, check=True).stdout.split()[0]
+    raw = subprocess.run(["du", "-sb", str(tree)], capture_output=True, text=True, check=True).stdout.split()[
+        0
+    ]
     assets = CACHE / "assets"
     assets.mkdir(parents=True)
     whole = assets / "whole.tar.gz"
@@ -100,10 +147,18 @@ def build() -> tuple[list[Path], dict]:
             with open(assets / name, "wb") as dst:
                 dst.write(src.read(half))
     whole.unlink()
-    files = int(subprocess.run(f"find {tree} -type f | wc -l", shell=True, capture_output=True, text=True).stdout)
+    files = int(
+        subprocess.run(
+            f"find {tree} -type f | wc -l", shell=True, capture_output=True, text=True, check=True
+        ).stdout
+    )
     shutil.rmtree(tree)
-    facts = {"raw_bytes": int(raw), "files": files, "parts": names,
-             "part_bytes": [(assets / n).stat().st_size for n in names]}
+    facts = {
+        "raw_bytes": int(raw),
+        "files": files,
+        "parts": names,
+        "part_bytes": [(assets / n).stat().st_size for n in names],
+    }
     facts_file.write_text(json.dumps(facts))
     return [assets / n for n in names], facts
 
@@ -123,9 +178,19 @@ def _timed(command: list[str] | str, sync: bool, **kw) -> tuple[float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--sync", action="store_true", help="include `sync` in each timing (disk-bound figure)")
+    parser.add_argument(
+        "--sync", action="store_true", help="include `sync` in each timing (disk-bound figure)"
+    )
+    parser.add_argument(
+        "--install-arg",
+        action="append",
+        default=[],
+        help="extra argument for `rocmdoctor install` (repeat), e.g. --install-arg=--extractor=python",
+    )
     parser.add_argument("--dest", type=Path, default=CACHE / "dest", help="where both methods extract")
     args = parser.parse_args()
     parts, facts = build()
@@ -148,10 +213,24 @@ def main() -> None:
                 if method == "baseline":
                     seconds, cpu_s = _timed(baseline, args.sync, shell=True)
                 else:
-                    seconds, cpu_s = _timed(rocmdoctor + ["install", "--family", "gfx1151", "--bundles-dir", str(pins),
-                                                   "--prefix", str(args.dest / "prefix"), "--mirror",
-                                                   server.mirror_url, "--json"], args.sync,
-                                     stdout=subprocess.DEVNULL)
+                    seconds, cpu_s = _timed(
+                        rocmdoctor
+                        + [
+                            "install",
+                            "--family",
+                            "gfx1151",
+                            "--bundles-dir",
+                            str(pins),
+                            "--prefix",
+                            str(args.dest / "prefix"),
+                            "--mirror",
+                            server.mirror_url,
+                            "--json",
+                            *args.install_arg,
+                        ],
+                        args.sync,
+                        stdout=subprocess.DEVNULL,
+                    )
                 timings[method].append(seconds)
                 cpu[method].append(cpu_s)
                 print(f"run {run + 1} {method:<10} {seconds:6.2f} s wall {cpu_s:6.2f} s cpu", file=sys.stderr)
@@ -159,15 +238,28 @@ def main() -> None:
     base_median = statistics.median(timings["baseline"])
     ours_median = statistics.median(timings["rocmdoctor"])
     result = {
-        "bundle": facts, "runs": args.runs, "sync": args.sync, "dest": str(args.dest), "timings_s": timings,
-        "cpu_s": cpu, "loadavg_at_end": os.getloadavg(),
+        "install_args": args.install_arg,
+        "bundle": facts,
+        "runs": args.runs,
+        "sync": args.sync,
+        "dest": str(args.dest),
+        "timings_s": timings,
+        "cpu_s": cpu,
+        "loadavg_at_end": os.getloadavg(),
         "median_s": {"baseline": round(base_median, 2), "rocmdoctor": round(ours_median, 2)},
         "ratio": round(ours_median / base_median, 3),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "kernel": platform.release(),
-                    "pigz": bool(shutil.which("pigz"))},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "kernel": platform.release(),
+            "pigz": bool(shutil.which("pigz")),
+        },
     }
-    print(f"baseline median {base_median:.2f} s, rocmdoctor median {ours_median:.2f} s, "
-          f"ratio {result['ratio']:.3f}", file=sys.stderr)
+    print(
+        f"baseline median {base_median:.2f} s, rocmdoctor median {ours_median:.2f} s, "
+        f"ratio {result['ratio']:.3f}",
+        file=sys.stderr,
+    )
     print(json.dumps(result))
 
 

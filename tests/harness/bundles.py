@@ -19,9 +19,8 @@ import os
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Union
 
-FileSpec = Union[bytes, tuple[bytes, int], tarfile.TarInfo, tuple[tarfile.TarInfo, bytes]]
+FileSpec = bytes | tuple[bytes, int] | tarfile.TarInfo | tuple[tarfile.TarInfo, bytes]
 
 REPO = "lemonade-sdk/vllm-rocm"
 MTIME = 1_760_000_000  # fixed, so the same files give the same bytes
@@ -83,7 +82,7 @@ class _SplitWriter(io.RawIOBase):
                     self._fh.close()
                 path = Path(f"{self.prefix}.split{len(self.paths) + 1:02d}")
                 self.paths.append(path)
-                self._fh = open(path, "wb")
+                self._fh = open(path, "wb")  # noqa: SIM115 - one file per part, closed on rollover
                 self._left = self.part_size
             n = min(self._left, len(view))
             self._fh.write(view[:n])
@@ -120,21 +119,24 @@ def _add(tar: tarfile.TarFile, relpath: str, spec: FileSpec) -> None:
 
 def write_tarball(fileobj, files: dict[str, FileSpec], compresslevel: int = 6) -> None:
     """A gzip'd tar of `files` (relpath -> bytes, (bytes, mode), or a raw TarInfo for odd members)."""
-    with gzip.GzipFile(fileobj=fileobj, mode="wb", compresslevel=compresslevel, mtime=MTIME) as gz, \
-            tarfile.open(fileobj=gz, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+    with (
+        gzip.GzipFile(fileobj=fileobj, mode="wb", compresslevel=compresslevel, mtime=MTIME) as gz,
+        tarfile.open(fileobj=gz, mode="w|", format=tarfile.PAX_FORMAT) as tar,
+    ):
         made: set[str] = set()
-        for relpath in files:
+        for relpath, spec in files.items():
             for parent in _parents(relpath):
                 if parent not in made and parent not in files:
                     info = tarfile.TarInfo(parent)
                     info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, MTIME
                     tar.addfile(info)
                     made.add(parent)
-            _add(tar, relpath, files[relpath])
+            _add(tar, relpath, spec)
 
 
-def build_bundle(out_dir: Path, tag: str, files: dict[str, FileSpec], part_size: int,
-                 compresslevel: int = 6) -> BuiltBundle:
+def build_bundle(
+    out_dir: Path, tag: str, files: dict[str, FileSpec], part_size: int, compresslevel: int = 6
+) -> BuiltBundle:
     """Pack `files` like the release workflow: one tar.gz split into `partNN-of-MM` + `.partcount`."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -153,8 +155,13 @@ def build_bundle(out_dir: Path, tag: str, files: dict[str, FileSpec], part_size:
     return built
 
 
-def write_pins(dest: Path, bundles: dict[str, BuiltBundle], base_url: str | None = None,
-               repo: str = REPO, channel: str = "stable") -> tuple[Path, Path]:
+def write_pins(
+    dest: Path,
+    bundles: dict[str, BuiltBundle],
+    base_url: str | None = None,
+    repo: str = REPO,
+    channel: str = "stable",
+) -> tuple[Path, Path]:
     """`manifest.toml` + `lock.json` pinning each family to its synthetic bundle (for --bundles-dir).
 
     base_url: where the assets live (a mirror URL); without it the lock carries no url and the
@@ -165,14 +172,23 @@ def write_pins(dest: Path, bundles: dict[str, BuiltBundle], base_url: str | None
     families = {}
     for family, built in bundles.items():
         assets = built.assets
-        lines += [f"[families.{family}]", f'tag = "{built.tag}"', f'channel = "{channel}"',
-                  "parts = [" + ", ".join(f'"{a.name}"' for a in assets) + "]", ""]
+        lines += [
+            f"[families.{family}]",
+            f'tag = "{built.tag}"',
+            f'channel = "{channel}"',
+            "parts = [" + ", ".join(f'"{a.name}"' for a in assets) + "]",
+            "",
+        ]
         families[family] = {
             "tag": built.tag,
             "pinned": True,
             "assets": [
-                {"name": a.name, "size": a.size, "digest": a.digest,
-                 **({"url": f"{base_url}/{a.name}"} if base_url else {})}
+                {
+                    "name": a.name,
+                    "size": a.size,
+                    "digest": a.digest,
+                    **({"url": f"{base_url}/{a.name}"} if base_url else {}),
+                }
                 for a in assets
             ],
         }
@@ -188,8 +204,9 @@ def default_vllm_python() -> Path:
     return cache / "vllm-venv" / "bin" / "python"
 
 
-def vllm_test_bundle(out_dir: Path, family: str, tag: str, vllm_python: Path | str | None = None,
-                     part_size: int = 64 * 1024) -> BuiltBundle:
+def vllm_test_bundle(
+    out_dir: Path, family: str, tag: str, vllm_python: Path | str | None = None, part_size: int = 64 * 1024
+) -> BuiltBundle:
     """A bundle whose `bin/vllm-server` runs the real (CPU) vLLM of the test cache, so an installed
     bundle can be served: the shim execs `<vllm_python> -m vllm.entrypoints.openai.api_server "$@"`
     and `bin/python3` execs the same interpreter."""

@@ -52,12 +52,14 @@ def make_tiny_model(dest: Path, head_dim: int = 64) -> Path:
         try:
             subprocess.run(
                 [str(vllm_python()), str(BUILDER), str(staging), str(head_dim)],
-                check=True, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                check=True,
+                capture_output=True,
+                text=True,
+                env={**os.environ, "HF_HUB_OFFLINE": "1"},
             )
-            try:
+            # OSError: a concurrent builder won the race; its result is identical
+            with contextlib.suppress(OSError):
                 staging.rename(cached)
-            except OSError:  # a concurrent builder won the race; its result is identical
-                pass
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     dest.mkdir(parents=True, exist_ok=True)
@@ -178,9 +180,21 @@ def start_engine(
         os.close(fd)
         log_path = Path(name)
     argv = [
-        str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model_dir), "--load-format", "dummy", "--max-model-len", "512",
-        "--host", "127.0.0.1", "--port", str(port), "--served-model-name", served_name,
+        str(vllm_python()),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--load-format",
+        "dummy",
+        "--max-model-len",
+        "512",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--served-model-name",
+        served_name,
         *(["--api-key", api_key] if api_key else []),
         *(["--enforce-eager"] if enforce_eager else []),
         *extra_args,
@@ -197,7 +211,11 @@ def start_engine(
     started = time.monotonic()
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=full_env,
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=full_env,
             start_new_session=True,
         )
     pgid = process.pid

@@ -22,7 +22,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-MODES = ("ok", "fail-completions", "cut-stream", "stall")
+# noisy: answers differ between identical requests and another (invisible) client adds one request
+# of one token to the counters for each of ours: both are warnings for smoke, a mismatch for bench.
+MODES = ("ok", "fail-completions", "cut-stream", "stall", "noisy")
 CUT_AFTER_CHUNKS = 3
 
 
@@ -44,16 +46,18 @@ class Counters:
 
     def exposition(self, model: str) -> str:
         labels = f'engine="0",model_name="{model}"'
-        return "".join([
-            "# HELP vllm:generation_tokens_total Number of generation tokens processed.\n",
-            "# TYPE vllm:generation_tokens_total counter\n",
-            f"vllm:generation_tokens_total{{{labels}}} {float(self.generation_tokens)}\n",
-            f"vllm:prompt_tokens_total{{{labels}}} {float(self.prompt_tokens)}\n",
-            "# TYPE vllm:request_success_total counter\n",
-            f'vllm:request_success_total{{engine="0",finished_reason="length",model_name="{model}"}} '
-            f"{float(self.successes)}\n",
-            f'vllm:request_success_total{{engine="0",finished_reason="stop",model_name="{model}"}} 0.0\n',
-        ])
+        return "".join(
+            [
+                "# HELP vllm:generation_tokens_total Number of generation tokens processed.\n",
+                "# TYPE vllm:generation_tokens_total counter\n",
+                f"vllm:generation_tokens_total{{{labels}}} {float(self.generation_tokens)}\n",
+                f"vllm:prompt_tokens_total{{{labels}}} {float(self.prompt_tokens)}\n",
+                "# TYPE vllm:request_success_total counter\n",
+                f'vllm:request_success_total{{engine="0",finished_reason="length",model_name="{model}"}} '
+                f"{float(self.successes)}\n",
+                f'vllm:request_success_total{{engine="0",finished_reason="stop",model_name="{model}"}} 0.0\n',
+            ]
+        )
 
 
 def make_app(behaviour: Behaviour):
@@ -62,15 +66,16 @@ def make_app(behaviour: Behaviour):
     counters = Counters()
 
     def error(status: int, message: str, kind: str) -> web.Response:
-        return web.json_response({"error": {"message": message, "type": kind, "param": None, "code": status}},
-                                 status=status)
+        return web.json_response(
+            {"error": {"message": message, "type": kind, "param": None, "code": status}}, status=status
+        )
 
     @web.middleware
     async def authenticate(request: web.Request, handler):
         # vLLM guards only these prefixes; /health, /metrics, /version, /tokenize stay open.
-        if behaviour.api_key and request.path.startswith(("/v1", "/v2", "/inference")):
-            if request.headers.get("Authorization") != f"Bearer {behaviour.api_key}":
-                return web.json_response({"error": "Unauthorized"}, status=401)
+        guarded = behaviour.api_key and request.path.startswith(("/v1", "/v2", "/inference"))
+        if guarded and request.headers.get("Authorization") != f"Bearer {behaviour.api_key}":
+            return web.json_response({"error": "Unauthorized"}, status=401)
         return await handler(request)
 
     async def health(_: web.Request) -> web.Response:
@@ -83,15 +88,32 @@ def make_app(behaviour: Behaviour):
         return web.Response(text=counters.exposition(behaviour.served_name), content_type="text/plain")
 
     async def models(_: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [
-            {"id": behaviour.served_name, "object": "model", "owned_by": "vllm", "root": "/models/fake",
-             "max_model_len": 512}]})
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": behaviour.served_name,
+                        "object": "model",
+                        "owned_by": "vllm",
+                        "root": "/models/fake",
+                        "max_model_len": 512,
+                    }
+                ],
+            }
+        )
 
     async def tokenize(request: web.Request) -> web.Response:
         body = await request.json()
         words = str(body.get("prompt", "")).split()
-        return web.json_response({"count": len(words), "max_model_len": 512,
-                                  "tokens": [10 + i % 300 for i in range(len(words))], "token_strs": None})
+        return web.json_response(
+            {
+                "count": len(words),
+                "max_model_len": 512,
+                "tokens": [10 + i % 300 for i in range(len(words))],
+                "token_strs": None,
+            }
+        )
 
     def prompt_len(body: dict) -> int:
         if "messages" in body:
@@ -103,29 +125,52 @@ def make_app(behaviour: Behaviour):
         chat = request.path.endswith("/chat/completions")
         body = await request.json()
         if body.get("model") != behaviour.served_name:
-            return error(404, f"The model `{body.get('model')}` does not exist. Valid aliases: "
-                              f"{behaviour.served_name}.", "NotFoundError")
+            return error(
+                404,
+                f"The model `{body.get('model')}` does not exist. Valid aliases: {behaviour.served_name}.",
+                "NotFoundError",
+            )
         counters.generation_requests += 1
         number = counters.generation_requests
         if behaviour.mode == "fail-completions":
-            return error(500, "EngineCore encountered an issue. See stack trace (above) for the root cause.",
-                         "InternalServerError")
+            return error(
+                500,
+                "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+                "InternalServerError",
+            )
         if behaviour.mode == "stall" and not body.get("stream"):
             await asyncio.sleep(3600)
         tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
-        pieces = [f" tok{i}" for i in range(tokens)]
-        usage = {"prompt_tokens": prompt_len(body), "completion_tokens": tokens,
-                 "total_tokens": prompt_len(body) + tokens}
+        salt = f"-{number}" if behaviour.mode == "noisy" else ""
+        pieces = [f" tok{i}{salt}" for i in range(tokens)]
+        usage = {
+            "prompt_tokens": prompt_len(body),
+            "completion_tokens": tokens,
+            "total_tokens": prompt_len(body) + tokens,
+        }
         kind = "chat.completion" if chat else "text_completion"
         if not body.get("stream"):
             if behaviour.die_after == number:
                 os._exit(3)
             account(usage)
-            choice = ({"index": 0, "message": {"role": "assistant", "content": "".join(pieces)},
-                       "finish_reason": "length"} if chat else
-                      {"index": 0, "text": "".join(pieces), "finish_reason": "length"})
-            return web.json_response({"id": f"cmpl-{number}", "object": kind, "model": behaviour.served_name,
-                                      "choices": [choice], "usage": usage})
+            choice = (
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "".join(pieces)},
+                    "finish_reason": "length",
+                }
+                if chat
+                else {"index": 0, "text": "".join(pieces), "finish_reason": "length"}
+            )
+            return web.json_response(
+                {
+                    "id": f"cmpl-{number}",
+                    "object": kind,
+                    "model": behaviour.served_name,
+                    "choices": [choice],
+                    "usage": usage,
+                }
+            )
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         chunk_kind = "chat.completion.chunk" if chat else "text_completion"
@@ -140,9 +185,16 @@ def make_app(behaviour: Behaviour):
             return {"index": 0, "text": text, "finish_reason": finish}
 
         if chat:
-            await send({"id": f"chatcmpl-{number}", "object": chunk_kind, "model": behaviour.served_name,
-                        "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                     "finish_reason": None}]})
+            await send(
+                {
+                    "id": f"chatcmpl-{number}",
+                    "object": chunk_kind,
+                    "model": behaviour.served_name,
+                    "choices": [
+                        {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+                    ],
+                }
+            )
         for i, piece in enumerate(pieces):
             if i == CUT_AFTER_CHUNKS and behaviour.mode == "cut-stream":
                 await response.write_eof()
@@ -153,20 +205,34 @@ def make_app(behaviour: Behaviour):
                 await asyncio.sleep(3600)
             if behaviour.token_delay_s:
                 await asyncio.sleep(behaviour.token_delay_s)
-            await send({"id": f"cmpl-{number}", "object": chunk_kind, "model": behaviour.served_name,
-                        "choices": [choice(piece, "length" if i == tokens - 1 else None)]})
+            await send(
+                {
+                    "id": f"cmpl-{number}",
+                    "object": chunk_kind,
+                    "model": behaviour.served_name,
+                    "choices": [choice(piece, "length" if i == tokens - 1 else None)],
+                }
+            )
         account(usage)
         if (body.get("stream_options") or {}).get("include_usage"):
-            await send({"id": f"cmpl-{number}", "object": chunk_kind, "model": behaviour.served_name,
-                        "choices": [], "usage": usage})
+            await send(
+                {
+                    "id": f"cmpl-{number}",
+                    "object": chunk_kind,
+                    "model": behaviour.served_name,
+                    "choices": [],
+                    "usage": usage,
+                }
+            )
         await send("[DONE]")
         await response.write_eof()
         return response
 
     def account(usage: dict) -> None:
-        counters.generation_tokens += usage["completion_tokens"]
+        other_client = 1 if behaviour.mode == "noisy" else 0
+        counters.generation_tokens += usage["completion_tokens"] + other_client
         counters.prompt_tokens += usage["prompt_tokens"]
-        counters.successes += 1
+        counters.successes += 1 + other_client
 
     app = web.Application(middlewares=[authenticate])
     app.router.add_get("/health", health)
@@ -218,14 +284,19 @@ class RunningFake:
 def fake_server(*args: str, start_timeout: float = 20.0) -> Iterator[RunningFake]:
     """Run the fake in its own process group with these command-line switches; stop it on exit."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "harness.fake_openai", *args], stdout=subprocess.PIPE, text=True,
-        cwd=Path(__file__).resolve().parent.parent, start_new_session=True,
+        [sys.executable, "-m", "harness.fake_openai", *args],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parent.parent,
+        start_new_session=True,
     )
     try:
         ready, _, _ = select.select([process.stdout], [], [], start_timeout)
         line = process.stdout.readline() if ready else ""
         if not line.startswith("PORT "):
-            raise RuntimeError(f"fake server did not start within {start_timeout:g} s (exit {process.poll()}): {line!r}")
+            raise RuntimeError(
+                f"fake server did not start within {start_timeout:g} s (exit {process.poll()}): {line!r}"
+            )
         yield RunningFake(f"http://127.0.0.1:{int(line.split()[1])}", process)
     finally:
         with contextlib.suppress(ProcessLookupError):

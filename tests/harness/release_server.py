@@ -19,10 +19,11 @@ import json
 import re
 import socket
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 from urllib.parse import unquote
 
 CHUNK = 1 << 20
@@ -35,7 +36,8 @@ class Fault:
 
     kind: "cut" (close the connection after `after` body bytes), "corrupt" (flip the byte at `offset`),
     "status" (answer `status`, e.g. 404 or 500), "stall" (send `after` body bytes, then nothing for
-    `seconds`), "short" (serve only the first `length` bytes, as if the file were that long).
+    `seconds`), "short" (serve only the first `length` bytes, as if the file were that long),
+    "norange" (ignore Range and answer 200 with the whole file, like a server without range support).
     `times`: how many requests it affects (None: all of them).
     """
 
@@ -70,7 +72,7 @@ class _Asset:
         """Body bytes [start, end) in chunks."""
         if isinstance(self.source, bytes):
             for pos in range(start, end, CHUNK):
-                yield self.source[pos:min(end, pos + CHUNK)]
+                yield self.source[pos : min(end, pos + CHUNK)]
             return
         with open(self.source, "rb") as fh:
             fh.seek(start)
@@ -105,9 +107,9 @@ class _State:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    server: "_Server"
+    server: _Server
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - BaseHTTPRequestHandler's name
+    def log_message(self, format: str, *args: Any) -> None:
         return  # the structured log replaces stderr chatter
 
     def do_HEAD(self) -> None:
@@ -119,13 +121,21 @@ class _Handler(BaseHTTPRequestHandler):
     def _record(self, status: int, body_bytes: int = 0) -> LogEntry:
         """Logged before the body goes out, so a client that has its bytes also finds the entry."""
         state = self.server.state
-        entry = LogEntry(self.command, unquote(self.path), status, self.headers.get("Range"),
-                         self.headers.get("If-Range"), body_bytes)
+        entry = LogEntry(
+            self.command,
+            unquote(self.path),
+            status,
+            self.headers.get("Range"),
+            self.headers.get("If-Range"),
+            body_bytes,
+        )
         with state.lock:
             state.log.append(entry)
         return entry
 
-    def _simple(self, status: int, body: bytes, content_type: str = "application/json", head: bool = False) -> None:
+    def _simple(
+        self, status: int, body: bytes, content_type: str = "application/json", head: bool = False
+    ) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
@@ -151,15 +161,21 @@ class _Handler(BaseHTTPRequestHandler):
         if match:
             assets = state.releases.get((match.group(1), match.group(2)))
             if assets is None:
-                body = json.dumps({"message": "Not Found", "documentation_url": "https://docs.github.com/rest"})
+                body = json.dumps(
+                    {"message": "Not Found", "documentation_url": "https://docs.github.com/rest"}
+                )
                 self._simple(404, body.encode(), head=head)
                 return
             doc = {
                 "tag_name": match.group(2),
                 "assets": [
-                    {"name": a.name, "size": a.size, "digest": a.digest,
-                     "browser_download_url": self.server.base_url + f"/{match.group(1)}/releases/download/"
-                                                                   f"{match.group(2)}/{a.name}"}
+                    {
+                        "name": a.name,
+                        "size": a.size,
+                        "digest": a.digest,
+                        "browser_download_url": self.server.base_url + f"/{match.group(1)}/releases/download/"
+                        f"{match.group(2)}/{a.name}",
+                    }
                     for a in assets
                 ],
             }
@@ -180,7 +196,8 @@ class _Handler(BaseHTTPRequestHandler):
         start, end, status = 0, size, 200
         wanted = self.headers.get("Range")
         if_range = self.headers.get("If-Range")
-        if wanted and (if_range is None or if_range == asset.etag):
+        honour_range = not (fault and fault.kind == "norange")
+        if wanted and honour_range and (if_range is None or if_range == asset.etag):
             parsed = _RANGE.match(wanted.strip())
             if parsed:
                 start = int(parsed.group(1))
@@ -207,11 +224,15 @@ class _Handler(BaseHTTPRequestHandler):
         sent = 0
         try:
             for block in asset.read(start, end):
-                if fault and fault.kind == "corrupt" and start + sent <= fault.offset < start + sent + len(block):
+                if (
+                    fault
+                    and fault.kind == "corrupt"
+                    and start + sent <= fault.offset < start + sent + len(block)
+                ):
                     pos = fault.offset - start - sent
-                    block = block[:pos] + bytes([block[pos] ^ 0xFF]) + block[pos + 1:]
+                    block = block[:pos] + bytes([block[pos] ^ 0xFF]) + block[pos + 1 :]
                 if fault and fault.kind in ("cut", "stall") and sent + len(block) >= fault.after:
-                    head_of_block = block[:max(0, fault.after - sent)]
+                    head_of_block = block[: max(0, fault.after - sent)]
                     entry.body_bytes = sent + len(head_of_block)
                     self.wfile.write(head_of_block)
                     self.wfile.flush()
@@ -301,7 +322,7 @@ class ReleaseServer:
     def body_bytes(self, name: str) -> int:
         return sum(e.body_bytes for e in self.downloads(name))
 
-    def start(self) -> "ReleaseServer":
+    def start(self) -> ReleaseServer:
         self._thread = threading.Thread(target=self._server.serve_forever, name="release-server", daemon=True)
         self._thread.start()
         return self
@@ -313,9 +334,8 @@ class ReleaseServer:
         if self._thread:
             self._thread.join(timeout=5)
 
-    def __enter__(self) -> "ReleaseServer":
+    def __enter__(self) -> ReleaseServer:  # noqa: PYI034 - Self needs 3.11
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from typing import Any
@@ -10,9 +11,16 @@ from typing import Any
 CLI_TIMEOUT_S = 180
 
 
-def rocmdoctor(*args: str, timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, "-m", "rocmdoctor", *args], capture_output=True, text=True,
-                            timeout=timeout)
+def rocmdoctor(
+    *args: str, timeout: float = CLI_TIMEOUT_S, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    result = subprocess.run(
+        [sys.executable, "-m", "rocmdoctor", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=None if env is None else {**os.environ, **env},
+    )
     assert "Traceback" not in result.stderr, result.stderr
     return result
 

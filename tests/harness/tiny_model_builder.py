@@ -30,7 +30,14 @@ def training_corpus() -> list[str]:
     subjects = ["The server", "A request", "The model", "Each token", "The scheduler", "The GPU", "A user"]
     verbs = ["answers", "streams", "measures", "waits for", "returns", "counts", "sends"]
     objects = ["the prompt", "one chunk", "every reply", "the latency", "a batch of work", "the next word"]
-    tails = ["quickly.", "in order.", "without errors.", "under load.", "at 8000 tokens per second.", "again."]
+    tails = [
+        "quickly.",
+        "in order.",
+        "without errors.",
+        "under load.",
+        "at 8000 tokens per second.",
+        "again.",
+    ]
     lines = []
     for i, subject in enumerate(subjects):
         for j, verb in enumerate(verbs):

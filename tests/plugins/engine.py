@@ -37,4 +37,3 @@ def vllm_engine_key_file(vllm_engine, tmp_path_factory: pytest.TempPathFactory):
     path.write_text(vllm_engine.api_key + "\n")
     path.chmod(0o600)
     return path
-

@@ -42,8 +42,15 @@ class InstallLab:
     def pins(self) -> Path:
         return self.root / "pins"
 
-    def bundle(self, tag: str, extra: dict[str, FileSpec] | None = None, payload: int = 0,
-               part_size: int = 64 * 1024, publish: bool = True, digests: bool = True) -> BuiltBundle:
+    def bundle(
+        self,
+        tag: str,
+        extra: dict[str, FileSpec] | None = None,
+        payload: int = 0,
+        part_size: int = 64 * 1024,
+        publish: bool = True,
+        digests: bool = True,
+    ) -> BuiltBundle:
         built = build_bundle(self.root / "assets" / tag, tag, bundle_files(tag, extra, payload), part_size)
         if publish:
             assets = built.release_assets() if digests else [(a.name, a.path, None) for a in built.assets]
@@ -58,19 +65,37 @@ class InstallLab:
         return {**os.environ, "ROCMDOCTOR_GITHUB_API": self.server.api_url}
 
     def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "rocmdoctor", *args], capture_output=True, text=True,
-                              timeout=timeout, env=self.env())
+        return subprocess.run(  # noqa: PLW1510 - callers assert on returncode
+            [sys.executable, "-m", "rocmdoctor", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=self.env(),
+        )
 
     def install_args(self, family: str, *args: str) -> list[str]:
-        return ["install", "--family", family, "--prefix", str(self.prefix), "--bundles-dir", str(self.pins),
-                *FAST, *args]
+        return [
+            "install",
+            "--family",
+            family,
+            "--prefix",
+            str(self.prefix),
+            "--bundles-dir",
+            str(self.pins),
+            *FAST,
+            *args,
+        ]
 
     def install(self, family: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
         return self.cli(*self.install_args(family, *args), timeout=timeout)
 
     def spawn_install(self, family: str, *args: str) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "rocmdoctor", *self.install_args(family, *args)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=self.env())
+        return subprocess.Popen(
+            [sys.executable, "-m", "rocmdoctor", *self.install_args(family, *args)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=self.env(),
+        )
 
     def current(self) -> str | None:
         try:
@@ -81,8 +106,11 @@ class InstallLab:
     def leftovers(self) -> list[str]:
         """Anything a failed install must not leave behind in bundles/."""
         bundles = self.prefix / "bundles"
-        return sorted(p.name for p in bundles.iterdir() if p.name.endswith(".partial") or ".old-" in p.name) \
-            if bundles.is_dir() else []
+        return (
+            sorted(p.name for p in bundles.iterdir() if p.name.endswith(".partial") or ".old-" in p.name)
+            if bundles.is_dir()
+            else []
+        )
 
 
 @pytest.fixture

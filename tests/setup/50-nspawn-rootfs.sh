@@ -3,7 +3,8 @@
 # (tests/harness/nspawn.py). Built once with debootstrap (~1 min, ~320 MB) and cached; every boot uses
 # --volatile=overlay, so the cached tree is never modified.
 set -euo pipefail
-packages=systemd,systemd-sysv,dbus,python3,passwd,procps,iproute2,openssh-server,netcat-openbsd
+# libnuma1: the vLLM CPU engine's _C extension links it (the tests run the engine inside).
+packages=systemd,systemd-sysv,dbus,python3,passwd,procps,iproute2,openssh-server,netcat-openbsd,libnuma1
 cache="$ROCMDOCTOR_TEST_CACHE/nspawn-rootfs"
 want="bookworm minbase $packages"
 if [ "$(cat "$cache/.rocmdoctor-rootfs" 2>/dev/null)" = "$want" ]; then exit 0; fi

@@ -35,18 +35,33 @@ def write_plot(report: dict[str, Any], path: Path) -> None:
     throughput_ax.plot(concurrency, [lv["output_tokens_per_s"] for lv in levels], marker="o")
     for level in levels:
         if level["speedup"] is not None:
-            throughput_ax.annotate(f"{level['speedup']:.2f}x", (level["concurrency"], level["output_tokens_per_s"]),
-                                   textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)
+            throughput_ax.annotate(
+                f"{level['speedup']:.2f}x",
+                (level["concurrency"], level["output_tokens_per_s"]),
+                textcoords="offset points",
+                xytext=(0, 6),
+                ha="center",
+                fontsize=8,
+            )
     knee = report["knee"]
     if knee:
         latency_ax.axvline(knee["concurrency"], color="grey", linestyle="--", linewidth=1)
-        throughput_ax.axvline(knee["concurrency"], color="grey", linestyle="--", linewidth=1,
-                              label=f"knee: concurrency {knee['concurrency']}")
+        throughput_ax.axvline(
+            knee["concurrency"],
+            color="grey",
+            linestyle="--",
+            linewidth=1,
+            label=f"knee: concurrency {knee['concurrency']}",
+        )
         throughput_ax.legend()
     throughput_ax.set_ylabel("output tokens/s")
     throughput_ax.set_title(f"rocmdoctor bench: {report['model']} at {report['url']}")
-    for metric, label in (("ttft_ms", "TTFT p50"), ("tpot_ms", "TPOT p50"), ("itl_ms", "ITL p99"),
-                          ("e2el_ms", "E2EL p50")):
+    for metric, label in (
+        ("ttft_ms", "TTFT p50"),
+        ("tpot_ms", "TPOT p50"),
+        ("itl_ms", "ITL p99"),
+        ("e2el_ms", "E2EL p50"),
+    ):
         key = "p99" if label.endswith("p99") else "p50"
         latency_ax.plot(concurrency, _series(levels, metric, key), marker="o", label=label)
     latency_ax.set_yscale("log")

@@ -11,9 +11,8 @@ from typing import Any, Callable
 
 import click
 
+from .bundle import DEFAULT_PREFIX
 from .common import App, UserError, emit_json, pass_app
-
-DEFAULT_PREFIX = "/opt/rocmdoctor"
 
 
 def server_options(fn: Callable) -> Callable:
@@ -34,7 +33,8 @@ def server_options(fn: Callable) -> Callable:
                      help="File holding the API key clients must send (never pass --api-key itself)."),
         click.option("--vllm-args", default="", metavar="TEXT",
                      help="More vLLM arguments as one string, split like a shell would (never run by one)."),
-        click.option("--prefix", default=DEFAULT_PREFIX, show_default=True, help="Where bundles are installed."),
+        click.option("--prefix", default=DEFAULT_PREFIX, envvar="ROCMDOCTOR_PREFIX", show_default=True,
+                     help="Where `rocmdoctor install` put the bundles. [env: ROCMDOCTOR_PREFIX]"),
         click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout."),
         click.argument("extra", nargs=-1, type=click.UNPROCESSED),
     ]
@@ -79,23 +79,26 @@ def show_settings(args, stream=sys.stderr) -> None:
 
 @click.command(context_settings={"ignore_unknown_options": True})
 @click.option("--write", is_flag=True, help="Write the unit, its env file and readiness script (else print the unit).")
+@click.option("--check", "check_only", is_flag=True, help="With --write: show what would change, change nothing.")
 @click.option("--user", default="vllm", show_default=True, help="Service account (created with its groups if missing).")
 @click.option("--timeout", "timeout_s", default=1800, show_default=True, type=int,
               help="Seconds systemd waits for the model to load and answer a completion.")
 @server_options
 @pass_app
-def unit(app: App, write: bool, user: str, timeout_s: int, **opts: Any) -> None:
+def unit(app: App, write: bool, check_only: bool, user: str, timeout_s: int, **opts: Any) -> None:
     """Render the systemd unit for the vLLM server; with --write install it (idempotent).
 
     Extra vLLM arguments go after `--`: rocmdoctor unit --model M -- --enforce-eager
     """
-    from ..provision.unit import Layout, UnitError, file_specs, write as write_files
+    from ..provision.unit import ServiceLayout, UnitError, file_specs, write as write_files
 
     args = resolve_args(app, opts)
     try:
-        specs = file_specs(args, Layout(prefix=opts["prefix"]), user, api_key(opts), timeout_s)
+        specs = file_specs(args, ServiceLayout(prefix=opts["prefix"]), user, api_key(opts), timeout_s)
     except UnitError as exc:
         raise UserError(str(exc)) from None
+    if check_only and not write:
+        raise UserError("--check goes with --write (it shows what --write would change)")
     if not write:
         if opts["as_json"]:
             emit_json({"unit": specs[0].content, "path": specs[0].path, "server_args": args.to_json()})
@@ -103,18 +106,19 @@ def unit(app: App, write: bool, user: str, timeout_s: int, **opts: Any) -> None:
             click.echo(specs[0].content, nl=False)
         return
     try:
-        report = write_files(app.root, specs, user)
+        report = write_files(app.root, specs, user, check=check_only)
     except (UnitError, OSError) as exc:
         raise UserError(f"could not write the unit: {exc}") from None
     if opts["as_json"]:
         emit_json({**report.to_json(), "server_args": args.to_json()})
         return
+    changed_word = "would change" if check_only else "changed"
     for change in report.files:
-        click.echo(f"{'changed' if change.changed else 'ok     '} {change.path}")
+        click.echo(f"{changed_word if change.changed else 'ok'} {change.path}")
         if change.diff:
             click.echo(change.diff.rstrip("\n"))
     for account in report.accounts:
-        click.echo(f"created {account}")
+        click.echo(f"{'would create' if check_only else 'created'} {account}")
     click.echo(f"daemon-reload: {report.daemon_reload}")
     click.echo(f"changed={str(report.changed).lower()}")
 
@@ -132,14 +136,15 @@ def serve(app: App, timeout_s: float, cache_dir: Path | None, log_file: Path | N
     """Run the vLLM server in the foreground until Ctrl-C; report ready only after a real completion.
 
     Extra vLLM arguments go after `--`: rocmdoctor serve --model M -- --enforce-eager
+
     Exit 0 after a clean stop; 1 when the server did not become ready, died, or left a process behind.
     """
     from ..provision.serve import (Server, Stopped, SignalsToStop, ProgressLine, default_cache_base,
                                    new_marker, port_in_use, server_env)
-    from ..provision.unit import Layout
+    from ..provision.unit import ServiceLayout, readiness_url
 
     args = resolve_args(app, opts)
-    executable = Path(Layout(prefix=opts["prefix"]).server)
+    executable = Path(ServiceLayout(prefix=opts["prefix"]).server)
     if not os.access(executable, os.X_OK):
         raise UserError(f"{executable} is missing or not executable: install a bundle first "
                         f"(rocmdoctor install --prefix {opts['prefix']})")
@@ -149,8 +154,6 @@ def serve(app: App, timeout_s: float, cache_dir: Path | None, log_file: Path | N
     cache_base = default_cache_base(os.environ)
     env = server_env(os.environ, cache_dir or Path(os.environ.get("VLLM_CACHE_ROOT") or cache_base / "vllm"),
                      api_key(opts), new_marker())
-    from ..provision.unit import readiness_url
-
     server = Server(executable, args.argv(), readiness_url(args), args.served_model_name, env,
                     log_file or cache_base / "rocmdoctor" / f"serve-{args.port}.log")
     events = Events(opts["as_json"])
@@ -158,7 +161,11 @@ def serve(app: App, timeout_s: float, cache_dir: Path | None, log_file: Path | N
     show_settings(args)
     with SignalsToStop():
         try:
-            server.start()
+            try:
+                server.start()
+            except OSError as exc:
+                raise UserError(f"cannot start {executable} (log {server.log_path}): "
+                                f"{exc.strerror or exc}") from None
             progress = ProgressLine(args.served_model_name)
             outcome = server.wait_ready(timeout_s, progress)
             progress.finish()
@@ -168,7 +175,8 @@ def serve(app: App, timeout_s: float, cache_dir: Path | None, log_file: Path | N
                 sys.exit(1)
             events.emit("ready", f"ready in {outcome.seconds:.0f} s: {server.base_url}/v1 serves "
                                  f"{args.served_model_name!r} (Ctrl-C stops it)",
-                        url=f"{server.base_url}/v1", model=args.served_model_name, seconds=round(outcome.seconds, 1))
+                        url=f"{server.base_url}/v1", model=args.served_model_name, seconds=round(outcome.seconds, 1),
+                        health_seconds=round(outcome.health_seconds or 0, 1))
             returncode = server.wait_exit()
             events.failed(server.failure(f"the server exited with status {returncode} after it was ready"))
             events.stopped(server.stop(), reason="exited")

@@ -29,9 +29,13 @@ def _api_key(path: Path | None) -> str | None:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise UserError(f"--api-key-file {path}: no such file; write the key vLLM was started with into it") from None
+        raise UserError(
+            f"--api-key-file {path}: no such file; write the key vLLM was started with into it"
+        ) from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"--api-key-file {path}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
+        raise UserError(
+            f"--api-key-file {path}: cannot read it ({getattr(exc, 'strerror', None) or exc})"
+        ) from None
     key = next((line.strip() for line in text.splitlines() if line.strip()), "")
     if not key:
         raise UserError(f"--api-key-file {path} is empty; put the key vLLM was started with in it")
@@ -44,7 +48,9 @@ def _concurrency(value: str) -> tuple[int, ...]:
     except ValueError:
         levels = ()
     if not levels or any(level < 1 for level in levels):
-        raise UserError(f"--concurrency {value!r}: give positive whole numbers separated by commas, e.g. 1,2,4,8,16")
+        raise UserError(
+            f"--concurrency {value!r}: give positive whole numbers separated by commas, e.g. 1,2,4,8,16"
+        )
     return tuple(sorted(set(levels)))
 
 
@@ -65,14 +71,32 @@ def _plot_path(path: Path | None) -> Path | None:
 
 
 def _common_options(fn: Any) -> Any:
-    fn = click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1), default=None,
-                      help="Seconds of silence from the server before a request fails.")(fn)
-    fn = click.option("--api-key-file", type=click.Path(path_type=Path, dir_okay=False), default=None,
-                      help="File holding the server's API key (vLLM --api-key).")(fn)
-    fn = click.option("--model", default="auto", show_default=True,
-                      help="Served model name; auto takes the first one /v1/models lists.")(fn)
-    fn = click.option("--url", default="http://127.0.0.1:8000", show_default=True, envvar="ROCMDOCTOR_URL",
-                      help="The vLLM server. [env var: ROCMDOCTOR_URL]")(fn)
+    fn = click.option(
+        "--timeout",
+        "timeout_s",
+        type=click.FloatRange(min=0.1),
+        default=None,
+        help="Seconds of silence from the server before a request fails (smoke: 30, bench: 60).",
+    )(fn)
+    fn = click.option(
+        "--api-key-file",
+        type=click.Path(path_type=Path, dir_okay=False),
+        default=None,
+        help="File holding the server's API key (vLLM --api-key).",
+    )(fn)
+    fn = click.option(
+        "--model",
+        default="auto",
+        show_default=True,
+        help="Served model name; auto takes the first one /v1/models lists.",
+    )(fn)
+    fn = click.option(
+        "--url",
+        default="http://127.0.0.1:8000",
+        show_default=True,
+        envvar="ROCMDOCTOR_URL",
+        help="The vLLM server. [env var: ROCMDOCTOR_URL]",
+    )(fn)
     return fn
 
 
@@ -80,8 +104,9 @@ def _common_options(fn: Any) -> Any:
 @_common_options
 @click.option("--json", "as_json", is_flag=True, help="Print the versioned JSON report on stdout.")
 @pass_app
-def smoke(app: App, url: str, model: str, api_key_file: Path | None, timeout_s: float | None,
-          as_json: bool) -> None:
+def smoke(
+    app: App, url: str, model: str, api_key_file: Path | None, timeout_s: float | None, as_json: bool
+) -> None:
     """Prove that a vLLM server really serves: health, models, completions, chat, streaming, metrics.
 
     Exit 0: every step passed (warnings allowed); 1: a step failed; 2: bad input or nothing answers.
@@ -102,20 +127,56 @@ def smoke(app: App, url: str, model: str, api_key_file: Path | None, timeout_s: 
 
 @click.command()
 @_common_options
-@click.option("--concurrency", "concurrency_list", default="1,2,4,8,16", show_default=True,
-              help="Concurrency levels, comma-separated; 1 (sequential) is always run.")
-@click.option("--requests", type=click.IntRange(min=1), default=32, show_default=True,
-              help="Requests sent at every level (at least the largest concurrency).")
-@click.option("--prompt-tokens", type=click.IntRange(min=1), default=128, show_default=True)
-@click.option("--max-tokens", type=click.IntRange(min=2), default=128, show_default=True,
-              help="Output tokens per request (sent with ignore_eos, so every answer has this length).")
+@click.option(
+    "--concurrency",
+    "concurrency_list",
+    default="1,2,4,8,16",
+    show_default=True,
+    help="Concurrency levels, comma-separated; 1 (sequential) is always run.",
+)
+@click.option(
+    "--requests",
+    type=click.IntRange(min=1),
+    default=32,
+    show_default=True,
+    help="Requests sent at every level (at least the largest concurrency).",
+)
+@click.option(
+    "--prompt-tokens",
+    type=click.IntRange(min=1),
+    default=128,
+    show_default=True,
+    help="Prompt length in tokens (exact where the server has /tokenize, as vLLM does).",
+)
+@click.option(
+    "--max-tokens",
+    type=click.IntRange(min=2),
+    default=128,
+    show_default=True,
+    help="Output tokens per request (sent with ignore_eos, so every answer has this length).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the versioned JSON report on stdout.")
-@click.option("--plot", "plot", type=click.Path(path_type=Path, dir_okay=False), default=None,
-              help="Write throughput and latency against concurrency to FILE.png or FILE.svg.")
+@click.option(
+    "--plot",
+    "plot",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Write throughput and latency against concurrency to FILE.png or FILE.svg.",
+)
 @pass_app
-def bench(app: App, url: str, model: str, api_key_file: Path | None, timeout_s: float | None,
-          concurrency_list: str, requests: int, prompt_tokens: int, max_tokens: int, as_json: bool,
-          plot: Path | None) -> None:
+def bench(
+    app: App,
+    url: str,
+    model: str,
+    api_key_file: Path | None,
+    timeout_s: float | None,
+    concurrency_list: str,
+    requests: int,
+    prompt_tokens: int,
+    max_tokens: int,
+    as_json: bool,
+    plot: Path | None,
+) -> None:
     """Measure what concurrency buys: tokens/s, speedup, TTFT/TPOT/ITL/E2EL, and the knee.
 
     Exit 0: every request succeeded and the token count matches the server's; 1: failures or a
@@ -126,17 +187,29 @@ def bench(app: App, url: str, model: str, api_key_file: Path | None, timeout_s: 
 
     levels = _concurrency(concurrency_list)
     if requests < max(levels):
-        raise UserError(f"--requests {requests} is smaller than the largest --concurrency {max(levels)}: "
-                        "every level sends the same requests, so send at least that many")
-    options = BenchOptions(_url(url), model, _api_key(api_key_file), timeout_s or 60.0, levels, requests,
-                           prompt_tokens, max_tokens)
+        raise UserError(
+            f"--requests {requests} is smaller than the largest --concurrency {max(levels)}: "
+            "every level sends the same requests, so send at least that many"
+        )
+    options = BenchOptions(
+        _url(url),
+        model,
+        _api_key(api_key_file),
+        timeout_s or 60.0,
+        levels,
+        requests,
+        prompt_tokens,
+        max_tokens,
+    )
     plot_path = _plot_path(plot)
     try:
         report = run_bench(options)
     except BenchAborted as exc:
         remedy = abort_remedy(exc.error, options.api_key is not None)
         if exc.error.kind == oc.UNREACHABLE:
-            raise UserError(f"{exc.error}; start the server (`rocmdoctor serve`) or point --url at it") from None
+            raise UserError(
+                f"{exc.error}; start the server (`rocmdoctor serve`) or point --url at it"
+            ) from None
         click.echo(f"rocmdoctor: bench could not start: {exc.error}\n  → {remedy}", err=True)
         sys.exit(1)
     if plot_path is not None:

@@ -7,34 +7,33 @@ from pathlib import Path
 from typing import Any
 
 from ..provision.bench import COUNTER
-from ..render import STYLES, _marks
+from ..render import marks_for, print_remedy, status_line
 
 
 def render_smoke(report: dict[str, Any], console: Any, verbose: int = 0) -> None:
     from rich.text import Text
 
-    marks = _marks(console)
+    marks = marks_for(console)
     console.print(Text(f"rocmdoctor smoke  {report['url']}  model={report['model'] or '?'}", style="bold"))
     for step in report["steps"]:
         status = step["status"]
-        line = Text()
-        line.append(f"[{marks[status]}] ", style=STYLES[status])
-        line.append(f"{step['id']:<12} ", style="bold" if status in ("fail", "error") else "")
-        line.append(step["summary"])
-        if status not in ("skip",):
+        line = status_line(marks, status, step["id"], step["summary"], width=12)
+        if status != "skip":
             line.append(f"  ({step['elapsed_s'] * 1000:.0f} ms)", style="dim")
         console.print(line)
         if step["remedy"] and status in ("warn", "fail", "error"):
-            console.print(Text(f"      → {step['remedy']}", style="cyan"))
+            print_remedy(console, step["remedy"])
         if verbose and step["details"]:
             for detail_line in json.dumps(step["details"], indent=2, default=str).splitlines():
                 console.print(Text(f"        {detail_line}", style="dim"))
     summary = report["summary"]
-    console.print(Text(
-        f"{summary['pass']} passed, {summary['warn']} warnings, {summary['fail']} failed, "
-        f"{summary['skip']} skipped, {summary['error']} errors",
-        style="bold red" if summary["fail"] or summary["error"] else "bold green",
-    ))
+    console.print(
+        Text(
+            f"{summary['pass']} passed, {summary['warn']} warnings, {summary['fail']} failed, "
+            f"{summary['skip']} skipped, {summary['error']} errors",
+            style="bold red" if summary["fail"] or summary["error"] else "bold green",
+        )
+    )
 
 
 def _ms(distribution: dict[str, float] | None, *keys: str) -> str:
@@ -48,43 +47,75 @@ def render_bench(report: dict[str, Any], console: Any, plot_path: Path | None = 
     settings = report["settings"]
     table = Table(
         title=f"rocmdoctor bench  {report['url']}  model={report['model']}\n"
-              f"{settings['requests']} requests x {settings['prompt_tokens']} in / {settings['max_tokens']} out tokens",
-        title_justify="left", box=None,
+        f"{settings['requests']} requests x {settings['prompt_tokens']} in / "
+        f"{settings['max_tokens']} out tokens",
+        title_justify="left",
+        box=None,
     )
-    for header in ("conc", "fail", "tok/s", "req/s", "speedup", "TTFT p50/p99", "TPOT p50", "ITL p50/p99",
-                   "E2EL p50/p99"):
+    for header in (
+        "conc",
+        "fail",
+        "tok/s",
+        "req/s",
+        "speedup",
+        "TTFT p50/p99",
+        "TPOT p50",
+        "ITL p50/p99",
+        "E2EL p50/p99",
+    ):
         table.add_column(header, justify="right", no_wrap=True)
     knee = report["knee"] or {}
     for level in report["levels"]:
         row_style = "bold" if level["concurrency"] == knee.get("concurrency") else ""
         table.add_row(
-            str(level["concurrency"]), str(level["failures"]), f"{level['output_tokens_per_s']:.1f}",
-            f"{level['requests_per_s']:.2f}", "-" if level["speedup"] is None else f"{level['speedup']:.2f}x",
-            _ms(level["ttft_ms"], "p50", "p99"), _ms(level["tpot_ms"], "p50"), _ms(level["itl_ms"], "p50", "p99"),
+            str(level["concurrency"]),
+            str(level["failures"]),
+            f"{level['output_tokens_per_s']:.1f}",
+            f"{level['requests_per_s']:.2f}",
+            "-" if level["speedup"] is None else f"{level['speedup']:.2f}x",
+            _ms(level["ttft_ms"], "p50", "p99"),
+            _ms(level["tpot_ms"], "p50"),
+            _ms(level["itl_ms"], "p50", "p99"),
             _ms(level["e2el_ms"], "p50", "p99"),
             style=row_style,
         )
     if not console.is_terminal:
         console.width = max(console.width, 120)  # a pipe or file has no width; keep the numbers whole
     console.print(table)
-    console.print(Text("latencies in ms (ms/ms: p50/p99); TTFT, TPOT, ITL and E2EL as `vllm bench serve` defines them", style="dim"))
+    console.print(
+        Text(
+            "latencies in ms (ms/ms: p50/p99); TTFT, TPOT, ITL and E2EL as `vllm bench serve` defines them",
+            style="dim",
+        )
+    )
     if knee:
-        console.print(Text(f"knee: concurrency {knee['concurrency']} ({knee['output_tokens_per_s']:.1f} tok/s); "
-                           f"{knee['advice']}", style="bold"))
+        console.print(
+            Text(
+                f"knee: concurrency {knee['concurrency']} ({knee['output_tokens_per_s']:.1f} tok/s); "
+                f"{knee['advice']}",
+                style="bold",
+            )
+        )
     for level in report["levels"]:
         for error in level["errors"]:
             console.print(Text(f"concurrency {level['concurrency']}: {error}", style="red"))
     check = report["cross_check"]
     check_style = {"match": "green", "mismatch": "bold red"}.get(check["status"], "yellow")
-    console.print(Text(
-        f"token cross-check: {check['status']}: counted {check['counted_tokens']}, server "
-        f"{COUNTER} grew by {check['server_tokens'] if check['server_tokens'] is not None else '?'}"
-        + (f" ({check['detail']})" if check["detail"] else ""), style=check_style))
+    console.print(
+        Text(
+            f"token cross-check: {check['status']}: counted {check['counted_tokens']}, server "
+            f"{COUNTER} grew by {check['server_tokens'] if check['server_tokens'] is not None else '?'}"
+            + (f" ({check['detail']})" if check["detail"] else ""),
+            style=check_style,
+        )
+    )
     if report["aborted"]:
         aborted = report["aborted"]
-        console.print(Text(f"aborted at concurrency {aborted['at_concurrency']}: {aborted['message']}",
-                           style="bold red"))
+        console.print(
+            Text(
+                f"aborted at concurrency {aborted['at_concurrency']}: {aborted['message']}", style="bold red"
+            )
+        )
         console.print(Text(f"      → {aborted['remedy']}", style="cyan"))
     if plot_path is not None:
         console.print(Text(f"plot written to {plot_path}"))
-

@@ -1,0 +1,73 @@
+"""Argument resolution on the host fixtures (built from real captures): the pool each GPU really
+has, vLLM's startup rule with margin on it, and a refusal wherever the capture cannot tell."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from harness.hosts import FIXTURE_IDS, fixture_root, run_cli
+from rocmdoctor.checks import facts
+from rocmdoctor.host import Host
+from rocmdoctor.memory_rule import DEFAULT_MARGIN_BYTES
+from rocmdoctor.provision.server_args import ArgumentError, Choices, pools_from_facts, resolve
+from rocmdoctor.registry import Context, Options
+
+APUS = ("strix-halo-nocwsr-dkms", "strix-halo-clean", "strix-halo-default-ttm", "strix-point")
+# What the captures lack: the used-VRAM counters (and for two of them the VRAM size itself).
+UNREADABLE_MEMORY = ("rx7900xtx-no-render", "r9700", "mi300x")
+
+
+def context(fixture_id: str) -> Context:
+    return Context(Host(fixture_root(fixture_id)), Options())
+
+
+def test_every_fixture_is_covered():
+    assert set(APUS + UNREADABLE_MEMORY + ("no-amd-gpu",)) == set(FIXTURE_IDS)
+
+
+@pytest.mark.parametrize("fixture_id", APUS)
+def test_apu_uses_its_gtt_pool_and_passes_the_startup_rule(fixture_id):
+    ctx = context(fixture_id)
+    gpu = facts.gpus(ctx)[0]
+    total, free = facts.usable_memory(ctx, gpu)
+    assert gpu.apu and total == gpu.gtt_total != gpu.vram_total
+    args = resolve(Choices(model="m"), pools_from_facts(ctx))
+    util = float(args.value("--gpu-memory-utilization"))
+    assert math.ceil(total * util) <= free - DEFAULT_MARGIN_BYTES
+    assert math.ceil(total * (util + 0.01)) > free - DEFAULT_MARGIN_BYTES
+    assert args.value("--max-num-seqs") == "10"
+    assert "unified pool" in args.settings[4].reason
+
+
+def test_strix_point_with_memory_in_use_gets_a_lower_value_than_the_default():
+    # 11.64 of 15.31 GiB free: vLLM's default 0.92 would be refused at startup.
+    args = resolve(Choices(model="m"), pools_from_facts(context("strix-point")))
+    assert float(args.value("--gpu-memory-utilization")) == pytest.approx(0.69)
+
+
+@pytest.mark.parametrize("fixture_id", UNREADABLE_MEMORY)
+def test_discrete_gpu_whose_memory_the_capture_lacks_is_not_guessed(fixture_id):
+    pools = pools_from_facts(context(fixture_id))
+    assert pools and not pools[0].unified
+    with pytest.raises(ArgumentError, match="cannot be read.*--gpu-memory-utilization"):
+        resolve(Choices(model="m"), pools)
+    args = resolve(Choices(model="m", gpu_memory_utilization=0.9), pools)
+    assert args.value("--gpu-memory-utilization") == "0.90"
+    assert args.value("--max-num-seqs") == ("1024" if (pools[0].total or 0) >= 70 << 30 else "256")
+
+
+def test_tensor_parallel_beyond_the_gpus_present_is_refused():
+    with pytest.raises(ArgumentError, match="needs 2 GPUs of one family; this host has 1 gfx942"):
+        resolve(Choices(model="m", gpu_memory_utilization=0.9, tensor_parallel_size=2),
+                pools_from_facts(context("mi300x")))
+
+
+def test_unit_on_a_fixture_root_prints_the_computed_arguments():
+    done = run_cli("unit", "--model", "/srv/models/Qwen3-4B", root=fixture_root("strix-point"))
+    assert done.returncode == 0, done.stderr
+    exec_start = next(l for l in done.stdout.splitlines() if l.startswith("ExecStart="))
+    assert "--gpu-memory-utilization 0.69 --max-num-seqs 10" in exec_start
+    refused = run_cli("unit", "--model", "m", root=fixture_root("no-amd-gpu"))
+    assert refused.returncode == 2 and "no AMD GPU found" in refused.stderr
