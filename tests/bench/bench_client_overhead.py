@@ -8,7 +8,7 @@ against the fake OpenAI server in a separate process, and divides the client pro
     .venv/bin/python tests/bench/bench_client_overhead.py [--streams 64] [--requests 256] [--tokens 256]
         [--token-delay 0]   # seconds between tokens on the server; 0 = as fast as it can
 
-Run from the repository root. Figures and the command that produced them: docs/performance/smoke.md.
+Run from the repository root. Figures and the command that produced them: docs/performance.md.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 
 Starts `harness.engine.start_engine` on the tiny model, sends three 128-token completions, stops it
 and prints the times as JSON. With --compile the torch.compile cache lives in the test cache
-(VLLM_CACHE_ROOT), so only the first such start on a machine is cold. Figures: docs/performance/smoke.md.
+(VLLM_CACHE_ROOT), so only the first such start on a machine is cold. Figures: docs/performance.md.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ real one (>= 1 GB raw, ~50k files, two parts).
     .venv/bin/python tests/bench/install_speed.py [--runs 3] [--sync] [--dest DIR]
 
 The synthetic bundle is cached under $ROCMDOCTOR_TEST_CACHE/install-bench. Prints a table and a JSON
-line; docs/performance/install.md records the figures.
+line; docs/performance.md records the figures.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 `make_tiny_model` builds the model directory offline (config.json + tokenizer, no weights);
 `start_engine` runs `python -m vllm.entrypoints.openai.api_server` on it with `--load-format dummy`
 in its own process group, waits for /health and, on exit, kills the whole group and checks that no
-process of it is left. Startup takes ~35 s on 2 cores (see docs/performance/smoke.md).
+process of it is left. Startup takes ~35 s on 2 cores (see docs/performance.md).
 """
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ def start_engine(
     """Serve `model_dir`; yields once /health is 200 and stops the whole process group on exit.
 
     Eager mode by default: ~35 s to healthy on 2 cores every time, where torch.compile takes ~60 s
-    cold and ~34 s with a warm compile cache (measured in docs/performance/smoke.md).
+    cold and ~34 s with a warm compile cache (measured in docs/performance.md).
     """
     port = port or free_port()
     if log_path is None:
