@@ -14,7 +14,10 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 staging="$ROCMDOCTOR_TEST_CACHE/.nspawn-rootfs.staging"
 rm -rf "$staging"
-debootstrap --variant=minbase --include="$packages" bookworm "$staging" >/dev/null
+# The mirror this machine's apt already uses (deb822 or one-line sources); debootstrap's own default otherwise.
+mirror=$(sed -n 's/^URIs:[[:space:]]*\([^[:space:]]*\/debian\)[[:space:]]*$/\1/p' /etc/apt/sources.list.d/*.sources 2>/dev/null | head -n1 || true)
+[ -n "$mirror" ] || mirror=$(awk '$1 == "deb" && $2 ~ /\/debian\/?$/ {print $2; exit}' /etc/apt/sources.list 2>/dev/null || true)
+debootstrap --variant=minbase --include="$packages" bookworm "$staging" ${mirror:+"$mirror"} >/dev/null
 # A hostname in the shared base would leak into every container booted from it.
 rm -f "$staging/etc/hostname"
 echo "$want" > "$staging/.rocmdoctor-rootfs"
