@@ -16,6 +16,7 @@ from importlib import resources
 from pathlib import Path
 
 from ..atomic import write_atomic
+from ..registry import DEFAULT_PREFIX
 from .server_args import ServerArgs
 
 UNIT_NAME = "vllm.service"
@@ -38,7 +39,7 @@ class UnitError(ValueError):
 class ServiceLayout:
     """Where things live on the target (host paths, without --root)."""
 
-    prefix: str = "/opt/rocmdoctor"
+    prefix: str = DEFAULT_PREFIX
     unit_dir: str = UNIT_DIR
     env_file: str = ENV_FILE
 

@@ -90,3 +90,25 @@ def test_checks_is_not_a_top_level_module(tmp_path):
     assert subprocess.run([sys.executable, "-c", probe], check=False, cwd=tmp_path).returncode == 0
     probe = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('provision') is None else 1)"
     assert subprocess.run([sys.executable, "-c", probe], check=False, cwd=tmp_path).returncode == 0
+
+
+def test_every_command_with_a_prefix_honours_rocmdoctor_prefix():
+    """One default prefix, and the same environment variable on every command that takes --prefix:
+    otherwise `ROCMDOCTOR_PREFIX=/srv/x rocmdoctor check` would judge /opt/rocmdoctor."""
+    import click
+
+    from rocmdoctor.cli import COMMANDS, LazyGroup, cli
+    from rocmdoctor.registry import DEFAULT_PREFIX
+
+    ctx = click.Context(cli)
+    seen = []
+    for name in COMMANDS:
+        command = LazyGroup.get_command(cli, ctx, name)
+        commands = command.commands.values() if isinstance(command, click.Group) else [command]
+        for cmd in commands:
+            for param in cmd.params:
+                if param.name == "prefix":
+                    seen.append(f"{name} {cmd.name}")
+                    assert param.envvar == "ROCMDOCTOR_PREFIX", f"{name} {cmd.name}"
+                    assert str(param.default) == DEFAULT_PREFIX, f"{name} {cmd.name}"
+    assert {"check check", "snapshot snapshot", "install install", "unit unit", "serve serve"} <= set(seen)

@@ -19,6 +19,9 @@ from .model import Probe, Result, Severity, Status
 
 CheckFn = Callable[["Context"], Result]
 
+# Where `install` puts bundles and everything else looks for them (env ROCMDOCTOR_PREFIX on every command).
+DEFAULT_PREFIX = "/opt/rocmdoctor"
+
 
 @dataclass(frozen=True, slots=True)
 class CheckSpec:
@@ -43,7 +46,7 @@ class Options:
 
     user: str | None = None  # whose device access is checked; None: the invoking user
     port: int = 8000
-    prefix: str = "/opt/rocmdoctor"
+    prefix: str = DEFAULT_PREFIX
     model_cache: str | None = None  # None: the user's Hugging Face cache
     model_bytes: int = 0  # expected weights size, for disk.space
     python: str | None = None  # interpreter for --deep probes

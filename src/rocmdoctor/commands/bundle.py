@@ -15,9 +15,9 @@ from typing import Any
 
 import click
 
+from ..registry import DEFAULT_PREFIX
 from .common import App, UserError, emit_json, pass_app
 
-DEFAULT_PREFIX = "/opt/rocmdoctor"
 # Checks that make an install pointless: without them the bundle cannot run on this host.
 BLOCKING_CHECKS = ("gpu.present", "kernel.cwsr", "driver.dkms", "disk.space")
 APU_ONLY_BLOCKING = ("driver.dkms",)

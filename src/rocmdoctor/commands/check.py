@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from ..registry import DEFAULT_PREFIX
 from .common import App, UserError, emit_json, pass_app
 
 
@@ -27,7 +28,8 @@ def _context(app: App, user: str | None, port: int, prefix: str, python: str | N
 @click.option("--list-checks", is_flag=True, help="List the checks and what each reads, then exit.")
 @click.option("--user", default=None, help="Whose access to /dev/kfd and render nodes to check (default: you).")
 @click.option("--port", default=8000, show_default=True, help="The port vLLM will serve on.")
-@click.option("--prefix", default="/opt/rocmdoctor", show_default=True, help="Where bundles are installed.")
+@click.option("--prefix", default=DEFAULT_PREFIX, envvar="ROCMDOCTOR_PREFIX", show_default=True,
+              help="Where bundles are installed. [env: ROCMDOCTOR_PREFIX]")
 @click.option("--deep", is_flag=True, help="Also probe the GPU through the bundle's own PyTorch (slow).")
 @click.option("--python", "python", default=None, metavar="PATH",
               help="Interpreter for --deep (default: <prefix>/current/bin/python3).")
@@ -81,7 +83,7 @@ def fix_kernel(app: App, as_json: bool, user: str | None) -> None:
     from ..checks.kernel_guidance import GUIDED_CHECKS, Finding, guidance
 
     registry = load_registry()
-    ctx = _context(app, user, 8000, "/opt/rocmdoctor")
+    ctx = _context(app, user, 8000, DEFAULT_PREFIX)
     outcomes = registry.run(ctx, registry.select(only=GUIDED_CHECKS))
     findings = {o.spec.id: Finding(o.result.status.value, o.result.summary, o.result.details) for o in outcomes}
     document = guidance(distro_info(ctx), kernel_release(ctx), findings)
@@ -103,11 +105,11 @@ def fix_kernel(app: App, as_json: bool, user: str | None) -> None:
 @click.command()
 @click.argument("out", type=click.Path(dir_okay=False, writable=True, path_type=Path))
 @click.option("--user", default=None, help="Also keep this user's account lines (as for check --user).")
-@click.option("--prefix", default="/opt/rocmdoctor", show_default=True, help="Install prefix whose free space is kept.")
+@click.option("--prefix", default=DEFAULT_PREFIX, envvar="ROCMDOCTOR_PREFIX", show_default=True,
+              help="Install prefix whose free space is kept. [env: ROCMDOCTOR_PREFIX]")
 @pass_app
 def snapshot(app: App, out: Path, user: str | None, prefix: str) -> None:
-    """Write the files the checks read to OUT (.tar.gz); `rocmdoctor --root DIR check` replays it after
-    `mkdir DIR && tar xzf OUT -C DIR`."""
+    """Write the files the checks read to OUT (.tar.gz); `rocmdoctor --root OUT check` replays it."""
     from ..checks import load_registry
     from ..snapshot import snapshot as take_snapshot
 

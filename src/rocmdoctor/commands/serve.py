@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import click
 
-from .bundle import DEFAULT_PREFIX
+from ..registry import DEFAULT_PREFIX
 from .common import App, UserError, emit_json, pass_app
 
 
