@@ -84,7 +84,7 @@ def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
         with path.open("rb") as log:
             log.seek(0, os.SEEK_END)
             log.seek(max(0, log.tell() - 64 * 1024))
-            text = log.read().decode(errors="replace")
+            text = log.read(64 * 1024).decode(errors="replace")
     except FileNotFoundError:
         return ""
     return "\n".join(text.splitlines()[-lines:])
@@ -144,22 +144,27 @@ class Server:
     def wait_ready(self, timeout_s: float, progress: Callable[[float, str], None] = lambda s, line: None) -> Outcome:
         assert self.process is not None
         key = self.env.get("VLLM_API_KEY")
-        while self.elapsed() < timeout_s:
+        # Every request ends by the deadline, so a server that trickles its answers cannot hold us.
+        while (left := timeout_s - self.elapsed()) > 0:
             if self.process.poll() is not None:
                 return self.failure(f"the server exited with status {self.process.returncode} while loading")
-            if readiness.healthy(self.base_url):
+            if readiness.healthy(self.base_url, left):
                 health_s = self.elapsed()
-                problem = readiness.completion(self.base_url, self.served_name, key)
+                left = timeout_s - self.elapsed()
+                if left <= 0:
+                    break
+                problem = readiness.completion(self.base_url, self.served_name, key,
+                                               min(left, readiness.COMPLETION_TIMEOUT_S))
                 if problem is None:
                     return Outcome(True, self.elapsed(), health_seconds=health_s)
                 # Give a dying engine a moment so its traceback is in the log we diagnose.
-                time.sleep(2)
+                time.sleep(min(2.0, max(0.0, timeout_s - self.elapsed())))
                 outcome = self.failure(f"/health answered 200 but a completion with {self.served_name!r} "
                                        f"failed: {problem}")
                 outcome.health_seconds = health_s
                 return outcome
             progress(self.elapsed(), tail(self.log_path, 1))
-            time.sleep(POLL_S)
+            time.sleep(max(0.0, min(POLL_S, timeout_s - self.elapsed())))
         return self.failure(f"not ready after {timeout_s:.0f} s (raise --timeout for a cold JIT or a large model)")
 
     def wait_exit(self) -> int:
@@ -207,9 +212,13 @@ class Server:
         return [p.pid for p in self.leftovers()]
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
 class SignalsToStop:
-    """While active, the first SIGTERM or SIGINT raises Stopped in the main thread; later ones are
-    ignored so that a second Ctrl-C cannot interrupt the stop (which ends in SIGKILL anyway)."""
+    """While active, the first SIGTERM, SIGINT or SIGHUP (terminal closed) raises Stopped in the main
+    thread; later ones are ignored so that a second Ctrl-C cannot interrupt the stop (which ends in
+    SIGKILL anyway)."""
 
     def __enter__(self) -> "SignalsToStop":
         self.received = False
@@ -219,7 +228,7 @@ class SignalsToStop:
                 self.received = True
                 raise Stopped(signum)
 
-        self.previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+        self.previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
         return self
 
     def __exit__(self, *exc) -> None:
