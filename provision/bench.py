@@ -212,12 +212,13 @@ def _prompt_words(prompt_tokens: int, count: int) -> list[str]:
 
 
 async def _generation_counter(client: oc.Client, model: str) -> float | None:
-    """None when /metrics cannot be read or has no such counter; a counter that is not a count
-    (NaN, infinite, negative) raises ServerError: the server's accounting is broken."""
+    """None when the server has no /metrics (an HTTP error) or no such counter. A /metrics that stalls,
+    is too large, is not Prometheus text or holds a counter that is not a count (NaN, infinite,
+    negative) raises ServerError: the server's accounting cannot be trusted."""
     try:
         samples = await client.metrics()
     except oc.ServerError as exc:
-        if exc.kind == oc.TIMEOUT:
+        if exc.kind != oc.HTTP:
             raise
         return None
     value = oc.counter(samples, COUNTER, model_name=model)
@@ -289,6 +290,12 @@ def abort_remedy(error: oc.ServerError, api_key_given: bool) -> str:
         return "use --model auto, or restart vLLM with --served-model-name set to the name you pass"
     if error.kind == oc.TIMEOUT:
         return f"the server stopped answering: {LOG_HINT}; raise --timeout if it is only slow"
+    if error.kind == oc.BAD_RESPONSE:
+        return (
+            "the answer does not have the shape or size the OpenAI API defines: check that --url points "
+            "at vLLM's OpenAI-compatible server (not a proxy that rewrites answers); `rocmdoctor smoke` "
+            "shows which endpoint"
+        )
     if error.kind in (oc.HTTP, oc.STREAM_CUT, oc.BAD_RESPONSE):
         return (
             "the server cannot serve a streamed completion: run `rocmdoctor smoke` to see which step "

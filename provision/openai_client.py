@@ -105,7 +105,8 @@ async def _translated(where: str) -> AsyncIterator[None]:
         ) from None
     except aiohttp.ClientError as exc:
         # also a status line or header that is not HTTP, or one longer than any server sends
-        raise ServerError(BAD_RESPONSE, f"{where}: {type(exc).__name__}: {exc}") from None
+        detail = " ".join(str(getattr(exc, "message", None) or exc).split())[:300]
+        raise ServerError(BAD_RESPONSE, f"{where}: not a valid HTTP answer ({detail})") from None
     except schema.ShapeError as exc:
         raise ServerError(BAD_RESPONSE, str(exc)) from None
 

@@ -100,15 +100,16 @@ class Usage:
     prompt_tokens: int | None = None
 
 
-def usage(endpoint: str, value: Any, field: str = "usage") -> Usage | None:
+def usage(endpoint: str, value: Any, where: str = "") -> Usage | None:
     """None when the answer carries no usage; a usage of the wrong shape is an error."""
     if value is None:
         return None
-    document = _object(endpoint, field, value)
+    document = _object(endpoint, f"usage{where}", value)
     prompt = document.get("prompt_tokens")
+    completion_tokens = document.get("completion_tokens")
     return Usage(
-        completion_tokens=_count(endpoint, f"{field}.completion_tokens", document.get("completion_tokens")),
-        prompt_tokens=None if prompt is None else _count(endpoint, f"{field}.prompt_tokens", prompt),
+        completion_tokens=_count(endpoint, f"usage.completion_tokens{where}", completion_tokens),
+        prompt_tokens=None if prompt is None else _count(endpoint, f"usage.prompt_tokens{where}", prompt),
     )
 
 
@@ -184,7 +185,7 @@ def stream_event(endpoint: str, document: Any, chat: bool) -> StreamEvent:
             text = _optional_text(endpoint, "choices[0].delta.content of a stream event", delta.get("content"))
         else:
             text = _optional_text(endpoint, "choices[0].text of a stream event", choice.get("text"))
-    return StreamEvent(bool(choices), text, usage(endpoint, event.get("usage"), "usage of a stream event"))
+    return StreamEvent(bool(choices), text, usage(endpoint, event.get("usage"), " of a stream event"))
 
 
 def tokenize(endpoint: str, document: Any) -> list[int]:

@@ -57,6 +57,7 @@ class _State:
     model: str | None = None
     served: list[str] = field(default_factory=list)
     baseline: list[prometheus.Sample] | None = None
+    baseline_error: oc.ServerError | None = None
     completion_text: str | None = None
     chat_tokens: int | None = None
     requests_ok: int = 0
@@ -226,7 +227,7 @@ async def step_completion(state: _State) -> Result:
     except oc.ServerError as exc:
         if exc.kind == oc.TIMEOUT:
             raise  # a stalled server: the step fails on it rather than wait again for the completion
-        state.baseline = None  # the metrics step reports it
+        state.baseline, state.baseline_error = None, exc  # the metrics step reports it
     answer = await state.client.completion("/v1/completions", _completion_body(state))
     text = _non_empty("/v1/completions", answer.text)
     tokens = _usage_tokens("/v1/completions", answer)
@@ -302,6 +303,8 @@ def _metric_growth(state: _State, now: list[prometheus.Sample], name: str) -> fl
 
 
 async def step_metrics(state: _State) -> Result:
+    if state.baseline is None and state.baseline_error and state.baseline_error.kind == oc.BAD_RESPONSE:
+        raise state.baseline_error  # an answer too large or not Prometheus text: a failure, not a gap
     if state.baseline is None:
         return warned(
             "/metrics could not be read or parsed before the requests",

@@ -14,12 +14,14 @@ import asyncio
 import contextlib
 import itertools
 import json
+import logging
 import os
 import re
 import select
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -367,6 +369,9 @@ def make_app(behaviour: Behaviour):
 async def serve(behaviour: Behaviour, port: int) -> None:
     from aiohttp import web
 
+    # A client that gives up mid-answer is what the misbehaving modes are for, not news.
+    logging.getLogger("aiohttp").setLevel(logging.CRITICAL)
+
     runner = web.AppRunner(make_app(behaviour), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", port)
@@ -426,3 +431,60 @@ def fake_server(*args: str, start_timeout: float = 20.0) -> Iterator[RunningFake
 
 if __name__ == "__main__":
     main()
+
+
+@contextlib.contextmanager
+def fake_servers(
+    variants: dict[str, tuple[str, ...]], start_timeout: float = 60.0
+) -> Iterator[dict[str, RunningFake]]:
+    """Several fakes at once (one per name, with these switches), started side by side: a class of
+    misbehaviours costs one start-up wait, not one per member."""
+    processes = {
+        name: subprocess.Popen(
+            [sys.executable, "-m", "harness.fake_openai", *args],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=Path(__file__).resolve().parent.parent,
+            start_new_session=True,
+        )
+        for name, args in variants.items()
+    }
+    try:
+        running = {}
+        deadline = time.monotonic() + start_timeout
+        for name, process in processes.items():
+            ready, _, _ = select.select([process.stdout], [], [], max(0.0, deadline - time.monotonic()))
+            line = process.stdout.readline() if ready else ""
+            if not line.startswith("PORT "):
+                raise RuntimeError(f"fake server {name} did not start (exit {process.poll()}): {line!r}")
+            running[name] = RunningFake(f"http://127.0.0.1:{int(line.split()[1])}", process)
+        yield running
+    finally:
+        for process in processes.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+        for process in processes.values():
+            process.wait(timeout=10)
+            process.stdout.close()
+
+
+def stand_in_bundle(prefix: Path, *fake_args: str) -> Path:
+    """A bundle whose `bin/vllm-server` runs this fake on the port `serve` asks for, so `serve` and
+    wait-ready meet a misbehaving server through the real spawn, process group and readiness path.
+    The server's pid (its process group) is written to `prefix/server.pid`."""
+    server = prefix / "current" / "bin" / "vllm-server"
+    server.parent.mkdir(parents=True, exist_ok=True)
+    harness_dir = Path(__file__).resolve().parent.parent
+    server.write_text(
+        f"#!{sys.executable}\n"
+        "import os, sys\n"
+        f"open({str(prefix / 'server.pid')!r}, 'w').write(str(os.getpid()))\n"
+        "argv = sys.argv[1:]\n"
+        "port = argv[argv.index('--port') + 1]\n"
+        "name = argv[argv.index('--served-model-name') + 1] if '--served-model-name' in argv else 'm'\n"
+        f"os.chdir({str(harness_dir)!r})\n"
+        f"os.execv(sys.executable, [sys.executable, '-m', 'harness.fake_openai', '--port', port,\n"
+        f"          '--served-name', name, *{list(fake_args)!r}])\n"
+    )
+    server.chmod(0o755)
+    return prefix

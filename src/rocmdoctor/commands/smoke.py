@@ -210,7 +210,7 @@ def bench(
             raise UserError(
                 f"{exc.error}; start the server (`rocmdoctor serve`) or point --url at it"
             ) from None
-        click.echo(f"rocmdoctor: bench could not start: {exc.error}\n  → {remedy}", err=True)
+        click.echo(f"rocmdoctor: bench stopped: {exc.error}\n  → {remedy}", err=True)
         sys.exit(1)
     if plot_path is not None:
         from .bench_plot import write_plot
