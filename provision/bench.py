@@ -17,13 +17,12 @@ import asyncio
 import math
 import statistics
 import time
-from itertools import pairwise
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 from .. import __version__
 from . import openai_client as oc
-from . import prometheus
 from .smoke import LOG_HINT
 
 SEED_TEXT = (

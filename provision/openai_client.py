@@ -53,8 +53,7 @@ def normalize_url(url: str) -> str:
     except ValueError:
         raise ValueError(f"{url!r} has an invalid port") from None
     path = parts.path.rstrip("/")
-    if path.endswith("/v1"):
-        path = path[: -len("/v1")]
+    path = path.removesuffix("/v1")
     return f"{parts.scheme}://{parts.netloc}{path}"
 
 

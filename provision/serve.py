@@ -17,10 +17,10 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Callable, Mapping
 
 import psutil
 
@@ -220,7 +220,7 @@ class SignalsToStop:
     thread; later ones are ignored so that a second Ctrl-C cannot interrupt the stop (which ends in
     SIGKILL anyway)."""
 
-    def __enter__(self) -> "SignalsToStop":
+    def __enter__(self) -> SignalsToStop:  # noqa: PYI034 - Python 3.10 has no typing.Self
         self.received = False
 
         def handler(signum, frame):

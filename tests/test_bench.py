@@ -81,7 +81,7 @@ def test_latencies_follow_vllm_definitions_on_a_paced_server():
         assert level["ttft_ms"]["p50"] >= 18
         assert level["e2el_ms"]["p50"] >= 6 * 18
         assert level["output_tokens"] == 4 * 6
-    sequential, concurrent = report["levels"]
+    _sequential, concurrent = report["levels"]
     assert concurrent["speedup"] > 2  # the paced server serves streams in parallel
     assert report["cross_check"] == {
         "status": "match",

@@ -96,8 +96,10 @@ class Counters:
                 f"vllm:generation_tokens_total{{{labels}}} {float(self.generation_tokens)}\n",
                 f"vllm:prompt_tokens_total{{{labels}}} {float(self.prompt_tokens)}\n",
                 "# TYPE vllm:request_success_total counter\n",
-                f'vllm:request_success_total{{engine="0",finished_reason="length",model_name="{model}"}} '
-                f"{float(self.successes)}\n",
+                (
+                    f'vllm:request_success_total{{engine="0",finished_reason="length",model_name="{model}"}} '
+                    f"{float(self.successes)}\n"
+                ),
                 f'vllm:request_success_total{{engine="0",finished_reason="stop",model_name="{model}"}} 0.0\n',
             ]
         )
@@ -144,7 +146,7 @@ def make_app(behaviour: Behaviour):
             text += 'vllm:broken{model_name="tiny" 12 nonsense\n'
         if behaviour.mode in ("metrics-nan", "metrics-inf"):
             value = "NaN" if behaviour.mode == "metrics-nan" else "+Inf"
-            text = re.sub(r"^(vllm:generation_tokens_total\S*) \S+$", rf"\1 {value}", text, flags=re.M)
+            text = re.sub(r"^(vllm:generation_tokens_total\S*) \S+$", rf"\1 {value}", text, flags=re.MULTILINE)
         return web.Response(text=text, content_type="text/plain")
 
     async def trickle(request: web.Request, headers: dict[str, str] | None = None) -> web.StreamResponse:
