@@ -470,7 +470,7 @@ def fake_servers(
             process.stdout.close()
 
 
-def stand_in_bundle(prefix: Path, *fake_args: str) -> Path:
+def fake_server_bundle(prefix: Path, *fake_args: str) -> Path:
     """A bundle whose `bin/vllm-server` runs this fake on the port `serve` asks for, so `serve` and
     wait-ready meet a misbehaving server through the real spawn, process group and readiness path.
     The server's pid (its process group) is written to `prefix/server.pid`."""
