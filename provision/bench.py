@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
-from .. import __version__
-from . import openai_client as oc
-from .smoke import LOG_HINT
+from rocmdoctor import __version__
+from rocmdoctor.provision import openai_client as oc
+from rocmdoctor.provision.smoke import LOG_HINT
 
 SEED_TEXT = (
     "The server answers every request in order, streams one chunk per token and measures "
@@ -144,10 +144,10 @@ def summarize_level(concurrency: int, results: list[RequestResult], duration_s: 
         "output_tokens_per_s": round(output_tokens / duration_s, 3),
         "requests_per_s": round(len(done) / duration_s, 4),
         "speedup": None,  # filled in once the sequential level is known
-        "ttft_ms": distribution_ms([r.ttft_s for r in done]),
+        "ttft_ms": distribution_ms([r.ttft_s for r in done if r.ttft_s is not None]),
         "tpot_ms": distribution_ms([t for r in done if (t := r.tpot_s) is not None]),
         "itl_ms": distribution_ms([gap for r in done for gap in r.itl_s]),
-        "e2el_ms": distribution_ms([r.e2el_s for r in done]),
+        "e2el_ms": distribution_ms([r.e2el_s for r in done if r.e2el_s is not None]),
         "errors": errors[:5],
     }
 
@@ -319,9 +319,7 @@ async def run_levels(options: BenchOptions) -> dict[str, Any]:
 async def _measure(
     client: oc.Client, options: BenchOptions, levels: list[int], model: str, ids: list[list[int]] | None
 ) -> dict[str, Any]:
-    prompts: list[Any] = (
-        ids if ids is not None else _prompt_words(options.prompt_tokens, options.requests)
-    )
+    prompts: list[Any] = ids if ids is not None else _prompt_words(options.prompt_tokens, options.requests)
     bodies = [
         {
             "model": model,

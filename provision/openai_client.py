@@ -23,8 +23,8 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from . import openai_schema as schema
-from . import prometheus
+from rocmdoctor.provision import openai_schema as schema
+from rocmdoctor.provision import prometheus
 
 UNREACHABLE = "unreachable"
 TIMEOUT = "timeout"
@@ -118,7 +118,9 @@ def _json(path: str, payload: bytes) -> Any:
 
 
 def _too_large(path: str, cap: int, what: str = "") -> ServerError:
-    return ServerError(BAD_RESPONSE, f"{path} answered {what}more than {cap} bytes; no {path} answer is that large")
+    return ServerError(
+        BAD_RESPONSE, f"{path} answered {what}more than {cap} bytes; no {path} answer is that large"
+    )
 
 
 @dataclass

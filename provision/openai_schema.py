@@ -116,7 +116,9 @@ def usage(endpoint: str, value: Any, where: str = "") -> Usage | None:
 def within_max_tokens(endpoint: str, tokens: int, max_tokens: int | None) -> int:
     if max_tokens is not None and tokens > max_tokens:
         raise ShapeError(
-            endpoint, "usage.completion_tokens", f"is {tokens}, more than the max_tokens {max_tokens} asked for"
+            endpoint,
+            "usage.completion_tokens",
+            f"is {tokens}, more than the max_tokens {max_tokens} asked for",
         )
     return tokens
 
@@ -182,7 +184,9 @@ def stream_event(endpoint: str, document: Any, chat: bool) -> StreamEvent:
         choice = _object(endpoint, "choices[0] of a stream event", choices[0])
         if chat:
             delta = _object(endpoint, "choices[0].delta of a stream event", choice.get("delta"))
-            text = _optional_text(endpoint, "choices[0].delta.content of a stream event", delta.get("content"))
+            text = _optional_text(
+                endpoint, "choices[0].delta.content of a stream event", delta.get("content")
+            )
         else:
             text = _optional_text(endpoint, "choices[0].text of a stream event", choice.get("text"))
     return StreamEvent(bool(choices), text, usage(endpoint, event.get("usage"), " of a stream event"))

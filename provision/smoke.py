@@ -15,11 +15,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import __version__
-from ..model import Result, Status, exit_code, failed, passed, skipped, warned
-from . import openai_client as oc
-from . import openai_schema as schema
-from . import prometheus
+from rocmdoctor import __version__
+from rocmdoctor.model import Result, Status, exit_code, failed, passed, skipped, warned
+from rocmdoctor.provision import openai_client as oc
+from rocmdoctor.provision import openai_schema as schema
+from rocmdoctor.provision import prometheus
 
 MAX_TOKENS = 16
 PROMPT = "The server answers the prompt"
@@ -292,9 +292,8 @@ async def step_determinism(state: _State) -> Result:
 
 
 def _metric_growth(state: _State, now: list[prometheus.Sample], name: str) -> float | None:
-    labels = (
-        {"model_name": state.model} if oc.counter(now, name, model_name=state.model or "") is not None else {}
-    )
+    model = state.model or ""
+    labels = {"model_name": model} if oc.counter(now, name, model_name=model) is not None else {}
     after = oc.counter(now, name, **labels)
     before = oc.counter(state.baseline or [], name, **labels)
     if after is None or before is None:
@@ -319,12 +318,14 @@ async def step_metrics(state: _State) -> Result:
         deadline = min(deadline, state.client.server.deadline - 0.5)
     while True:
         now = await state.client.metrics()
-        growth = {name: _metric_growth(state, now, name) for name in expected}
-        if any(g is None for g in growth.values()):
+        measured = {name: _metric_growth(state, now, name) for name in expected}
+        missing = [name for name, grown in measured.items() if grown is None]
+        if missing:
             return warned(
-                f"/metrics lacks {[n for n, g in growth.items() if g is None]}",
+                f"/metrics lacks {missing}",
                 "start vLLM without --disable-log-stats so it counts requests and tokens",
             )
+        growth = {name: grown or 0.0 for name, grown in measured.items()}
         if all(growth[n] >= expected[n] for n in expected) or time.monotonic() > deadline:
             break
         await asyncio.sleep(0.2)

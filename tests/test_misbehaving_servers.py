@@ -125,7 +125,14 @@ def test_smoke_names_the_endpoint_and_ends_by_its_deadline(servers, capsys, monk
 @pytest.mark.parametrize("mode", BENCH)
 def test_bench_names_the_endpoint_and_ends_by_its_deadline(servers, capsys, monkeypatch, mode):
     code, _, err, elapsed = run_in_process(
-        capsys, monkeypatch, "bench", "--url", servers[mode].base_url, "--timeout", str(TIMEOUT_S), *BENCH_ARGS
+        capsys,
+        monkeypatch,
+        "bench",
+        "--url",
+        servers[mode].base_url,
+        "--timeout",
+        str(TIMEOUT_S),
+        *BENCH_ARGS,
     )
     assert code == 1
     assert f"bench stopped: {BENCH[mode]}" in err or BENCH[mode] in err, err
@@ -157,7 +164,12 @@ RSS_BOUND = 400 * 1024 * 1024
 
 @pytest.mark.parametrize(
     ("command", "mode"),
-    [("smoke", "endless-models"), ("smoke", "sse-comments"), ("bench", "endless-stream"), ("smoke", "long-sse-line")],
+    [
+        ("smoke", "endless-models"),
+        ("smoke", "sse-comments"),
+        ("bench", "endless-stream"),
+        ("smoke", "long-sse-line"),
+    ],
 )
 def test_memory_stays_bounded_while_a_server_streams_without_end(servers, command, mode):
     argv = [sys.executable, "-m", "rocmdoctor", command, "--url", servers[mode].base_url, "--timeout", "3"]

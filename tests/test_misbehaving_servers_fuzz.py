@@ -109,9 +109,26 @@ def test_smoke_and_bench_never_crash_and_end_by_their_deadline(servers, capsys, 
 def test_serve_never_crashes_ends_by_its_timeout_and_leaves_no_process(tmp_path_factory, mode, timeout, name):
     tmp = tmp_path_factory.mktemp("serve-fuzz")
     prefix = fake_server_bundle(tmp / "opt", "--mode", mode)
-    argv = [sys.executable, "-m", "rocmdoctor", "serve", "--prefix", str(prefix), "--model", "m",
-            "--served-model-name", name, "--gpu-memory-utilization", "0.5", "--port", str(free_port()),
-            "--log-file", str(tmp / "serve.log"), "--timeout", timeout]
+    argv = [
+        sys.executable,
+        "-m",
+        "rocmdoctor",
+        "serve",
+        "--prefix",
+        str(prefix),
+        "--model",
+        "m",
+        "--served-model-name",
+        name,
+        "--gpu-memory-utilization",
+        "0.5",
+        "--port",
+        str(free_port()),
+        "--log-file",
+        str(tmp / "serve.log"),
+        "--timeout",
+        timeout,
+    ]
     started = time.monotonic()
     done = subprocess.run(argv, capture_output=True, text=True, timeout=float(timeout) + SLACK_S + 60)
     elapsed = time.monotonic() - started

@@ -39,10 +39,27 @@ def stand_in_bundle(tmp_path: Path, log_text: str, exit_code: int) -> Path:
 def test_load_failure_prints_the_log_tail_and_the_likely_cause(tmp_path):
     prefix = stand_in_bundle(tmp_path, HIP_INVALID_IMAGE, 1)
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "rocmdoctor", "serve", "--prefix", str(prefix), "--model", "m",
-                           "--gpu-memory-utilization", "0.5", "--port", str(free_port()),
-                           "--log-file", str(tmp_path / "serve.log")],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rocmdoctor",
+            "serve",
+            "--prefix",
+            str(prefix),
+            "--model",
+            "m",
+            "--gpu-memory-utilization",
+            "0.5",
+            "--port",
+            str(free_port()),
+            "--log-file",
+            str(tmp_path / "serve.log"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 1
     assert time.monotonic() - started < 30, "an exited server must not wait for the load timeout"
     err = done.stderr
@@ -61,9 +78,27 @@ def test_a_server_that_cannot_be_executed_is_a_clear_error(tmp_path):
     server.parent.mkdir(parents=True)
     server.write_text("no shebang, not a program\n")
     server.chmod(0o755)
-    done = subprocess.run([sys.executable, "-m", "rocmdoctor", "serve", "--prefix", str(prefix), "--model", "m",
-                           "--gpu-memory-utilization", "0.5", "--port", str(free_port()),
-                           "--log-file", str(tmp_path / "serve.log")], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rocmdoctor",
+            "serve",
+            "--prefix",
+            str(prefix),
+            "--model",
+            "m",
+            "--gpu-memory-utilization",
+            "0.5",
+            "--port",
+            str(free_port()),
+            "--log-file",
+            str(tmp_path / "serve.log"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2
     assert f"rocmdoctor: cannot start {server}" in done.stderr and "Exec format error" in done.stderr
 
@@ -93,9 +128,23 @@ def group_alive(pgid: int) -> bool:
 
 
 def serve_argv(prefix: Path, tmp_path: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "rocmdoctor", "serve", "--prefix", str(prefix), "--model", "m",
-            "--gpu-memory-utilization", "0.5", "--port", str(free_port()),
-            "--log-file", str(tmp_path / "serve.log"), *extra]
+    return [
+        sys.executable,
+        "-m",
+        "rocmdoctor",
+        "serve",
+        "--prefix",
+        str(prefix),
+        "--model",
+        "m",
+        "--gpu-memory-utilization",
+        "0.5",
+        "--port",
+        str(free_port()),
+        "--log-file",
+        str(tmp_path / "serve.log"),
+        *extra,
+    ]
 
 
 def server_pgid(prefix: Path, timeout_s: float = 60) -> int:
@@ -112,8 +161,12 @@ def server_pgid(prefix: Path, timeout_s: float = 60) -> int:
 def test_a_readiness_answer_of_any_shape_is_not_ready_and_the_group_is_stopped(tmp_path, mode):
     prefix = fake_server_bundle(tmp_path / "opt", "--mode", mode)
     started = time.monotonic()
-    done = subprocess.run(serve_argv(prefix, tmp_path, "--timeout", str(READY_TIMEOUT_S)),
-                          capture_output=True, text=True, timeout=READY_TIMEOUT_S + SLACK_S + 60)
+    done = subprocess.run(
+        serve_argv(prefix, tmp_path, "--timeout", str(READY_TIMEOUT_S)),
+        capture_output=True,
+        text=True,
+        timeout=READY_TIMEOUT_S + SLACK_S + 60,
+    )
     elapsed = time.monotonic() - started
     assert done.returncode == 1, done.stderr
     assert "NOT READY: " in done.stderr and READINESS[mode] in done.stderr, done.stderr
@@ -127,23 +180,44 @@ def test_a_readiness_answer_of_any_shape_is_not_ready_and_the_group_is_stopped(t
 def test_wait_ready_under_systemd_fails_cleanly_on_any_answer(mode):
     with fake_server("--mode", mode, "--served-name", "m") as server:
         started = time.monotonic()
-        done = subprocess.run([sys.executable, str(WAIT_READY), server.base_url, "m", str(READY_TIMEOUT_S)],
-                              capture_output=True, text=True, timeout=READY_TIMEOUT_S + SLACK_S, env={})
+        done = subprocess.run(
+            [sys.executable, str(WAIT_READY), server.base_url, "m", str(READY_TIMEOUT_S)],
+            capture_output=True,
+            text=True,
+            timeout=READY_TIMEOUT_S + SLACK_S,
+            env={},
+        )
         elapsed = time.monotonic() - started
     assert done.returncode == 1
     assert READINESS[mode] in done.stderr and "Traceback" not in done.stderr
     assert elapsed < READY_TIMEOUT_S + SLACK_S
 
 
-@pytest.mark.parametrize("args", [[], ["http://127.0.0.1:9", "m"], ["http://127.0.0.1:9", "m", "soon"],
-                                  ["http://127.0.0.1:9", "m", "nan"], ["http://127.0.0.1:9", "m", "-1"],
-                                  ["ftp://x", "m", "1"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        [],
+        ["http://127.0.0.1:9", "m"],
+        ["http://127.0.0.1:9", "m", "soon"],
+        ["http://127.0.0.1:9", "m", "nan"],
+        ["http://127.0.0.1:9", "m", "-1"],
+        ["ftp://x", "m", "1"],
+    ],
+)
 def test_wait_ready_bad_arguments_are_a_message_not_a_traceback(args):
-    done = subprocess.run([sys.executable, str(WAIT_READY), *args], capture_output=True, text=True, timeout=60,
-                          env={"MAINPID": "not-a-pid"})
+    done = subprocess.run(
+        [sys.executable, str(WAIT_READY), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"MAINPID": "not-a-pid"},
+    )
     assert done.returncode in (1, 2) and "Traceback" not in done.stderr
-    assert "usage: wait-ready URL MODEL TIMEOUT_S" in done.stderr or "not an http(s) URL" in done.stderr \
+    assert (
+        "usage: wait-ready URL MODEL TIMEOUT_S" in done.stderr
+        or "not an http(s) URL" in done.stderr
         or "never answered" in done.stderr
+    )
 
 
 def test_an_error_of_serve_itself_after_the_spawn_stops_the_group_and_says_so(tmp_path):
@@ -151,8 +225,12 @@ def test_an_error_of_serve_itself_after_the_spawn_stops_the_group_and_says_so(tm
     prefix = fake_server_bundle(tmp_path / "opt")
     reader, writer = os.pipe()
     os.close(reader)
-    process = subprocess.Popen(serve_argv(prefix, tmp_path, "--json", "--timeout", "60"), stdout=writer,
-                               stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        serve_argv(prefix, tmp_path, "--json", "--timeout", "60"),
+        stdout=writer,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     os.close(writer)
     _, err = process.communicate(timeout=60 + SLACK_S)
     assert process.returncode != 0
@@ -162,8 +240,12 @@ def test_an_error_of_serve_itself_after_the_spawn_stops_the_group_and_says_so(tm
 
 def test_a_second_ctrl_c_does_not_leave_the_server_running(tmp_path):
     prefix = fake_server_bundle(tmp_path / "opt", "--mode", "endless-health")  # never ready
-    process = subprocess.Popen(serve_argv(prefix, tmp_path, "--timeout", "300"), stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        serve_argv(prefix, tmp_path, "--timeout", "300"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     pgid = server_pgid(prefix)
     time.sleep(2)  # the readiness loop is running
     started = time.monotonic()

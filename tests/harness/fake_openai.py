@@ -146,7 +146,9 @@ def make_app(behaviour: Behaviour):
             text += 'vllm:broken{model_name="tiny" 12 nonsense\n'
         if behaviour.mode in ("metrics-nan", "metrics-inf"):
             value = "NaN" if behaviour.mode == "metrics-nan" else "+Inf"
-            text = re.sub(r"^(vllm:generation_tokens_total\S*) \S+$", rf"\1 {value}", text, flags=re.MULTILINE)
+            text = re.sub(
+                r"^(vllm:generation_tokens_total\S*) \S+$", rf"\1 {value}", text, flags=re.MULTILINE
+            )
         return web.Response(text=text, content_type="text/plain")
 
     async def trickle(request: web.Request, headers: dict[str, str] | None = None) -> web.StreamResponse:
@@ -172,7 +174,9 @@ def make_app(behaviour: Behaviour):
         if behaviour.mode == "endless-models":
             return await endless(request, b'{"id": "tiny", "object": "model"}, ' * 2048)
         if behaviour.mode in ("models-list", "models-null"):
-            return web.json_response([{"id": behaviour.served_name}] if behaviour.mode == "models-list" else None)
+            return web.json_response(
+                [{"id": behaviour.served_name}] if behaviour.mode == "models-list" else None
+            )
         return web.json_response(
             {
                 "object": "list",
@@ -194,7 +198,9 @@ def make_app(behaviour: Behaviour):
         tokens: object = [10 + i % 300 for i in range(len(words))]
         if behaviour.mode == "tokenize-object":
             tokens = {"ids": tokens}
-        return web.json_response({"count": len(words), "max_model_len": 512, "tokens": tokens, "token_strs": None})
+        return web.json_response(
+            {"count": len(words), "max_model_len": 512, "tokens": tokens, "token_strs": None}
+        )
 
     def prompt_len(body: dict) -> int:
         if "messages" in body:
