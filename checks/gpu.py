@@ -5,7 +5,18 @@ from __future__ import annotations
 from ..model import Result, failed, passed, warned
 from ..registry import Context
 from . import check
-from .facts import AMD_VENDOR_ID, GPU_READS, KFD_NODES, drm_device_dirs, gpu_summary, gpus, parse_uevent
+from .facts import (
+    AMD_VENDOR_ID,
+    GPU_READS,
+    KFD_NODES,
+    GpuNode,
+    drm_device_dirs,
+    gpu_summary,
+    gpus,
+    parse_uevent,
+    physical_gpus,
+    physical_summary,
+)
 
 KFD_ROOT = "/sys/class/kfd"
 WSL_DEVICE = "/dev/dxg"
@@ -61,15 +72,36 @@ def gpu_present(ctx: Context) -> Result:
     )
 
 
+def kind(gpu: GpuNode) -> str:
+    return "APU" if gpu.apu else "dGPU" if gpu.apu is False else f"(APU or dGPU unknown: {gpu.apu_basis})"
+
+
+def describe_gpus(ctx: Context) -> str:
+    """One phrase per physical GPU; a partitioned one says its mode and partition count once."""
+    by_node = {g.node: g for g in gpus(ctx)}
+    parts = []
+    for phys in physical_gpus(ctx):
+        first = by_node[phys.nodes[0]]
+        if phys.partitioned:
+            mode = phys.compute_partition or "unknown mode"
+            parts.append(
+                f"GPU {phys.pci_slot}: {first.gfx} {kind(first)} in {mode} mode, {len(phys.nodes)} partitions "
+                f"(nodes {phys.nodes[0]}-{phys.nodes[-1]}) -> {first.family or 'no bundle'}"
+            )
+        else:
+            parts.extend(
+                f"node {n}: {by_node[n].gfx} {kind(by_node[n])} -> {by_node[n].family or 'no bundle'}"
+                for n in phys.nodes
+            )
+    return ", ".join(parts)
+
+
 @check("gpu.arch", "GPU architecture and vllm-rocm bundle family", depends=("gpu.present",), reads=GPU_READS)
 def gpu_arch(ctx: Context) -> Result:
     found = gpus(ctx)
     rows = [gpu_summary(g) for g in found]
-    described = ", ".join(
-        f"node {g.node}: {g.gfx} {'APU' if g.apu else 'dGPU' if g.apu is False else '(APU or dGPU unknown)'}"
-        f" -> {g.family or 'no bundle'}"
-        for g in found
-    )
+    described = describe_gpus(ctx)
+    partitioned = [physical_summary(p) for p in physical_gpus(ctx) if p.partitioned]
     unsupported = sorted({g.gfx for g in found if g.family is None})
     if unsupported:
         return warned(
@@ -77,6 +109,8 @@ def gpu_arch(ctx: Context) -> Result:
             f"Bundles exist for {BUNDLE_FAMILIES}; use one of those GPUs or build vLLM for "
             f"{', '.join(unsupported)} from source.",
             gpus=rows,
+            **({"partitioned_gpus": partitioned} if partitioned else {}),
         )
     families = sorted({g.family for g in found if g.family})
-    return passed(described, gpus=rows, families=families)
+    extra = {"partitioned_gpus": partitioned} if partitioned else {}
+    return passed(described, gpus=rows, families=families, **extra)

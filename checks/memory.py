@@ -82,7 +82,10 @@ def describe(row: dict[str, Any]) -> str:
     reads=(*GPU_READS, *MEMINFO_READS),
 )
 def memory_gpu(ctx: Context) -> Result:
-    rows = [gpu_pool(ctx, g) for g in gpus(ctx)]
+    found = gpus(ctx)
+    # vLLM runs on the GPUs a bundle exists for; an unsupported iGPU beside them does not size it.
+    candidates = [g for g in found if g.family] or found
+    rows = [gpu_pool(ctx, g) for g in candidates]
     unknown = [r for r in rows if r["recommended"] is None]
     if unknown:
         r = unknown[0]
