@@ -530,13 +530,11 @@ def usable_memory(ctx: Context, gpu: GpuNode) -> tuple[int | None, int | None]:
     if gpu.apu:
         if gpu.gtt_total is None:
             return None, None
-        free = gpu.gtt_total - gpu.gtt_used if gpu.gtt_used is not None else gpu.gtt_total
         available = meminfo(ctx).get("MemAvailable")
-        if available is not None:
-            free = min(free, available)
-        elif gpu.gtt_used is None:
-            return gpu.gtt_total, None
-        return gpu.gtt_total, max(0, free)
+        if available is None:
+            return gpu.gtt_total, None  # GTT pages come out of RAM: without MemAvailable, free is unknown
+        free = gpu.gtt_total - gpu.gtt_used if gpu.gtt_used is not None else gpu.gtt_total
+        return gpu.gtt_total, max(0, min(free, available))
     if gpu.vram_total is None:
         return None, None
     free = gpu.vram_total - gpu.vram_used if gpu.vram_used is not None else None

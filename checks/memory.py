@@ -61,8 +61,13 @@ def gpu_pool(ctx: Context, gpu: GpuNode) -> dict[str, Any]:
             "mode": phys.compute_partition,
         }
     row["recommended"] = recommended(total, free) if total and free is not None else None
-    if row["recommended"] is None:
-        row["unread"] = unread_paths(ctx, gpu)
+    unread = unread_paths(ctx, gpu)
+    if row["recommended"] is None or unread:
+        row["unread"] = unread
+    if gpu.apu and gpu.gtt_used is None and free is not None:
+        # GTT pages come out of RAM, so MemAvailable bounds what is free; without mem_info_gtt_used
+        # that bound is all there is, and the row says so.
+        row["free_basis"] = "MemAvailable (GTT use unreadable)"
     return row
 
 
