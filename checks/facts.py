@@ -355,7 +355,7 @@ def _read_node(
                 unread.append(path)
         if mem["vram_total"] is not None:
             source = "mem_info"
-    elif device_dir is None:
+    elif siblings == 1:
         unread.append(f"{DRM}/renderD{render_minor}/device/mem_info_*" if render_minor else f"{DRM}/*")
     heap_types = [b.heap_type for b in banks]
     frame_buffers = [b for b in banks if b.heap_type in HEAP_FRAME_BUFFER and b.size > 0]
