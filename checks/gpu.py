@@ -85,8 +85,9 @@ def describe_gpus(ctx: Context) -> str:
         if phys.partitioned:
             mode = phys.compute_partition or "unknown mode"
             parts.append(
-                f"GPU {phys.pci_slot}: {first.gfx} {kind(first)} in {mode} mode, {len(phys.nodes)} partitions "
-                f"(nodes {phys.nodes[0]}-{phys.nodes[-1]}) -> {first.family or 'no bundle'}"
+                f"GPU {phys.pci_slot}: {first.gfx} {kind(first)} in {mode} mode, "
+                f"{len(phys.nodes)} partitions (nodes {phys.nodes[0]}-{phys.nodes[-1]})"
+                f" -> {first.family or 'no bundle'}"
             )
         else:
             parts.extend(

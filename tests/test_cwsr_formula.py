@@ -115,7 +115,8 @@ def test_kernel_cwsr_passes_on_an_mi350x_exporting_22687744(tmp_path):
     result = run_cwsr(root)
     assert result.status is Status.PASS, result.summary
     row = result.details["gpus"][0]
-    assert (row["gfx"], row["cwsr_size"], row["expected"]) == ("gfx950", MI350X_EXPORTED, [MI350X_EXPORTED, 12288])
+    expected = [MI350X_EXPORTED, 12288]
+    assert (row["gfx"], row["cwsr_size"], row["expected"]) == ("gfx950", MI350X_EXPORTED, expected)
 
 
 def test_kernel_cwsr_warns_with_the_vgpr_remedy_only_for_the_unbumped_gfx1151(tmp_path):

@@ -49,7 +49,8 @@ def test_mi308x_cpx_is_eight_gpus_of_four_partitions_with_48_gib_each():
     # Each partition's own bank (48 GiB, some 16 MiB less as captured), never the GPU's 192 GiB.
     assert {g.vram_total for g in found} == {51539607552, 51522830336}
     for gpu in found:
-        bank = fixture_root("mi308x-cpx") / f"sys/class/kfd/kfd/topology/nodes/{gpu.node}/mem_banks/0/properties"
+        node_dir = fixture_root("mi308x-cpx") / f"sys/class/kfd/kfd/topology/nodes/{gpu.node}"
+        bank = node_dir / "mem_banks/0/properties"
         assert f"size_in_bytes {gpu.vram_total}\n" in bank.read_text()
     assert {g.memory_source for g in found} == {"kfd_bank"}
     first = found[0]
