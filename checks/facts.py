@@ -349,8 +349,15 @@ def _read_node(
         unread.append(f"{DRM}/renderD{render_minor}/device/mem_info_*" if render_minor else f"{DRM}/*")
     heap_types = [b.heap_type for b in banks]
     frame_buffers = [b for b in banks if b.heap_type in HEAP_FRAME_BUFFER and b.size > 0]
-    vote = apu_signals(gfx, props, [(b.heap_type, b.size) for b in banks], mem["vram_total"],
-                       mem["gtt_total"], device_dir, ctx)
+    vote = apu_signals(
+        gfx,
+        props,
+        [(b.heap_type, b.size) for b in banks],
+        mem["vram_total"],
+        mem["gtt_total"],
+        device_dir,
+        ctx,
+    )
     apu, basis = classify_apu(gfx, props, heap_types, vote)
     bank_path = f"{KFD_NODES}/{node}/mem_banks"
     if not apu and (siblings > 1 or mem["vram_total"] is None):

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from harness.hosts import FIXTURE_IDS, fixture_root
 
+from harness.hosts import FIXTURE_IDS, fixture_root
 from rocmdoctor.checks.facts import HEAP_FB_PRIVATE, HEAP_FB_PUBLIC, classify_apu, gpus, parse_properties
 from rocmdoctor.host import Host
 from rocmdoctor.registry import Context

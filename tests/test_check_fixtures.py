@@ -10,8 +10,8 @@ import os
 
 import jsonschema
 import pytest
-from harness.hosts import FIXTURE_IDS, check_json, fixture_root, normalize
 
+from harness.hosts import FIXTURE_IDS, check_json, fixture_root, normalize
 from rocmdoctor.model import Status, exit_code
 from rocmdoctor.report import load_schema
 

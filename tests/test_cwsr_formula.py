@@ -6,8 +6,8 @@ import json
 import shutil
 
 import pytest
-from harness.hosts import FIXTURE_IDS, fixture_root
 
+from harness.hosts import FIXTURE_IDS, fixture_root
 from rocmdoctor.checks import load_registry
 from rocmdoctor.checks.facts import parse_properties
 from rocmdoctor.checks.kernel_rules import VGPR_DEFAULT, expected_cwsr, lds_bytes, vgpr_bytes
@@ -62,9 +62,21 @@ def test_gfx950_includes_the_lds_term():
 
 @pytest.mark.parametrize(
     "target, vgpr",
-    [(90402, 0x80000), (90010, 0x80000), (90008, 0x80000), (90500, 0x80000), (90400, 0x40000),
-     (110000, 0x60000), (110001, 0x60000), (110002, 0x40000), (110501, 0x60000), (110500, 0x40000),
-     (120000, 0x60000), (120001, 0x60000), (100300, 0x40000)],
+    [
+        (90402, 0x80000),
+        (90010, 0x80000),
+        (90008, 0x80000),
+        (90500, 0x80000),
+        (90400, 0x40000),
+        (110000, 0x60000),
+        (110001, 0x60000),
+        (110002, 0x40000),
+        (110501, 0x60000),
+        (110500, 0x40000),
+        (120000, 0x60000),
+        (120001, 0x60000),
+        (100300, 0x40000),
+    ],
 )
 def test_vgpr_bytes_per_target_as_in_kfd_queue_c(target, vgpr):
     assert vgpr_bytes(target) == vgpr
@@ -72,8 +84,15 @@ def test_vgpr_bytes_per_target_as_in_kfd_queue_c(target, vgpr):
 
 def test_per_xcc_array_count_for_multi_xcc_nodes():
     """sysfs prints array_count x num_xcc; a pre-Navi10 wave count must divide it back."""
-    few_arrays = {"simd_count": 64, "simd_per_cu": 4, "num_xcc": 4, "array_count": 4,
-                  "simd_arrays_per_engine": 1, "gfx_target_version": 90402, "lds_size_in_kb": 64}
+    few_arrays = {
+        "simd_count": 64,
+        "simd_per_cu": 4,
+        "num_xcc": 4,
+        "array_count": 4,
+        "simd_arrays_per_engine": 1,
+        "gfx_target_version": 90402,
+        "lds_size_in_kb": 64,
+    }
     # 4 CUs per XCC: min(4 * 40, (4 / 4) / 1 * 512) = 160 waves -> ctl ALIGN(40 + 1280 + 8) = 4096
     assert expected_cwsr(few_arrays)[1] == 4096
 
@@ -109,8 +128,13 @@ def with_node_props(tmp_path, text):
 
 
 def test_kernel_cwsr_passes_on_an_mi350x_exporting_22687744(tmp_path):
-    lines = {**MI350X, "cpu_cores_count": 0, "device_id": 0x75A0, "cwsr_size": MI350X_EXPORTED,
-             "ctl_stack_size": 12288}
+    lines = {
+        **MI350X,
+        "cpu_cores_count": 0,
+        "device_id": 0x75A0,
+        "cwsr_size": MI350X_EXPORTED,
+        "ctl_stack_size": 12288,
+    }
     root = with_node_props(tmp_path, "".join(f"{k} {v}\n" for k, v in lines.items()))
     result = run_cwsr(root)
     assert result.status is Status.PASS, result.summary

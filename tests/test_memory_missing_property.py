@@ -7,10 +7,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from harness.hosts import fixture_root
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from harness.hosts import fixture_root
 from rocmdoctor.checks import load_registry
 from rocmdoctor.host import Host
 from rocmdoctor.memory_rule import recommended
@@ -34,8 +34,12 @@ def dgpu_tree(dest: Path) -> None:
     device = dest / RENDER.lstrip("/")
     device.mkdir(parents=True)
     used = 3 * GIB
-    for name, value in (("vram_total", 34208743424), ("vram_used", used), ("gtt_total", 32 * GIB),
-                        ("gtt_used", 20 << 20)):
+    for name, value in (
+        ("vram_total", 34208743424),
+        ("vram_used", used),
+        ("gtt_total", 32 * GIB),
+        ("gtt_used", 20 << 20),
+    ):
         (device / f"mem_info_{name}").write_text(f"{value}\n")
     (dest / NODE1 / "mem_banks/0/used_memory").write_text(f"{used}\n")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from harness.hosts import fixture_root
 
+from harness.hosts import fixture_root
 from rocmdoctor.checks import load_registry
 from rocmdoctor.checks.facts import gpus, partition_of, physical_gpus, usable_memory
 from rocmdoctor.host import Host
@@ -75,7 +75,10 @@ def test_memory_gpu_names_the_partition():
     assert 47.9 * GIB < result.details["total_bytes"] <= 48 * GIB
     rows = result.details["gpus"]
     assert len(rows) == 32 and rows[0]["partition"] == {
-        "physical_gpu": "0000:0a:00.0", "index": 0, "of": 4, "mode": "CPX"
+        "physical_gpu": "0000:0a:00.0",
+        "index": 0,
+        "of": 4,
+        "mode": "CPX",
     }
 
 
