@@ -109,14 +109,29 @@ def gpu_arch(ctx: Context) -> Result:
     described = describe_gpus(ctx)
     partitioned = [physical_summary(p) for p in physical_gpus(ctx) if p.partitioned]
     unsupported = sorted({g.gfx for g in found if g.family is None})
+    supported = sorted({g.gfx for g in found if g.family})
+    extra = {"partitioned_gpus": partitioned} if partitioned else {}
+    if unsupported and supported:
+        # ROCm enumerates every GPU it can see, and vLLM starts on the first: the unsupported one must be
+        # hidden (the runtime's order is not sysfs order, so by PCI address or UUID, not by node index).
+        return warned(
+            f"vLLM can run on {', '.join(supported)}, but {', '.join(unsupported)} is visible beside it "
+            f"({described})",
+            f"Hide {', '.join(unsupported)} from ROCm: set ROCR_VISIBLE_DEVICES to the {', '.join(supported)} "
+            "GPU only (its UUID from `rocminfo`, not its sysfs node index), or disable the other GPU in the "
+            "firmware.",
+            gpus=rows,
+            families=sorted({g.family for g in found if g.family}),
+            unsupported=unsupported,
+            **extra,
+        )
     if unsupported:
         return warned(
             f"no vllm-rocm bundle for {', '.join(unsupported)} ({described})",
             f"Bundles exist for {', '.join(family_names())}; use one of those GPUs or build vLLM for "
             f"{', '.join(unsupported)} from source.",
             gpus=rows,
-            **({"partitioned_gpus": partitioned} if partitioned else {}),
+            **extra,
         )
     families = sorted({g.family for g in found if g.family})
-    extra = {"partitioned_gpus": partitioned} if partitioned else {}
     return passed(described, gpus=rows, families=families, **extra)

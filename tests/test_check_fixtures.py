@@ -130,3 +130,12 @@ def test_every_gpu_states_why_it_is_an_apu_or_not():
         golden = json.loads((fixture_root(fixture_id) / "expected.json").read_text())
         for gpu in golden["host"]["gpus"]:
             assert gpu["apu"] is not None and gpu["apu_basis"], (fixture_id, gpu["node"])
+
+
+def test_a_supported_dgpu_beside_an_unsupported_igpu_is_told_to_hide_the_igpu():
+    golden = json.loads((fixture_root("rx7900xtx-beside-igpu") / "expected.json").read_text())
+    (arch,) = [c for c in golden["checks"] if c["id"] == "gpu.arch"]
+    assert arch["summary"].startswith("vLLM can run on gfx1100, but gfx1033 is visible beside it")
+    assert "ROCR_VISIBLE_DEVICES" in arch["remedy"] and arch["details"]["unsupported"] == ["gfx1033"]
+    (memory,) = [c for c in golden["checks"] if c["id"] == "memory.gpu"]
+    assert [row["gfx"] for row in memory["details"]["gpus"]] == ["gfx1100"]  # the iGPU does not size vLLM
