@@ -443,16 +443,16 @@ def physical_gpus(ctx: Context) -> list[PhysicalGpu]:
     exposes it, else inferred from how many nodes share the GPU and their XCC counts)."""
 
     def read() -> list[PhysicalGpu]:
-        order: list[str | None] = []
-        members: dict[str | None, list[GpuNode]] = {}
+        order: list[str] = []
+        members: dict[str, list[GpuNode]] = {}
         for gpu in gpus(ctx):
             key = gpu.physical_slot if gpu.physical_slot else f"node {gpu.node}"
             if key not in members:
                 order.append(key)
             members.setdefault(key, []).append(gpu)
         out = []
-        for key in order:
-            nodes = members[key]
+        for name in order:
+            nodes = members[name]
             first = nodes[0]
             slot = first.physical_slot
             base = f"{PCI_DEVICES}/{slot}" if slot else None
@@ -530,8 +530,8 @@ def usable_memory(ctx: Context, gpu: GpuNode) -> tuple[int | None, int | None]:
         available = meminfo(ctx).get("MemAvailable")
         if available is None:
             return gpu.gtt_total, None  # GTT pages come out of RAM: without MemAvailable, free is unknown
-        free = gpu.gtt_total - gpu.gtt_used if gpu.gtt_used is not None else gpu.gtt_total
-        return gpu.gtt_total, max(0, min(free, available))
+        gtt_free = gpu.gtt_total - gpu.gtt_used if gpu.gtt_used is not None else gpu.gtt_total
+        return gpu.gtt_total, max(0, min(gtt_free, available))
     if gpu.vram_total is None:
         return None, None
     free = gpu.vram_total - gpu.vram_used if gpu.vram_used is not None else None

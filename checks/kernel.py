@@ -69,7 +69,10 @@ def kernel_version(ctx: Context) -> Result:
     reads=GPU_READS,
 )
 def kernel_cwsr(ctx: Context) -> Result:
-    missing, wrong, fine, not_needed = [], [], [], []
+    missing: list[str] = []
+    wrong: list[str] = []
+    fine: list[str] = []
+    not_needed: list[str] = []
     unbumped = False
     rows = []
     for gpu in gpus(ctx):
