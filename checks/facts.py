@@ -372,6 +372,10 @@ def _read_node(
             unread.append(f"{bank_path}/*/properties")
     elif not apu and mem["vram_used"] is None and frame_buffers and frame_buffers[0].used is not None:
         mem["vram_used"] = frame_buffers[0].used
+    # A value another file supplied is not unread.
+    unread = [
+        u for u in unread if not any(u.endswith(f"mem_info_{k}") and v is not None for k, v in mem.items())
+    ]
     return GpuNode(
         node=node,
         gfx=gfx,
