@@ -166,7 +166,7 @@ def gfx_name(target_version: int) -> str | None:
     major, minor, step = target_version // 10000, (target_version // 100) % 100, target_version % 100
     if minor > 15 or step > 15:
         return None  # not a value the kernel's table produces: do not guess a name
-    return "gfx%d%x%x" % (major, minor, step)
+    return f"gfx{major}{minor:x}{step:x}"
 
 
 def pci_slot_from_location(location_id: int | None, domain: int | None) -> str | None:

@@ -25,6 +25,7 @@ EXPECTED = {
     "rx7900xtx-beside-igpu": ({2}, {1}),
     "r9700-beside-nvidia": (set(), {1}),
     "wsl": (set(), set()),
+    "mi350x": (set(), {1}),
 }
 
 

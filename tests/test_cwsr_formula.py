@@ -45,7 +45,7 @@ def exported_captures() -> list[tuple[str, dict[str, int]]]:
 
 def test_there_are_captures_that_export_the_sizes():
     names = {name.split("/")[0] for name, _ in exported_captures()}
-    assert {"strix-halo-clean", "r9700"} <= names
+    assert {"strix-halo-clean", "r9700", "mi350x"} <= names
 
 
 @pytest.mark.parametrize("name, props", exported_captures(), ids=lambda v: v if isinstance(v, str) else "")

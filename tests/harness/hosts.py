@@ -25,6 +25,7 @@ FIXTURE_IDS = (
     "rx7900xtx-beside-igpu",
     "r9700-beside-nvidia",
     "wsl",
+    "mi350x",
 )
 ROOT_PLACEHOLDER = "<root>"
 VERSION_PLACEHOLDER = "<version>"
