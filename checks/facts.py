@@ -249,20 +249,7 @@ def _banks(ctx: Context, node: int) -> list[Bank]:
     return banks
 
 
-def _bank_sizes(ctx: Context, node: int) -> list[tuple[int, int]]:
-    """(heap_type, size_in_bytes) of the node's KFD memory banks."""
-    return [(b.heap_type, b.size) for b in _banks(ctx, node)]
-
-
-def apu_signals(
-    gfx: str,
-    props: dict[str, int],
-    banks: list[tuple[int, int]],
-    vram_total: int | None,
-    gtt_total: int | None,
-    device_dir: str | None,
-    ctx: Context,
-) -> dict[str, bool]:
+def apu_signals(props: dict[str, int], vram_total: int | None, gtt_total: int | None) -> dict[str, bool]:
     """Weak hints for the last-resort vote; True votes APU, False votes dGPU. None of them decides
     alone: a Strix Halo's carve-out can be 96 GiB, and PCI class 0x0300 is used by APUs too."""
     signals: dict[str, bool] = {}
@@ -349,15 +336,7 @@ def _read_node(
         unread.append(f"{DRM}/renderD{render_minor}/device/mem_info_*" if render_minor else f"{DRM}/*")
     heap_types = [b.heap_type for b in banks]
     frame_buffers = [b for b in banks if b.heap_type in HEAP_FRAME_BUFFER and b.size > 0]
-    vote = apu_signals(
-        gfx,
-        props,
-        [(b.heap_type, b.size) for b in banks],
-        mem["vram_total"],
-        mem["gtt_total"],
-        device_dir,
-        ctx,
-    )
+    vote = apu_signals(props, mem["vram_total"], mem["gtt_total"])
     apu, basis = classify_apu(gfx, props, heap_types, vote)
     bank_path = f"{KFD_NODES}/{node}/mem_banks"
     if not apu and (siblings > 1 or mem["vram_total"] is None):
