@@ -68,6 +68,9 @@ EXPECTED_VERDICTS = {
         )
     },
     "strix-halo-default-ttm": {"memory.ttm": "warn", "kernel.cwsr": "pass"},
+    # 96 GiB BIOS carve-out, default GTT of half the 31 GiB left to Linux: an APU all the same, and the TTM
+    # limit is the default one.
+    "strix-halo-carveout": {"gpu.arch": "pass", "memory.ttm": "warn", "kernel.cwsr": "pass"},
     "strix-point": {"access.devices": "warn", "memory.ttm": "warn", "gpu.arch": "pass"},
     "rx7900xtx-no-render": {"access.devices": "fail", "kernel.cwsr": "pass"},
     "r9700": {"kernel.cwsr": "pass", "gpu.arch": "pass"},
@@ -141,3 +144,21 @@ def test_a_supported_dgpu_beside_an_unsupported_igpu_is_told_to_hide_the_igpu():
     assert "ROCR_VISIBLE_DEVICES" in arch["remedy"] and arch["details"]["unsupported"] == ["gfx1033"]
     (memory,) = [c for c in golden["checks"] if c["id"] == "memory.gpu"]
     assert [row["gfx"] for row in memory["details"]["gpus"]] == ["gfx1100"]  # the iGPU does not size vLLM
+
+
+def test_carveout_host_reports_the_96_gib_carveout_and_the_small_gtt():
+    # bogdanr/fono's `ai-framework`: mem_info_vram_total 103079215104, dmesg "15934M of GTT memory ready."
+    golden = json.loads((fixture_root("strix-halo-carveout") / "expected.json").read_text())
+    (gpu,) = golden["host"]["gpus"]
+    assert (gpu["gfx"], gpu["apu"], gpu["vram_total"], gpu["gtt_total"]) == (
+        "gfx1151",
+        True,
+        96 << 30,
+        15934 << 20,
+    )
+    by_id = {c["id"]: c for c in golden["checks"]}
+    (row,) = by_id["memory.gpu"]["details"]["gpus"]
+    assert (row["vram_total"], row["gtt_total"]) == (96 << 30, 15934 << 20)
+    ttm = by_id["memory.ttm"]["details"]
+    # What Linux has left beside the carve-out: 31.1 GiB, twice the default GTT.
+    assert (ttm["mem_total"], ttm["gtt_total"], ttm["pages_limit"]) == (2 * (15934 << 20), 15934 << 20, {})

@@ -14,7 +14,13 @@ from rocmdoctor.memory_rule import DEFAULT_MARGIN_BYTES
 from rocmdoctor.provision.server_args import ArgumentError, Choices, pools_from_facts, resolve
 from rocmdoctor.registry import Context, Options
 
-APUS = ("strix-halo-nocwsr-dkms", "strix-halo-clean", "strix-halo-default-ttm", "strix-point")
+APUS = (
+    "strix-halo-nocwsr-dkms",
+    "strix-halo-clean",
+    "strix-halo-default-ttm",
+    "strix-halo-carveout",
+    "strix-point",
+)
 # What the captures lack: the used-VRAM counters (and for two of them the VRAM size itself).
 UNREADABLE_MEMORY = ("rx7900xtx-no-render", "r9700", "mi300x")
 
