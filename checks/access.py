@@ -180,7 +180,7 @@ def access_devices(ctx: Context) -> Result:
             f"{DEV_KFD} opens but {st.path} does not, so ROCm finds no GPU (a known LXC/LXD failure); "
             if kfd_opens and st.path != DEV_KFD else ""
         )
-        where = f" (uid_map/gid_map: {userns})" if userns else ""
+        where = f" ({'; '.join(f'{k} {v}' for k, v in userns.items())})" if userns else ""
         return failed(
             f"{half}{st.path} belongs to gid {st.gid}, the overflow group: its group on the host is not mapped "
             f"into this user namespace{where}" if st in unmapped else

@@ -31,6 +31,8 @@ DKMS_ROCM_RELEASE = {
     (6, 16): (7, 1),
 }
 SUPPORTED_SKEW = 2  # releases either way
+# Production releases in order; TheRock's 7.9+ previews (the bundles' rocm7.12/7.13) have no place in AMD's matrix.
+KNOWN_RELEASES = ((6, 0), (6, 1), (6, 2), (6, 3), (6, 4), (7, 0), (7, 1), (7, 2))
 ROCM_INFO_VERSION = "/opt/rocm/.info/version"
 BUNDLE_LINK = f"{DEFAULT_PREFIX}/current"
 _ROCM_IN_TAG = re.compile(r"rocm(\d+)\.(\d+)")
@@ -44,9 +46,7 @@ def is_instinct(gpu: GpuNode) -> bool:
 
 def release_ordinal(release: tuple[int, int]) -> int | None:
     """ROCm releases in order (6.0 ... 6.4, then 7.0 ...), so that '+/- 2 releases' can be counted."""
-    major, minor = release
-    base = {6: 0, 7: 5}.get(major)
-    return None if base is None else base + minor
+    return KNOWN_RELEASES.index(release) if release in KNOWN_RELEASES else None
 
 
 def dkms_rocm_release(version: str | None) -> tuple[int, int] | None:
