@@ -208,7 +208,8 @@ def guidance(distro: dict[str, Any], kernel: str | None, findings: dict[str, Fin
                 ),
             )
         )
-    steps.extend(ttm_steps(family, findings.get("memory.ttm")))
+    removing_dkms = any(step.id == "dkms" for step in steps)
+    steps.extend(ttm_steps(family, findings.get("memory.ttm"), removing_dkms))
     found_gpu = findings.get("gpu.present")
     if found_gpu is not None and found_gpu.status != "pass":
         headline = f"No AMD GPU to fix the kernel for: {found_gpu.summary}"
@@ -245,12 +246,29 @@ def ttm_pages_step(family: str, pages: int, modules: list[str], why: str) -> Ste
     )
 
 
-def ttm_steps(family: str, ttm: Finding | None) -> list[Step]:
+def ttm_steps(family: str, ttm: Finding | None, removing_dkms: bool = False) -> list[Step]:
     """Every memory.ttm warning or failure gets a step: the fix-kernel document must never drop what check
-    asked for (a carve-out to shrink, amdgpu.gttsize to remove, a limit to raise, values to read)."""
-    if ttm is None or ttm.status not in PROBLEM:
+    asked for (a carve-out to shrink, amdgpu.gttsize to remove, a limit to raise, values to read). And a limit
+    set on the DKMS driver's amdttm is lost with it: the in-tree amdgpu reads ttm.pages_limit, whose default
+    is half of RAM (host-facts.md §5; ROCm/ROCm#5562, Debian 13 with amdttm.pages_limit=32768000)."""
+    if ttm is None:
         return []
     details = ttm.details
+    if ttm.status not in PROBLEM:
+        limits = details.get("pages_limit") or {}
+        amdttm = limits.get("amdttm")
+        if not (removing_dkms and details.get("governing") == "amdttm" and amdttm):
+            return []
+        pages = min(int(amdttm), int(details.get("suggested_pages_limit") or amdttm))
+        if int(limits.get("ttm") or 0) >= pages:
+            return []  # the in-tree ttm already has the limit (set beside amdttm, as AMD's guides do)
+        return [
+            ttm_pages_step(
+                family, pages, ["ttm"],
+                f"{ttm.summary}, but amdttm leaves with amdgpu-dkms: the in-tree amdgpu reads ttm.pages_limit, "
+                "whose default is half of RAM",
+            )
+        ]
     limits = details.get("pages_limit") or {}
     modules = ["ttm", "amdttm"] if "amdttm" in limits or details.get("governing") == "amdttm" else ["ttm"]
     steps: list[Step] = []
@@ -263,8 +281,8 @@ def ttm_steps(family: str, ttm: Finding | None) -> list[Step]:
                 "Shrink the BIOS carve-out to 512 MB so the memory goes to GTT, where vLLM can use it",
                 ttm.summary + ". " + str(carveout.get("why", "")).strip(),
                 (
-                    "# reboot into the firmware setup (often Del or F2), find UMA Frame Buffer Size / iGPU memory /"
-                    " VRAM size, set 512M, save",
+                    ("# reboot into the firmware setup (often Del or F2), find UMA Frame Buffer Size / iGPU memory /"
+                    " VRAM size, set 512M, save"),
                     "sudo systemctl reboot --firmware-setup   # on UEFI machines that support it",
                 ),
                 (

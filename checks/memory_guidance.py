@@ -10,8 +10,9 @@ HIP runtime reports as the device's memory; RocmPlatform has no unified-memory h
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol
 
 GIB = 1 << 30
 PAGES_PER_GIB = 262144  # 4 KiB pages

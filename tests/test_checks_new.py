@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 from harness.hosts import check_json
-from test_conformance import covered
-
 from rocmdoctor.checks import load_registry
 from rocmdoctor.checks.access import acl_grants
 from rocmdoctor.checks.system import count_ranges
+from test_conformance import covered
+
 from rocmdoctor.host import Host, StatInfo
 from rocmdoctor.model import Status
 from rocmdoctor.registry import Context, Options, run_isolated
