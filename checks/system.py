@@ -3,6 +3,7 @@ advises on for Instinct servers."""
 
 from __future__ import annotations
 
+from ..host import ReadState
 from ..model import Result, Severity, passed, skipped, warned
 from ..registry import Context
 from . import check
@@ -85,7 +86,9 @@ def system_numa_balancing(ctx: Context) -> Result:
     raw = ctx.host.read_int(NUMA_BALANCING)
     details = {"numa_nodes": nodes, "numa_balancing": raw.value if raw.ok else None}
     if not raw.ok:
-        return passed(f"{raw.describe()}: this kernel has no automatic NUMA balancing to disable", **details)
+        if ctx.host.is_live and raw.state is ReadState.MISSING:
+            return passed(f"{raw.describe()}: this kernel has no automatic NUMA balancing to disable", **details)
+        return skipped(f"{raw.describe()}: cannot tell whether automatic NUMA balancing is on", **details)
     if raw.value == 0:
         return passed("kernel.numa_balancing=0, as AMD advises for Instinct", **details)
     if nodes is not None and nodes <= 1:
