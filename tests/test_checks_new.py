@@ -329,3 +329,18 @@ def test_every_path_read_on_a_case_is_declared(case):
         run_isolated(spec, Context(host))
         undeclared = sorted(p for p in host.accessed if p != "/" and not any(covered(p, r) for r in spec.reads))
         assert not undeclared, f"{spec.id} read undeclared paths on {case}: {undeclared}"
+
+
+@pytest.mark.parametrize("case, check_id", [("desktop-uaccess", "access.devices"), ("lxc-unmapped", "access.devices"),
+                                            ("mixed-amd-nvidia", "gpu.mixed_vendor"),
+                                            ("instinct-numa", "system.numa_balancing")])
+def test_a_snapshot_of_a_case_replays_the_same_verdict(tmp_path, case, check_id):
+    from harness.hosts import run_cli
+
+    archive = tmp_path / "snap.tar.gz"
+    proc = run_cli("snapshot", str(archive), root=CASES / case)
+    assert proc.returncode == 0, proc.stderr
+    _, original, _ = check_json(CASES / case, "--only", check_id)
+    _, replayed, _ = check_json(archive, "--only", check_id)
+    pick = lambda r: next((c["status"], c["summary"]) for c in r["checks"] if c["id"] == check_id)  # noqa: E731
+    assert pick(replayed) == pick(original)
