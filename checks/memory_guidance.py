@@ -80,6 +80,10 @@ class CarveoutAdvice:
             "modprobe file) and reboot."
         )
 
+    def finding_details(self) -> dict[str, Any]:
+        """What memory.ttm puts in its details so that fix-kernel writes the carve-out step."""
+        return {"carveout": {**self.to_json(), "why": self.why()}, "suggested_pages_limit": self.pages_limit}
+
     def to_json(self) -> dict[str, Any]:
         return {
             "carveout_bytes": self.carveout_bytes,

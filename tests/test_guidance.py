@@ -96,8 +96,7 @@ def test_fix_kernel_turns_carveout_advice_into_a_bios_step_then_the_ttm_limit():
     ttm = Finding(
         "warn",
         advice.summary(),
-        {"carveout": {**advice.to_json(), "why": advice.why()}, "pages_limit": {"ttm": 4063232},
-         "governing": "ttm"},
+        {**advice.finding_details(), "pages_limit": {"ttm": 4063232}, "governing": "ttm"},
         advice.remedy(),
     )
     doc = guidance({"id": "arch", "like": ""}, "6.19.11-1-cachyos", {"memory.ttm": ttm})
