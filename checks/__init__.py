@@ -34,7 +34,7 @@ MODULES = (
     system, gpu, vendor, driver, kernel, firmware, access, memory, processes, python_env, toolchain, disk, deep
 )
 # Modules in checks/ that register no checks: shared facts and pure rules.
-HELPER_MODULES = ("facts", "kernel_rules", "kernel_guidance", "memory_guidance")
+HELPER_MODULES = ("facts", "kernel_rules", "kernel_guidance", "memory_guidance", "capture")
 
 
 def load_registry() -> Registry:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from ..model import Result, failed, passed, warned
+from ..model import Action, Result, failed, passed, warned
 from ..registry import DEFAULT_PREFIX, Context
 from . import check
 from .facts import GPU_READS, OSRELEASE, GpuNode, gpus, kernel_release
@@ -189,6 +189,7 @@ def dkms_signals(ctx: Context) -> dict[str, str]:
     "driver.dkms",
     "No amdgpu DKMS build shadowing the in-tree driver",
     depends=("driver.loaded",),
+    blocks=(Action.INSTALL, Action.SERVE),
     reads=(
         *GPU_READS,
         OSRELEASE,
