@@ -31,7 +31,19 @@ from . import disk  # noqa: E402
 from . import deep  # noqa: E402  (the GPU probe, --deep only, runs last: it is the slow one)
 
 MODULES = (
-    system, gpu, vendor, driver, kernel, firmware, access, memory, processes, python_env, toolchain, disk, deep
+    system,
+    gpu,
+    vendor,
+    driver,
+    kernel,
+    firmware,
+    access,
+    memory,
+    processes,
+    python_env,
+    toolchain,
+    disk,
+    deep,
 )
 # Modules in checks/ that register no checks: shared facts and pure rules.
 HELPER_MODULES = ("facts", "kernel_rules", "kernel_guidance", "memory_guidance", "capture")

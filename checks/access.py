@@ -142,7 +142,17 @@ def overflow_gid(ctx: Context) -> int:
     "access.devices",
     "The vLLM user can open /dev/kfd and the render nodes",
     depends=("driver.loaded",),
-    reads=(PASSWD, GROUP, DEV_KFD, "/dev/dri", RENDER_NODES, f"{UDEV_DATA}/c*", UID_MAP, GID_MAP, OVERFLOW_GID),
+    reads=(
+        PASSWD,
+        GROUP,
+        DEV_KFD,
+        "/dev/dri",
+        RENDER_NODES,
+        f"{UDEV_DATA}/c*",
+        UID_MAP,
+        GID_MAP,
+        OVERFLOW_GID,
+    ),
 )
 def access_devices(ctx: Context) -> Result:
     name = target_user(ctx)
@@ -170,21 +180,22 @@ def access_devices(ctx: Context) -> Result:
         details["user_namespace"] = userns
     kfd_opens = any(st.path == DEV_KFD and can_open(account.uid, member_of, st) for st in devices)
     unmapped = [
-        st for st in devices
-        if st.gid == overflow_gid(ctx) and not can_open(account.uid, member_of, st)
+        st for st in devices if st.gid == overflow_gid(ctx) and not can_open(account.uid, member_of, st)
     ]
     unnamed = [st for st in devices if st.gid not in groups and not can_open(account.uid, member_of, st)]
     if unmapped or (unnamed and userns):
         st = (unmapped or unnamed)[0]
         half = (
             f"{DEV_KFD} opens but {st.path} does not, so ROCm finds no GPU (a known LXC/LXD failure); "
-            if kfd_opens and st.path != DEV_KFD else ""
+            if kfd_opens and st.path != DEV_KFD
+            else ""
         )
         where = f" ({'; '.join(f'{k} {v}' for k, v in userns.items())})" if userns else ""
         return failed(
             f"{half}{st.path} belongs to gid {st.gid}, the overflow group: its group on the host is not mapped "
-            f"into this user namespace{where}" if st in unmapped else
-            f"{half}{st.path} belongs to gid {st.gid}, which has no name in {GROUP}, inside a user namespace{where}",
+            f"into this user namespace{where}"
+            if st in unmapped
+            else f"{half}{st.path} belongs to gid {st.gid}, which has no name in {GROUP}, inside a user namespace{where}",
             CONTAINER_REMEDY + f"; then add {name} to that group.",
             **details,
         )
@@ -208,11 +219,13 @@ def access_devices(ctx: Context) -> Result:
         uaccess_note = (
             f" (udev's uaccess tag on {', '.join(sorted(tagged & {st.path for st in blocked}))} grants an ACL only to "
             "the active local seat session, and this user has none; a service never does)"
-            if tagged & {st.path for st in blocked} else ""
+            if tagged & {st.path for st in blocked}
+            else ""
         )
         half = (
             f"{DEV_KFD} opens but {', '.join(st.path for st in blocked)} does not, so ROCm finds no GPU; "
-            if kfd_opens and all(st.path != DEV_KFD for st in blocked) and userns else ""
+            if kfd_opens and all(st.path != DEV_KFD for st in blocked) and userns
+            else ""
         )
         return failed(
             f"{half}{name} cannot open {', '.join(describe(st, groups) for st in blocked)}: "

@@ -27,7 +27,12 @@ DKMS_REMEDY_APT = (
 # ROCm release that shipped it: 6.16.6 beside amdgpu-core 7.1.70100 (captured, dpkg-amdgpu-dkms-packages-...);
 # the others from the package versions in repo.radeon.com (amdgpu-dkms 6.12.12.60400 = ROCm 6.4, ...).
 DKMS_ROCM_RELEASE = {
-    (6, 3): (6, 0), (6, 7): (6, 1), (6, 8): (6, 2), (6, 10): (6, 3), (6, 12): (6, 4), (6, 14): (7, 0),
+    (6, 3): (6, 0),
+    (6, 7): (6, 1),
+    (6, 8): (6, 2),
+    (6, 10): (6, 3),
+    (6, 12): (6, 4),
+    (6, 14): (7, 0),
     (6, 16): (7, 1),
 }
 SUPPORTED_SKEW = 2  # releases either way
@@ -83,7 +88,11 @@ def instinct_dkms(ctx: Context, gpu: GpuNode, signals: dict[str, str]) -> Result
         f" (the ROCm {driver_release[0]}.{driver_release[1]} driver)" if driver_release else ""
     )
     if driver_release is None or user is None:
-        unknown = "which ROCm release this DKMS build belongs to" if driver_release is None else "the ROCm userspace"
+        unknown = (
+            "which ROCm release this DKMS build belongs to"
+            if driver_release is None
+            else "the ROCm userspace"
+        )
         return passed(
             f"{named} on {gpu.gfx}: AMD's supported driver on Instinct; cannot tell {unknown}, so keep the "
             f"userspace within {SUPPORTED_SKEW} releases of it (ROCm's user/kernel-space support matrix)",

@@ -264,7 +264,9 @@ def ttm_steps(family: str, ttm: Finding | None, removing_dkms: bool = False) -> 
             return []  # the in-tree ttm already has the limit (set beside amdttm, as AMD's guides do)
         return [
             ttm_pages_step(
-                family, pages, ["ttm"],
+                family,
+                pages,
+                ["ttm"],
                 f"{ttm.summary}, but amdttm leaves with amdgpu-dkms: the in-tree amdgpu reads ttm.pages_limit, "
                 "whose default is half of RAM",
             )
@@ -281,8 +283,10 @@ def ttm_steps(family: str, ttm: Finding | None, removing_dkms: bool = False) -> 
                 "Shrink the BIOS carve-out to 512 MB so the memory goes to GTT, where vLLM can use it",
                 ttm.summary + ". " + str(carveout.get("why", "")).strip(),
                 (
-                    ("# reboot into the firmware setup (often Del or F2), find UMA Frame Buffer Size / iGPU memory /"
-                    " VRAM size, set 512M, save"),
+                    (
+                        "# reboot into the firmware setup (often Del or F2), find UMA Frame Buffer Size / iGPU memory /"
+                        " VRAM size, set 512M, save"
+                    ),
                     "sudo systemctl reboot --firmware-setup   # on UEFI machines that support it",
                 ),
                 (

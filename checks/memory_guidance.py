@@ -58,7 +58,7 @@ class CarveoutAdvice:
 
     def summary(self) -> str:
         return (
-            f"the BIOS reserves {gib(self.carveout_bytes)} of this APU's {gib(self.physical_bytes)} as \"VRAM\": the "
+            f'the BIOS reserves {gib(self.carveout_bytes)} of this APU\'s {gib(self.physical_bytes)} as "VRAM": the '
             f"OS keeps only {gib(self.mem_total)} and the GPU can be given about {gib(self.reach_now_bytes)}; with a "
             f"512 MiB carve-out and ttm.pages_limit={self.pages_limit} it could use about "
             f"{gib(self.reach_after_bytes)}"
@@ -75,7 +75,7 @@ class CarveoutAdvice:
 
     def remedy(self) -> str:
         return (
-            "In the firmware setup set the UMA frame buffer (\"iGPU memory\", \"VRAM size\") to 512 MB; then set "
+            'In the firmware setup set the UMA frame buffer ("iGPU memory", "VRAM size") to 512 MB; then set '
             f"ttm.pages_limit={self.pages_limit} ({gib(self.reach_after_bytes)}; `rocmdoctor fix-kernel` writes the "
             "modprobe file) and reboot."
         )
@@ -100,8 +100,9 @@ def gib(value: int) -> str:
     return f"{value / GIB:.1f} GiB"
 
 
-def carveout_advice(apu: bool | None, vram_total: int | None, gtt_total: int | None,
-                    mem_total: int | None) -> CarveoutAdvice | None:
+def carveout_advice(
+    apu: bool | None, vram_total: int | None, gtt_total: int | None, mem_total: int | None
+) -> CarveoutAdvice | None:
     """Advice for an APU whose BIOS carve-out is large; None when it does not apply or cannot be judged."""
     if apu is not True or not vram_total or not mem_total or vram_total < LARGE_CARVEOUT:
         return None

@@ -61,9 +61,11 @@ def numa_nodes(ctx: Context) -> int | None:
         if count:
             return count
     cpu_nodes = [
-        n for n in kfd_node_ids(ctx)
+        n
+        for n in kfd_node_ids(ctx)
         if (props := read_properties(ctx, f"{KFD_NODES}/{n}/properties"))
-        and props.get("gfx_target_version", 0) == 0 and props.get("cpu_cores_count", 0) > 0
+        and props.get("gfx_target_version", 0) == 0
+        and props.get("cpu_cores_count", 0) > 0
     ]
     return len(cpu_nodes) or None
 
@@ -87,7 +89,9 @@ def system_numa_balancing(ctx: Context) -> Result:
     details = {"numa_nodes": nodes, "numa_balancing": raw.value if raw.ok else None}
     if not raw.ok:
         if ctx.host.is_live and raw.state is ReadState.MISSING:
-            return passed(f"{raw.describe()}: this kernel has no automatic NUMA balancing to disable", **details)
+            return passed(
+                f"{raw.describe()}: this kernel has no automatic NUMA balancing to disable", **details
+            )
         return skipped(f"{raw.describe()}: cannot tell whether automatic NUMA balancing is on", **details)
     if raw.value == 0:
         return passed("kernel.numa_balancing=0, as AMD advises for Instinct", **details)

@@ -88,8 +88,20 @@ def missing_files(ctx: Context) -> list[str]:
 
 
 def link_argv(compiler: str) -> list[str]:
-    return [compiler, "-x", "c", "-include", "stdlib.h", "-O3", "-shared", "-fPIC", "-Wno-psabi",
-            "-o", "/dev/null", "/dev/null"]
+    return [
+        compiler,
+        "-x",
+        "c",
+        "-include",
+        "stdlib.h",
+        "-O3",
+        "-shared",
+        "-fPIC",
+        "-Wno-psabi",
+        "-o",
+        "/dev/null",
+        "/dev/null",
+    ]
 
 
 def diagnose(stderr: str) -> str:
@@ -105,7 +117,9 @@ def diagnose(stderr: str) -> str:
     severity=Severity.BLOCKING,
     reads=(
         f"{DEFAULT_PREFIX}/current/{BUNDLE_CLANG}",
-        *STDLIB_H, *CRTI, *LIBGCC_S,
+        *STDLIB_H,
+        *CRTI,
+        *LIBGCC_S,
         *(f"{d}/{n}" for d in PATH_DIRS for n in SYSTEM_COMPILERS),
         f"{DEFAULT_PREFIX}/current/bin/python3",
         *DISTRO_READS,
@@ -119,8 +133,12 @@ def toolchain_jit(ctx: Context) -> Result:
     bundled = bundle_compiler(ctx)
     compiler = bundled or system_compiler(ctx)
     missing = missing_files(ctx)
-    details: dict[str, Any] = {"compiler": compiler, "bundle_installed": installed,
-                               "bundle_compiler": bundled is not None, "missing_files": missing}
+    details: dict[str, Any] = {
+        "compiler": compiler,
+        "bundle_installed": installed,
+        "bundle_compiler": bundled is not None,
+        "missing_files": missing,
+    }
     if not installed:
         if missing:
             return warned(
@@ -141,15 +159,17 @@ def toolchain_jit(ctx: Context) -> Result:
             **details,
         )
     res = ctx.host.run(link_argv(compiler), timeout=COMPILE_TIMEOUT_S)
-    details.update(seconds=round(res.duration_s, 3), exit_code=res.returncode,
-                   stderr_tail="\n".join(res.stderr.strip().splitlines()[-4:])[-800:])
+    details.update(
+        seconds=round(res.duration_s, 3),
+        exit_code=res.returncode,
+        stderr_tail="\n".join(res.stderr.strip().splitlines()[-4:])[-800:],
+    )
     if res.ok:
         return passed(f"{compiler} links a shared object ({res.duration_s:.2f} s): Triton can JIT", **details)
     if res.timed_out:
         return warned(
             f"linking an empty shared object with {compiler} took over {COMPILE_TIMEOUT_S:.0f} s",
-            "Check the host's load and the compiler (run it by hand: "
-            f"`{' '.join(link_argv(compiler))}`).",
+            f"Check the host's load and the compiler (run it by hand: `{' '.join(link_argv(compiler))}`).",
             **details,
         )
     if res.spawn_error:

@@ -13,12 +13,12 @@ import time
 from pathlib import Path
 
 import pytest
+from test_conformance import covered
+
 from harness.hosts import check_json
 from rocmdoctor.checks import load_registry
 from rocmdoctor.checks.access import acl_grants
 from rocmdoctor.checks.system import count_ranges
-from test_conformance import covered
-
 from rocmdoctor.host import Host, StatInfo
 from rocmdoctor.model import Status
 from rocmdoctor.registry import Context, Options, run_isolated
@@ -96,7 +96,11 @@ def test_nvidia_card_without_nvidia_driver_passes(case_copy):
     shutil.rmtree(root / "proc/driver/nvidia")
     edit_stat(root, lambda d: [d.pop(k) for k in list(d) if k.startswith("/dev/nvidia")])
     result = run(root, "gpu.mixed_vendor")
-    assert result.status is Status.PASS and "driver nouveau" in result.summary and "NVML cannot" in result.summary
+    assert (
+        result.status is Status.PASS
+        and "driver nouveau" in result.summary
+        and "NVML cannot" in result.summary
+    )
 
 
 def test_nvidia_device_nodes_alone_still_warn(case_copy):
@@ -204,8 +208,13 @@ def test_identity_maps_are_not_a_container(case_copy):
 
 
 def _acl_xattr(uid: int, perm: int, mask: int) -> bytes:
-    entries = [(0x01, 6, 0xFFFFFFFF), (0x02, perm, uid), (0x04, 6, 0xFFFFFFFF), (0x10, mask, 0xFFFFFFFF),
-               (0x20, 0, 0xFFFFFFFF)]
+    entries = [
+        (0x01, 6, 0xFFFFFFFF),
+        (0x02, perm, uid),
+        (0x04, 6, 0xFFFFFFFF),
+        (0x10, mask, 0xFFFFFFFF),
+        (0x20, 0, 0xFFFFFFFF),
+    ]
     return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
 
 
@@ -295,7 +304,7 @@ def test_compiler_without_libc_headers_fails_naming_them(tmp_path):
         ("/usr/bin/ld: cannot find crti.o: No such file or directory", "crti.o"),
         ("ld.lld: error: unable to find library -lgcc_s", "libgcc_s"),
         ("/usr/bin/ld: cannot find -lgcc_s: No such file or directory", "libgcc_s"),
-        ("clang: error: unable to execute command: Executable \"ld\" doesn't exist!", "linker"),
+        ('clang: error: unable to execute command: Executable "ld" doesn\'t exist!', "linker"),
         ("fatal error: stdlib.h: No such file or directory", "libc headers"),
     ],
 )
@@ -327,13 +336,21 @@ def test_every_path_read_on_a_case_is_declared(case):
             continue
         host = Host(CASES / case)
         run_isolated(spec, Context(host))
-        undeclared = sorted(p for p in host.accessed if p != "/" and not any(covered(p, r) for r in spec.reads))
+        undeclared = sorted(
+            p for p in host.accessed if p != "/" and not any(covered(p, r) for r in spec.reads)
+        )
         assert not undeclared, f"{spec.id} read undeclared paths on {case}: {undeclared}"
 
 
-@pytest.mark.parametrize("case, check_id", [("desktop-uaccess", "access.devices"), ("lxc-unmapped", "access.devices"),
-                                            ("mixed-amd-nvidia", "gpu.mixed_vendor"),
-                                            ("instinct-numa", "system.numa_balancing")])
+@pytest.mark.parametrize(
+    "case, check_id",
+    [
+        ("desktop-uaccess", "access.devices"),
+        ("lxc-unmapped", "access.devices"),
+        ("mixed-amd-nvidia", "gpu.mixed_vendor"),
+        ("instinct-numa", "system.numa_balancing"),
+    ],
+)
 def test_a_snapshot_of_a_case_replays_the_same_verdict(tmp_path, case, check_id):
     from harness.hosts import run_cli
 

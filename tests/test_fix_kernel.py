@@ -6,6 +6,7 @@ import hashlib
 import json
 
 import pytest
+
 from harness.hosts import fixture_root, run_cli
 from rocmdoctor.checks.kernel_guidance import Finding, distro_family, guidance, kernel_commands
 
@@ -133,4 +134,7 @@ def test_debian_13_default_ttm_gets_the_step_check_asked_for(tmp_path):
     assert ttm_check["status"] == "warn"
     doc = json.loads(run_cli("fix-kernel", "--json", root=root).stdout)
     assert [s["id"] for s in doc["steps"]] == ["kernel", "ttm"]
-    assert 'echo "options ttm pages_limit=31719424" | sudo tee /etc/modprobe.d/ttm.conf' in doc["steps"][1]["commands"]
+    assert (
+        'echo "options ttm pages_limit=31719424" | sudo tee /etc/modprobe.d/ttm.conf'
+        in doc["steps"][1]["commands"]
+    )

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
 from rocmdoctor.checks import load_registry
 from rocmdoctor.checks.driver import dkms_rocm_release, release_ordinal
 from rocmdoctor.checks.kernel_guidance import Finding, guidance
 from rocmdoctor.checks.memory_guidance import GIB, PAGES_PER_GIB, carveout_advice, serving_nodes, ttm_matters
-
 from rocmdoctor.host import Host
 from rocmdoctor.model import Status
 from rocmdoctor.registry import Context, Options
@@ -103,9 +103,10 @@ def test_fix_kernel_turns_carveout_advice_into_a_bios_step_then_the_ttm_limit():
     assert [s["id"] for s in doc["steps"]] == ["carveout", "ttm"]
     carveout, limit = doc["steps"]
     assert "512" in carveout["title"] and "fenced off at boot" in carveout["why"]
-    assert f'echo "options ttm pages_limit={122 * PAGES_PER_GIB}" | sudo tee /etc/modprobe.d/ttm.conf' in limit[
-        "commands"
-    ]
+    assert (
+        f'echo "options ttm pages_limit={122 * PAGES_PER_GIB}" | sudo tee /etc/modprobe.d/ttm.conf'
+        in limit["commands"]
+    )
     assert "sudo mkinitcpio -P" in limit["commands"]
 
 
@@ -113,8 +114,11 @@ def test_fix_kernel_turns_carveout_advice_into_a_bios_step_then_the_ttm_limit():
 
 
 def test_gttsize_cap_gets_its_removal_not_a_pages_limit():
-    ttm = Finding("warn", "GTT is 62.5 GiB although ttm.pages_limit allows 121.0 GiB: amdgpu.gttsize caps it",
-                  {"suggested_pages_limit": 31719424, "pages_limit": {"ttm": 31719424}, "governing": "ttm"})
+    ttm = Finding(
+        "warn",
+        "GTT is 62.5 GiB although ttm.pages_limit allows 121.0 GiB: amdgpu.gttsize caps it",
+        {"suggested_pages_limit": 31719424, "pages_limit": {"ttm": 31719424}, "governing": "ttm"},
+    )
     for distro, expected in (
         (DEBIAN_13, "sudo update-grub"),
         ({"id": "fedora", "version": "43"}, "sudo grubby --update-kernel=ALL --remove-args=amdgpu.gttsize"),
@@ -130,17 +134,29 @@ def test_unreadable_ttm_values_still_get_a_step_with_the_checks_remedy():
 
 
 def test_ttm_and_amdttm_that_disagree_are_set_to_the_governing_value():
-    ttm = Finding("warn", "ttm and amdttm disagree", {
-        "suggested_pages_limit": 31719424, "pages_limit": {"ttm": 16000000, "amdttm": 32505856},
-        "governing": "amdttm"})
+    ttm = Finding(
+        "warn",
+        "ttm and amdttm disagree",
+        {
+            "suggested_pages_limit": 31719424,
+            "pages_limit": {"ttm": 16000000, "amdttm": 32505856},
+            "governing": "amdttm",
+        },
+    )
     (step,) = guidance(DEBIAN_13, "6.18.5", {"memory.ttm": ttm})["steps"]
-    assert 'echo "options amdttm pages_limit=32505856" | sudo tee /etc/modprobe.d/amdttm.conf' in step["commands"]
+    assert (
+        'echo "options amdttm pages_limit=32505856" | sudo tee /etc/modprobe.d/amdttm.conf'
+        in step["commands"]
+    )
     assert 'echo "options ttm pages_limit=32505856" | sudo tee /etc/modprobe.d/ttm.conf' in step["commands"]
 
 
 def test_passing_ttm_without_dkms_removal_needs_no_step():
-    ttm = Finding("pass", "amdttm.pages_limit 32768000", {"pages_limit": {"amdttm": 32768000}, "governing": "amdttm",
-                                                          "suggested_pages_limit": 31719424})
+    ttm = Finding(
+        "pass",
+        "amdttm.pages_limit 32768000",
+        {"pages_limit": {"amdttm": 32768000}, "governing": "amdttm", "suggested_pages_limit": 31719424},
+    )
     assert guidance(DEBIAN_13, "6.18.5", {"memory.ttm": ttm})["steps"] == []
 
 
@@ -185,9 +201,15 @@ def test_instinct_dkms_judged_against_the_installed_bundle(tmp_path):
 def test_instinct_fix_kernel_aligns_dkms_and_never_changes_the_kernel():
     dkms = run(CASES / "instinct-numa", "driver.dkms")
     finding = Finding(dkms.status.value, dkms.summary, dkms.details, dkms.remedy)
-    doc = guidance({"id": "ubuntu", "version": "22.04", "like": "debian"}, "5.15.0-131-generic",
-                   {"driver.dkms": finding, "kernel.version": Finding("pass", "ok"),
-                    "kernel.cwsr": Finding("pass", "ok")})
+    doc = guidance(
+        {"id": "ubuntu", "version": "22.04", "like": "debian"},
+        "5.15.0-131-generic",
+        {
+            "driver.dkms": finding,
+            "kernel.version": Finding("pass", "ok"),
+            "kernel.cwsr": Finding("pass", "ok"),
+        },
+    )
     (step,) = doc["steps"]
     assert step["id"] == "dkms-align" and "ROCm 7.2" in step["title"]
     assert "sudo amdgpu-install -y --usecase=dkms" in step["commands"]
@@ -196,8 +218,15 @@ def test_instinct_fix_kernel_aligns_dkms_and_never_changes_the_kernel():
 
 
 def test_dkms_removal_keeps_quiet_when_ttm_already_carries_the_limit():
-    ttm = Finding("pass", "ok", {"pages_limit": {"ttm": 32768000, "amdttm": 32768000}, "governing": "amdttm",
-                                 "suggested_pages_limit": 31719424})
+    ttm = Finding(
+        "pass",
+        "ok",
+        {
+            "pages_limit": {"ttm": 32768000, "amdttm": 32768000},
+            "governing": "amdttm",
+            "suggested_pages_limit": 31719424,
+        },
+    )
     dkms = Finding("fail", "amdgpu DKMS build shadows the in-tree driver on gfx1151")
     doc = guidance(DEBIAN_13, "6.18.5", {"memory.ttm": ttm, "driver.dkms": dkms})
     assert [s["id"] for s in doc["steps"]] == ["dkms", "kernel"]
