@@ -7,7 +7,8 @@ GPU (`cuda_platform_plugin`: `import_pynvml()`, `nvmlInit()`, `nvmlDeviceGetCoun
 `import_pynvml` imports vLLM's own copy (`vllm.third_party.pynvml`), so no pip package decides it:
 the NVIDIA kernel driver and its device nodes do. Measured on an H100 host (nvidia 580.159.04): with
 /dev/nvidia* unopenable, `pynvml.nvmlInit()` raises NVMLError_NoPermission, whose class name holds
-"nvml", which vLLM treats as "no CUDA" (tests/fixtures/checks/_captures/h100-nvidia/).
+"nvml", which vLLM treats as "no CUDA"; but a root process whose /dev merely lacks the nodes gets them
+recreated by NVML, so the remedy is a device cgroup or a non-root user (tests/fixtures/checks/_captures/).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ REMEDY = (
     "/dev/nvidia* and counts a GPU; vLLM carries its own pynvml (vllm.third_party.pynvml), so removing "
     "nvidia-ml-py or a CUDA torch from the environment does not help. Keep /dev/nvidia* away from vLLM: "
     "run it through `rocmdoctor unit` (its DevicePolicy=closed allows only /dev/kfd and the DRM nodes, "
-    "so NVML fails and only ROCm activates), or in a container given only --device /dev/kfd "
+    "so NVML fails and only ROCm activates; hiding the nodes alone is not enough for root, NVML recreates "
+    "them), or in a container given only --device /dev/kfd "
     "--device /dev/dri, or for a foreground run `sudo systemd-run --pty --uid=$USER -p DevicePolicy=closed "
     "-p 'DeviceAllow=/dev/kfd rw' -p 'DeviceAllow=char-drm rw' vllm serve ...`; or unload the NVIDIA "
     "driver while vLLM runs (`sudo modprobe -r nvidia_drm nvidia_modeset nvidia_uvm nvidia`)."
