@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from ..model import Result, Severity, passed, warned
 from ..registry import Context
 from . import check
+from .facts import DRM, drm_device_dirs, parse_uevent
 
 PCI_DEVICES = "/sys/bus/pci/devices"
 NVIDIA_VENDOR_ID = 0x10DE
@@ -77,6 +78,39 @@ def pci_display_devices(ctx: Context, vendor: int) -> list[PciGpu]:
     return found
 
 
+def drm_display_devices(ctx: Context, vendor: int) -> list[PciGpu]:
+    """The same from the DRM class (`card*`/`renderD*` `device/uevent`: PCI_ID, PCI_SLOT_NAME, DRIVER), which is
+    all a host shows where /sys/bus/pci is not visible, and what gpu.present already reads."""
+    found: dict[str, PciGpu] = {}
+    for device_dir in drm_device_dirs(ctx):
+        raw = ctx.host.read_text(f"{device_dir}/uevent", limit=64 * 1024)
+        if not raw.ok:
+            continue
+        uevent = parse_uevent(raw.value)
+        vendor_hex, _, device_hex = uevent.get("PCI_ID", "").partition(":")
+        try:
+            if int(vendor_hex, 16) != vendor:
+                continue
+            device = int(device_hex, 16)
+        except ValueError:
+            continue
+        slot = uevent.get("PCI_SLOT_NAME", device_dir).lower()
+        try:
+            pci_class = int(uevent.get("PCI_CLASS", "0"), 16)
+        except ValueError:
+            pci_class = 0
+        found.setdefault(slot, PciGpu(slot, vendor, device, pci_class, uevent.get("DRIVER") or None))
+    return list(found.values())
+
+
+def nvidia_gpus(ctx: Context) -> list[PciGpu]:
+    """NVIDIA display devices from the PCI bus and the DRM class, one per PCI slot."""
+    by_slot = {g.slot: g for g in pci_display_devices(ctx, NVIDIA_VENDOR_ID)}
+    for gpu in drm_display_devices(ctx, NVIDIA_VENDOR_ID):
+        by_slot.setdefault(gpu.slot, gpu)
+    return list(by_slot.values())
+
+
 def nvidia_driver_version(ctx: Context) -> str | None:
     """The loaded NVIDIA kernel driver's version, or None when it is not loaded."""
     version = ctx.host.read_text(f"{NVIDIA_MODULE}/version", limit=256)
@@ -104,11 +138,15 @@ def nvidia_driver_version(ctx: Context) -> str | None:
         f"{NVIDIA_MODULE}/version",
         f"{NVIDIA_PROC}/version",
         NVIDIA_NODES,
+        f"{DRM}/card*/device/uevent",
+        f"{DRM}/renderD*/device/uevent",
     ),
 )
 def gpu_mixed_vendor(ctx: Context) -> Result:
-    nvidia = pci_display_devices(ctx, NVIDIA_VENDOR_ID)
+    nvidia = nvidia_gpus(ctx)
     driver = nvidia_driver_version(ctx)
+    if driver is None and any(g.driver == "nvidia" for g in nvidia):
+        driver = "nvidia (bound to the GPU)"
     nodes = [p for p in ctx.host.glob(NVIDIA_NODES) if ctx.host.stat(p) is not None]
     details = {
         "nvidia_gpus": [g.describe() for g in nvidia],

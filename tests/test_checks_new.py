@@ -361,3 +361,21 @@ def test_a_snapshot_of_a_case_replays_the_same_verdict(tmp_path, case, check_id)
     _, replayed, _ = check_json(archive, "--only", check_id)
     pick = lambda r: next((c["status"], c["summary"]) for c in r["checks"] if c["id"] == check_id)  # noqa: E731
     assert pick(replayed) == pick(original)
+
+
+@pytest.mark.parametrize("driver, status", [("nvidia", Status.WARN), ("nouveau", Status.PASS)])
+def test_nvidia_seen_only_through_the_drm_class(case_copy, driver, status):
+    """Where /sys/bus/pci is not visible the DRM class still names the card and its driver."""
+    root = case_copy("mixed-amd-nvidia")
+    shutil.rmtree(root / "sys/bus/pci")
+    shutil.rmtree(root / "sys/module/nvidia")
+    shutil.rmtree(root / "proc/driver/nvidia")
+    edit_stat(root, lambda d: [d.pop(k) for k in list(d) if k.startswith("/dev/nvidia")])
+    card = root / "sys/class/drm/card1/device"
+    card.mkdir(parents=True)
+    # The uevent lines of the H100 capture's PCI function (vendor 10de, device 2330, class 030200).
+    card.joinpath("uevent").write_text(
+        f"DRIVER={driver}\nPCI_CLASS=30200\nPCI_ID=10DE:2330\nPCI_SLOT_NAME=0000:00:06.0\n"
+    )
+    result = run(root, "gpu.mixed_vendor")
+    assert result.status is status and f"(driver {driver})" in result.summary
