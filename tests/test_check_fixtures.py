@@ -11,7 +11,7 @@ import os
 import jsonschema
 import pytest
 
-from harness.hosts import FIXTURE_IDS, check_json, fixture_root, normalize
+from harness.hosts import FIXTURE_IDS, check_json, fixture_root, normalize, run_cli
 from rocmdoctor.model import Status, exit_code
 from rocmdoctor.report import load_schema
 
@@ -163,3 +163,17 @@ def test_carveout_host_reports_the_96_gib_carveout_and_the_small_gtt():
     ttm = by_id["memory.ttm"]["details"]
     # What Linux has left beside the carve-out: 31.1 GiB, twice the default GTT.
     assert (ttm["mem_total"], ttm["gtt_total"], ttm["pages_limit"]) == (2 * (15934 << 20), 15934 << 20, {})
+    # The finding this host exists to show: told that a small carve-out plus the TTM limit gives more.
+    assert by_id["memory.ttm"]["status"] == "warn"
+    assert ttm["carveout"]["carveout_bytes"] == 96 << 30
+    assert ttm["carveout"]["reach_after_bytes"] > ttm["carveout"]["reach_now_bytes"] == 96 << 30
+    assert "512 MB" in by_id["memory.ttm"]["remedy"]
+
+
+def test_fix_kernel_on_the_carveout_host_shrinks_the_carveout_before_raising_ttm():
+    done = run_cli("--no-color", "fix-kernel", root=fixture_root("strix-halo-carveout"))
+    # Exit 1: there are steps (docs/fix-kernel.md).
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    shrink = done.stdout.index("Shrink the BIOS carve-out to 512 MB")
+    raise_ttm = done.stdout.index("options ttm pages_limit=")
+    assert shrink < raise_ttm
