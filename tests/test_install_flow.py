@@ -135,8 +135,8 @@ def test_bundle_lock_pins_from_the_api_and_install_uses_it(install_lab):
             }
         )
     )
-    unpinned = install_lab.install("gfx1151")
-    assert unpinned.returncode == 2 and "rocmdoctor bundle lock" in unpinned.stderr
+    unpinned = install_lab.install("gfx1151", "--frozen")
+    assert unpinned.returncode == 2 and "rocmdoctor bundle lock --family gfx1151" in unpinned.stderr
 
     locked = install_lab.cli("bundle", "lock", "--bundles-dir", str(pins), "--json")
     doc = _json(locked)
