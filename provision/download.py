@@ -90,11 +90,16 @@ def secure_dir(path: Path) -> Path:
             st = os.stat(ancestor)
         except FileNotFoundError:
             break
-        if st.st_uid not in (0, uid) or (st.st_mode & _OTHERS_WRITE and not st.st_mode & stat.S_ISVTX):
+        if st.st_uid not in (0, uid):
             raise UnsafeDirectory(
-                f"{ancestor} (above the download directory {path}) can be written by another user "
-                f"(owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}); pick a --download-dir "
-                "that only you (or root) can write"
+                f"{ancestor} (on the way to the download directory {path}) belongs to uid {st.st_uid}, "
+                "who could swap what is below it; pick a --download-dir that only you (or root) own"
+            )
+        if st.st_mode & _OTHERS_WRITE and not st.st_mode & stat.S_ISVTX:
+            raise UnsafeDirectory(
+                f"{ancestor} (on the way to the download directory {path}) can be written by other "
+                f"users (mode {stat.S_IMODE(st.st_mode):o}) and is not sticky: anyone could plant a link "
+                f"there. `chmod go-w {ancestor}` or pick another --download-dir"
             )
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

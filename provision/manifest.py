@@ -25,6 +25,7 @@ stable tags carry plain versions, nightly ones dev/pre versions with a local par
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from importlib import resources
@@ -315,7 +316,7 @@ class PinSources:
         if bundles_dir is not None:
             manifest = manifest or bundles_dir / "manifest.toml"
             lock = lock or bundles_dir / "lock.json"
-        if lock is None and prefix_lock is not None and prefix_lock.is_file():
+        if lock is None and prefix_lock is not None and os.path.lexists(prefix_lock):  # a FIFO: refused
             lock = prefix_lock
         return cls(manifest, lock)
 
