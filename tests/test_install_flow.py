@@ -58,6 +58,10 @@ def test_rollback_switches_back_and_forth_and_bundles_lists_them(install_lab):
 
 
 def test_rollback_without_previous_says_what_to_do(install_lab):
+    missing = install_lab.cli("rollback", "--prefix", str(install_lab.prefix))
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+    assert not install_lab.prefix.exists()  # a typo in --prefix creates nothing
+    install_lab.prefix.mkdir()
     proc = install_lab.cli("rollback", "--prefix", str(install_lab.prefix))
     assert proc.returncode == 1
     assert "no previous bundle" in proc.stderr and "rocmdoctor bundles" in proc.stderr
