@@ -259,9 +259,10 @@ def _finished_matches(part: PartFile, final: Path, on_bytes: ProgressFn | None) 
     fd = open_owned(final, os.O_RDONLY, part.asset.name)  # a planted link or foreign file: refused
     size = os.fstat(fd).st_size
     os.close(fd)
-    if size == part.asset.size:
-        if _hash_published(part, final, on_bytes, owned=True).hexdigest() == part.asset.hexdigest:
-            return True
+    if size == part.asset.size and (
+        _hash_published(part, final, on_bytes, owned=True).hexdigest() == part.asset.hexdigest
+    ):
+        return True
     with part.cond:
         final.unlink()
         part.path = final.with_name(final.name + ".partial")

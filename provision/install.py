@@ -38,7 +38,6 @@ from .download import (
     PartStream,
     StreamCancelled,
     StreamRestarted,
-    UnsafeDirectory,
     lexists,
     open_owned,
     secure_dir,
@@ -212,9 +211,8 @@ def recover(layout: Layout) -> None:
     if not layout.bundles.is_dir():
         return
     for entry in layout.bundles.iterdir():
-        if entry.name.endswith(".partial"):
-            shutil.rmtree(entry, ignore_errors=True)
-        elif entry.name.startswith(".") and ".prune-" in entry.name:  # a killed prune: finish it
+        # .partial: a killed extraction; .<tag>.prune-<pid>: a killed prune (finish it)
+        if entry.name.endswith(".partial") or (entry.name.startswith(".") and ".prune-" in entry.name):
             shutil.rmtree(entry, ignore_errors=True)
         elif entry.name.startswith(".") and ".old-" in entry.name:
             original = layout.bundles / entry.name[1:].rsplit(".old-", 1)[0]
@@ -776,7 +774,9 @@ def bundles_in_use(layout: Layout, tags: list[str], host: Any) -> dict[str, list
             texts += str(cmdline.value).split("\0")
         maps = host.read_text(f"/proc/{pid}/maps", limit=16 << 20)
         if maps.ok:
-            texts += [f[5] for f in (line.split(None, 5) for line in str(maps.value).splitlines()) if len(f) == 6]
+            texts += [
+                f[5] for f in (line.split(None, 5) for line in str(maps.value).splitlines()) if len(f) == 6
+            ]
         for tag, names in roots.items():
             if any(t == n or (n + "/") in t for t in texts for n in names):
                 comm = host.read_text(f"/proc/{pid}/comm", limit=256)
@@ -817,7 +817,9 @@ def prune(prefix: Path, keep: int, host: Any, check: bool = False) -> PruneResul
             f"kept {', '.join(kept) or 'nothing'}"
         )
         if refused:
-            msg += "; refused " + "; ".join(f"{r['tag']} (in use by {', '.join(r['users'])})" for r in refused)
+            msg += "; refused " + "; ".join(
+                f"{r['tag']} (in use by {', '.join(r['users'])})" for r in refused
+            )
             msg += ": stop what runs from it (or roll back to it) and rerun"
         return PruneResult(
             changed=bool(removed),

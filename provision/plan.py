@@ -207,7 +207,8 @@ def choose(listing: ReleaseList, request: Request, repo: str) -> tuple[Release, 
     """The newest qualified release of the channel; the newest unqualified one only when no
     qualified one exists (and then say so)."""
     found = [
-        c for c in candidates(listing, request.family, request.channel)
+        c
+        for c in candidates(listing, request.family, request.channel)
         if _version_matches(request.version, c.release.tag)
     ]
     if not found:
@@ -225,9 +226,7 @@ def choose(listing: ReleaseList, request: Request, repo: str) -> tuple[Release, 
     return (qualified or found)[0].release, notes
 
 
-def choose_release(
-    request: Request, manifest: Manifest, lock: Lock, api: str, options: ApiOptions
-) -> Choice:
+def choose_release(request: Request, manifest: Manifest, lock: Lock, api: str, options: ApiOptions) -> Choice:
     """Everything `install` and `bundle lock|fetch` need to know about the release to use."""
     repo = manifest.repo
     try:
@@ -335,12 +334,20 @@ def refresh_lock(
     for request in requests_:
         before = lock.families.get(request.family)
         # Re-reading the API is the point of `bundle lock`: do not reuse the lock's own pins.
-        unpinned = Lock(lock.repo, {f: e for f, e in lock.families.items() if f != request.family}, lock.source)
+        unpinned = Lock(
+            lock.repo, {f: e for f, e in lock.families.items() if f != request.family}, lock.source
+        )
         try:
             choice = choose_release(request, manifest, unpinned, api, options)
         except (PlanError, InstallError) as exc:
             report.append(
-                {"family": request.family, "tag": request.tag, "pinned": False, "changed": False, "msg": str(exc)}
+                {
+                    "family": request.family,
+                    "tag": request.tag,
+                    "pinned": False,
+                    "changed": False,
+                    "msg": str(exc),
+                }
             )
             continue
         entry = choice.lock_entry

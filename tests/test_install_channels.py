@@ -84,9 +84,9 @@ def test_fresh_prefix_with_the_shipped_unpinned_lock_installs_first_try_and_reco
 def _api_assets(lab, tag):
     import requests
 
-    return requests.get(f"{lab.server.api_url}/repos/lemonade-sdk/vllm-rocm/releases/tags/{tag}", timeout=10).json()[
-        "assets"
-    ]
+    return requests.get(
+        f"{lab.server.api_url}/repos/lemonade-sdk/vllm-rocm/releases/tags/{tag}", timeout=10
+    ).json()["assets"]
 
 
 def test_check_reports_the_install_and_the_pins_and_writes_nothing(release_list):
@@ -135,7 +135,10 @@ def test_channel_selection_on_a_mixed_release_list(release_list):
 
     listing = list_releases("lemonade-sdk/vllm-rocm", release_list.server.api_url, ApiOptions(2, 2, 10))
     assert DRAFT not in [r.tag for r in listing.releases]
-    pick = lambda **kw: choose(listing, Request("gfx1151", **kw), "r")  # noqa: E731
+
+    def pick(**kw):
+        return choose(listing, Request("gfx1151", **kw), "r")
+
     assert pick(channel="stable")[0].tag == STABLE
     assert pick(channel="nightly")[0].tag == NIGHTLY
     assert pick(channel="stable", version="0.9")[0].tag == STABLE_OLD

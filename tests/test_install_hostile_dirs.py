@@ -159,7 +159,9 @@ def test_rollback_to_accepts_only_names_inside_bundles(lab, tmp_path):
         proc = lab.cli("rollback", "--prefix", str(lab.prefix), "--to", bad)
         _refused(proc, "--to")
         assert lab.current() == f"bundles/{TAG}"
-    inside = lab.cli("rollback", "--prefix", str(lab.prefix), "--to", str(lab.prefix / "bundles" / TAG), "--json")
+    inside = lab.cli(
+        "rollback", "--prefix", str(lab.prefix), "--to", str(lab.prefix / "bundles" / TAG), "--json"
+    )
     assert inside.returncode == 0 and _json(inside)["changed"] is False
 
 
@@ -197,7 +199,14 @@ def test_release_api_that_hangs_trickles_or_never_ends_fails_in_time(install_lab
     install_lab.server.api_fault = Fault(kind, seconds=60 if kind == "hang" else 0.5)
     proc = _timed(
         install_lab,
-        "install", "--tag", TAG, "--prefix", str(install_lab.prefix), "--connect-timeout", "2", *args,
+        "install",
+        "--tag",
+        TAG,
+        "--prefix",
+        str(install_lab.prefix),
+        "--connect-timeout",
+        "2",
+        *args,
         limit=20,
     )
     assert proc.returncode == 1 and needle in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

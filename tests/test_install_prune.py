@@ -26,7 +26,12 @@ def _five_bundles(prefix: Path) -> None:
         root = prefix / "bundles" / tag
         (root / "bin").mkdir(parents=True)
         (root / "bin" / "payload").write_bytes(os.urandom(100_000))
-        meta = {"schema_version": 1, "tag": tag, "family": "gfx1151", "installed_at": f"2026-01-0{index + 1}T00:00:00Z"}
+        meta = {
+            "schema_version": 1,
+            "tag": tag,
+            "family": "gfx1151",
+            "installed_at": f"2026-01-0{index + 1}T00:00:00Z",
+        }
         (root / ".rocmdoctor-bundle.json").write_text(json.dumps(meta))
     os.symlink(f"bundles/{TAGS[4]}", prefix / "current")
     os.symlink(f"bundles/{TAGS[3]}", prefix / "previous")

@@ -61,7 +61,11 @@ class InstallLab:
     def listed_only(self, tag: str, prerelease: bool = False, draft: bool = False) -> None:
         """A release the list shows but nobody should install (its one asset is no tarball)."""
         self.server.add_release(
-            REPO, tag, [(f"{tag}-x64.tar.gz", f"not a bundle: {tag}".encode())], prerelease=prerelease, draft=draft
+            REPO,
+            tag,
+            [(f"{tag}-x64.tar.gz", f"not a bundle: {tag}".encode())],
+            prerelease=prerelease,
+            draft=draft,
         )
 
     def shipped(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:

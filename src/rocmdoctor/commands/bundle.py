@@ -385,7 +385,9 @@ def _request(
     help="tar: GNU tar behind rocmdoctor's header checks (fast); python: tarfile with the data "
     "filter; auto: tar when GNU tar and pigz/gzip exist. [env: ROCMDOCTOR_EXTRACTOR]",
 )
-@click.option("--prune", "prune_after", is_flag=True, help="Then remove bundles other than current and previous.")
+@click.option(
+    "--prune", "prune_after", is_flag=True, help="Then remove bundles other than current and previous."
+)
 @click.option("--check", is_flag=True, help="Dry run: say what would change, write nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print an Ansible-style JSON result on stdout.")
 @pass_app
@@ -585,8 +587,12 @@ def _families(requested: tuple[str, ...], manifest: Any) -> list[str]:
 
 @bundle.command("lock")
 @click.option("--family", "families", multiple=True, help="Families to pin (default: all in the manifest).")
-@click.option("--channel", type=click.Choice(["stable", "nightly"]), default=None,
-              help="Pin the newest release of this channel (default: the manifest's channel per family).")
+@click.option(
+    "--channel",
+    type=click.Choice(["stable", "nightly"]),
+    default=None,
+    help="Pin the newest release of this channel (default: the manifest's channel per family).",
+)
 @click.option("--tag", default=None, help="Pin this exact release (its family only).")
 @click.option("--pinned", is_flag=True, help="Pin the manifest's reviewed tag of each family.")
 @_prefix_option
@@ -614,15 +620,20 @@ def lock(
         if kwargs["tag"]:
             chosen = [family_from_tag(kwargs["tag"])]
             if families and list(families) != chosen:
-                raise UserError(f"--tag {kwargs['tag']} is for {chosen[0]}, not --family {', '.join(families)}")
+                raise UserError(
+                    f"--tag {kwargs['tag']} is for {chosen[0]}, not --family {', '.join(families)}"
+                )
         else:
             chosen = _families(families, manifest)
         requests_ = [
-            _request(f, manifest, current, {**kwargs, "frozen": False, "version": None}, prefix) for f in chosen
+            _request(f, manifest, current, {**kwargs, "frozen": False, "version": None}, prefix)
+            for f in chosen
         ]
         # `bundle lock` always asks the API: a family the lock pins is re-read on its channel.
         requests_ = [
-            r if r.mode != "lock" else type(r)(**{**vars(r), "mode": "channel", "channel": _channel_of(manifest, r.family)})
+            r
+            if r.mode != "lock"
+            else type(r)(**{**vars(r), "mode": "channel", "channel": _channel_of(manifest, r.family)})
             for r in requests_
         ]
         updated, report = refresh_lock(
