@@ -20,6 +20,7 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
+from ..families import family_for_gfx
 from .github_release import (
     ApiOptions,
     Release,
@@ -54,11 +55,7 @@ def family_from_tag(tag: str) -> str:
 def resolve_family(requested: str, manifest: Manifest) -> str:
     if requested in manifest.families:
         return requested
-    try:
-        from ..checks.facts import family_for_gfx
-    except ImportError:
-        family_for_gfx = None
-    mapped = family_for_gfx(requested) if family_for_gfx else None
+    mapped = family_for_gfx(requested)
     if mapped in manifest.families:
         return mapped
     raise PlanError(
