@@ -366,9 +366,9 @@ class Downloader:
         except requests.Timeout:
             raise _Retryable(
                 f"no answer from {url} within {opts.connect_timeout_s:g}s/{opts.read_timeout_s:g}s"
-            )
+            ) from None
         except requests.ConnectionError as exc:
-            raise _Retryable(f"cannot connect to {url}: {_short(exc)}")
+            raise _Retryable(f"cannot connect to {url}: {_short(exc)}") from None
         with response:
             status = response.status_code
             if status == 416 and have:
@@ -437,9 +437,9 @@ class Downloader:
         except (urllib3.exceptions.ReadTimeoutError, TimeoutError):
             raise _Retryable(
                 f"{url or 'the server'} stalled: no data for {self.options.read_timeout_s:g}s at byte {have}"
-            )
+            ) from None
         except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise _Retryable(f"connection lost at byte {have}: {_short(exc)}")
+            raise _Retryable(f"connection lost at byte {have}: {_short(exc)}") from None
 
 
 class _Throughput:

@@ -123,7 +123,7 @@ def _get_json_now(url: str, base_url: str, options: ApiOptions, deadline: float,
                 raise ReleaseError("deadline")  # replaced by the caller's message
             try:
                 block = response.raw.read1(1 << 16)
-            except Exception as exc:  # noqa: BLE001 - urllib3's read errors, under requests' raw stream
+            except Exception as exc:
                 raise _unreachable(base_url, f"the answer from {url} broke off ({str(exc)[:200]})") from None
             if not block:
                 break
@@ -148,7 +148,7 @@ def _get_json(url: str, base_url: str, options: ApiOptions, deadline: float) -> 
     def work() -> None:
         try:
             box["value"] = _get_json_now(url, base_url, options, deadline, box)
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+        except BaseException as exc:
             box["error"] = exc
         finally:
             done.set()

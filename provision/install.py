@@ -418,7 +418,8 @@ class _Fetches:
             max_workers=min(4, len(self.parts)), thread_name_prefix="fetch"
         )
         self.futures = [
-            self.pool.submit(self._one, part, source) for part, source in zip(self.parts, plan.sources)
+            self.pool.submit(self._one, part, source)
+            for part, source in zip(self.parts, plan.sources, strict=True)
         ]
 
     def _on_bytes(self, n: int) -> None:
@@ -539,7 +540,7 @@ def _validate(partial: Path, plan: InstallPlan) -> Path:
         commands.append([str(python), "-m", "compileall", "-q", "-j0", *map(str, root.glob("lib/python3.*"))])
     for command in commands:
         try:
-            done = subprocess.run(  # noqa: PLW1510 - the exit status is judged below
+            done = subprocess.run(
                 command, capture_output=True, text=True, timeout=VALIDATE_TIMEOUT_S, stdin=subprocess.DEVNULL
             )
         except (OSError, subprocess.TimeoutExpired) as exc:

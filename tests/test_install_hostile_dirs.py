@@ -9,6 +9,7 @@ import os
 import time
 
 import pytest
+
 from harness.release_server import Fault
 
 TAG = "vllm0.1.0-rocm7.0.0-gfx1151"

@@ -429,7 +429,7 @@ class ReleaseServer:
         if self._thread:
             self._thread.join(timeout=5)
 
-    def __enter__(self) -> ReleaseServer:  # noqa: PYI034 - Self needs 3.11
+    def __enter__(self) -> ReleaseServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from harness.bundles import BuiltBundle, FileSpec, build_bundle, write_pins
 from harness.release_server import ReleaseServer
 
@@ -80,7 +81,7 @@ class InstallLab:
         return {**os.environ, "ROCMDOCTOR_GITHUB_API": self.server.api_url}
 
     def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run(  # noqa: PLW1510 - callers assert on returncode
+        return subprocess.run(
             [sys.executable, "-m", "rocmdoctor", *args],
             capture_output=True,
             text=True,
