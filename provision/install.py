@@ -132,7 +132,7 @@ class Layout:
         return self._target_tag(self.previous)
 
     def metadata(self, tag: str) -> dict[str, Any] | None:
-        from ..host import read_regular_file
+        from ..rootfs import read_regular as read_regular_file
 
         try:
             doc = json.loads(read_regular_file(self.bundles / tag / METADATA, METADATA_LIMIT))

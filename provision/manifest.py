@@ -345,7 +345,7 @@ class PinSources:
 
 def read_pin_file(path: Path) -> str:
     """A manifest or lock named by the user: bounded, never blocking (a FIFO or /dev/zero is refused)."""
-    from ..host import read_regular_file
+    from ..rootfs import read_regular as read_regular_file
 
     try:
         return read_regular_file(path, PIN_FILE_LIMIT).decode("utf-8")

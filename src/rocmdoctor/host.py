@@ -130,34 +130,6 @@ class RootError(ValueError):
     """The root given to Host is not a directory."""
 
 
-def read_regular_file(
-    path: str | os.PathLike[str], limit: int = DEFAULT_READ_LIMIT, follow: bool = True
-) -> bytes:
-    """A file the tool was told to open (a lock, a manifest), read without ever blocking or growing:
-    opened non-blocking, refused unless it is a regular file (a FIFO, /dev/zero or a directory raise
-    OSError before a byte is read), and refused when larger than `limit`. `follow=False` refuses a
-    symlink as the last component. Raises OSError whose strerror says why."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
-    fd = os.open(path, flags)
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat_mod.S_ISREG(mode):
-            raise OSError(errno.EINVAL, f"not a regular file (a {_file_type(mode)})", os.fspath(path))
-        chunks: list[bytes] = []
-        size = 0
-        while size <= limit:
-            chunk = os.read(fd, min(1 << 16, limit + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        if size > limit:
-            raise OSError(errno.EFBIG, f"larger than {limit} bytes", os.fspath(path))
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
-
-
 def _natural_key(name: str) -> list[Any]:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
