@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from . import __version__
+from .params import NonEmptyPath
 
 # name -> "module:attribute" (relative to rocmdoctor.commands)
 COMMANDS: dict[str, str] = {
@@ -84,7 +85,7 @@ class App:
 @click.version_option(__version__, prog_name="rocmdoctor")
 @click.option(
     "--root",
-    type=click.Path(path_type=Path),
+    type=NonEmptyPath(path_type=Path),
     default="/",
     envvar="ROCMDOCTOR_ROOT",
     show_default=True,

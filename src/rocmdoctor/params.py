@@ -357,3 +357,36 @@ class VllmPassThrough(click.Command):
 
     def collect_usage_pieces(self, ctx: click.Context) -> list[str]:
         return [*super().collect_usage_pieces(ctx), "[-- VLLM_ARGS...]"]
+
+
+def product_limit(names: tuple[str, str], limit: int, what: str) -> Any:
+    """A callback for both of two count options: their product (what is built up front from them) must
+    stay within `limit`. Whichever click processes second sees the other's value and checks."""
+
+    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        other = names[1] if param.name == names[0] else names[0]
+        if value is not None and ctx.params.get(other) is not None and value * ctx.params[other] > limit:
+            options = " x ".join(f"--{name.replace('_', '-')}" for name in names)
+            raise click.BadParameter(f"{options} = {value * ctx.params[other]} {what}; at most {limit} "
+                                     "(they are built before the first request)", ctx=ctx, param=param)
+        return value
+
+    return callback
+
+
+def key_file(min_length: int = 1) -> Any:
+    """A callback for --api-key-file: the file is read (by the one reader) when the option is parsed, so a
+    FIFO, /dev/zero or a malformed key is exit 2 before any work starts."""
+
+    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        if value is None:
+            return None
+        from .sensitive import KeyFileError, read_api_key
+
+        try:
+            read_api_key(value, min_length=min_length, where=str(value))
+        except KeyFileError as exc:
+            raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+        return value
+
+    return callback

@@ -21,6 +21,7 @@ from typing import Any
 from .atomic import atomic_file
 from .host import ENV_FILE, IDENTITY_FILE, META_DIR, STAT_FILE, Host, ReadState
 from .registry import CheckSpec, Context
+from .sensitive import redact_cmdline, redact_env
 
 PASSWD, GROUP = "/etc/passwd", "/etc/group"
 MODULE_FILE = re.compile(r"\.ko(\.[a-z]+)?$")
@@ -85,8 +86,6 @@ def _reported_pids(ctx: Context) -> set[int]:
 
 def _capture(host: Host, snap: Snapshot, path: str) -> None:
     """One host path into the snapshot: device node, directory, fd link or file contents."""
-    from .checks.processes import redact
-
     st = host.stat(path)
     if path.startswith("/dev/"):
         if st is not None:
@@ -106,7 +105,7 @@ def _capture(host: Host, snap: Snapshot, path: str) -> None:
         elif raw.ok:
             text = raw.value
             if path.endswith("/cmdline"):
-                text = redact(text.replace("\x00", " ")).replace(" ", "\x00")
+                text = redact_cmdline(text)
             snap.files[path] = text.encode()
 
 
@@ -141,7 +140,7 @@ def collect(ctx: Context, specs: list[CheckSpec]) -> Snapshot:
     identity = host.identity()
     snap.identity = identity.to_json() if identity else None
     names = sorted({n for spec in specs for n in spec.env})
-    snap.env = {n: host.env[n] for n in names if n in host.env}
+    snap.env = redact_env({n: host.env[n] for n in names if n in host.env})
     return snap
 
 

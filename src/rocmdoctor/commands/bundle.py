@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from .. import params
 from ..registry import DEFAULT_PREFIX
 from .common import App, UserError, emit_json, pass_app
 
@@ -35,7 +36,8 @@ class Failed(click.ClickException):
 def _prefix_option(fn: Callable) -> Callable:
     return click.option(
         "--prefix",
-        type=click.Path(file_okay=False, path_type=Path),
+        type=params.Prefix(path_type=Path),
+        callback=params.refuse_empty_env,
         default=DEFAULT_PREFIX,
         envvar="ROCMDOCTOR_PREFIX",
         show_default=True,
@@ -49,7 +51,7 @@ def _pin_options(fn: Callable) -> Callable:
         [
             click.option(
                 "--bundles-dir",
-                type=click.Path(file_okay=False, path_type=Path),
+                type=params.NonEmptyPath(file_okay=False, path_type=Path),
                 envvar="ROCMDOCTOR_BUNDLES",
                 help="Directory with manifest.toml and lock.json to use instead of the shipped ones. "
                 "[env: ROCMDOCTOR_BUNDLES]",
@@ -57,13 +59,13 @@ def _pin_options(fn: Callable) -> Callable:
             click.option(
                 "--manifest",
                 "manifest_file",
-                type=click.Path(dir_okay=False, path_type=Path),
+                type=params.NonEmptyPath(dir_okay=False, path_type=Path),
                 help="manifest.toml to use (overrides --bundles-dir).",
             ),
             click.option(
                 "--lock",
                 "lock_file",
-                type=click.Path(dir_okay=False, path_type=Path),
+                type=params.NonEmptyPath(dir_okay=False, path_type=Path),
                 help="lock.json to use (default: <prefix>/lock.json if present, else the shipped one).",
             ),
             click.option(
@@ -86,11 +88,27 @@ def _pin_options(fn: Callable) -> Callable:
 def _download_options(fn: Callable) -> Callable:
     for decorator in reversed(
         [
-            click.option("--connect-timeout", default=10.0, show_default=True, help="Seconds to connect."),
             click.option(
-                "--read-timeout", default=30.0, show_default=True, help="Seconds without data before a retry."
+                "--connect-timeout",
+                default=10.0,
+                show_default=True,
+                type=params.Duration(max_s=600),
+                help="Seconds to connect.",
             ),
-            click.option("--retries", default=5, show_default=True, help="Retries per part (with backoff)."),
+            click.option(
+                "--read-timeout",
+                default=30.0,
+                show_default=True,
+                type=params.Duration(max_s=3600),
+                help="Seconds without data before a retry.",
+            ),
+            click.option(
+                "--retries",
+                default=5,
+                show_default=True,
+                type=params.Count(0, 100),
+                help="Retries per part (with backoff).",
+            ),
         ]
     ):
         fn = decorator(fn)
@@ -247,7 +265,7 @@ def _emit(result: dict[str, Any], as_json: bool, line: str) -> None:
 )
 @click.option(
     "--download-dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=params.NonEmptyPath(file_okay=False, path_type=Path),
     default=None,
     help="Stage downloaded parts here (default <prefix>/bundles/.downloads; kept there for resuming).",
 )
@@ -386,7 +404,7 @@ def _families(requested: tuple[str, ...], manifest: Any) -> list[str]:
 @_pin_options
 @click.option(
     "--out",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=params.NonEmptyPath(dir_okay=False, path_type=Path),
     default=None,
     help="Where to write the lock (default: --lock, <bundles-dir>/lock.json, else <prefix>/lock.json).",
 )
@@ -433,7 +451,7 @@ def lock(families: tuple[str, ...], prefix: Path, out: Path | None, as_json: boo
     "--to",
     "dest",
     required=True,
-    type=click.Path(file_okay=False, path_type=Path),
+    type=params.NonEmptyPath(file_okay=False, path_type=Path),
     help="Mirror directory to fill (flat file names, usable with install --mirror).",
 )
 @click.option("--family", "families", multiple=True, help="Families to fetch (default: every pinned one).")
