@@ -118,10 +118,12 @@ class Layout:
         return self._target_tag(self.previous)
 
     def metadata(self, tag: str) -> dict[str, Any] | None:
+        """The bundle's metadata; None when it is missing or not a JSON object (an incomplete bundle)."""
         try:
-            return json.loads((self.bundles / tag / METADATA).read_text())
+            meta = json.loads((self.bundles / tag / METADATA).read_text())
         except (OSError, ValueError):
             return None
+        return meta if isinstance(meta, dict) else None
 
     def installed(self) -> list[dict[str, Any]]:
         if not self.bundles.is_dir():

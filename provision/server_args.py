@@ -198,9 +198,9 @@ def inspect_extra(extra: Sequence[str]) -> ExtraCheck:
                              "vLLM may refuse it")
                 takes = -1
             elif takes == 0:
-                raise ArgumentError(f"{token!r} is not the value of any flag, so vLLM would read it as the model "
-                                    "to serve; rocmdoctor sets the model with --model (quote values that hold "
-                                    "spaces, and check the flag before it)")
+                problems.append(f"{token!r} is not the value of any flag, so vLLM would read it as the model "
+                                "to serve; rocmdoctor sets the model with --model (quote values that hold "
+                                "spaces, and check the flag before it)")
             elif takes > 0:
                 takes -= 1
             continue

@@ -156,7 +156,7 @@ def test_write_text_output_shows_the_diff_and_changed(tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (("--user", "Root Admin"), "not a valid system user name"),
-    (("--api-key-file", "/nonexistent/key"), "cannot read the API key file"),
+    (("--api-key-file", "/nonexistent/key"), "/nonexistent/key: no such file"),
     (("--", "--api-key", "x"), "--api-key-file"),
     (("--", "--port", "1"), "computed by rocmdoctor"),
     (("--vllm-args", "--chat-template 'open"), "check the quotes"),

@@ -354,6 +354,8 @@ class Host:
     def free_bytes(self, path: str) -> int | None:
         """Free space for unprivileged writers at `path` or its nearest existing parent."""
         self._note(path)
+        if not path.startswith("/"):
+            return None  # a relative path never reaches "/" by dirname(): the walks below would not end
         if not self.is_live:
             described = self._stat_meta()
             probe = path
