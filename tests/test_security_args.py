@@ -142,8 +142,8 @@ UNIT = ("unit", "--model", "m", "--gpu-memory-utilization", "0.8")
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (("--instances", "per-gpu"), "No such option: --instances"),
-    (("--enforce-eager",), "vLLM's own arguments go after `--`"),
+    (("--instances", "per-gpu"), "rocmdoctor unit does not know it"),
+    (("--enforce-eager",), "--enforce-eager is vLLM's, and vLLM's own arguments go after `--`"),
     (("stray",), "unexpected extra argument"),
     (("--", "--api-ke", "SECRET"), "--api-key-file"),
     (("--", "--por", "9999"), "computed by rocmdoctor"),
@@ -219,7 +219,7 @@ def test_a_bad_prefix_is_refused(prefix, message):
 
 
 @pytest.mark.parametrize("command", PREFIX_COMMANDS, ids=lambda c: c[0])
-@pytest.mark.parametrize("prefix", ["+/opt/rd", "opt/rd", ""])
+@pytest.mark.parametrize("prefix", ["+/opt/rd", ""])
 def test_every_command_refuses_a_bad_prefix_from_the_option_and_the_environment(command, prefix):
     done = rocmdoctor(*command, "--prefix", prefix, timeout=30)
     assert done.returncode == 2, done.stdout + done.stderr

@@ -345,8 +345,15 @@ class VllmPassThrough(click.Command):
         try:
             rest = super().parse_args(ctx, head)
         except click.NoSuchOption as exc:
-            exc.message = (f"{exc.message}. rocmdoctor {ctx.info_name} does not know it; vLLM's own "
-                           f"arguments go after `--`: rocmdoctor {ctx.info_name} --model M -- {exc.option_name} ...")
+            from .vllm_flags import FLAGS
+
+            name = exc.option_name.split("=", 1)[0]
+            if name in FLAGS:
+                exc.message = (f"{exc.message}: {name} is vLLM's, and vLLM's own arguments go after `--`: "
+                               f"rocmdoctor {ctx.info_name} --model M -- {name} ...")
+            else:
+                exc.message = (f"{exc.message}: rocmdoctor {ctx.info_name} does not know it (see --help); "
+                               "vLLM's own arguments go after `--`")
             raise
         except click.UsageError as exc:
             if "unexpected extra argument" in exc.message:
