@@ -143,7 +143,9 @@ def redact_text(text: str) -> str:
 
 
 def redact_argv(argv: Sequence[str]) -> list[str]:
-    """A process's argv fit for a report: same length, secrets replaced by ***."""
+    """A process's argv fit for a report: same length, secrets replaced by ***. A secret value is replaced
+    whole, spaces and all (`VLLM_API_KEY=a b`, `--api-key=a b`); other words holding spaces (`sh -c TEXT`)
+    are redacted as shell text."""
     out: list[str] = []
     taking = False  # the words after a secret flag given without =, until the next option
     for word in argv:
@@ -168,8 +170,9 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
 
 
 def redact_cmdline(raw: str) -> str:
-    """/proc/PID/cmdline text (NUL-separated argv) with the same separators, secrets replaced."""
-    return "\x00".join(redact_argv(raw.split("\x00")))
+    """/proc/PID/cmdline text (NUL-terminated argv words) with the same separators, secrets replaced."""
+    end = "\x00" if raw.endswith("\x00") else ""
+    return "\x00".join(redact_argv(raw[: len(raw) - len(end)].split("\x00"))) + end
 
 
 def redact_env(env: Mapping[str, str]) -> dict[str, str]:
