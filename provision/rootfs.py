@@ -259,7 +259,7 @@ def uid_of(root: Path, user: str) -> int | None:
 def run(argv: list[str]) -> None:
     """A program of the live host (never of a foreign root)."""
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        done = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=60)
     except FileNotFoundError:
         raise RootFsError(f"{argv[0]} is not installed (package passwd); create the account yourself") from None
     except subprocess.TimeoutExpired:

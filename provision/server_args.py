@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
 
 from ..memory_rule import MIN_USEFUL_UTILIZATION, recommended, requested_bytes
 from ..params import host_problem, name_problem

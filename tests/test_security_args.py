@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from harness.engine import vllm_python
 from rocmdoctor.provision.server_args import ArgumentError, Choices, GpuPool, flag_meanings, resolve
+
 from rocmdoctor.vllm_flags import FLAGS, VLLM_VERSION
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,7 +26,7 @@ POOLS = [GpuPool("gpu0", "gfx11", 24 << 30, 23 << 30, False)]
 def rocmdoctor(*argv: str, root: Path | None = None, env: dict[str, str] | None = None,
                timeout: float = 60) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "rocmdoctor"] + (["--root", str(root)] if root else []) + list(argv)
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+    return subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **(env or {})})
 
 
@@ -111,7 +111,7 @@ def test_the_shipped_flag_list_is_what_the_installed_vllm_parser_has():
     python = vllm_python()
     if not python.exists():
         pytest.skip(f"no vLLM venv at {python}: run tests/setup/30-vllm-env.sh")
-    done = subprocess.run([str(python), str(REPO / "tools" / "vllm_flags.py")], capture_output=True, text=True,
+    done = subprocess.run([str(python), str(REPO / "tools" / "vllm_flags.py")], check=False, capture_output=True, text=True,
                           timeout=200)
     assert done.returncode == 0, done.stderr[-2000:]
     shipped = (REPO / "src" / "rocmdoctor" / "vllm_flags.py").read_text()
@@ -130,7 +130,7 @@ def test_vllm_parser_really_takes_the_abbreviations_we_refuse():
             "a = make_arg_parser(FlexibleArgumentParser()).parse_args(['--api-ke', 'K', '--por', '9999', "
             "'--gpu-memory-util', '0.5', '-t', '1'])\n"
             "print(a.api_key, a.port, a.gpu_memory_utilization, a.tensor_parallel_size)\n")
-    done = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=200,
+    done = subprocess.run([str(python), "-c", code], check=False, capture_output=True, text=True, timeout=200,
                           env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"})
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split()[-4:] == ["['K']", "9999", "0.5", "1"]

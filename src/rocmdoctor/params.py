@@ -170,7 +170,7 @@ def host_problem(text: str) -> str | None:
         return None
     except ValueError:
         pass
-    name = text[:-1] if text.endswith(".") else text
+    name = text.removesuffix(".")
     if len(name) > 253 or not all(_DNS_LABEL.fullmatch(label) for label in name.split(".")):
         return "not an IP address or a host name (letters, digits, '-' and '.' only)"
     return None
