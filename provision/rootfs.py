@@ -82,13 +82,14 @@ def read_file(root: Path, host_path: str, limit: int = MAX_FILE_BYTES) -> bytes 
             fd = os.open(host_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         else:
             with _dir_fd(root, parts[:-1], create=False) as dfd:
-                fd = os.open(parts[-1], os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+                flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+                fd = os.open(parts[-1], flags, dir_fd=dfd)
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise RootFsError(f"{root / host_path.lstrip('/')} is a link; refusing to follow it out of --root") \
-                from None
+            where = root / host_path.lstrip("/")
+            raise RootFsError(f"{where} is a link; refusing to follow it out of --root") from None
         raise
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -114,7 +115,8 @@ def write_file(root: Path, host_path: str, data: bytes, mode: int) -> None:
     parts = _parts(host_path)
     with _dir_fd(root, parts[:-1], create=True) as dfd:
         tmp = f".{parts[-1]}.tmp-{secrets.token_hex(6)}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dfd)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(tmp, flags, mode, dir_fd=dfd)
         try:
             try:
                 os.fchmod(fd, mode)
@@ -261,7 +263,8 @@ def run(argv: list[str]) -> None:
     try:
         done = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=60)
     except FileNotFoundError:
-        raise RootFsError(f"{argv[0]} is not installed (package passwd); create the account yourself") from None
+        raise RootFsError(f"{argv[0]} is not installed (package passwd); create the account yourself") \
+            from None
     except subprocess.TimeoutExpired:
         raise RootFsError(f"{' '.join(argv)} did not finish within 60 s") from None
     if done.returncode != 0:

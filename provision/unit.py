@@ -212,8 +212,8 @@ def ensure_accounts(root: Path, user: str, check: bool = False) -> list[str]:
     On a foreign root the account files are edited by rocmdoctor itself (nothing from the tree runs)."""
     uid = rootfs.uid_of(root, user)
     if uid in FORBIDDEN_UIDS:
-        raise UnitError(f"--user {user} has uid {uid} ({FORBIDDEN_UIDS[uid]}) in {root}/etc/passwd; the server "
-                        "must run as a dedicated unprivileged account such as vllm")
+        raise UnitError(f"--user {user} has uid {uid} ({FORBIDDEN_UIDS[uid]}) in {root}/etc/passwd; "
+                        "the server must run as a dedicated unprivileged account such as vllm")
     created = []
     for group in DEVICE_GROUPS:
         if group not in rootfs.names(root, "group"):

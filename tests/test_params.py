@@ -62,7 +62,8 @@ BAD_VALUES = [
 
 
 def rocmdoctor(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rocmdoctor", *argv], check=False, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "rocmdoctor", *argv], check=False, capture_output=True,
+                          text=True,
                           timeout=60)
 
 
@@ -124,6 +125,7 @@ def test_prefix_is_normalised():
 
 
 def test_an_empty_prefix_variable_is_an_error_not_the_default():
-    done = subprocess.run([sys.executable, "-m", "rocmdoctor", "bundles"], check=False, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "rocmdoctor", "bundles"], check=False, capture_output=True,
+                          text=True,
                           timeout=60, env={**os.environ, "ROCMDOCTOR_PREFIX": ""})
     assert done.returncode == 2 and "ROCMDOCTOR_PREFIX is set but empty" in done.stderr

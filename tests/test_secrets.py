@@ -84,7 +84,8 @@ def test_environment_maps_lose_secret_values_only():
 # -- the reports: a planted process in a --root tree ----------------------------------------------------
 
 def rocmdoctor(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rocmdoctor", *argv], check=False, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "rocmdoctor", *argv], check=False, capture_output=True,
+                          text=True,
                           timeout=timeout)
 
 

@@ -111,8 +111,8 @@ def test_the_shipped_flag_list_is_what_the_installed_vllm_parser_has():
     python = vllm_python()
     if not python.exists():
         pytest.skip(f"no vLLM venv at {python}: run tests/setup/30-vllm-env.sh")
-    done = subprocess.run([str(python), str(REPO / "tools" / "vllm_flags.py")], check=False, capture_output=True, text=True,
-                          timeout=200)
+    generator = str(REPO / "tools" / "vllm_flags.py")
+    done = subprocess.run([str(python), generator], check=False, capture_output=True, text=True, timeout=200)
     assert done.returncode == 0, done.stderr[-2000:]
     shipped = (REPO / "src" / "rocmdoctor" / "vllm_flags.py").read_text()
     assert done.stdout == shipped, "rerun tools/vllm_flags.py > src/rocmdoctor/vllm_flags.py"

@@ -44,8 +44,9 @@ _LOOSE_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}\$?")
 # with every other service that uses it; root defeats the unit's sandbox).
 FORBIDDEN_SERVICE_USERS = {
     "root": "root would own everything the server writes and undo the unit's sandbox",
-    "nobody": "systemd refuses to treat nobody as safe (\"Special user nobody configured, this is not safe!\"): "
-    "every service that runs as nobody could read the model cache and the key",
+    "nobody": "systemd refuses to treat nobody as safe "
+    "(\"Special user nobody configured, this is not safe!\"): every service that runs as nobody could "
+    "read the model cache and the key",
     "nfsnobody": "it is the NFS nobody account (see nobody)",
 }
 MAX_DURATION_S = 7 * 24 * 3600
@@ -357,7 +358,8 @@ class VllmPassThrough(click.Command):
             raise
         except click.UsageError as exc:
             if "unexpected extra argument" in exc.message:
-                exc.message += f"; vLLM's own arguments go after `--`: rocmdoctor {ctx.info_name} --model M -- ..."
+                exc.message += (f"; vLLM's own arguments go after `--`: "
+                                f"rocmdoctor {ctx.info_name} --model M -- ...")
             raise
         ctx.params["extra"] = tail
         return rest

@@ -64,8 +64,8 @@ def read_api_key(path: Path | str, min_length: int = 1, where: str | None = None
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0))
     except FileNotFoundError:
-        raise KeyFileError(f"{where}: no such file; write the key into it (e.g. `openssl rand -hex 32 > FILE; "
-                           "chmod 600 FILE`)") from None
+        raise KeyFileError(f"{where}: no such file; write the key into it "
+                           "(e.g. `openssl rand -hex 32 > FILE; chmod 600 FILE`)") from None
     except OSError as exc:
         reason = "permission denied (run as its owner or root)" if exc.errno == errno.EACCES else exc.strerror
         raise KeyFileError(f"{where}: cannot open it ({reason})") from None
@@ -93,8 +93,8 @@ def read_api_key(path: Path | str, min_length: int = 1, where: str | None = None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise KeyFileError(f"{where} is not UTF-8 text; it should hold one key such as `openssl rand -hex 32` "
-                           "prints") from None
+        raise KeyFileError(f"{where} is not UTF-8 text; it should hold one key such as "
+                           "`openssl rand -hex 32` prints") from None
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if not lines:
         raise KeyFileError(f"{where} is empty; put the key in it")
@@ -134,7 +134,9 @@ def redact_text(text: str) -> str:
     """Free text (a shell command line): secret flags' values, secret assignments and URL userinfo."""
 
     def flag(match: re.Match[str]) -> str:
-        return f"{match.group(1)}{match.group(2)}{REDACTED}" if is_secret_flag(match.group(1)) else match.group(0)
+        if not is_secret_flag(match.group(1)):
+            return match.group(0)
+        return f"{match.group(1)}{match.group(2)}{REDACTED}"
 
     def assignment(match: re.Match[str]) -> str:
         return f"{match.group(1)}={REDACTED}" if is_secret_name(match.group(1)) else match.group(0)

@@ -29,7 +29,8 @@ def _context(app: App, user: str | None, port: int, prefix: str, python: str | N
 @click.option("--list-checks", is_flag=True, help="List the checks and what each reads, then exit.")
 @click.option("--user", default=None, type=params.UserName(),
               help="Whose access to /dev/kfd and render nodes to check (default: you).")
-@click.option("--port", default=8000, show_default=True, type=params.Port(), help="The port vLLM will serve on.")
+@click.option("--port", default=8000, show_default=True, type=params.Port(),
+              help="The port vLLM will serve on.")
 @click.option("--prefix", default=DEFAULT_PREFIX, envvar="ROCMDOCTOR_PREFIX", show_default=True,
               type=params.Prefix(), callback=params.refuse_empty_env,
               help="Where bundles are installed. [env: ROCMDOCTOR_PREFIX]")

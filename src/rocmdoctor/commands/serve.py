@@ -26,9 +26,11 @@ def server_options(fn: Callable) -> Callable:
                      help="Name clients ask for (default: the model's last path part)."),
         click.option("--host", default="127.0.0.1", show_default=True, type=params.HostName(),
                      help="Address to listen on."),
-        click.option("--port", default=8000, show_default=True, type=params.Port(), help="Port to listen on."),
+        click.option("--port", default=8000, show_default=True, type=params.Port(),
+                     help="Port to listen on."),
         click.option("--gpu-memory-utilization", type=params.Fraction(0.01), default=None,
-                     help="Override the value computed from the free memory of the GPU (or APU pool); 0.01-1."),
+                     help="Override the value computed from the free memory of the GPU (or APU pool): "
+                     "0.01-1."),
         click.option("--max-model-len", type=params.Count(1, 1 << 24), default=None,
                      help="Context length (default: the model's)."),
         click.option("--max-num-seqs", type=params.Count(1, 1 << 16), default=None,
