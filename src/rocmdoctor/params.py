@@ -52,8 +52,8 @@ FORBIDDEN_SERVICE_USERS = {
 MAX_DURATION_S = 7 * 24 * 3600
 
 
-def _number(text: str) -> str:
-    return f"{text:g}" if isinstance(text, float) else str(text)
+def _number(value: float) -> str:
+    return f"{value:g}"
 
 
 class Duration(click.ParamType):
