@@ -464,9 +464,9 @@ def rollback(prefix: Path, to: str | None = None) -> InstallResult:
                 f"no previous bundle under {prefix} to roll back to; `rocmdoctor bundles` "
                 "lists what is installed"
             )
-        if not (layout.bundles / target / METADATA).is_file():
+        if layout.metadata(target) is None:  # missing, or not a JSON object
             raise InstallError(
-                f"{target} is not a complete bundle under {layout.bundles}; "
+                f"{target} is not a complete bundle under {layout.bundles} (no valid {METADATA}); "
                 "`rocmdoctor bundles` lists what is installed"
             )
         family = (layout.metadata(target) or {}).get("family") or ""

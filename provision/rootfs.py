@@ -204,10 +204,16 @@ def _append(root: Path, db: str, line: str, mode: int) -> None:
     text = (existing or b"").decode()
     if text and not text.endswith("\n"):
         text += "\n"
-    write_file(root, f"/etc/{db}", (text + line + "\n").encode(), _mode_of(root, f"/etc/{db}", mode))
+    write_file(root, f"/etc/{db}", (text + line + "\n").encode(), mode_of(root, f"/etc/{db}", mode))
 
 
-def _mode_of(root: Path, host_path: str, default: int) -> int:
+def mode_of(root: Path, host_path: str, default: int) -> int:
+    """The permission bits of root/host_path (`default` when it cannot be stat'ed)."""
+    if is_live(root):
+        try:
+            return stat.S_IMODE(os.stat(host_path).st_mode)
+        except OSError:
+            return default
     try:
         parts = _parts(host_path)
         with _dir_fd(root, parts[:-1], create=False) as dfd:

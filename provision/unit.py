@@ -187,7 +187,7 @@ def file_specs(args: ServerArgs, layout: ServiceLayout, user: str, api_key: str 
 def apply_file(root: Path, spec: FileSpec, check: bool = False) -> FileChange:
     """Make root/spec.path hold spec.content with spec.mode; inside a foreign root no link is followed."""
     raw = rootfs.read_file(root, spec.path)
-    old_mode = rootfs._mode_of(root, spec.path, spec.mode) if raw is not None else None
+    old_mode = rootfs.mode_of(root, spec.path, spec.mode) if raw is not None else None
     old = raw.decode(errors="replace") if raw is not None else None
     if old == spec.content:
         if old_mode != spec.mode:

@@ -7,6 +7,7 @@ key lands in ExecStart and the computed port is silently overridden.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -14,6 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from harness.engine import vllm_python
 from rocmdoctor.provision.server_args import ArgumentError, Choices, GpuPool, flag_meanings, resolve
 
@@ -300,3 +303,48 @@ def test_an_existing_uid_0_account_is_refused(tmp_path):
     done = rocmdoctor(*UNIT, "--write", "--user", "toor", root=root)
     assert done.returncode == 2 and "uid 0" in done.stderr
     assert not (root / "etc/systemd/system/vllm.service").exists()
+
+
+# -- flag_meanings against argparse itself ---------------------------------------------------------------
+
+class _Refused(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # type: ignore[override]
+        raise _Refused(message)
+
+
+def stdlib_parser() -> _Parser:
+    """argparse with vLLM's flag list (allow_abbrev as vLLM has it): what the shipped data says vLLM parses."""
+    parser = _Parser(add_help=False, allow_abbrev=True)
+    by_action: dict[str, list[str]] = {}
+    for option, (canonical, _) in FLAGS.items():
+        by_action.setdefault(canonical, []).append(option)
+    for canonical, options in by_action.items():
+        takes = FLAGS[canonical][1]
+        kwargs: dict = {"action": "store_true"} if takes == 0 else {"nargs": "?", "const": "c"}
+        parser.add_argument(*sorted(options, key=len, reverse=True), dest=canonical, default=None, **kwargs)
+    return parser
+
+
+PARSER = stdlib_parser()
+
+
+@settings(max_examples=400, deadline=None)
+@given(option=st.sampled_from(sorted(FLAGS)), cut=st.integers(min_value=2, max_value=40),
+       value=st.sampled_from(["", "=1"]))
+def test_flag_meanings_agree_with_argparse_on_every_prefix(option, cut, value):
+    token = option[:cut] + value
+    try:
+        namespace, rest = PARSER.parse_known_args([token])
+    except _Refused as refused:
+        if "ambiguous" in str(refused):
+            assert len(flag_meanings(token)) > 1, token
+        return
+    chosen = {dest for dest, got in vars(namespace).items() if got is not None}
+    if chosen:
+        assert flag_meanings(token) == chosen, token
+    else:
+        assert rest == [token] and not flag_meanings(token) - {"--optimization-level"}, token
