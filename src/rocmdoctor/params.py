@@ -202,8 +202,8 @@ def path_problem(text: str, absolute: bool = True) -> str | None:
 
 
 def prefix_problem(text: str) -> str | None:
-    """Why `text` is not an install prefix (None when it is). Shared by the option and the checks of
-    ROCMDOCTOR_PREFIX and of Options.prefix."""
+    """Why `text` is not an install prefix (None when it is): the rule of the Prefix type, also applied
+    where a prefix reaches ExecStart= without the command line (provision.unit.ServiceLayout)."""
     problem = path_problem(text)
     if problem:
         return problem
