@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from harness.engine import vllm_python
 from rocmdoctor.provision.server_args import ArgumentError, Choices, GpuPool, flag_meanings, resolve
-
 from rocmdoctor.vllm_flags import FLAGS, VLLM_VERSION
 
 REPO = Path(__file__).resolve().parents[1]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from importlib import resources
-from typing import Mapping
 
 from .bundle_env import bundle_env
 

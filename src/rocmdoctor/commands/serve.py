@@ -6,8 +6,9 @@ import functools
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import click
 
@@ -101,7 +102,8 @@ def unit(app: App, write: bool, check_only: bool, user: str, timeout_s: int, **o
 
     Extra vLLM arguments go after `--`: rocmdoctor unit --model M -- --enforce-eager
     """
-    from ..provision.unit import ServiceLayout, UnitError, file_specs, write as write_files
+    from ..provision.unit import ServiceLayout, UnitError, file_specs
+    from ..provision.unit import write as write_files
 
     args = resolve_args(app, opts)
     try:
