@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from rocmdoctor.memory_rule import DEFAULT_MARGIN_BYTES
 from rocmdoctor.provision.server_args import (

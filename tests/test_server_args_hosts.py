@@ -15,8 +15,12 @@ from rocmdoctor.provision.server_args import ArgumentError, Choices, pools_from_
 from rocmdoctor.registry import Context, Options
 
 APUS = ("strix-halo-nocwsr-dkms", "strix-halo-clean", "strix-halo-default-ttm", "strix-point")
-# What the captures lack: the used-VRAM counters (and for two of them the VRAM size itself).
-UNREADABLE_MEMORY = ("rx7900xtx-no-render", "r9700", "mi300x")
+# What the captures lack: the used-VRAM counters (and for some of them the VRAM size itself).
+UNREADABLE_MEMORY = ("rx7900xtx-no-render", "r9700", "mi300x", "mi300x-cpx", "mi350x", "rx7900xtx-beside-igpu",
+                     "r9700-beside-nvidia")
+# Discrete GPUs whose capture has both the size and the use of each partition's VRAM.
+READABLE_DISCRETE = ("mi308x-cpx",)
+NO_AMD_GPU = ("no-amd-gpu", "wsl")
 
 
 def context(fixture_id: str) -> Context:
@@ -24,7 +28,26 @@ def context(fixture_id: str) -> Context:
 
 
 def test_every_fixture_is_covered():
-    assert set(APUS + UNREADABLE_MEMORY + ("no-amd-gpu",)) == set(FIXTURE_IDS)
+    assert set(APUS + UNREADABLE_MEMORY + READABLE_DISCRETE + NO_AMD_GPU) == set(FIXTURE_IDS)
+
+
+@pytest.mark.parametrize("fixture_id", READABLE_DISCRETE)
+def test_discrete_gpu_with_readable_vram_passes_the_startup_rule(fixture_id):
+    pools = pools_from_facts(context(fixture_id))
+    args = resolve(Choices(model="m"), pools)
+    util = float(args.value("--gpu-memory-utilization"))
+    worst = min(pools[:1], key=lambda p: p.free or 0)
+    assert worst.total and worst.free is not None and not worst.unified
+    assert math.ceil(worst.total * util) <= worst.free - DEFAULT_MARGIN_BYTES
+    assert args.value("--max-num-seqs") == "256"
+
+
+@pytest.mark.parametrize("fixture_id", NO_AMD_GPU)
+def test_a_host_without_an_amd_gpu_is_refused_unless_the_utilization_is_given(fixture_id):
+    pools = pools_from_facts(context(fixture_id))
+    assert pools == []
+    with pytest.raises(ArgumentError, match="no AMD GPU found"):
+        resolve(Choices(model="m"), pools)
 
 
 @pytest.mark.parametrize("fixture_id", APUS)
@@ -67,7 +90,7 @@ def test_tensor_parallel_beyond_the_gpus_present_is_refused():
 def test_unit_on_a_fixture_root_prints_the_computed_arguments():
     done = run_cli("unit", "--model", "/srv/models/Qwen3-4B", root=fixture_root("strix-point"))
     assert done.returncode == 0, done.stderr
-    exec_start = next(l for l in done.stdout.splitlines() if l.startswith("ExecStart="))
+    exec_start = next(line for line in done.stdout.splitlines() if line.startswith("ExecStart="))
     assert "--gpu-memory-utilization 0.69 --max-num-seqs 10" in exec_start
     refused = run_cli("unit", "--model", "m", root=fixture_root("no-amd-gpu"))
     assert refused.returncode == 2 and "no AMD GPU found" in refused.stderr

@@ -96,7 +96,7 @@ def account_root(tmp_path: Path) -> Path:
         shutil.copy2(Path("/etc") / name, root / "etc" / name)
     # Minimal Debian has no `render` group: take it out so --write must create it.
     group = root / "etc" / "group"
-    group.write_text("".join(l for l in group.read_text().splitlines(True) if not l.startswith("render:")))
+    group.write_text("".join(line for line in group.read_text().splitlines(True) if not line.startswith("render:")))
     return root
 
 
