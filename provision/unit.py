@@ -19,7 +19,7 @@ from ..params import MAX_DURATION_S, prefix_problem, service_user_problem
 from ..registry import DEFAULT_PREFIX
 from ..sensitive import KeyFileError
 from ..sensitive import read_api_key as read_key_file
-from . import rootfs
+from . import accounts
 from .server_args import ServerArgs
 
 UNIT_NAME = "vllm.service"
@@ -186,13 +186,13 @@ def file_specs(args: ServerArgs, layout: ServiceLayout, user: str, api_key: str 
 
 def apply_file(root: Path, spec: FileSpec, check: bool = False) -> FileChange:
     """Make root/spec.path hold spec.content with spec.mode; inside a foreign root no link is followed."""
-    raw = rootfs.read_file(root, spec.path)
-    old_mode = rootfs.mode_of(root, spec.path, spec.mode) if raw is not None else None
+    raw = accounts.read_file(root, spec.path)
+    old_mode = accounts.mode_of(root, spec.path, spec.mode) if raw is not None else None
     old = raw.decode(errors="replace") if raw is not None else None
     if old == spec.content:
         if old_mode != spec.mode:
             if not check:
-                rootfs.chmod_file(root, spec.path, spec.mode)
+                accounts.chmod_file(root, spec.path, spec.mode)
             return FileChange(spec.path, True, f"mode {old_mode:04o} -> {spec.mode:04o}")
         return FileChange(spec.path, False)
     if spec.secret:
@@ -202,7 +202,7 @@ def apply_file(root: Path, spec: FileSpec, check: bool = False) -> FileChange:
                                             fromfile=spec.path if old is not None else "/dev/null",
                                             tofile=spec.path))
     if not check:
-        rootfs.write_file(root, spec.path, spec.content.encode(), spec.mode)
+        accounts.write_file(root, spec.path, spec.content.encode(), spec.mode)
     return FileChange(spec.path, True, diff)
 
 
@@ -210,27 +210,27 @@ def ensure_accounts(root: Path, user: str, check: bool = False) -> list[str]:
     """The service user (system account, own group, no login) and the device groups, if missing.
 
     On a foreign root the account files are edited by rocmdoctor itself (nothing from the tree runs)."""
-    uid = rootfs.uid_of(root, user)
+    uid = accounts.uid_of(root, user)
     if uid in FORBIDDEN_UIDS:
         raise UnitError(f"--user {user} has uid {uid} ({FORBIDDEN_UIDS[uid]}) in {root}/etc/passwd; "
                         "the server must run as a dedicated unprivileged account such as vllm")
     created = []
     for group in DEVICE_GROUPS:
-        if group not in rootfs.names(root, "group"):
+        if group not in accounts.names(root, "group"):
             if not check:
-                rootfs.add_group(root, group)
+                accounts.add_group(root, group)
             created.append(f"group {group}")
     if uid is None:
         if not check:
-            rootfs.add_system_user(root, user, f"/var/lib/{STATE_NAME}", "/usr/sbin/nologin", "vLLM server")
+            accounts.add_system_user(root, user, f"/var/lib/{STATE_NAME}", "/usr/sbin/nologin", "vLLM server")
         created.append(f"user {user}")
     return created
 
 
 def _run(argv: list[str]) -> None:
     try:
-        rootfs.run(argv)
-    except rootfs.RootFsError as exc:
+        accounts.run(argv)
+    except accounts.RootFsError as exc:
         raise UnitError(str(exc)) from None
 
 
@@ -245,7 +245,7 @@ def write(root: Path, specs: list[FileSpec], user: str, check: bool = False) -> 
     try:
         report.accounts = ensure_accounts(root, user, check)
         report.files = [apply_file(root, spec, check) for spec in specs]
-    except rootfs.RootFsError as exc:
+    except accounts.RootFsError as exc:
         raise UnitError(str(exc)) from None
     unit_changed = any(f.changed and f.path.endswith(".service") for f in report.files)
     if unit_changed:

@@ -10,7 +10,9 @@ that descriptor, and accounts are added by editing DIR/etc/{passwd,group,shadow,
 On the live root (`/`) links are the administrator's own (/opt -> /data/opt), files are written with the
 ordinary atomic writer and accounts are created with useradd/groupadd, which also run the host's hooks.
 
-These are small functions so that a write seam on the Host can take them over unchanged.
+These are small functions so that the write seam (rocmdoctor.host_writes.HostWriter, which grew in
+parallel) can take them over: what it lacks so far is the O_NOFOLLOW walk, shadow/gshadow lines and
+login.defs' system id range.
 """
 
 from __future__ import annotations
