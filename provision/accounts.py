@@ -64,8 +64,9 @@ def _dir_fd(root: Path, parts: list[str], create: bool) -> Iterator[int]:
             except OSError as exc:
                 if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                     where = "/" + "/".join(parts[: i + 1])
-                    raise RootFsError(f"{root}{where} is a link or not a directory; refusing to follow it "
-                                      "out of --root") from None
+                    raise RootFsError(
+                        f"{root}{where} is a link or not a directory; refusing to follow it out of --root"
+                    ) from None
                 raise
             os.close(fd)
             fd = nxt
@@ -124,7 +125,7 @@ def write_file(root: Path, host_path: str, data: bytes, mode: int) -> None:
                 os.fchmod(fd, mode)
                 view = memoryview(data)
                 while view:
-                    view = view[os.write(fd, view):]
+                    view = view[os.write(fd, view) :]
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -152,6 +153,7 @@ def chmod_file(root: Path, host_path: str, mode: int) -> None:
 
 
 # -- accounts ------------------------------------------------------------------------------------------
+
 
 def _lines(root: Path, db: str) -> list[str]:
     data = read_file(root, f"/etc/{db}")
@@ -238,8 +240,21 @@ def add_group(root: Path, group: str, gid: int | None = None) -> int:
 def add_system_user(root: Path, user: str, home: str, shell: str, comment: str) -> None:
     """A system user with its own group, no login, no home created (useradd --system --user-group)."""
     if is_live(root):
-        run(["useradd", "--system", "--user-group", "--home-dir", home, "--no-create-home",
-             "--shell", shell, "--comment", comment, user])
+        run(
+            [
+                "useradd",
+                "--system",
+                "--user-group",
+                "--home-dir",
+                home,
+                "--no-create-home",
+                "--shell",
+                shell,
+                "--comment",
+                comment,
+                user,
+            ]
+        )
         return
     for field in (user, home, shell, comment):
         if ":" in field or "\n" in field:
@@ -271,8 +286,9 @@ def run(argv: list[str]) -> None:
     try:
         done = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=60)
     except FileNotFoundError:
-        raise RootFsError(f"{argv[0]} is not installed (package passwd); create the account yourself") \
-            from None
+        raise RootFsError(
+            f"{argv[0]} is not installed (package passwd); create the account yourself"
+        ) from None
     except subprocess.TimeoutExpired:
         raise RootFsError(f"{' '.join(argv)} did not finish within 60 s") from None
     if done.returncode != 0:

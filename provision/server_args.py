@@ -188,19 +188,29 @@ def inspect_extra(extra: Sequence[str]) -> ExtraCheck:
     for token in extra:
         shown = token.split("=", 1)[0]  # never echo a value: it may be the secret
         if token == "--":
-            raise ArgumentError("a second `--` among the vLLM arguments: vLLM would read every word after it "
-                                "as the model; remove it")
+            raise ArgumentError(
+                "a second `--` among the vLLM arguments: vLLM would read every word after it "
+                "as the model; remove it"
+            )
         meanings = flag_meanings(token)
         if not meanings:
             # argparse reads an unmatched "-word" as an option, unless it is a number or holds a space.
-            if token.startswith("-") and token != "-" and not NEGATIVE_NUMBER.fullmatch(token) and " " not in token:
-                notes.append(f"{shown} is not a flag of vLLM {VLLM_VERSION} (rocmdoctor's list); "
-                             "vLLM may refuse it")
+            if (
+                token.startswith("-")
+                and token != "-"
+                and not NEGATIVE_NUMBER.fullmatch(token)
+                and " " not in token
+            ):
+                notes.append(
+                    f"{shown} is not a flag of vLLM {VLLM_VERSION} (rocmdoctor's list); vLLM may refuse it"
+                )
                 takes = -1
             elif takes == 0:
-                problems.append(f"{token!r} is not the value of any flag, so vLLM would read it as the model "
-                                "to serve; rocmdoctor sets the model with --model (quote values that hold "
-                                "spaces, and check the flag before it)")
+                problems.append(
+                    f"{token!r} is not the value of any flag, so vLLM would read it as the model "
+                    "to serve; rocmdoctor sets the model with --model (quote values that hold "
+                    "spaces, and check the flag before it)"
+                )
             elif takes > 0:
                 takes -= 1
             continue
@@ -209,17 +219,24 @@ def inspect_extra(extra: Sequence[str]) -> ExtraCheck:
             if flag in REFUSED_FLAGS:
                 raise ArgumentError(f"{spelled} is refused: {REFUSED_FLAGS[flag]}")
             if flag in COMPUTED_FLAGS:
-                problems.append(f"{spelled} is computed by rocmdoctor; set it with rocmdoctor's "
-                                f"{COMPUTED_FLAGS[flag]}")
+                problems.append(
+                    f"{spelled} is computed by rocmdoctor; set it with rocmdoctor's {COMPUTED_FLAGS[flag]}"
+                )
         if len(meanings) > 1:
-            notes.append(f"{shown} is ambiguous for vLLM ({', '.join(sorted(meanings))}); vLLM will refuse it")
+            notes.append(
+                f"{shown} is ambiguous for vLLM ({', '.join(sorted(meanings))}); vLLM will refuse it"
+            )
             takes = -1
             continue
         flag = next(iter(meanings))
         flags.append(flag)
         name = token.split("=", 1)[0]
-        attached = "=" in token or (not token.startswith("--") and len(name) > 2 and name not in FLAGS
-                                    and not any(option.startswith(name) for option in FLAGS))
+        attached = "=" in token or (
+            not token.startswith("--")
+            and len(name) > 2
+            and name not in FLAGS
+            and not any(option.startswith(name) for option in FLAGS)
+        )
         takes = 0 if attached else FLAGS[flag][1]  # -qfp8, -O3, --dtype=half carry their value
     if problems:
         raise ArgumentError("; ".join(problems))
@@ -261,9 +278,12 @@ def tensor_parallel_group(pools: Sequence[GpuPool], size: int | None) -> list[Gp
     same = [p for p in pools if p.family == family]
     if len(same) < size:
         others = sorted({p.family for p in pools} - {family})
-        found = f"{len(same)} {family} GPU(s)" + (f" (and {', '.join(others)}, which cannot share the group)"
-                                                   if others else "")
-        raise ArgumentError(f"--tensor-parallel-size {size} needs {size} GPUs of one family; this host has {found}")
+        found = f"{len(same)} {family} GPU(s)" + (
+            f" (and {', '.join(others)}, which cannot share the group)" if others else ""
+        )
+        raise ArgumentError(
+            f"--tensor-parallel-size {size} needs {size} GPUs of one family; this host has {found}"
+        )
     return same[:size]
 
 
@@ -271,20 +291,24 @@ def utilization_for(group: Sequence[GpuPool]) -> tuple[float, str]:
     """The largest value every GPU in the group passes vLLM's startup rule with, and why."""
     unknown = [p.name for p in group if not p.total or p.free is None]
     if unknown:
-        raise ArgumentError(f"the memory of {', '.join(unknown)} cannot be read (rocmdoctor check says why); "
-                            "pass --gpu-memory-utilization to choose it yourself")
+        raise ArgumentError(
+            f"the memory of {', '.join(unknown)} cannot be read (rocmdoctor check says why); "
+            "pass --gpu-memory-utilization to choose it yourself"
+        )
     worst = min(group, key=lambda p: recommended(p.total, p.free))
     util = recommended(worst.total, worst.free)
     pool_word = "unified pool" if worst.unified else "VRAM"
     if util < MIN_USEFUL_UTILIZATION:
         raise ArgumentError(
-            f"{worst.name}: only {_gib(worst.free)} of {_gib(worst.total)} {pool_word} is free; vLLM cannot start "
-            "with so little. Stop the processes holding GPU memory (rocmdoctor check lists them)"
+            f"{worst.name}: only {_gib(worst.free)} of {_gib(worst.total)} {pool_word} is free; "
+            "vLLM cannot start with so little. Stop the processes holding GPU memory (rocmdoctor check lists them)"
             + (" or give the GPU a larger GTT pool (rocmdoctor fix-kernel)" if worst.unified else "")
         )
-    reason = (f"vLLM needs ceil(total x util) <= free at startup: {worst.name} {pool_word} "
-              f"{_gib(worst.free)} free of {_gib(worst.total)}, 1 GiB kept as margin "
-              f"-> {util:.2f} asks {_gib(requested_bytes(worst.total, util))}")
+    reason = (
+        f"vLLM needs ceil(total x util) <= free at startup: {worst.name} {pool_word} "
+        f"{_gib(worst.free)} free of {_gib(worst.total)}, 1 GiB kept as margin "
+        f"-> {util:.2f} asks {_gib(requested_bytes(worst.total, util))}"
+    )
     return util, reason
 
 
@@ -308,32 +332,47 @@ def resolve(choices: Choices, pools: Sequence[GpuPool]) -> ServerArgs:
     served = choices.served_model_name or default_served_name(choices.model)
     settings = [
         Setting("--model", choices.model, "your choice"),
-        Setting("--served-model-name", served,
-                "your choice" if choices.served_model_name else "default: the directory name or the HF id"),
-        Setting("--host", choices.host,
-                "loopback only: put a TLS proxy in front to expose it" if choices.host == DEFAULT_HOST
-                else "your choice"),
+        Setting(
+            "--served-model-name",
+            served,
+            "your choice" if choices.served_model_name else "default: the directory name or the HF id",
+        ),
+        Setting(
+            "--host",
+            choices.host,
+            "loopback only: put a TLS proxy in front to expose it"
+            if choices.host == DEFAULT_HOST
+            else "your choice",
+        ),
         Setting("--port", str(choices.port), "your choice" if choices.port != DEFAULT_PORT else "default"),
     ]
     group = tensor_parallel_group(pools, choices.tensor_parallel_size)
     if choices.gpu_memory_utilization is not None:
         util = choices.gpu_memory_utilization
         if not MIN_SETTABLE_UTILIZATION <= util <= 1:  # also false for NaN
-            raise ArgumentError(f"--gpu-memory-utilization must be from {MIN_SETTABLE_UTILIZATION} to 1, not {util}")
+            raise ArgumentError(
+                f"--gpu-memory-utilization must be from {MIN_SETTABLE_UTILIZATION} to 1, not {util}"
+            )
         settings.append(Setting("--gpu-memory-utilization", f"{util:.2f}", "your choice"))
         for pool in group:
             if pool.total and pool.free is not None and pool.free < requested_bytes(pool.total, util):
-                notes.append(f"{pool.name}: {util:.2f} asks {_gib(requested_bytes(pool.total, util))} but only "
-                             f"{_gib(pool.free)} is free; vLLM will refuse to start")
+                notes.append(
+                    f"{pool.name}: {util:.2f} asks {_gib(requested_bytes(pool.total, util))} but only "
+                    f"{_gib(pool.free)} is free; vLLM will refuse to start"
+                )
     elif any(flag in UTILIZATION_REPLACED_BY for flag in extra_flags):
-        notes.append("--kv-cache-memory-bytes given: vLLM sizes the KV cache from it and ignores "
-                     "--gpu-memory-utilization")
+        notes.append(
+            "--kv-cache-memory-bytes given: vLLM sizes the KV cache from it and ignores "
+            "--gpu-memory-utilization"
+        )
     elif group:
         util, reason = utilization_for(group)
         settings.append(Setting("--gpu-memory-utilization", f"{util:.2f}", reason))
     else:
-        raise ArgumentError("no AMD GPU found, so the memory vLLM may use cannot be computed; run "
-                            "`rocmdoctor check`, or pass --gpu-memory-utilization to choose it yourself")
+        raise ArgumentError(
+            "no AMD GPU found, so the memory vLLM may use cannot be computed; run "
+            "`rocmdoctor check`, or pass --gpu-memory-utilization to choose it yourself"
+        )
     if choices.max_model_len is not None:
         if choices.max_model_len < 1:
             raise ArgumentError(f"--max-model-len must be positive, not {choices.max_model_len}")
@@ -344,10 +383,15 @@ def resolve(choices: Choices, pools: Sequence[GpuPool]) -> ServerArgs:
         settings.append(Setting("--max-num-seqs", str(choices.max_num_seqs), "your choice"))
     elif group:
         cls = memory_class(group[0])
-        settings.append(Setting("--max-num-seqs", str(MAX_NUM_SEQS_BY_CLASS[cls]), f"default for {cls} memory"))
+        settings.append(
+            Setting("--max-num-seqs", str(MAX_NUM_SEQS_BY_CLASS[cls]), f"default for {cls} memory")
+        )
     if len(group) > 1:
-        settings.append(Setting("--tensor-parallel-size", str(len(group)),
-                                f"your choice: {len(group)} {group[0].family} GPUs"))
+        settings.append(
+            Setting(
+                "--tensor-parallel-size", str(len(group)), f"your choice: {len(group)} {group[0].family} GPUs"
+            )
+        )
     return ServerArgs(settings, extra, notes)
 
 
@@ -358,5 +402,7 @@ def pools_from_facts(ctx) -> list[GpuPool]:
     pools = []
     for gpu in facts.gpus(ctx):
         total, free = facts.usable_memory(ctx, gpu)
-        pools.append(GpuPool(f"node {gpu.node} ({gpu.gfx})", gpu.family or gpu.gfx, total, free, bool(gpu.apu)))
+        pools.append(
+            GpuPool(f"node {gpu.node} ({gpu.gfx})", gpu.family or gpu.gfx, total, free, bool(gpu.apu))
+        )
     return pools

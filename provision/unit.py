@@ -101,8 +101,12 @@ class WriteReport:
         return bool(self.accounts) or any(f.changed for f in self.files)
 
     def to_json(self) -> dict:
-        return {"changed": self.changed, "files": [f.to_json() for f in self.files],
-                "accounts_created": self.accounts, "daemon_reload": self.daemon_reload}
+        return {
+            "changed": self.changed,
+            "files": [f.to_json() for f in self.files],
+            "accounts_created": self.accounts,
+            "daemon_reload": self.daemon_reload,
+        }
 
 
 def systemd_quote(word: str) -> str:
@@ -140,7 +144,9 @@ def _environment_line(settings: dict[str, str]) -> str:
     return " ".join(f"{name}={value}" for name, value in settings.items())
 
 
-def render_unit(args: ServerArgs, layout: ServiceLayout, user: str, timeout_s: int = DEFAULT_LOAD_TIMEOUT_S) -> str:
+def render_unit(
+    args: ServerArgs, layout: ServiceLayout, user: str, timeout_s: int = DEFAULT_LOAD_TIMEOUT_S
+) -> str:
     problem = service_user_problem(user)
     if problem:
         raise UnitError(f"--user {user!r}: {problem}")
@@ -155,8 +161,9 @@ def render_unit(args: ServerArgs, layout: ServiceLayout, user: str, timeout_s: i
         "bundle_environment": _environment_line(BUNDLE_SETTINGS),
         "env_file": layout.env_file,
         "exec_start": command_line([layout.server, *args.argv()]),
-        "exec_start_post": command_line([layout.python, layout.wait_ready, readiness_url(args),
-                                         args.served_model_name, str(timeout_s)]),
+        "exec_start_post": command_line(
+            [layout.python, layout.wait_ready, readiness_url(args), args.served_model_name, str(timeout_s)]
+        ),
         # The readiness wait gives up first, so its message (not systemd's timeout) is in the journal.
         "timeout_start_s": str(timeout_s + 60),
     }
@@ -175,8 +182,13 @@ def wait_ready_script() -> str:
     return resources.files(__package__).joinpath("libexec/wait-ready").read_text()
 
 
-def file_specs(args: ServerArgs, layout: ServiceLayout, user: str, api_key: str | None,
-               timeout_s: int = DEFAULT_LOAD_TIMEOUT_S) -> list[FileSpec]:
+def file_specs(
+    args: ServerArgs,
+    layout: ServiceLayout,
+    user: str,
+    api_key: str | None,
+    timeout_s: int = DEFAULT_LOAD_TIMEOUT_S,
+) -> list[FileSpec]:
     return [
         FileSpec(layout.unit_path, render_unit(args, layout, user, timeout_s), 0o644),
         FileSpec(layout.env_file, render_env(api_key), 0o600, secret=True),
@@ -198,9 +210,14 @@ def apply_file(root: Path, spec: FileSpec, check: bool = False) -> FileChange:
     if spec.secret:
         diff = f"{spec.path}: content changed (secret, not shown)"
     else:
-        diff = "".join(difflib.unified_diff((old or "").splitlines(True), spec.content.splitlines(True),
-                                            fromfile=spec.path if old is not None else "/dev/null",
-                                            tofile=spec.path))
+        diff = "".join(
+            difflib.unified_diff(
+                (old or "").splitlines(True),
+                spec.content.splitlines(True),
+                fromfile=spec.path if old is not None else "/dev/null",
+                tofile=spec.path,
+            )
+        )
     if not check:
         accounts.write_file(root, spec.path, spec.content.encode(), spec.mode)
     return FileChange(spec.path, True, diff)
@@ -212,8 +229,10 @@ def ensure_accounts(root: Path, user: str, check: bool = False) -> list[str]:
     On a foreign root the account files are edited by rocmdoctor itself (nothing from the tree runs)."""
     uid = accounts.uid_of(root, user)
     if uid in FORBIDDEN_UIDS:
-        raise UnitError(f"--user {user} has uid {uid} ({FORBIDDEN_UIDS[uid]}) in {root}/etc/passwd; "
-                        "the server must run as a dedicated unprivileged account such as vllm")
+        raise UnitError(
+            f"--user {user} has uid {uid} ({FORBIDDEN_UIDS[uid]}) in {root}/etc/passwd; "
+            "the server must run as a dedicated unprivileged account such as vllm"
+        )
     created = []
     for group in DEVICE_GROUPS:
         if group not in accounts.names(root, "group"):

@@ -63,13 +63,14 @@ BAD_VALUES = [
 
 
 def rocmdoctor(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rocmdoctor", *argv], check=False, capture_output=True,
-                          text=True,
-                          timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "rocmdoctor", *argv], check=False, capture_output=True, text=True, timeout=60
+    )
 
 
-@pytest.mark.parametrize(("argv", "option", "accepted"), BAD_VALUES, ids=lambda v: " ".join(v) if
-                         isinstance(v, list) else None)
+@pytest.mark.parametrize(
+    ("argv", "option", "accepted"), BAD_VALUES, ids=lambda v: " ".join(v) if isinstance(v, list) else None
+)
 def test_a_bad_value_is_exit_2_naming_the_option_and_the_range(argv, option, accepted):
     started = time.monotonic()
     done = rocmdoctor(*argv)
@@ -80,6 +81,7 @@ def test_a_bad_value_is_exit_2_naming_the_option_and_the_range(argv, option, acc
 
 
 # -- the types themselves ------------------------------------------------------------------------------
+
 
 def convert(kind: click.ParamType, value: str):
     return kind.convert(value, None, None)
@@ -126,13 +128,18 @@ def test_prefix_is_normalised():
 
 
 def test_an_empty_prefix_variable_is_an_error_not_the_default():
-    done = subprocess.run([sys.executable, "-m", "rocmdoctor", "bundles"], check=False, capture_output=True,
-                          text=True,
-                          timeout=60, env={**os.environ, "ROCMDOCTOR_PREFIX": ""})
+    done = subprocess.run(
+        [sys.executable, "-m", "rocmdoctor", "bundles"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "ROCMDOCTOR_PREFIX": ""},
+    )
     assert done.returncode == 2 and "ROCMDOCTOR_PREFIX is set but empty" in done.stderr
 
 
-@pytest.mark.parametrize("metadata", ["[1, 2]", "null", "\"tag\"", "{not json"])
+@pytest.mark.parametrize("metadata", ["[1, 2]", "null", '"tag"', "{not json"])
 def test_bundle_metadata_that_is_not_an_object_is_an_incomplete_bundle(tmp_path, metadata):
     bundle = tmp_path / "bundles" / "t1"
     bundle.mkdir(parents=True)

@@ -41,13 +41,19 @@ ARGV_CASES = [
     (["tool", "--token=" + KEY], ["tool", "--token=***"]),
     (["tool", "--db-password", KEY], ["tool", "--db-password", "***"]),
     (["sudo", "VLLM_API_KEY=" + KEY, "vllm", "serve"], ["sudo", "VLLM_API_KEY=***", "vllm", "serve"]),
-    (["env", "HF_TOKEN=" + KEY, "MY_SECRET_X=" + KEY, "PATH=/bin", "vllm"],
-     ["env", "HF_TOKEN=***", "MY_SECRET_X=***", "PATH=/bin", "vllm"]),
-    (["vllm", "serve", "--model", f"https://user:{KEY}@hf.example/m"],
-     ["vllm", "serve", "--model", "https://***@hf.example/m"]),
+    (
+        ["env", "HF_TOKEN=" + KEY, "MY_SECRET_X=" + KEY, "PATH=/bin", "vllm"],
+        ["env", "HF_TOKEN=***", "MY_SECRET_X=***", "PATH=/bin", "vllm"],
+    ),
+    (
+        ["vllm", "serve", "--model", f"https://user:{KEY}@hf.example/m"],
+        ["vllm", "serve", "--model", "https://***@hf.example/m"],
+    ),
     (["vllm", "serve", f"https://{KEY}@hf.example/m"], ["vllm", "serve", "https://***@hf.example/m"]),
-    (["vllm", "serve", "m", "--port", "8000", "--enforce-eager"], ["vllm", "serve", "m", "--port", "8000",
-                                                                  "--enforce-eager"]),
+    (
+        ["vllm", "serve", "m", "--port", "8000", "--enforce-eager"],
+        ["vllm", "serve", "m", "--port", "8000", "--enforce-eager"],
+    ),
 ]
 
 
@@ -57,14 +63,17 @@ def test_every_form_of_a_secret_in_argv_is_redacted(argv, shown):
     assert redact_cmdline("\x00".join(argv) + "\x00") == "\x00".join(shown) + "\x00"
 
 
-@pytest.mark.parametrize("text", [
-    f"VLLM_API_KEY={KEY} vllm serve m",
-    f"vllm serve m --api-key {KEY} --port 1",
-    f"vllm serve m --api-ke={KEY}",
-    f"vllm serve m --api-key '{KEY} tail'",
-    f'vllm serve m --api-key "{KEY} tail"',
-    f"HF_TOKEN={KEY} vllm serve https://u:{KEY}@host/x",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"VLLM_API_KEY={KEY} vllm serve m",
+        f"vllm serve m --api-key {KEY} --port 1",
+        f"vllm serve m --api-ke={KEY}",
+        f"vllm serve m --api-key '{KEY} tail'",
+        f'vllm serve m --api-key "{KEY} tail"',
+        f"HF_TOKEN={KEY} vllm serve https://u:{KEY}@host/x",
+    ],
+)
 def test_a_shell_command_line_is_redacted(text):
     shown = redact_text(text)
     assert KEY not in shown and "tail" not in shown and "***" in shown
@@ -73,8 +82,16 @@ def test_a_shell_command_line_is_redacted(text):
 
 
 def test_environment_maps_lose_secret_values_only():
-    env = {"HF_TOKEN": KEY, "VLLM_API_KEY": KEY, "AWS_SECRET_ACCESS_KEY": KEY, "GITHUB_TOKEN": KEY,
-           "DB_PASSWORD": KEY, "HOME": "/root", "HF_ENDPOINT": f"https://u:{KEY}@mirror/", "KEYBOARD": "us"}
+    env = {
+        "HF_TOKEN": KEY,
+        "VLLM_API_KEY": KEY,
+        "AWS_SECRET_ACCESS_KEY": KEY,
+        "GITHUB_TOKEN": KEY,
+        "DB_PASSWORD": KEY,
+        "HOME": "/root",
+        "HF_ENDPOINT": f"https://u:{KEY}@mirror/",
+        "KEYBOARD": "us",
+    }
     shown = redact_env(env)
     assert KEY not in json.dumps(shown)
     assert shown["HOME"] == "/root" and shown["KEYBOARD"] == "us"
@@ -83,10 +100,15 @@ def test_environment_maps_lose_secret_values_only():
 
 # -- the reports: a planted process in a --root tree ----------------------------------------------------
 
+
 def rocmdoctor(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rocmdoctor", *argv], check=False, capture_output=True,
-                          text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "rocmdoctor", *argv],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def proc_tree(tmp_path: Path) -> Path:
@@ -123,8 +145,9 @@ def test_check_json_and_snapshot_carry_no_secret(tmp_path):
 
 def test_a_live_process_with_a_key_is_redacted_in_check_json():
     """The real process table: a process named like vLLM with the key on its command line."""
-    server = subprocess.Popen(["vllm", "-c", "import time; time.sleep(60)", "--api-ke", KEY],
-                              executable=sys.executable)
+    server = subprocess.Popen(
+        ["vllm", "-c", "import time; time.sleep(60)", "--api-ke", KEY], executable=sys.executable
+    )
     try:
         done = rocmdoctor("check", "--json", "--only", "processes.orphans")
     finally:
@@ -136,20 +159,24 @@ def test_a_live_process_with_a_key_is_redacted_in_check_json():
 
 # -- the one API-key reader ----------------------------------------------------------------------------
 
+
 def test_a_key_file_gives_its_one_key(tmp_path):
     path = tmp_path / "key"
     path.write_text("\n  " + KEY + "  \n\n")
     assert read_api_key(path) == KEY
 
 
-@pytest.mark.parametrize(("content", "message"), [
-    (b"", "is empty"),
-    (b"\n\n", "is empty"),
-    (b"a\nb\n", "holds 2 lines"),
-    (b"two words\n", "characters from"),
-    (b"\xff\xfe\x00k", "not UTF-8"),
-    (b"k" * 5000, "larger than 4096 bytes"),
-])
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"", "is empty"),
+        (b"\n\n", "is empty"),
+        (b"a\nb\n", "holds 2 lines"),
+        (b"two words\n", "characters from"),
+        (b"\xff\xfe\x00k", "not UTF-8"),
+        (b"k" * 5000, "larger than 4096 bytes"),
+    ],
+)
 def test_a_bad_key_file_is_refused_with_the_reason(tmp_path, content, message):
     path = tmp_path / "key"
     path.write_bytes(content)
@@ -176,10 +203,12 @@ def test_a_key_file_that_never_ends_is_refused_quickly(tmp_path, kind, command):
         path = Path("/dev/zero")
     else:
         path = tmp_path
-    argv = {"unit": ["unit", "--model", "m", "--gpu-memory-utilization", "0.5"],
-            "serve": ["serve", "--model", "m", "--gpu-memory-utilization", "0.5", "--prefix", str(tmp_path)],
-            "smoke": ["smoke", "--url", "http://127.0.0.1:9"],
-            "bench": ["bench", "--url", "http://127.0.0.1:9"]}[command]
+    argv = {
+        "unit": ["unit", "--model", "m", "--gpu-memory-utilization", "0.5"],
+        "serve": ["serve", "--model", "m", "--gpu-memory-utilization", "0.5", "--prefix", str(tmp_path)],
+        "smoke": ["smoke", "--url", "http://127.0.0.1:9"],
+        "bench": ["bench", "--url", "http://127.0.0.1:9"],
+    }[command]
     started = time.monotonic()
     done = rocmdoctor(*argv, "--api-key-file", str(path), timeout=25)
     assert done.returncode == 2, done.stdout + done.stderr

@@ -26,11 +26,13 @@ REPO = Path(__file__).resolve().parents[1]
 POOLS = [GpuPool("gpu0", "gfx11", 24 << 30, 23 << 30, False)]
 
 
-def rocmdoctor(*argv: str, root: Path | None = None, env: dict[str, str] | None = None,
-               timeout: float = 60) -> subprocess.CompletedProcess:
+def rocmdoctor(
+    *argv: str, root: Path | None = None, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "rocmdoctor"] + (["--root", str(root)] if root else []) + list(argv)
-    return subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        cmd, check=False, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+    )
 
 
 # word(s) after `--` -> what the refusal names
@@ -88,7 +90,7 @@ ACCEPTED = [
 @pytest.mark.parametrize("extra", ACCEPTED)
 def test_ordinary_vllm_arguments_pass_unchanged(extra):
     args = resolve(Choices(model="m", gpu_memory_utilization=0.5, extra=extra), POOLS)
-    assert args.argv()[-len(extra):] == extra
+    assert args.argv()[-len(extra) :] == extra
     assert args.value("--port") == "8000"
 
 
@@ -127,14 +129,22 @@ def test_vllm_parser_really_takes_the_abbreviations_we_refuse():
     python = vllm_python()
     if not python.exists():
         pytest.skip(f"no vLLM venv at {python}: run tests/setup/30-vllm-env.sh")
-    code = ("import warnings; warnings.simplefilter('ignore')\n"
-            "from vllm.entrypoints.launchers.cli_args import make_arg_parser\n"
-            "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
-            "a = make_arg_parser(FlexibleArgumentParser()).parse_args(['--api-ke', 'K', '--por', '9999', "
-            "'--gpu-memory-util', '0.5', '-t', '1'])\n"
-            "print(a.api_key, a.port, a.gpu_memory_utilization, a.tensor_parallel_size)\n")
-    done = subprocess.run([str(python), "-c", code], check=False, capture_output=True, text=True, timeout=200,
-                          env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"})
+    code = (
+        "import warnings; warnings.simplefilter('ignore')\n"
+        "from vllm.entrypoints.launchers.cli_args import make_arg_parser\n"
+        "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+        "a = make_arg_parser(FlexibleArgumentParser()).parse_args(['--api-ke', 'K', '--por', '9999', "
+        "'--gpu-memory-util', '0.5', '-t', '1'])\n"
+        "print(a.api_key, a.port, a.gpu_memory_utilization, a.tensor_parallel_size)\n"
+    )
+    done = subprocess.run(
+        [str(python), "-c", code],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=200,
+        env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"},
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split()[-4:] == ["['K']", "9999", "0.5", "1"]
 
@@ -144,14 +154,17 @@ def test_vllm_parser_really_takes_the_abbreviations_we_refuse():
 UNIT = ("unit", "--model", "m", "--gpu-memory-utilization", "0.8")
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (("--instances", "per-gpu"), "rocmdoctor unit does not know it"),
-    (("--enforce-eager",), "--enforce-eager is vLLM's, and vLLM's own arguments go after `--`"),
-    (("stray",), "unexpected extra argument"),
-    (("--", "--api-ke", "SECRET"), "--api-key-file"),
-    (("--", "--por", "9999"), "computed by rocmdoctor"),
-    (("--vllm-args", "--gpu-memory-util 0.99"), "computed by rocmdoctor"),
-])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("--instances", "per-gpu"), "rocmdoctor unit does not know it"),
+        (("--enforce-eager",), "--enforce-eager is vLLM's, and vLLM's own arguments go after `--`"),
+        (("stray",), "unexpected extra argument"),
+        (("--", "--api-ke", "SECRET"), "--api-key-file"),
+        (("--", "--por", "9999"), "computed by rocmdoctor"),
+        (("--vllm-args", "--gpu-memory-util 0.99"), "computed by rocmdoctor"),
+    ],
+)
 def test_unit_never_hands_an_unknown_option_to_vllm(argv, message):
     done = rocmdoctor(*UNIT, *argv)
     assert done.returncode == 2, done.stdout
@@ -166,23 +179,26 @@ def test_vllm_arguments_after_the_double_dash_reach_exec_start():
     assert exec_start.endswith("--enforce-eager --dtype half")
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (("--model=-h",), "starts with '-'"),
-    (("--model", "--help-me"), "starts with '-'"),
-    (("--served-model-name", "-x"), "starts with '-'"),
-    (("--user", "nobody"), "nobody"),
-    (("--user", "root"), "root"),
-    (("--host", "a b"), "not an IP address or a host name"),
-    (("--port", "99999"), "1 to 65535"),
-    (("--port", "-1"), "1 to 65535"),
-    (("--gpu-memory-utilization", "0.004"), "0.01 to 1"),
-    (("--gpu-memory-utilization", "nan"), "0.01 to 1"),
-    (("--timeout", "-5"), "whole seconds in (0,"),
-    (("--timeout", "1e30"), "whole seconds in (0,"),
-    (("--timeout", "nan"), "whole seconds in (0,"),
-    (("--timeout", "0"), "whole seconds in (0,"),
-    (("--max-model-len", "0"), "from 1 to"),
-])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("--model=-h",), "starts with '-'"),
+        (("--model", "--help-me"), "starts with '-'"),
+        (("--served-model-name", "-x"), "starts with '-'"),
+        (("--user", "nobody"), "nobody"),
+        (("--user", "root"), "root"),
+        (("--host", "a b"), "not an IP address or a host name"),
+        (("--port", "99999"), "1 to 65535"),
+        (("--port", "-1"), "1 to 65535"),
+        (("--gpu-memory-utilization", "0.004"), "0.01 to 1"),
+        (("--gpu-memory-utilization", "nan"), "0.01 to 1"),
+        (("--timeout", "-5"), "whole seconds in (0,"),
+        (("--timeout", "1e30"), "whole seconds in (0,"),
+        (("--timeout", "nan"), "whole seconds in (0,"),
+        (("--timeout", "0"), "whole seconds in (0,"),
+        (("--max-model-len", "0"), "from 1 to"),
+    ],
+)
 def test_unit_values_are_checked_at_the_edge(argv, message):
     base = ["unit", "--model", "m", "--gpu-memory-utilization", "0.8"]
     done = rocmdoctor(*base, *argv)
@@ -239,6 +255,7 @@ def test_a_trailing_slash_is_normalised_not_refused(tmp_path):
 
 
 # -- unit --write --root: nothing from the tree runs, no link is followed out of it ---------------------
+
 
 def hostile_root(tmp_path: Path) -> Path:
     """A root whose useradd/groupadd would be run by `useradd --root` (they leave a marker) and whose
@@ -307,6 +324,7 @@ def test_an_existing_uid_0_account_is_refused(tmp_path):
 
 # -- flag_meanings against argparse itself ---------------------------------------------------------------
 
+
 class _Refused(Exception):
     pass
 
@@ -317,7 +335,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def stdlib_parser() -> _Parser:
-    """argparse with vLLM's flag list (allow_abbrev as vLLM has it): what the shipped data says vLLM parses."""
+    """argparse with vLLM's flag list (allow_abbrev as vLLM has it): what the shipped data says it parses."""
     parser = _Parser(add_help=False, allow_abbrev=True)
     by_action: dict[str, list[str]] = {}
     for option, (canonical, _) in FLAGS.items():
@@ -333,8 +351,11 @@ PARSER = stdlib_parser()
 
 
 @settings(max_examples=400, deadline=None)
-@given(option=st.sampled_from(sorted(FLAGS)), cut=st.integers(min_value=2, max_value=40),
-       value=st.sampled_from(["", "=1"]))
+@given(
+    option=st.sampled_from(sorted(FLAGS)),
+    cut=st.integers(min_value=2, max_value=40),
+    value=st.sampled_from(["", "=1"]),
+)
 def test_flag_meanings_agree_with_argparse_on_every_prefix(option, cut, value):
     token = option[:cut] + value
     try:

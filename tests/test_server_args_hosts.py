@@ -16,8 +16,15 @@ from rocmdoctor.registry import Context, Options
 
 APUS = ("strix-halo-nocwsr-dkms", "strix-halo-clean", "strix-halo-default-ttm", "strix-point")
 # What the captures lack: the used-VRAM counters (and for some of them the VRAM size itself).
-UNREADABLE_MEMORY = ("rx7900xtx-no-render", "r9700", "mi300x", "mi300x-cpx", "mi350x", "rx7900xtx-beside-igpu",
-                     "r9700-beside-nvidia")
+UNREADABLE_MEMORY = (
+    "rx7900xtx-no-render",
+    "r9700",
+    "mi300x",
+    "mi300x-cpx",
+    "mi350x",
+    "rx7900xtx-beside-igpu",
+    "r9700-beside-nvidia",
+)
 # Discrete GPUs whose capture has both the size and the use of each partition's VRAM.
 READABLE_DISCRETE = ("mi308x-cpx",)
 NO_AMD_GPU = ("no-amd-gpu", "wsl")
@@ -83,8 +90,10 @@ def test_discrete_gpu_whose_memory_the_capture_lacks_is_not_guessed(fixture_id):
 
 def test_tensor_parallel_beyond_the_gpus_present_is_refused():
     with pytest.raises(ArgumentError, match="needs 2 GPUs of one family; this host has 1 gfx942"):
-        resolve(Choices(model="m", gpu_memory_utilization=0.9, tensor_parallel_size=2),
-                pools_from_facts(context("mi300x")))
+        resolve(
+            Choices(model="m", gpu_memory_utilization=0.9, tensor_parallel_size=2),
+            pools_from_facts(context("mi300x")),
+        )
 
 
 def test_unit_on_a_fixture_root_prints_the_computed_arguments():

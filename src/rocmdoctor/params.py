@@ -45,7 +45,7 @@ _LOOSE_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}\$?")
 FORBIDDEN_SERVICE_USERS = {
     "root": "root would own everything the server writes and undo the unit's sandbox",
     "nobody": "systemd refuses to treat nobody as safe "
-    "(\"Special user nobody configured, this is not safe!\"): every service that runs as nobody could "
+    '("Special user nobody configured, this is not safe!"): every service that runs as nobody could '
     "read the model cache and the key",
     "nfsnobody": "it is the NFS nobody account (see nobody)",
 }
@@ -61,8 +61,9 @@ class Duration(click.ParamType):
 
     name = "seconds"
 
-    def __init__(self, max_s: float = MAX_DURATION_S, min_s: float = 0.0, inclusive: bool = False,
-                 whole: bool = False) -> None:
+    def __init__(
+        self, max_s: float = MAX_DURATION_S, min_s: float = 0.0, inclusive: bool = False, whole: bool = False
+    ) -> None:
         self.max_s, self.min_s, self.inclusive, self.whole = max_s, min_s, inclusive, whole
 
     def describe(self) -> str:
@@ -138,8 +139,12 @@ class CountList(click.ParamType):
         try:
             numbers = sorted({self.count.convert(part, param, ctx) for part in parts})
         except click.BadParameter:
-            self.fail(f"{value!r}: give positive whole numbers separated by commas, each from "
-                      f"{self.count.min_value} to {self.count.max_value}, e.g. 1,2,4,8,16", param, ctx)
+            self.fail(
+                f"{value!r}: give positive whole numbers separated by commas, each from "
+                f"{self.count.min_value} to {self.count.max_value}, e.g. 1,2,4,8,16",
+                param,
+                ctx,
+            )
         return ",".join(map(str, numbers))
 
 
@@ -195,8 +200,10 @@ def path_problem(text: str, absolute: bool = True) -> str | None:
         return "it holds control characters (newline, tab, NUL)"
     if absolute and not text.startswith("/"):
         if text[0] in SYSTEMD_EXEC_PREFIXES:
-            return (f"it starts with {text[0]!r}, which systemd reads as an ExecStart= modifier "
-                    "('+' would run the server as root outside the sandbox)")
+            return (
+                f"it starts with {text[0]!r}, which systemd reads as an ExecStart= modifier "
+                "('+' would run the server as root outside the sandbox)"
+            )
         return "it is relative; give an absolute path (starting with /)"
     return None
 
@@ -291,8 +298,9 @@ class UserName(click.ParamType):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         text = str(value)
         if not _LOOSE_USER.fullmatch(text):
-            self.fail(f"{text!r} is not an account name (letters, digits, '_', '-', '.'; at most 32)",
-                      param, ctx)
+            self.fail(
+                f"{text!r} is not an account name (letters, digits, '_', '-', '.'; at most 32)", param, ctx
+            )
         return text
 
 
@@ -324,8 +332,11 @@ def refuse_empty_env(ctx: click.Context, param: click.Parameter, value: Any) -> 
     if source is click.core.ParameterSource.DEFAULT:
         for name in envvars:
             if os.environ.get(name) == "":
-                raise click.BadParameter(f"{name} is set but empty; unset it or give a directory "
-                                         "such as /opt/rocmdoctor", ctx=ctx, param=param)
+                raise click.BadParameter(
+                    f"{name} is set but empty; unset it or give a directory such as /opt/rocmdoctor",
+                    ctx=ctx,
+                    param=param,
+                )
     return value
 
 
@@ -340,7 +351,7 @@ class VllmPassThrough(click.Command):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if "--" in args:
             split = args.index("--")
-            head, tail = list(args[:split]), tuple(args[split + 1:])
+            head, tail = list(args[:split]), tuple(args[split + 1 :])
         else:
             head, tail = list(args), ()
         try:
@@ -350,16 +361,21 @@ class VllmPassThrough(click.Command):
 
             name = exc.option_name.split("=", 1)[0]
             if name in FLAGS:
-                exc.message = (f"{exc.message}: {name} is vLLM's, and vLLM's own arguments go after `--`: "
-                               f"rocmdoctor {ctx.info_name} --model M -- {name} ...")
+                exc.message = (
+                    f"{exc.message}: {name} is vLLM's, and vLLM's own arguments go after `--`: "
+                    f"rocmdoctor {ctx.info_name} --model M -- {name} ..."
+                )
             else:
-                exc.message = (f"{exc.message}: rocmdoctor {ctx.info_name} does not know it (see --help); "
-                               "vLLM's own arguments go after `--`")
+                exc.message = (
+                    f"{exc.message}: rocmdoctor {ctx.info_name} does not know it (see --help); "
+                    "vLLM's own arguments go after `--`"
+                )
             raise
         except click.UsageError as exc:
             if "unexpected extra argument" in exc.message:
-                exc.message += (f"; vLLM's own arguments go after `--`: "
-                                f"rocmdoctor {ctx.info_name} --model M -- ...")
+                exc.message += (
+                    f"; vLLM's own arguments go after `--`: rocmdoctor {ctx.info_name} --model M -- ..."
+                )
             raise
         ctx.params["extra"] = tail
         return rest
@@ -376,8 +392,12 @@ def product_limit(names: tuple[str, str], limit: int, what: str) -> Any:
         other = names[1] if param.name == names[0] else names[0]
         if value is not None and ctx.params.get(other) is not None and value * ctx.params[other] > limit:
             options = " x ".join(f"--{name.replace('_', '-')}" for name in names)
-            raise click.BadParameter(f"{options} = {value * ctx.params[other]} {what}; at most {limit} "
-                                     "(they are built before the first request)", ctx=ctx, param=param)
+            raise click.BadParameter(
+                f"{options} = {value * ctx.params[other]} {what}; at most {limit} "
+                "(they are built before the first request)",
+                ctx=ctx,
+                param=param,
+            )
         return value
 
     return callback

@@ -64,17 +64,27 @@ def read_api_key(path: Path | str, min_length: int = 1, where: str | None = None
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0))
     except FileNotFoundError:
-        raise KeyFileError(f"{where}: no such file; write the key into it "
-                           "(e.g. `openssl rand -hex 32 > FILE; chmod 600 FILE`)") from None
+        raise KeyFileError(
+            f"{where}: no such file; write the key into it "
+            "(e.g. `openssl rand -hex 32 > FILE; chmod 600 FILE`)"
+        ) from None
     except OSError as exc:
         reason = "permission denied (run as its owner or root)" if exc.errno == errno.EACCES else exc.strerror
         raise KeyFileError(f"{where}: cannot open it ({reason})") from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            kind = ("a FIFO" if stat.S_ISFIFO(info.st_mode) else "a directory" if stat.S_ISDIR(info.st_mode)
-                    else "a device" if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode)
-                    else "a socket" if stat.S_ISSOCK(info.st_mode) else "not a regular file")
+            kind = (
+                "a FIFO"
+                if stat.S_ISFIFO(info.st_mode)
+                else "a directory"
+                if stat.S_ISDIR(info.st_mode)
+                else "a device"
+                if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode)
+                else "a socket"
+                if stat.S_ISSOCK(info.st_mode)
+                else "not a regular file"
+            )
             raise KeyFileError(f"{where} is {kind}; give a regular file that holds the key")
         chunks, size = [], 0
         while size <= MAX_KEY_FILE_BYTES:
@@ -93,8 +103,9 @@ def read_api_key(path: Path | str, min_length: int = 1, where: str | None = None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise KeyFileError(f"{where} is not UTF-8 text; it should hold one key such as "
-                           "`openssl rand -hex 32` prints") from None
+        raise KeyFileError(
+            f"{where} is not UTF-8 text; it should hold one key such as `openssl rand -hex 32` prints"
+        ) from None
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if not lines:
         raise KeyFileError(f"{where} is empty; put the key in it")
@@ -102,9 +113,11 @@ def read_api_key(path: Path | str, min_length: int = 1, where: str | None = None
         raise KeyFileError(f"{where} holds {len(lines)} lines; it should hold one key")
     key = lines[0]
     if not API_KEY_PATTERN.fullmatch(key) or not min_length <= len(key) <= MAX_KEY_LENGTH:
-        raise KeyFileError(f"{where} must hold one key of {min_length}-{MAX_KEY_LENGTH} characters from "
-                           "A-Z a-z 0-9 . _ ~ + / = - "
-                           "(e.g. `openssl rand -hex 32 > FILE`)")
+        raise KeyFileError(
+            f"{where} must hold one key of {min_length}-{MAX_KEY_LENGTH} characters from "
+            "A-Z a-z 0-9 . _ ~ + / = - "
+            "(e.g. `openssl rand -hex 32 > FILE`)"
+        )
     return key
 
 
