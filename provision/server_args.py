@@ -162,9 +162,12 @@ def flag_meanings(token: str) -> set[str]:
     if token.startswith("--"):
         candidates = [option for option in FLAGS if option.startswith(name)]
     else:
-        candidates = [option for option in FLAGS if not option.startswith("--") and option.startswith(name)]
-        if token[:2] in FLAGS:
-            candidates.append(token[:2])
+        # argparse matches single-dash words whole ("-a=1" is no prefix of "-ac"); a dotted key reaches it
+        # without its value.
+        seen = name if "." in token.split("=", 1)[0] else token
+        candidates = [option for option in FLAGS if not option.startswith("--") and option.startswith(seen)]
+        if seen[:2] in FLAGS:
+            candidates.append(seen[:2])
     return {FLAGS[option][0] for option in candidates}
 
 
