@@ -360,6 +360,7 @@ class VllmPassThrough(click.Command):
             from .vllm_flags import FLAGS
 
             name = exc.option_name.split("=", 1)[0]
+            exc.message = exc.message.rstrip(".")
             if name in FLAGS:
                 exc.message = (
                     f"{exc.message}: {name} is vLLM's, and vLLM's own arguments go after `--`: "
