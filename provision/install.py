@@ -132,6 +132,7 @@ class Layout:
         return self._target_tag(self.previous)
 
     def metadata(self, tag: str) -> dict[str, Any] | None:
+        """The bundle's metadata; None when it is missing or not a JSON object (an incomplete bundle)."""
         from ..rootfs import read_regular as read_regular_file
 
         try:
@@ -638,9 +639,9 @@ def rollback(prefix: Path, to: str | None = None, check: bool = False) -> Instal
                 f"no previous bundle under {prefix} to roll back to; `rocmdoctor bundles` "
                 "lists what is installed"
             )
-        if not (layout.bundles / target / METADATA).is_file():
+        if layout.metadata(target) is None:  # missing, or not a JSON object
             raise InstallError(
-                f"{target} is not a complete bundle under {layout.bundles}; "
+                f"{target} is not a complete bundle under {layout.bundles} (no valid {METADATA}); "
                 "`rocmdoctor bundles` lists what is installed"
             )
         family = (layout.metadata(target) or {}).get("family") or ""

@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 
+from .. import params
 from ..registry import DEFAULT_PREFIX
 from .common import App, UserError, emit_json, pass_app
 
@@ -34,7 +35,8 @@ class Failed(click.ClickException):
 def _prefix_option(fn: Callable) -> Callable:
     return click.option(
         "--prefix",
-        type=click.Path(file_okay=False, path_type=Path),
+        type=params.Prefix(path_type=Path),
+        callback=params.refuse_empty_env,
         default=DEFAULT_PREFIX,
         envvar="ROCMDOCTOR_PREFIX",
         show_default=True,
@@ -48,7 +50,7 @@ def _pin_options(fn: Callable) -> Callable:
         [
             click.option(
                 "--bundles-dir",
-                type=click.Path(file_okay=False, path_type=Path),
+                type=params.NonEmptyPath(file_okay=False, path_type=Path),
                 envvar="ROCMDOCTOR_BUNDLES",
                 help="Directory with manifest.toml and lock.json to use instead of the shipped ones. "
                 "[env: ROCMDOCTOR_BUNDLES]",
@@ -56,13 +58,13 @@ def _pin_options(fn: Callable) -> Callable:
             click.option(
                 "--manifest",
                 "manifest_file",
-                type=click.Path(dir_okay=False, path_type=Path),
+                type=params.NonEmptyPath(dir_okay=False, path_type=Path),
                 help="manifest.toml to use (overrides --bundles-dir).",
             ),
             click.option(
                 "--lock",
                 "lock_file",
-                type=click.Path(dir_okay=False, path_type=Path),
+                type=params.NonEmptyPath(dir_okay=False, path_type=Path),
                 help="lock.json to use (default: <prefix>/lock.json if present, else the shipped one).",
             ),
             click.option(
@@ -82,44 +84,28 @@ def _pin_options(fn: Callable) -> Callable:
     return fn
 
 
-def _bounded(low: float, high: float, unit: str) -> Callable[[click.Context, click.Parameter, Any], Any]:
-    """A finite number in (low, high]: nan, inf, 0 and negatives are refused naming the range."""
-
-    def check(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
-        if value is None:
-            return value
-        if not (math.isfinite(value) and low < value <= high):
-            raise click.BadParameter(f"{value!r} is not in ({low:g}, {high:g}] {unit}")
-        return value
-
-    return check
-
-
 def _api_options(fn: Callable) -> Callable:
     for decorator in reversed(
         [
             click.option(
                 "--connect-timeout",
-                type=float,
                 default=10.0,
                 show_default=True,
-                callback=_bounded(0, 300, "seconds"),
+                type=params.Duration(max_s=300),
                 help="Seconds to connect (release API and downloads).",
             ),
             click.option(
                 "--read-timeout",
-                type=float,
                 default=30.0,
                 show_default=True,
-                callback=_bounded(0, 600, "seconds"),
+                type=params.Duration(max_s=600),
                 help="Seconds without data before a retry (release API and downloads).",
             ),
             click.option(
                 "--api-deadline",
-                type=float,
                 default=60.0,
                 show_default=True,
-                callback=_bounded(0, 3600, "seconds"),
+                type=params.Duration(max_s=3600),
                 help="Seconds for a whole release API answer, however slowly it trickles.",
             ),
         ]
@@ -133,26 +119,24 @@ def _download_options(fn: Callable) -> Callable:
         [
             click.option(
                 "--retries",
-                type=click.IntRange(0, 100),
+                type=params.Count(0, 100),
                 default=5,
                 show_default=True,
                 help="Retries per part (with backoff).",
             ),
             click.option(
                 "--min-rate",
-                type=float,
                 default=16384.0,
                 show_default=True,
-                callback=_bounded(0, 1e12, "bytes/s"),
+                type=params.Rate(),
                 help="Bytes/s a download must average over --rate-window, or it is retried (a stalled "
                 "or trickling server fails; a slow mirror still works).",
             ),
             click.option(
                 "--rate-window",
-                type=float,
                 default=30.0,
                 show_default=True,
-                callback=_bounded(0, 3600, "seconds"),
+                type=params.Duration(max_s=3600),
                 help="Seconds over which --min-rate is measured.",
             ),
         ]
@@ -363,7 +347,7 @@ def _request(
 )
 @click.option(
     "--download-dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=params.NonEmptyPath(file_okay=False, path_type=Path),
     default=None,
     help="Stage downloaded parts here (default <prefix>/bundles/.downloads; kept there for resuming). "
     "Refused if another user can write it, unless it is sticky.",
@@ -593,7 +577,7 @@ def _families(requested: tuple[str, ...], manifest: Any) -> list[str]:
 @_api_options
 @click.option(
     "--out",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=params.NonEmptyPath(dir_okay=False, path_type=Path),
     default=None,
     help="Where to write the lock (default: --lock, <bundles-dir>/lock.json, else <prefix>/lock.json).",
 )
@@ -669,7 +653,7 @@ def _channel_of(manifest: Any, family: str) -> str:
     "--to",
     "dest",
     required=True,
-    type=click.Path(file_okay=False, path_type=Path),
+    type=params.NonEmptyPath(file_okay=False, path_type=Path),
     help="Mirror directory to fill (flat file names, usable with install --mirror). Refused if another "
     "user can write it, unless it is sticky.",
 )
