@@ -396,16 +396,3 @@ def resolve(choices: Choices, pools: Sequence[GpuPool]) -> ServerArgs:
             )
         )
     return ServerArgs(settings, extra, notes)
-
-
-def pools_from_facts(ctx) -> list[GpuPool]:
-    """The GPUs the diagnosis found, each with the pool vLLM will size from (an APU's GTT pool)."""
-    from ..checks import facts
-
-    pools = []
-    for gpu in facts.gpus(ctx):
-        total, free = facts.usable_memory(ctx, gpu)
-        pools.append(
-            GpuPool(f"node {gpu.node} ({gpu.gfx})", gpu.family or gpu.gfx, total, free, bool(gpu.apu))
-        )
-    return pools

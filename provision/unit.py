@@ -15,11 +15,11 @@ from importlib import resources
 from pathlib import Path
 
 from ..bundle_env import BUNDLE_SETTINGS
+from ..host_writes import HostWriter, WriteRefused
 from ..params import MAX_DURATION_S, prefix_problem, service_user_problem
 from ..registry import DEFAULT_PREFIX
 from ..sensitive import KeyFileError
 from ..sensitive import read_api_key as read_key_file
-from . import accounts
 from .server_args import ServerArgs
 
 UNIT_NAME = "vllm.service"
@@ -198,13 +198,14 @@ def file_specs(
 
 def apply_file(root: Path, spec: FileSpec, check: bool = False) -> FileChange:
     """Make root/spec.path hold spec.content with spec.mode; inside a foreign root no link is followed."""
-    raw = accounts.read_file(root, spec.path)
-    old_mode = accounts.mode_of(root, spec.path, spec.mode) if raw is not None else None
+    writer = HostWriter(root)
+    raw = writer.read_current(spec.path)
+    old_mode = writer.current_mode(spec.path)
     old = raw.decode(errors="replace") if raw is not None else None
     if old == spec.content:
         if old_mode != spec.mode:
             if not check:
-                accounts.chmod_file(root, spec.path, spec.mode)
+                writer.chmod(spec.path, spec.mode)
             return FileChange(spec.path, True, f"mode {old_mode:04o} -> {spec.mode:04o}")
         return FileChange(spec.path, False)
     if spec.secret:
@@ -219,7 +220,7 @@ def apply_file(root: Path, spec: FileSpec, check: bool = False) -> FileChange:
             )
         )
     if not check:
-        accounts.write_file(root, spec.path, spec.content.encode(), spec.mode)
+        writer.write_file(spec.path, spec.content.encode(), spec.mode)
     return FileChange(spec.path, True, diff)
 
 
@@ -227,7 +228,8 @@ def ensure_accounts(root: Path, user: str, check: bool = False) -> list[str]:
     """The service user (system account, own group, no login) and the device groups, if missing.
 
     On a foreign root the account files are edited by rocmdoctor itself (nothing from the tree runs)."""
-    uid = accounts.uid_of(root, user)
+    writer = HostWriter(root)
+    uid = writer.uid_of(user)
     if uid in FORBIDDEN_UIDS:
         raise UnitError(
             f"--user {user} has uid {uid} ({FORBIDDEN_UIDS[uid]}) in {root}/etc/passwd; "
@@ -235,21 +237,21 @@ def ensure_accounts(root: Path, user: str, check: bool = False) -> list[str]:
         )
     created = []
     for group in DEVICE_GROUPS:
-        if group not in accounts.names(root, "group"):
+        if group not in writer.group_names():
             if not check:
-                accounts.add_group(root, group)
+                writer.add_group(group)
             created.append(f"group {group}")
     if uid is None:
         if not check:
-            accounts.add_system_user(root, user, f"/var/lib/{STATE_NAME}", "/usr/sbin/nologin", "vLLM server")
+            writer.add_system_user(user, f"/var/lib/{STATE_NAME}", "/usr/sbin/nologin", "vLLM server")
         created.append(f"user {user}")
     return created
 
 
-def _run(argv: list[str]) -> None:
+def _run(root: Path, argv: list[str]) -> None:
     try:
-        accounts.run(argv)
-    except accounts.RootFsError as exc:
+        HostWriter(root).run(argv)
+    except WriteRefused as exc:
         raise UnitError(str(exc)) from None
 
 
@@ -264,14 +266,14 @@ def write(root: Path, specs: list[FileSpec], user: str, check: bool = False) -> 
     try:
         report.accounts = ensure_accounts(root, user, check)
         report.files = [apply_file(root, spec, check) for spec in specs]
-    except accounts.RootFsError as exc:
+    except WriteRefused as exc:
         raise UnitError(str(exc)) from None
     unit_changed = any(f.changed and f.path.endswith(".service") for f in report.files)
     if unit_changed:
         if check:
             report.daemon_reload = "would run"
         elif systemd_running(root):
-            _run(["systemctl", "daemon-reload"])
+            _run(root, ["systemctl", "daemon-reload"])
             report.daemon_reload = "done"
         else:
             report.daemon_reload = "skipped: systemd is not running here"

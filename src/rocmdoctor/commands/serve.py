@@ -52,7 +52,8 @@ def server_options(fn: Callable) -> Callable:
 
 
 def resolve_args(app: App, opts: dict[str, Any]):
-    from ..provision.server_args import ArgumentError, Choices, parse_extra, pools_from_facts, resolve
+    from ..provision.server_args import ArgumentError, Choices, parse_extra, resolve
+    from .host_pools import pools_from_facts
     from ..registry import Context, Options
 
     try:
