@@ -8,8 +8,6 @@ VLLM::EngineCore outliving its API server is what keeps GPU memory held after an
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import os
 import signal
 import socket
@@ -19,12 +17,12 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 
 import psutil
 
 from ..bundle_env import bundle_env
+from . import wait_ready as readiness
 from .log_signatures import Cause, diagnose
 
 MARKER = "ROCMDOCTOR_SERVE_ID"
@@ -33,18 +31,7 @@ POLL_S = 1.0
 LOG_TAIL_LINES = 40
 
 
-def _readiness_module():
-    """libexec/wait-ready, the same file the systemd unit runs as ExecStartPost."""
-    path = str(resources.files(__package__).joinpath("libexec/wait-ready"))
-    loader = importlib.machinery.SourceFileLoader("rocmdoctor_wait_ready", path)
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    assert spec is not None  # a SourceFileLoader always gives one
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
 
-
-readiness = _readiness_module()
 
 
 class Stopped(Exception):

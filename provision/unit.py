@@ -179,7 +179,8 @@ def render_env(api_key: str | None) -> str:
 
 
 def wait_ready_script() -> str:
-    return resources.files(__package__).joinpath("libexec/wait-ready").read_text()
+    # The module itself, standard library only: the bundle's python runs it as ExecStartPost.
+    return resources.files(__package__).joinpath("wait_ready.py").read_text()
 
 
 def file_specs(
