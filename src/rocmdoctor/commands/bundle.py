@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -91,14 +90,14 @@ def _api_options(fn: Callable) -> Callable:
                 "--connect-timeout",
                 default=10.0,
                 show_default=True,
-                type=params.Duration(max_s=300),
+                type=params.Duration(max_s=600),
                 help="Seconds to connect (release API and downloads).",
             ),
             click.option(
                 "--read-timeout",
                 default=30.0,
                 show_default=True,
-                type=params.Duration(max_s=600),
+                type=params.Duration(max_s=3600),
                 help="Seconds without data before a retry (release API and downloads).",
             ),
             click.option(
