@@ -124,6 +124,35 @@ class RootError(ValueError):
     """The root given to Host is not a directory."""
 
 
+META_READ_LIMIT = 16 << 20
+
+
+def _read_no_links(root: Path, parts: tuple[str, ...], limit: int) -> bytes:
+    """A file under `root` opened component by component with O_NOFOLLOW: a link in the captured
+    tree (to /etc/shadow, or through /proc/<pid>/fd/N) is refused, never followed out of the root."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts[:-1]:
+            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        leaf = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+    finally:
+        os.close(fd)
+    try:
+        if not stat_mod.S_ISREG(os.fstat(leaf).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", parts[-1])
+        chunks, size = [], 0
+        while size <= limit and (chunk := os.read(leaf, 1 << 16)):
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > limit:
+            raise OSError(errno.EFBIG, f"larger than {limit} bytes", parts[-1])
+        return b"".join(chunks)
+    finally:
+        os.close(leaf)
+
+
 def _natural_key(name: str) -> list[Any]:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
@@ -257,8 +286,7 @@ class Host:
         value = None
         if not self.is_live:
             try:
-                with open(os.path.join(self.root, META_DIR, name), encoding="utf-8") as fh:
-                    value = json.load(fh)
+                value = json.loads(_read_no_links(self.root, (META_DIR, name), META_READ_LIMIT))
             except (OSError, ValueError):
                 value = None
         self._meta_cache[name] = value

@@ -9,18 +9,21 @@ command line is kept only when the check reports that process (with secret flags
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import re
 import tarfile
 import tempfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from .atomic import atomic_file
-from .host import ENV_FILE, IDENTITY_FILE, META_DIR, STAT_FILE, Host, ReadState
+from .host import DEFAULT_READ_LIMIT, ENV_FILE, IDENTITY_FILE, META_DIR, STAT_FILE, Host, ReadState
 from .registry import CheckSpec, Context
+from .safe_tar import ArchiveError, Limits, MemberRule, UnsafeArchive, extract_tar, is_no_space, no_space
 
 PASSWD, GROUP = "/etc/passwd", "/etc/group"
 MODULE_FILE = re.compile(r"\.ko(\.[a-z]+)?$")
@@ -93,10 +96,8 @@ def _capture(host: Host, snap: Snapshot, path: str) -> None:
             snap.stat[path] = st.to_json()
     elif st is not None and st.type == "dir":
         snap.dirs.add(path)
-    elif st is not None and st.type == "link" and path.startswith("/proc/"):
-        target = host.readlink(path)
-        if target.ok:
-            snap.links[path] = target.value
+    elif st is not None and st.type == "link" and path.startswith("/proc/") and _link_replays(host, path):
+        snap.links[path] = host.readlink(path).value
     elif MODULE_FILE.search(path):
         snap.files[path] = b""  # checks test that a module file exists; its bytes stay out
     else:
@@ -108,6 +109,12 @@ def _capture(host: Host, snap: Snapshot, path: str) -> None:
             if path.endswith("/cmdline"):
                 text = redact(text.replace("\x00", " ")).replace(" ", "\x00")
             snap.files[path] = text.encode()
+
+
+def _link_replays(host: Host, path: str) -> bool:
+    """Keep a link as a link only where replay accepts one; any other link is captured by content."""
+    target = host.readlink(path)
+    return target.ok and replay_keeps_link(path.lstrip("/").encode(), str(target.value).encode())
 
 
 def collect(ctx: Context, specs: list[CheckSpec]) -> Snapshot:
@@ -186,35 +193,59 @@ def snapshot(ctx: Context, specs: list[CheckSpec], out: Path) -> Snapshot:
     return snap
 
 
-# Only these members may be symlinks: /proc/<pid>/fd/<n> links whose text names what a process
-# holds open. The Host reads their text and never follows links out of the root.
-_FD_LINK = re.compile(r"^proc/\d+/fd/\d+$")
+# A snapshot member is at most what a capture reads of one file (host.read_text's limit); the other
+# caps bound what a crafted archive can make us write before the first check runs.
+SNAPSHOT_LIMITS = Limits(member_size=DEFAULT_READ_LIMIT, members=200_000, total=256 << 20, depth=32)
+
+
+def replay_keeps_link(path: bytes, target: bytes) -> bool:
+    """The links a snapshot may hold: under proc/ (what a process holds open, its cwd, its exe), with
+    an absolute target or a single name (`socket:[123]`). The Host reads their text and never follows
+    one out of the root; a relative target with a `/` could build a chain through the tree, so it is
+    captured by content instead."""
+    if not path.startswith(b"proc/") or b"\0" in target or not target:
+        return False
+    return target.startswith(b"/") or (b"/" not in target and target not in (b".", b".."))
 
 
 class SnapshotError(ValueError):
     """The archive given to --root is not a readable, safe snapshot."""
 
 
-def _replay_filter(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
-    if member.issym() and _FD_LINK.match(member.name):
-        return member.replace(mode=0o777, uid=0, gid=0, uname="", gname="", deep=False)
-    return tarfile.data_filter(member, dest)
+def _open_plain(raw: BinaryIO) -> BinaryIO:
+    """The tar stream of a .tar.gz (or of a plain .tar)."""
+    magic = raw.read(2)
+    raw.seek(0)
+    return gzip.GzipFile(fileobj=raw, mode="rb") if magic == b"\x1f\x8b" else raw  # type: ignore[return-value]
 
 
 def unpack(archive: Path) -> Path:
-    """Extract a snapshot archive into a private temporary directory removed at exit."""
+    """Extract a snapshot archive into a private temporary directory removed at exit.
+
+    The same rule and writer as bundle extraction (`safe_tar`), with a snapshot's limits: every
+    member's size, the count, the total and the depth are checked on its header, before its bytes."""
     import atexit
     import shutil
 
     dest = Path(tempfile.mkdtemp(prefix="rocmdoctor-replay-"))
     atexit.register(shutil.rmtree, dest, ignore_errors=True)
+    rule = MemberRule(SNAPSHOT_LIMITS, opaque_link=replay_keeps_link, what="a snapshot")
     try:
-        with tarfile.open(archive, mode="r:*") as tar:
-            tar.extractall(dest, filter=_replay_filter)
-    except tarfile.FilterError as exc:
-        raise SnapshotError(f"{archive}: refusing unsafe member {exc.tarinfo.name!r} ({exc})") from None
-    except (tarfile.TarError, EOFError, OSError) as exc:
+        with open(archive, "rb") as raw:
+            extract_tar(_open_plain(raw), dest, rule)
+    except UnsafeArchive as exc:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise SnapshotError(f"{archive}: refusing unsafe member {exc.member!r}: {exc.reason}") from None
+    except OSError as exc:
+        shutil.rmtree(dest, ignore_errors=True)
+        if is_no_space(exc):
+            raise SnapshotError(f"{archive}: {no_space(dest.parent, 0, rule.total)}") from None
+        if isinstance(exc, gzip.BadGzipFile):
+            raise SnapshotError(f"{archive} is not a readable snapshot archive ({exc})") from None
+        raise SnapshotError(f"{archive} could not be read ({exc.strerror or exc})") from None
+    except (ArchiveError, EOFError, zlib.error) as exc:
+        shutil.rmtree(dest, ignore_errors=True)
         raise SnapshotError(f"{archive} is not a readable snapshot archive ({exc})") from None
-    if not (dest / META_DIR).is_dir():
+    if not (dest / META_DIR).is_dir() or (dest / META_DIR).is_symlink():
         raise SnapshotError(f"{archive} has no {META_DIR}/ folder: not made by `rocmdoctor snapshot`")
     return dest
