@@ -192,6 +192,8 @@ def relay_extract(gunzip: Gunzip, dest: Path, tar: str, vetter: TarScanner | Non
         if "No space left" in tar_err or "Disk quota exceeded" in tar_err:
             raise OSError(errno.ENOSPC, "No space left on device", str(dest))
         gunzip.check()
+        if not vetter.ended:
+            vetter.finish()  # the archive ended early: say so rather than tar's symptom
         raise ArchiveError(f"tar could not extract the bundle ({tar_err[-2000:] or f'exit {untar.returncode}'})")
     gunzip.check()
     vetter.finish()
