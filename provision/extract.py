@@ -18,6 +18,7 @@ from typing import BinaryIO
 from rocmdoctor.safe_tar import (
     BUFFER,
     ArchiveError,
+    MemberRule,
     NoSpaceLeft,
     TarScanner,
     UnsafeArchive,
@@ -26,7 +27,7 @@ from rocmdoctor.safe_tar import (
     no_space,
 )
 
-from .tarpipe import Counting, Gunzip, HeaderVetter, bundle_rule, decompressor, gnu_tar, relay_extract
+from .tarpipe import Counting, Gunzip, bundle_rule, decompressor, gnu_tar, relay_extract
 
 ProgressFn = Callable[[int], None]
 CLANG_GLOB = "lib/python3.*/site-packages/_rocm_sdk_core/lib/llvm/bin/clang*"
@@ -56,33 +57,32 @@ def extract_stream(
     tar = gnu_tar() if extractor in ("auto", "tar") else None
     if extractor == "tar" and not (tar and command):
         raise ArchiveError("--extractor tar needs GNU tar and pigz or gzip on PATH")
-    scanner: TarScanner | None = None
-    written = 0
+    rule = bundle_rule()
     try:
         if tar and command:
-            scanner = HeaderVetter()
-            relay_extract(Gunzip(command, counting), dest, tar, scanner)
+            relay_extract(Gunzip(command, counting), dest, tar, TarScanner(rule))
         elif command:
-            _python_with_gunzip(Gunzip(command, counting), dest)
+            _python_with_gunzip(Gunzip(command, counting), dest, rule)
         else:
-            _python_in_process(counting, dest)
+            _python_in_process(counting, dest, rule)
     except OSError as exc:
         if not is_no_space(exc) or isinstance(exc, NoSpaceLeft):
             raise
-        written = scanner.offset if scanner is not None else _tree_bytes(dest)
+        # rule.total: the member sizes vetted so far; scaled by the compressed bytes still to come
         total = _compressed_total(stream)
-        needed = written * total // counting.count if total and counting.count else None
-        raise no_space(dest, written, needed) from None
+        needed = rule.total * total // counting.count if total and counting.count else rule.total
+        raise no_space(dest, _tree_bytes(dest), needed) from None
 
 
 def _tree_bytes(dest: Path) -> int:
-    return sum(p.lstat().st_size for p in dest.rglob("*") if p.is_file() and not p.is_symlink())
+    """What the extraction wrote before the disk filled (allocated blocks, as the disk counts them)."""
+    return sum(p.lstat().st_blocks * 512 for p in dest.rglob("*") if not p.is_symlink())
 
 
-def _python_with_gunzip(gunzip: Gunzip, dest: Path) -> None:
+def _python_with_gunzip(gunzip: Gunzip, dest: Path, rule: MemberRule) -> None:
     finished = False
     try:
-        extract_tar(gunzip.stdout, dest, bundle_rule())
+        extract_tar(gunzip.stdout, dest, rule)
         finished = True
     except ArchiveError:
         gunzip.close(failed=True)
@@ -93,10 +93,10 @@ def _python_with_gunzip(gunzip: Gunzip, dest: Path) -> None:
     gunzip.check()
 
 
-def _python_in_process(counting: Counting, dest: Path) -> None:
+def _python_in_process(counting: Counting, dest: Path, rule: MemberRule) -> None:
     try:
         with gzip.GzipFile(fileobj=counting, mode="rb") as plain:
-            extract_tar(plain, dest, bundle_rule())  # type: ignore[arg-type]
+            extract_tar(plain, dest, rule)  # type: ignore[arg-type]
     except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
         raise ArchiveError(f"the bundle is not a valid gzip stream ({exc})") from None
 

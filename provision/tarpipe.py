@@ -27,6 +27,7 @@ ProgressFn = Callable[[int], None]
 # A bundle's tree: deep Python packages, but no path deeper than this, and no special limits on size
 # (the parts are digest-pinned; disk space is checked by the install).
 BUNDLE_LIMITS = Limits(depth=64)
+FEED_BUFFER = 128 << 10
 
 __all__ = ["ArchiveError", "Gunzip", "HeaderVetter", "UnsafeArchive", "bundle_rule", "gnu_tar", "relay_extract"]
 
@@ -76,10 +77,13 @@ class Counting(io.RawIOBase):
     def readinto(self, buffer) -> int:  # type: ignore[override]
         n = self.raw.readinto(buffer)
         if n:
-            self.count += n
-            if self.on_bytes:
-                self.on_bytes(n)
+            self.accepted(n)
         return n
+
+    def accepted(self, n: int) -> None:
+        self.count += n
+        if self.on_bytes:
+            self.on_bytes(n)
 
 
 class Gunzip:
@@ -94,6 +98,7 @@ class Gunzip:
         )
         self.stdout = self.proc.stdout
         self.stream = stream
+        self._raw = stream.raw if isinstance(stream, Counting) else stream
         self.errors: list[BaseException] = []
         self.stderr = ""
         self._stopping = False
@@ -101,11 +106,16 @@ class Gunzip:
         self._thread.start()
 
     def _feed(self) -> None:
-        buf = bytearray(BUFFER)
+        # Small writes, counted once gunzip took them: the count then lags the decompressed output by
+        # little more than the pipes, which keeps the disk-full estimate close.
+        buf = bytearray(FEED_BUFFER)
         view = memoryview(buf)
+        counted = isinstance(self.stream, Counting)
         try:
-            while n := self.stream.readinto(buf):
+            while n := self._raw.readinto(buf):
                 self.proc.stdin.write(view[:n])
+                if counted:
+                    self.stream.accepted(n)
         except BrokenPipeError:
             pass  # the reader stopped; its own error explains why
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread by check()
@@ -122,7 +132,7 @@ class Gunzip:
             return
         if failed and self._thread.is_alive():  # the reader failed first: stop feeding
             self._stopping = True
-            cancel = getattr(self.stream, "cancel", None)
+            cancel = getattr(self._raw, "cancel", None)
             if cancel:
                 cancel()
         if failed:
