@@ -152,6 +152,18 @@ class Gunzip:
             )
 
 
+def _disk_full(tar_err: str, dest: Path) -> bool:
+    """GNU tar says "No space left" for a failed open but only "Wrote only N of M bytes" for a short
+    write; the latter counts as disk full when the filesystem has (almost) nothing left."""
+    if "No space left" in tar_err or "Disk quota exceeded" in tar_err:
+        return True
+    try:
+        st = os.statvfs(dest)
+    except OSError:
+        return False
+    return "Wrote only" in tar_err and st.f_bavail * st.f_frsize < (1 << 20)
+
+
 def relay_extract(gunzip: Gunzip, dest: Path, tar: str, vetter: TarScanner | None = None) -> TarScanner:
     """The plain tar from `gunzip` -> vetter -> GNU tar -x into `dest`; returns the vetter."""
     vetter = vetter or HeaderVetter()
@@ -199,7 +211,7 @@ def relay_extract(gunzip: Gunzip, dest: Path, tar: str, vetter: TarScanner | Non
         untar.stderr.close()
         untar.wait()
     if untar.returncode != 0:
-        if "No space left" in tar_err or "Disk quota exceeded" in tar_err:
+        if _disk_full(tar_err, dest):
             raise OSError(errno.ENOSPC, "No space left on device", str(dest))
         gunzip.check()
         if not vetter.ended:
