@@ -252,9 +252,9 @@ def _publish_raw(lab, tag: str, raw_tar: bytes) -> BuiltBundle:
     return built
 
 
-CLI_CASES = [
-    "pax-size-underscore", "size-base256-stray-bits", "lone-zero-block", "type-char-device", "setuid",
-    "cve-2025-4517", "hardlink-to-symlink", "duplicate-replaces-shim", "symlink-late-bound", "absolute",
+CLI_CASES = [  # one per class; the whole corpus runs against extract_stream above
+    "pax-size-underscore", "size-base256-stray-bits", "type-char-device", "cve-2025-4517",
+    "hardlink-to-symlink", "duplicate-replaces-shim",
 ]  # fmt: skip
 
 
