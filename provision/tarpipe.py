@@ -29,7 +29,15 @@ ProgressFn = Callable[[int], None]
 BUNDLE_LIMITS = Limits(depth=64)
 FEED_BUFFER = 128 << 10
 
-__all__ = ["ArchiveError", "Gunzip", "HeaderVetter", "UnsafeArchive", "bundle_rule", "gnu_tar", "relay_extract"]
+__all__ = [
+    "ArchiveError",
+    "Gunzip",
+    "HeaderVetter",
+    "UnsafeArchive",
+    "bundle_rule",
+    "gnu_tar",
+    "relay_extract",
+]
 
 
 def bundle_rule() -> MemberRule:
@@ -216,7 +224,9 @@ def relay_extract(gunzip: Gunzip, dest: Path, tar: str, vetter: TarScanner | Non
         gunzip.check()
         if not vetter.ended:
             vetter.finish()  # the archive ended early: say so rather than tar's symptom
-        raise ArchiveError(f"tar could not extract the bundle ({tar_err[-2000:] or f'exit {untar.returncode}'})")
+        raise ArchiveError(
+            f"tar could not extract the bundle ({tar_err[-2000:] or f'exit {untar.returncode}'})"
+        )
     gunzip.check()
     vetter.finish()
     return vetter

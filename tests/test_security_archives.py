@@ -66,7 +66,11 @@ def _package_tree(tmp_path: Path) -> Path:
 @pytest.mark.skipif(not Path("/usr/bin/python3").exists(), reason="no system Python")
 def test_the_corpus_is_refused_under_the_system_python(tmp_path):
     """Debian 12's /usr/bin/python3 (3.11.2) predates the 2025 tarfile fixes; users run it there."""
-    env = {**os.environ, "PYTHONPATH": f"{_package_tree(tmp_path)}:{REPO_ROOT / 'tests'}", "PYTHONNOUSERSITE": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{_package_tree(tmp_path)}:{REPO_ROOT / 'tests'}",
+        "PYTHONNOUSERSITE": "1",
+    }
     proc = subprocess.run(
         ["/usr/bin/python3", "-s", str(REPO_ROOT / "tests/harness/hostile_tar.py"), "drive",
          str(tmp_path / "work")],
@@ -107,7 +111,9 @@ def test_the_python_extractor_uses_neither_realpath_nor_tarfile(tmp_path, monkey
     dest.mkdir()
     extract_stream(io.BytesIO(out.getvalue()), dest, extractor="python")
     monkeypatch.undo()
-    assert (dest / "bin/x").read_bytes() == b"#!/bin/sh\n" and (dest / "bin/x").stat().st_mode & 0o777 == 0o755
+    assert (dest / "bin/x").read_bytes() == b"#!/bin/sh\n" and (
+        dest / "bin/x"
+    ).stat().st_mode & 0o777 == 0o755
     assert (dest / "bin/x").stat().st_mtime == 1_700_000_000
     assert os.readlink(dest / "lib/l") == "../bin/x" and (dest / "bin/y").stat().st_nlink == 2
     assert (dest / "lib" / ("n" * 150) / "f").read_bytes() == b"long"
@@ -134,7 +140,11 @@ def _gnu_tree(tmp_path: Path) -> Path:
 def test_archives_made_by_gnu_tar_extract_like_gnu_tar(tmp_path, fmt, extractor):
     """The canonical form is what GNU tar writes: its archives pass, and the tree is GNU tar's own."""
     src = _gnu_tree(tmp_path)
-    names = ["vllm-rocm"] if fmt != "ustar" else ["vllm-rocm/bin", "vllm-rocm/lib/up", "vllm-rocm/lib/mod-hardlink.py"]
+    names = (
+        ["vllm-rocm"]
+        if fmt != "ustar"
+        else ["vllm-rocm/bin", "vllm-rocm/lib/up", "vllm-rocm/lib/mod-hardlink.py"]
+    )
     data = subprocess.run(
         ["tar", "-c", f"--format={fmt}", "-z", "-C", str(src.parent), *names], capture_output=True, check=True
     ).stdout
@@ -151,7 +161,16 @@ def test_archives_made_by_gnu_tar_extract_like_gnu_tar(tmp_path, fmt, extractor)
             link = os.readlink(path) if path.is_symlink() else ""
             content = path.read_bytes() if path.is_file() and not path.is_symlink() else b""
             mtime = int(st.st_mtime) if path.is_file() and not path.is_symlink() else 0
-            out.append((str(path.relative_to(root)), oct(st.st_mode), link, content, mtime, st.st_nlink if not path.is_dir() else 0))
+            out.append(
+                (
+                    str(path.relative_to(root)),
+                    oct(st.st_mode),
+                    link,
+                    content,
+                    mtime,
+                    st.st_nlink if not path.is_dir() else 0,
+                )
+            )
         return out
 
     assert listing(ours) == listing(reference)
@@ -172,7 +191,9 @@ def test_the_bytes_tar_receives_are_the_bytes_vetted(tmp_path):
     raw = plain.getvalue()
     dest = tmp_path / "dest"
     dest.mkdir()
-    vetter = relay_extract(Gunzip(decompressor(), Counting(io.BytesIO(gzip_bytes(raw)), None)), dest, str(fake_tar))
+    vetter = relay_extract(
+        Gunzip(decompressor(), Counting(io.BytesIO(gzip_bytes(raw)), None)), dest, str(fake_tar)
+    )
     received = (tmp_path / "received.tar").read_bytes()
     assert received == raw[: vetter.offset - vetter.trailer] and vetter.members == 50
     assert received.endswith(bytes(1024)) and raw[len(received) :].count(0) == len(raw) - len(received)
@@ -194,7 +215,9 @@ def test_headers_straddling_reads_are_vetted_the_same(chunk):
 def small_tmpfs(tmp_path):
     mount = tmp_path / "tmpfs"
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True, check=False
+    )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
     try:
@@ -246,7 +269,9 @@ def _publish_raw(lab, tag: str, raw_tar: bytes) -> BuiltBundle:
     base = f"{tag}-x64"
     part = out_dir / f"{base}.part01-of-01.tar.gz"
     part.write_bytes(gzip_bytes(raw_tar))
-    built = BuiltBundle(tag=tag, base=base, out_dir=out_dir, parts=[part], partcount=out_dir / f"{base}.partcount")
+    built = BuiltBundle(
+        tag=tag, base=base, out_dir=out_dir, parts=[part], partcount=out_dir / f"{base}.partcount"
+    )
     built.partcount.write_text("1\n")
     lab.server.add_release("lemonade-sdk/vllm-rocm", tag, built.release_assets())
     return built
@@ -284,7 +309,8 @@ def test_install_on_a_full_disk_says_no_space_not_bad_bundle(install_lab, small_
     install_lab.pin("gfx1151", install_lab.bundle(OLD, payload=4 << 20, part_size=1 << 20))
     downloads = install_lab.root / "downloads"
     proc = subprocess.run(  # the prefix on the small tmpfs, the downloads beside it on disk
-        [sys.executable, "-m", "rocmdoctor", "install", "--family", "gfx1151", "--prefix", str(small_tmpfs / "rd"),
+        [sys.executable, "-m", "rocmdoctor", "install", "--family", "gfx1151",
+         "--prefix", str(small_tmpfs / "rd"),
          "--bundles-dir", str(install_lab.pins), "--download-dir", str(downloads), "--extractor", "tar"],
         capture_output=True, text=True, timeout=120, env=install_lab.env(), check=False,
     )  # fmt: skip

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from harness.hostile_tar import END, archive, corpus, directory, gzip_bytes, hardlink, header, member, symlink
 from harness.hosts import check_json, fixture_root, normalize, run_cli
+
 from rocmdoctor import snapshot as snapshot_mod
 from rocmdoctor.host import DEFAULT_READ_LIMIT, Host
 from rocmdoctor.safe_tar import Limits
@@ -53,7 +54,9 @@ def test_the_archive_corpus_is_refused_by_replay(tmp_path, replay_tmp, name):
     assert list(replay_tmp.iterdir()) == [] and list(outside.iterdir()) == []
 
 
-@pytest.mark.parametrize("name", ["pax-size-underscore", "cve-2025-4517", "type-char-device", "dotdot", "truncated"])
+@pytest.mark.parametrize(
+    "name", ["pax-size-underscore", "cve-2025-4517", "type-char-device", "dotdot", "truncated"]
+)
 def test_check_with_a_hostile_snapshot_exits_2(tmp_path, name):
     case = {c.name: c for c in corpus(str(tmp_path / "outside"), "../outside")}[name]
     proc = run_cli("check", "--json", root=_write(tmp_path, archive(case)))
@@ -74,7 +77,9 @@ def test_a_member_larger_than_a_capture_is_refused_before_writing(tmp_path, repl
     assert time.monotonic() - started < 5 and list(replay_tmp.iterdir()) == []
     # exactly the capture limit is what a snapshot may hold
     dest = unpack(_write(tmp_path, _snapshot(member(b"sys/full", bytes(DEFAULT_READ_LIMIT))), "full.tar.gz"))
-    assert (dest / "sys/full").stat().st_size == DEFAULT_READ_LIMIT == snapshot_mod.SNAPSHOT_LIMITS.member_size
+    assert (
+        (dest / "sys/full").stat().st_size == DEFAULT_READ_LIMIT == snapshot_mod.SNAPSHOT_LIMITS.member_size
+    )
 
 
 def test_count_total_and_depth_are_capped(tmp_path, replay_tmp, monkeypatch):

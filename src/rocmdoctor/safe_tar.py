@@ -149,7 +149,9 @@ def _pax_records(data: bytes, where: str) -> dict[bytes, bytes]:
         space = data.find(b" ", pos, pos + 21)
         text = data[pos:space] if space > pos else b""
         if not text or not _DECIMAL.fullmatch(text) or text == b"0":
-            raise _noncanonical(where, f"a pax record length that is not a plain decimal ({data[pos:pos + 20]!r})")
+            raise _noncanonical(
+                where, f"a pax record length that is not a plain decimal ({data[pos : pos + 20]!r})"
+            )
         end = pos + int(text)
         if end > len(data) or end <= space + 1 or data[end - 1] != 0x0A:
             raise _noncanonical(where, "a pax record whose length does not match its text")
@@ -219,7 +221,9 @@ class MemberRule:
         if m.kind != FILE and m.size:
             raise _noncanonical(name, f"a size ({m.size}) on a {m.kind}")
         if limits.member_size is not None and m.size > limits.member_size:
-            raise UnsafeArchive(name, f"is {human(m.size)}, more than the {human(limits.member_size)} allowed")
+            raise UnsafeArchive(
+                name, f"is {human(m.size)}, more than the {human(limits.member_size)} allowed"
+            )
         if limits.members is not None and self.members + 1 > limits.members:
             raise UnsafeArchive(name, f"is one member more than the {limits.members} allowed")
         if limits.total is not None and self.total + m.size > limits.total:
@@ -237,7 +241,9 @@ class MemberRule:
         key = m.key
         existing = self.kinds.get(key)
         if existing is not None and not (m.kind == DIR and existing in (DIR, "implicit")):
-            raise UnsafeArchive(name, "appears twice in the archive (a later member would replace an earlier one)")
+            raise UnsafeArchive(
+                name, "appears twice in the archive (a later member would replace an earlier one)"
+            )
         kind = m.kind
         if m.kind == SYMLINK:
             kind = self._check_symlink(m)
@@ -308,7 +314,9 @@ class MemberRule:
         try:
             comps = self.path(target, m.name, is_dir=False)
         except UnsafeArchive as exc:
-            raise UnsafeArchive(m.name, f"is a hard link leaving {self.what} ({_show(target)!r}: {exc.reason})") from None
+            raise UnsafeArchive(
+                m.name, f"is a hard link leaving {self.what} ({_show(target)!r}: {exc.reason})"
+            ) from None
         if self.kinds.get(b"/".join(comps)) not in (FILE, HARDLINK):
             raise UnsafeArchive(
                 m.name,
@@ -362,7 +370,9 @@ class TarScanner:
                 self.trailer += len(rest)
                 self.offset += len(rest)
                 if self.trailer > _MAX_TRAILER:
-                    raise UnsafeArchive(f"(byte {self.offset})", "is padding far past the end-of-archive marker")
+                    raise UnsafeArchive(
+                        f"(byte {self.offset})", "is padding far past the end-of-archive marker"
+                    )
                 return pos
             if self._data_left:
                 take = min(self._data_left, size - pos)
@@ -416,7 +426,9 @@ class TarScanner:
         where = f"(header at byte {self.offset - BLOCK})"
         magic = header[257:265]
         if header != ZERO_BLOCK and magic not in (_USTAR, _GNU):
-            raise ArchiveError(f"the archive is not a ustar or GNU tar stream (no tar header at byte {self.offset - BLOCK})")
+            raise ArchiveError(
+                f"the archive is not a ustar or GNU tar stream (no tar header at byte {self.offset - BLOCK})"
+            )
         if header == ZERO_BLOCK:
             if self._pending_kinds:
                 raise _noncanonical(where, "an extended header that no member follows")
@@ -431,7 +443,7 @@ class TarScanner:
             prefix = _cstr(header[345:500], "prefix", where)
             if header[500:512].count(0) != 12:
                 raise _noncanonical(where, "bytes in the unused end of a ustar header")
-        else:  # GNU: these bytes hold incremental, sparse and multi-volume data, which tarfile reads as a prefix
+        else:  # GNU: incremental, sparse and multi-volume data here, which tarfile would read as a prefix
             prefix = b""
             if header[345:512].count(0) != 167:
                 raise _noncanonical(where, "GNU incremental, sparse or multi-volume fields")
@@ -463,8 +475,10 @@ class TarScanner:
     def _begin_extended(self, kind: bytes, size: int, where: str) -> None:
         if kind == b"g" and self._pending_kinds:
             raise _noncanonical(where, "a global pax header between a member's extended headers")
-        if kind in self._pending_kinds or (kind == b"x" and self._pending_kinds) or (
-            kind in (b"L", b"K") and b"x" in self._pending_kinds
+        if (
+            kind in self._pending_kinds
+            or (kind == b"x" and self._pending_kinds)
+            or (kind in (b"L", b"K") and b"x" in self._pending_kinds)
         ):
             raise _noncanonical(where, "extended headers of different kinds (or twice) for one member")
         bound = _MAX_PAX if kind in (b"x", b"g") else _MAX_LONGNAME
@@ -487,7 +501,9 @@ class TarScanner:
         allowed = _PAX_GLOBAL_KEYS if kind == b"g" else _PAX_MEMBER_KEYS | _PAX_IGNORED_KEYS
         for key in records:
             if key not in allowed and not key.startswith(_PAX_IGNORED_PREFIXES):
-                raise UnsafeArchive(where, f"has the pax keyword {_show(key)!r}, which rocmdoctor does not accept")
+                raise UnsafeArchive(
+                    where, f"has the pax keyword {_show(key)!r}, which rocmdoctor does not accept"
+                )
         for key in (b"mtime", b"atime", b"ctime"):
             if key in records:
                 _pax_time_ns(records[key], key, where)
@@ -497,7 +513,9 @@ class TarScanner:
         if kind == b"x":
             self._pending.update(records)
 
-    def _member(self, name: bytes, linkname: bytes, kind: str, size: int, mode: int, mtime_ns: int, where: str) -> None:
+    def _member(
+        self, name: bytes, linkname: bytes, kind: str, size: int, mode: int, mtime_ns: int, where: str
+    ) -> None:
         pending, self._pending, self._pending_kinds = self._pending, {}, set()
         name = pending.get(b"path", name)
         linkname = pending.get(b"linkpath", linkname)
@@ -556,7 +574,9 @@ class TreeWriter:
                 return os.open(comp, _DIR_FLAGS, dir_fd=parent)
             except FileNotFoundError:
                 if not create:
-                    raise UnsafeArchive(name, f"refers to {_show(comp)!r}, which the archive did not create") from None
+                    raise UnsafeArchive(
+                        name, f"refers to {_show(comp)!r}, which the archive did not create"
+                    ) from None
                 try:
                     os.mkdir(comp, 0o755, dir_fd=parent)
                 except FileExistsError:
@@ -614,7 +634,9 @@ class TreeWriter:
             except FileNotFoundError:
                 st = None
             if st is None or not stat.S_ISREG(st.st_mode):
-                raise UnsafeArchive(m.name, f"is a hard link to {_show(m.target)!r}, which is not a regular file")
+                raise UnsafeArchive(
+                    m.name, f"is a hard link to {_show(m.target)!r}, which is not a regular file"
+                )
             os.link(comps[-1], leaf, src_dir_fd=fd, dst_dir_fd=parent, follow_symlinks=False)
         finally:
             for each in opened:
@@ -638,7 +660,9 @@ class TreeWriter:
             os.close(fd)
 
 
-def extract_tar(reader: BinaryIO, dest: Path, rule: MemberRule, on_written: Callable[[], int] | None = None) -> TreeWriter:
+def extract_tar(
+    reader: BinaryIO, dest: Path, rule: MemberRule, on_written: Callable[[], int] | None = None
+) -> TreeWriter:
     """Read a plain tar stream from `reader` and create its members under `dest` (an empty directory).
 
     Raises UnsafeArchive / ArchiveError before anything refused is created; the caller removes

@@ -216,7 +216,9 @@ def _open_plain(raw: BinaryIO) -> BinaryIO:
     """The tar stream of a .tar.gz (or of a plain .tar)."""
     magic = raw.read(2)
     raw.seek(0)
-    return gzip.GzipFile(fileobj=raw, mode="rb") if magic == b"\x1f\x8b" else raw  # type: ignore[return-value]
+    if magic == b"\x1f\x8b":
+        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
+    return raw
 
 
 def unpack(archive: Path) -> Path:

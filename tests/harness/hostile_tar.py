@@ -131,22 +131,21 @@ class Case:
 def _valid_bundle() -> bytes:
     """The members of a bundle that would install (shim, interpreter wrapper, marker), no end marker."""
     out = io.BytesIO()
-    tar = tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT)
-    files = {
-        "bin/vllm-server": (b"#!/bin/sh\necho vllm-server stand-in\n", 0o755),
-        "bin/python3": (f'#!/bin/sh\nexec "{sys.executable}" "$@"\n'.encode(), 0o755),
-        "lib/python3.13/site-packages/marker.txt": (b"hostile", 0o644),
-    }
-    for dirname in ("bin", "lib", "lib/python3.13", "lib/python3.13/site-packages"):
-        info = tarfile.TarInfo(dirname)
-        info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, MTIME
-        tar.addfile(info)
-    for name, (data, mode) in files.items():
-        info = tarfile.TarInfo(name)
-        info.size, info.mode, info.mtime = len(data), mode, MTIME
-        tar.addfile(info, io.BytesIO(data))
-    end = tar.offset
-    tar.close()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        files = {
+            "bin/vllm-server": (b"#!/bin/sh\necho vllm-server stand-in\n", 0o755),
+            "bin/python3": (f'#!/bin/sh\nexec "{sys.executable}" "$@"\n'.encode(), 0o755),
+            "lib/python3.13/site-packages/marker.txt": (b"hostile", 0o644),
+        }
+        for dirname in ("bin", "lib", "lib/python3.13", "lib/python3.13/site-packages"):
+            info = tarfile.TarInfo(dirname)
+            info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, MTIME
+            tar.addfile(info)
+        for name, (data, mode) in files.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), mode, MTIME
+            tar.addfile(info, io.BytesIO(data))
+        end = tar.offset  # before close() writes the end marker
     return out.getvalue()[:end]
 
 
@@ -197,7 +196,12 @@ def corpus(outside_abs: str, outside_rel: str) -> list[Case]:
     add("pax-gnu-sparse", "header", pax({b"GNU.sparse.major": b"1", b"GNU.sparse.minor": b"0",
         b"GNU.sparse.realsize": b"512"}) + member(b"lib/a"), "pax keyword")  # fmt: skip
     add("pax-hdrcharset", "header", pax({b"hdrcharset": b"BINARY"}) + member(b"lib/a"), "pax keyword")
-    add("pax-global-path", "header", pax({b"path": b"../escaped"}, kind=b"g") + member(b"lib/a"), "pax keyword")
+    add(
+        "pax-global-path",
+        "header",
+        pax({b"path": b"../escaped"}, kind=b"g") + member(b"lib/a"),
+        "pax keyword",
+    )
     add("pax-global-size", "header", pax({b"size": b"512"}, kind=b"g") + member(b"lib/a") + smuggle,
         "pax keyword")  # fmt: skip
     add("pax-nul-in-path", "header", pax({b"path": b"lib/ok\0/../../../escaped"}) + member(b"lib/a"),
@@ -217,14 +221,24 @@ def corpus(outside_abs: str, outside_rel: str) -> list[Case]:
     add("uid-blank-inside", "header", header(b"lib/a", raw={"uid": b"00 0000\0"}), "uid field")
     add("mtime-garbage", "header", header(b"lib/a", raw={"mtime": b"1234567890a\0"}), "mtime field")
     add("devmajor-garbage", "header", header(b"lib/a", raw={"devmajor": b"garbage\0"}), "device number")
-    add("checksum-mismatch", "header", header(b"lib/a", raw={"chksum": b"000000\0 "}) + smuggle, "bad checksum")
+    add(
+        "checksum-mismatch",
+        "header",
+        header(b"lib/a", raw={"chksum": b"000000\0 "}) + smuggle,
+        "bad checksum",
+    )
     add("checksum-signed-sum", "header", header(b"lib/\xe9\xff", signed_checksum=True), "bad checksum")
     add("checksum-non-octal", "header", header(b"lib/a", raw={"chksum": b"01x017\0 "}), "checksum field")
     add("name-bytes-after-nul", "header", header(b"lib/ok\0../../escaped"), "name field")
     add("linkname-bytes-after-nul", "header", header(b"lib/l", b"2", linkname=b"ok\0/etc"), "link name field")
     add("v7-header", "header", header(b"lib/a", magic=bytes(8)), "not a ustar or GNU tar")
     add("ustar-bad-version", "header", header(b"lib/a", magic=b"ustar\x0001"), "not a ustar or GNU tar")
-    add("gnu-sparse-fields", "header", header(b"lib/a", magic=GNU, raw={"gnu_sparse": b"00000001000\0"}), "GNU incremental")
+    add(
+        "gnu-sparse-fields",
+        "header",
+        header(b"lib/a", magic=GNU, raw={"gnu_sparse": b"00000001000\0"}),
+        "GNU incremental",
+    )
     add("ustar-tail-bytes", "header", header(b"lib/a", raw={"tail": b"x"}), "unused end")
     add("gnu-longname-inner-nul", "header", gnu_long(b"L", b"lib/ok\0../../escaped\0") + member(b"x"),
         "long name")  # fmt: skip
@@ -246,35 +260,53 @@ def corpus(outside_abs: str, outside_rel: str) -> list[Case]:
 
     # -- types that are not a file, directory or link
     for label, kind in [("char-device", b"3"), ("block-device", b"4"), ("fifo", b"6"), ("contiguous", b"7"),
-                        ("aregtype", b"\0"), ("gnu-sparse", b"S"), ("gnu-volume", b"V"), ("gnu-dumpdir", b"D"),
+                        ("aregtype", b"\0"), ("gnu-sparse", b"S"), ("gnu-volume", b"V"),
+                        ("gnu-dumpdir", b"D"),
                         ("gnu-multivolume", b"M"), ("solaris-acl", b"A")]:  # fmt: skip
         add(f"type-{label}", "member", header(b"lib/special", kind), "special file")
 
     # -- the member rule
     add("dotdot", "member", member(b"../escaped.txt", b"x"), "contains '..'")
     add("dotdot-inner", "member", member(b"lib/../../escaped.txt", b"x"), "contains '..'")
-    add("dotdot-pax-path", "member", pax({b"path": b"lib/../../escaped"}) + member(b"lib/a", b"x"), "contains '..'")
+    add(
+        "dotdot-pax-path",
+        "member",
+        pax({b"path": b"lib/../../escaped"}) + member(b"lib/a", b"x"),
+        "contains '..'",
+    )
     add("dotdot-gnu-longname", "member", gnu_long(b"L", b"lib/" + b"../" * 40 + b"escaped\0") + member(b"x"),
         "contains '..'")  # fmt: skip
     add("absolute", "member", member(oabs + b"/abs.txt", b"x"), "absolute path")
     add("absolute-via-prefix", "member", member(b"abs.txt", b"x", raw={"prefix": oabs}), "absolute path")
-    add("absolute-pax-path", "member", pax({b"path": oabs + b"/abs.txt"}) + member(b"x", b"x"), "absolute path")
+    add(
+        "absolute-pax-path",
+        "member",
+        pax({b"path": oabs + b"/abs.txt"}) + member(b"x", b"x"),
+        "absolute path",
+    )
     add("symlink-absolute", "member", symlink(b"lib/out", oabs), "absolute path")
     add("symlink-relative-out", "member", symlink(b"lib/out", b"../" + orel), "symlink leaving")
     add("symlink-then-write-through", "member", symlink(b"lib/out", b"..") + member(b"lib/out/x", b"x"),
         "through a symlink")  # fmt: skip
-    add("symlink-dot-then-write-through", "member", symlink(b"here", b".") + symlink(b"here/up", b"../escaped"),
+    add("symlink-dot-then-write-through", "member",
+        symlink(b"here", b".") + symlink(b"here/up", b"../escaped"),
         "through a symlink")  # fmt: skip
     add("symlink-dotdot-through-link", "member", symlink(b"here", b".") + symlink(b"up", b"here/.."),
         "symlink leaving")  # fmt: skip
-    add("symlink-late-bound", "member", symlink(b"a", b"s/../escaped") + symlink(b"s", b"."), "symlink leaving")
+    add(
+        "symlink-late-bound",
+        "member",
+        symlink(b"a", b"s/../escaped") + symlink(b"s", b"."),
+        "symlink leaving",
+    )
     add("symlink-chain-loop", "member", b"".join(symlink(b"l%d" % i, b"l%d" % (i + 1)) for i in range(60))
         + symlink(b"l60", b"l0") + symlink(b"x", b"l0/../.."), "symlink leaving")  # fmt: skip
     add("cve-2025-4517", "member", _cve_2025_4517(orel, True), "symlink")
     add("cve-2025-4517-no-member-below-link", "member", _cve_2025_4517(orel, False), "symlink")
     add("hardlink-out", "member", hardlink(b"lib/hard", b"../../etc/hostname"), "hard link")
     add("hardlink-absolute", "member", hardlink(b"lib/hard", oabs + b"/x"), "hard link")
-    add("hardlink-to-symlink", "member", symlink(b"lib/lnk", b"../bin/python3") + hardlink(b"lib/h", b"lib/lnk"),
+    add("hardlink-to-symlink", "member",
+        symlink(b"lib/lnk", b"../bin/python3") + hardlink(b"lib/h", b"lib/lnk"),
         "not a regular file")  # fmt: skip
     add("hardlink-to-missing", "member", hardlink(b"lib/h", b"lib/not-there"), "not a regular file")
     add("hardlink-to-directory", "member", hardlink(b"lib/h", b"bin"), "not a regular file")
@@ -291,7 +323,12 @@ def corpus(outside_abs: str, outside_rel: str) -> list[Case]:
     add("below-a-file", "member", member(b"bin/python3/x", b"x"), "below a file")
     add("too-deep", "member", pax({b"path": b"d/" * 70 + b"x"}) + member(b"x", b"x"), "nested")
     add("name-too-long", "member", pax({b"path": b"lib/" + b"n" * 5000}) + member(b"x", b"x"), "longer than")
-    add("component-too-long", "member", pax({b"path": b"lib/" + b"n" * 300}) + member(b"x", b"x"), "longer than")
+    add(
+        "component-too-long",
+        "member",
+        pax({b"path": b"lib/" + b"n" * 300}) + member(b"x", b"x"),
+        "longer than",
+    )
     add("newline-in-name", "member", member(b"lib/a\nb", b"x"), "newline")
     add("root-as-file", "member", member(b"./", b"x"), "ends with '/'")
     return c
@@ -346,10 +383,9 @@ def drive(workdir: Path, extractors: tuple[str, ...] = ("python", "tar")) -> lis
             except (ArchiveError, UnsafeArchive) as exc:
                 error = str(exc)
             problems = inspect_tree(dest, box) + [f"outside: {p}" for p in os.listdir(outside)]
-            results.append(
-                {"case": case.name, "extractor": extractor, "error": error, "expect": case.expect,
-                 "refused": bool(error) and case.expect in error, "problems": problems}  # fmt: skip
-            )
+            refused = bool(error) and case.expect in error
+            row = {"case": case.name, "extractor": extractor, "error": error, "expect": case.expect}
+            results.append({**row, "refused": refused, "problems": problems})
     return results
 
 
