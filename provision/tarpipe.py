@@ -12,6 +12,7 @@ member the scanner did not.
 from __future__ import annotations
 
 import errno
+import fcntl
 import io
 import os
 import shutil
@@ -28,6 +29,9 @@ ProgressFn = Callable[[int], None]
 # (the parts are digest-pinned; disk space is checked by the install).
 BUNDLE_LIMITS = Limits(depth=64)
 FEED_BUFFER = 128 << 10
+SPLICE_MIN = 64 << 10  # member data at least this long goes pipe to pipe
+PIPE_SIZE = 1 << 20
+F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 
 __all__ = [
     "ArchiveError",
@@ -172,8 +176,25 @@ def _disk_full(tar_err: str, dest: Path) -> bool:
     return "Wrote only" in tar_err and st.f_bavail * st.f_frsize < (1 << 20)
 
 
+def _grow_pipe(fd: int) -> None:
+    try:
+        fcntl.fcntl(fd, F_SETPIPE_SZ, PIPE_SIZE)
+    except OSError:
+        pass  # a smaller pipe only costs more system calls
+
+
+def _write_all(fd: int, view: memoryview) -> None:
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 def relay_extract(gunzip: Gunzip, dest: Path, tar: str, vetter: TarScanner | None = None) -> TarScanner:
-    """The plain tar from `gunzip` -> vetter -> GNU tar -x into `dest`; returns the vetter."""
+    """The plain tar from `gunzip` -> vetter -> GNU tar -x into `dest`; returns the vetter.
+
+    Headers (and small members) are read into one buffer, vetted, and that buffer is written to tar.
+    The data of a large member is moved from gunzip's pipe to tar's with splice(2), after its header
+    was vetted and for exactly the byte count the header declared: no copy through this process, and
+    the bytes tar receives are still exactly the stream the vetter walks."""
     vetter = vetter or HeaderVetter()
     untar = subprocess.Popen(
         [
@@ -190,19 +211,44 @@ def relay_extract(gunzip: Gunzip, dest: Path, tar: str, vetter: TarScanner | Non
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
+        bufsize=0,  # unbuffered: splice and write go to the same pipe, in order
         env={**os.environ, "LC_ALL": "C"},  # names pass byte for byte (no charset conversion)
     )
+    source = gunzip.stdout.raw  # never the buffered reader: splice reads the same fd
+    fd_in, fd_out = source.fileno(), untar.stdin.fileno()
+    _grow_pipe(fd_in)
+    _grow_pipe(fd_out)
+    splice = getattr(os, "splice", None)
     finished = tar_gone = False
     try:
         buf = bytearray(BUFFER)
         view = memoryview(buf)
-        while n := gunzip.stdout.readinto(buf):
+        while True:
+            left = vetter.splicable
+            if splice is not None and left >= SPLICE_MIN and not tar_gone:
+                try:
+                    moved = splice(fd_in, fd_out, min(left, 1 << 30))
+                except BrokenPipeError:
+                    tar_gone = True  # tar failed (disk full?); its stderr says why
+                    break
+                except OSError as exc:
+                    if exc.errno not in (errno.EINVAL, errno.ENOSYS):
+                        raise
+                    splice = None  # not a pipe here: copy instead
+                    continue
+                if not moved:
+                    break  # gunzip ended inside a member: finish() says truncated
+                vetter.skip_data(moved)
+                continue
+            n = source.readinto(buf)
+            if not n:
+                break
             used = vetter.feed(view[:n])  # raises before a chunk with a refused header reaches tar
             if used and not tar_gone:
                 try:
-                    untar.stdin.write(view[:used])
+                    _write_all(fd_out, view[:used])
                 except BrokenPipeError:
-                    tar_gone = True  # tar failed (disk full?); its stderr says why
+                    tar_gone = True
                     break
             if vetter.ended and not untar.stdin.closed:
                 untar.stdin.close()

@@ -43,6 +43,9 @@ _PAX_MEMBER_KEYS = {b"path", b"linkpath", b"size", b"mtime", b"atime", b"ctime",
 _PAX_IGNORED_KEYS = {b"uname", b"gname", b"comment"}
 _PAX_IGNORED_PREFIXES = (b"SCHILY.xattr.", b"LIBARCHIVE.xattr.")
 _PAX_GLOBAL_KEYS = {b"comment"}  # what `git archive` writes; anything else would apply to every member
+# What GNU tar and tarfile write: mode, uid, gid, size, mtime full width and NUL-terminated, the
+# checksum "%06o\0 ". One match checks them all; anything else goes through `_number` field by field.
+_TYPICAL_NUMBERS = re.compile(rb"([0-7]{7})\0([0-7]{7})\0([0-7]{7})\0([0-7]{11})\0([0-7]{11})\0([0-7]{6})\0 ")
 _MAX_PAX = 1 << 20
 _MAX_LONGNAME = 2 * PATH_MAX
 _MAX_TRAILER = 1 << 20  # zero padding after the end marker (tar pads to its record size)
@@ -197,6 +200,7 @@ class MemberRule:
         self.links: dict[bytes, tuple[bytes, ...]] = {}
         self.members = 0
         self.total = 0
+        self._last_parent: tuple[bytes, ...] | None = None  # its ancestors were checked and recorded
 
     def path(self, raw: bytes, name: str, is_dir: bool) -> tuple[bytes, ...]:
         if not raw:
@@ -206,7 +210,7 @@ class MemberRule:
         comps = tuple(c for c in raw.split(b"/") if c and c != b".")
         if b".." in comps:
             raise UnsafeArchive(name, "contains '..'")
-        if len(raw) >= PATH_MAX or any(len(c) > NAME_MAX for c in comps):
+        if len(raw) >= PATH_MAX or (len(raw) > NAME_MAX and any(len(c) > NAME_MAX for c in comps)):
             raise UnsafeArchive(name, f"has a name longer than the system allows ({len(raw)} bytes)")
         if len(comps) > self.limits.depth:
             raise UnsafeArchive(name, f"is nested {len(comps)} levels deep (at most {self.limits.depth})")
@@ -232,12 +236,15 @@ class MemberRule:
             if m.kind != DIR:
                 raise UnsafeArchive(name, "names the destination itself")
             return
-        for depth in range(1, len(m.path)):
-            kind = self.kinds.get(b"/".join(m.path[:depth]))
-            if kind in (SYMLINK, "opaque"):
-                raise UnsafeArchive(name, "would be written through a symlink")
-            if kind in (FILE, HARDLINK):
-                raise UnsafeArchive(name, "would be written below a file")
+        parent = m.path[:-1]
+        fresh_parent = parent != self._last_parent  # members come grouped by directory
+        if fresh_parent:
+            for depth in range(1, len(m.path)):
+                kind = self.kinds.get(b"/".join(m.path[:depth]))
+                if kind in (SYMLINK, "opaque"):
+                    raise UnsafeArchive(name, "would be written through a symlink")
+                if kind in (FILE, HARDLINK):
+                    raise UnsafeArchive(name, "would be written below a file")
         key = m.key
         existing = self.kinds.get(key)
         if existing is not None and not (m.kind == DIR and existing in (DIR, "implicit")):
@@ -251,8 +258,10 @@ class MemberRule:
             self._check_hardlink(m)
         self.members += 1
         self.total += m.size
-        for depth in range(1, len(m.path)):
-            self.kinds.setdefault(b"/".join(m.path[:depth]), "implicit")
+        if fresh_parent:
+            for depth in range(1, len(m.path)):
+                self.kinds.setdefault(b"/".join(m.path[:depth]), "implicit")
+            self._last_parent = parent
         self.kinds[key] = kind
 
     def _check_symlink(self, m: Member) -> str:
@@ -402,6 +411,20 @@ class TarScanner:
                 self._on_header(header)
         return pos
 
+    @property
+    def splicable(self) -> int:
+        """Bytes of member data that may pass without being looked at (no sink, not an extended header)."""
+        return self._data_left if self._collect is None and self.sink is None else 0
+
+    def skip_data(self, n: int) -> None:
+        """`n` bytes of member data went to the extractor directly (spliced): account for them."""
+        if n > self.splicable:
+            raise ValueError(f"skip_data({n}) past the member's data ({self.splicable} left)")
+        self._data_left -= n
+        self.offset += n
+        if not self._data_left:
+            self._end_data()
+
     def finish(self) -> None:
         """The stream ended: it must have ended as an archive does."""
         if not self.ended:
@@ -436,7 +459,16 @@ class TarScanner:
             return
         if self.zero_blocks:
             raise _noncanonical(where, "a single zero block before more members (tar readers disagree on it)")
-        stored = _number(header[148:156], "checksum", 1 << 21, where)
+        typical = _TYPICAL_NUMBERS.fullmatch(header, 100, 156)
+        if typical and int(typical.group(1), 8) <= 0o7777:
+            mode, size, mtime, stored = (int(typical.group(i), 8) for i in (1, 4, 5, 6))
+        else:
+            stored = _number(header[148:156], "checksum", 1 << 21, where)
+            mode = _number(header[100:108], "mode", 0o7777, where)
+            _number(header[108:116], "uid", (1 << 32) - 1, where, base256=True)
+            _number(header[116:124], "gid", (1 << 32) - 1, where, base256=True)
+            size = _number(header[124:136], "size", 1 << 40, where, base256=True)
+            mtime = _number(header[136:148], "mtime", 1 << 36, where, base256=True)
         if stored != sum(header) - sum(header[148:156]) + 8 * 0x20:
             raise ArchiveError(f"the archive has a header with a bad checksum at byte {self.offset - BLOCK}")
         if magic == _USTAR:
@@ -451,11 +483,6 @@ class TarScanner:
         if prefix:
             name = prefix + b"/" + name
         kind = header[156:157]
-        mode = _number(header[100:108], "mode", 0o7777, where)
-        _number(header[108:116], "uid", (1 << 32) - 1, where, base256=True)
-        _number(header[116:124], "gid", (1 << 32) - 1, where, base256=True)
-        size = _number(header[124:136], "size", 1 << 40, where, base256=True)
-        mtime = _number(header[136:148], "mtime", 1 << 36, where, base256=True)
         linkname = _cstr(header[157:257], "link name", where)
         _cstr(header[265:297], "user name", where)
         _cstr(header[297:329], "group name", where)
