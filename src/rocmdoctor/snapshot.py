@@ -18,7 +18,7 @@ import tempfile
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Callable
 
 from .atomic import atomic_file
 from .host import DEFAULT_READ_LIMIT, ENV_FILE, IDENTITY_FILE, META_DIR, STAT_FILE, Host, ReadState
@@ -27,6 +27,18 @@ from .safe_tar import ArchiveError, Limits, MemberRule, UnsafeArchive, extract_t
 
 PASSWD, GROUP = "/etc/passwd", "/etc/group"
 MODULE_FILE = re.compile(r"\.ko(\.[a-z]+)?$")
+
+
+@dataclass(frozen=True)
+class CaptureFacts:
+    """What only the diagnosis knows, handed in by the caller (the core never imports checks):
+    which processes the checks report, the accounts' primary groups, where free space is measured,
+    and how a command line is cleaned of secrets."""
+
+    reported_pids: frozenset[int]
+    account_gids: frozenset[int]
+    measured_paths: tuple[str, ...]
+    redact: Callable[[str], str]
 
 
 @dataclass
@@ -50,7 +62,7 @@ def _json(value: Any) -> bytes:
     return (json.dumps(value, indent=2, sort_keys=True) + "\n").encode()
 
 
-def _users(ctx: Context) -> set[str]:
+def snapshot_users(ctx: Context) -> set[str]:
     identity = ctx.host.identity()
     names = {identity.user} if identity else set()
     if ctx.options.user:
@@ -80,16 +92,8 @@ def _filter_group(text: str, users: set[str], gids: set[int], keep_gids: set[int
     return "".join(line + "\n" for line in out)
 
 
-def _reported_pids(ctx: Context) -> set[int]:
-    from .checks.processes import read_proc
-
-    return {p.pid for p in (read_proc(ctx, pid) for pid in ctx.host.pids()) if p and (p.is_vllm or p.gpu_fds)}
-
-
-def _capture(host: Host, snap: Snapshot, path: str) -> None:
+def _capture(host: Host, snap: Snapshot, path: str, redact: Callable[[str], str]) -> None:
     """One host path into the snapshot: device node, directory, fd link or file contents."""
-    from .checks.processes import redact
-
     st = host.stat(path)
     if path.startswith("/dev/"):
         if st is not None:
@@ -117,31 +121,24 @@ def _link_replays(host: Host, path: str) -> bool:
     return target.ok and replay_keeps_link(path.lstrip("/").encode(), str(target.value).encode())
 
 
-def collect(ctx: Context, specs: list[CheckSpec]) -> Snapshot:
-    from .checks.access import find_account
-    from .checks.disk import measured_paths
-
+def collect(ctx: Context, specs: list[CheckSpec], facts: CaptureFacts) -> Snapshot:
     host = ctx.host
     snap = Snapshot()
-    users = _users(ctx)
-    reported: set[int] | None = None
+    users = snapshot_users(ctx)
     for pattern in dict.fromkeys(p for spec in specs for p in spec.reads):
         for path in host.glob(pattern):
             if path.startswith("/proc/") and path.endswith("/cmdline"):
-                if reported is None:
-                    reported = _reported_pids(ctx)
-                if int(path.split("/")[2]) not in reported:
+                if int(path.split("/")[2]) not in facts.reported_pids:
                     continue
-            _capture(host, snap, path)
-    accounts = [a for a in (find_account(ctx, u) for u in users) if a]
+            _capture(host, snap, path, facts.redact)
     device_gids = {entry["gid"] for entry in snap.stat.values() if "gid" in entry}
     if PASSWD in snap.files:
         snap.files[PASSWD] = _filter_passwd(snap.files[PASSWD].decode(), users).encode()
     if GROUP in snap.files:
         snap.files[GROUP] = _filter_group(
-            snap.files[GROUP].decode(), users, {a.gid for a in accounts}, device_gids
+            snap.files[GROUP].decode(), users, set(facts.account_gids), device_gids
         ).encode()
-    for path in measured_paths(ctx):
+    for path in facts.measured_paths:
         free = host.free_bytes(path)
         if free is not None:
             snap.stat[path] = {"type": "dir", "mode": "0755", "uid": 0, "gid": 0, "free_bytes": free}
@@ -187,8 +184,8 @@ def write_archive(snap: Snapshot, out: Path) -> None:
             _add(tar, name, tarfile.REGTYPE, data)
 
 
-def snapshot(ctx: Context, specs: list[CheckSpec], out: Path) -> Snapshot:
-    snap = collect(ctx, specs)
+def snapshot(ctx: Context, specs: list[CheckSpec], facts: CaptureFacts, out: Path) -> Snapshot:
+    snap = collect(ctx, specs, facts)
     write_archive(snap, out)
     return snap
 
