@@ -13,13 +13,14 @@ import gzip
 import zlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
 
+from rocmdoctor.provision.tarpipe import Counting, Gunzip, bundle_rule, decompressor, gnu_tar, relay_extract
 from rocmdoctor.safe_tar import (
     BUFFER,
     ArchiveError,
     MemberRule,
     NoSpaceLeft,
+    Readable,
     TarScanner,
     UnsafeArchive,
     extract_tar,
@@ -27,24 +28,25 @@ from rocmdoctor.safe_tar import (
     no_space,
 )
 
-from .tarpipe import Counting, Gunzip, bundle_rule, decompressor, gnu_tar, relay_extract
-
 ProgressFn = Callable[[int], None]
 CLANG_GLOB = "lib/python3.*/site-packages/_rocm_sdk_core/lib/llvm/bin/clang*"
 
 __all__ = ["BUFFER", "ArchiveError", "NoSpaceLeft", "UnsafeArchive", "extract_stream", "fix_exec_bits"]
 
 
-def _compressed_total(stream: BinaryIO) -> int | None:
+def _compressed_total(stream: Readable) -> int | None:
     """The parts' total size when the stream knows it (a PartStream), for the disk-full estimate."""
+    total = 0
     try:
-        return sum(int(part.asset.size) for part in stream.parts)  # type: ignore[attr-defined]
+        for part in stream.parts:  # type: ignore[attr-defined]
+            total += int(part.asset.size)
     except (AttributeError, TypeError, ValueError):
         return None
+    return total
 
 
 def extract_stream(
-    stream: BinaryIO, dest: Path, on_bytes: ProgressFn | None = None, extractor: str = "auto"
+    stream: Readable, dest: Path, on_bytes: ProgressFn | None = None, extractor: str = "auto"
 ) -> None:
     """Extract the gzip'd tar read from `stream` into `dest` (which must exist and be empty).
 
@@ -96,7 +98,7 @@ def _python_with_gunzip(gunzip: Gunzip, dest: Path, rule: MemberRule) -> None:
 def _python_in_process(counting: Counting, dest: Path, rule: MemberRule) -> None:
     try:
         with gzip.GzipFile(fileobj=counting, mode="rb") as plain:
-            extract_tar(plain, dest, rule)  # type: ignore[arg-type]
+            extract_tar(plain, dest, rule)
     except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
         raise ArchiveError(f"the bundle is not a valid gzip stream ({exc})") from None
 

@@ -20,9 +20,9 @@ import subprocess
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO, cast
 
-from rocmdoctor.safe_tar import BUFFER, ArchiveError, Limits, MemberRule, TarScanner, UnsafeArchive
+from rocmdoctor.safe_tar import BUFFER, ArchiveError, Limits, MemberRule, Readable, TarScanner, UnsafeArchive
 
 ProgressFn = Callable[[int], None]
 # A bundle's tree: deep Python packages, but no path deeper than this, and no special limits on size
@@ -55,6 +55,12 @@ class HeaderVetter(TarScanner):
         super().__init__(bundle_rule())
 
 
+def _pipe(stream: IO[bytes] | None) -> IO[bytes]:
+    if stream is None:
+        raise RuntimeError("subprocess started without the pipe asked for")
+    return stream
+
+
 def gnu_tar() -> str | None:
     found = shutil.which("tar")
     if not found:
@@ -79,15 +85,15 @@ def decompressor() -> list[str] | None:
 class Counting(io.RawIOBase):
     """Counts the compressed bytes read (for progress, and for the disk-full estimate)."""
 
-    def __init__(self, raw: BinaryIO, on_bytes: ProgressFn | None) -> None:
+    def __init__(self, raw: Readable, on_bytes: ProgressFn | None) -> None:
         self.raw, self.on_bytes = raw, on_bytes
         self.count = 0
 
     def readable(self) -> bool:
         return True
 
-    def readinto(self, buffer) -> int:  # type: ignore[override]
-        n = self.raw.readinto(buffer)
+    def readinto(self, buffer) -> int:
+        n = self.raw.readinto(buffer) or 0
         if n:
             self.accepted(n)
         return n
@@ -104,13 +110,14 @@ class Gunzip:
     Errors of the stream (a failed download) are kept and re-raised by `check()` in the caller's
     thread, ahead of the truncated-archive symptom they cause."""
 
-    def __init__(self, command: list[str], stream: BinaryIO) -> None:
+    def __init__(self, command: list[str], stream: Readable) -> None:
         self.proc = subprocess.Popen(
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
-        self.stdout = self.proc.stdout
+        self.stdin, self._stderr = _pipe(self.proc.stdin), _pipe(self.proc.stderr)
+        self.stdout = cast(io.BufferedReader, _pipe(self.proc.stdout))  # bufsize -1: buffered
         self.stream = stream
-        self._raw = stream.raw if isinstance(stream, Counting) else stream
+        self._raw: Readable = stream.raw if isinstance(stream, Counting) else stream
         self.errors: list[BaseException] = []
         self.stderr = ""
         self._stopping = False
@@ -122,20 +129,20 @@ class Gunzip:
         # little more than the pipes, which keeps the disk-full estimate close.
         buf = bytearray(FEED_BUFFER)
         view = memoryview(buf)
-        counted = isinstance(self.stream, Counting)
+        counting = self.stream if isinstance(self.stream, Counting) else None
         try:
             while n := self._raw.readinto(buf):
-                self.proc.stdin.write(view[:n])
-                if counted:
-                    self.stream.accepted(n)
+                self.stdin.write(view[:n])
+                if counting is not None:
+                    counting.accepted(n)
         except BrokenPipeError:
             pass  # the reader stopped; its own error explains why
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread by check()
+        except BaseException as exc:
             if not self._stopping:
                 self.errors.append(exc)
         finally:
             try:
-                self.proc.stdin.close()
+                self.stdin.close()
             except BrokenPipeError:
                 pass
 
@@ -151,8 +158,8 @@ class Gunzip:
             self.proc.kill()
         self._thread.join()
         self.stdout.close()
-        self.stderr = self.proc.stderr.read(1 << 16).decode(errors="replace").strip()
-        self.proc.stderr.close()
+        self.stderr = self._stderr.read(1 << 16).decode(errors="replace").strip()
+        self._stderr.close()
         self.proc.wait()
 
     def check(self) -> None:
@@ -214,8 +221,9 @@ def relay_extract(gunzip: Gunzip, dest: Path, tar: str, vetter: TarScanner | Non
         bufsize=0,  # unbuffered: splice and write go to the same pipe, in order
         env={**os.environ, "LC_ALL": "C"},  # names pass byte for byte (no charset conversion)
     )
-    source = gunzip.stdout.raw  # never the buffered reader: splice reads the same fd
-    fd_in, fd_out = source.fileno(), untar.stdin.fileno()
+    source = cast(io.FileIO, gunzip.stdout.raw)  # never the buffered reader: splice reads the same fd
+    stdin, stderr = _pipe(untar.stdin), _pipe(untar.stderr)
+    fd_in, fd_out = source.fileno(), stdin.fileno()
     _grow_pipe(fd_in)
     _grow_pipe(fd_out)
     splice = getattr(os, "splice", None)
@@ -250,19 +258,19 @@ def relay_extract(gunzip: Gunzip, dest: Path, tar: str, vetter: TarScanner | Non
                 except BrokenPipeError:
                     tar_gone = True
                     break
-            if vetter.ended and not untar.stdin.closed:
-                untar.stdin.close()
+            if vetter.ended and not stdin.closed:
+                stdin.close()
         finished = not tar_gone
     finally:
         if not finished and not tar_gone:
             untar.kill()
         gunzip.close(failed=not finished)
         try:
-            untar.stdin.close()
+            stdin.close()
         except BrokenPipeError:
             pass
-        tar_err = untar.stderr.read(1 << 16).decode(errors="replace").strip()
-        untar.stderr.close()
+        tar_err = stderr.read(1 << 16).decode(errors="replace").strip()
+        stderr.close()
         untar.wait()
     if untar.returncode != 0:
         if _disk_full(tar_err, dest):

@@ -127,7 +127,6 @@ def test_the_shared_rule_refuses_without_touching_a_disk(tmp_path, case):
     import io
 
     from rocmdoctor.provision.tarpipe import HeaderVetter
-
     from rocmdoctor.safe_tar import UnsafeArchive
 
     extra, message = _cases(str(tmp_path / "outside"))[case]

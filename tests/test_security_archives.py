@@ -18,6 +18,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+
 from harness.bundles import BuiltBundle
 from harness.hostile_tar import archive, corpus, gzip_bytes, inspect_tree
 from rocmdoctor.provision.extract import ArchiveError, NoSpaceLeft, UnsafeArchive, extract_stream

@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
+
 from harness.hostile_tar import END, archive, corpus, directory, gzip_bytes, hardlink, header, member, symlink
 from harness.hosts import check_json, fixture_root, normalize, run_cli
-
 from rocmdoctor import snapshot as snapshot_mod
 from rocmdoctor.host import DEFAULT_READ_LIMIT, Host
 from rocmdoctor.safe_tar import Limits

@@ -83,10 +83,13 @@ def _archive_with(tmp_path, archive_name, **member):
     return archive
 
 
-@pytest.mark.parametrize("member", [
-    {"name": "../../etc/evil"},
-    {"name": "sys/class/kfd", "link": "/etc"},
-])
+@pytest.mark.parametrize(
+    "member",
+    [
+        {"name": "../../etc/evil"},
+        {"name": "sys/class/kfd", "link": "/etc"},
+    ],
+)
 def test_hostile_snapshot_archive_is_refused_with_a_message(tmp_path, member):
     archive = _archive_with(tmp_path, "hostile.tar.gz", **member)
     proc = run_cli("check", "--json", root=archive)

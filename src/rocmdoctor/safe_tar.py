@@ -26,7 +26,7 @@ import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import Protocol
 
 BLOCK = 512
 BUFFER = 1 << 20
@@ -334,6 +334,10 @@ class MemberRule:
 
 
 # -- the scanner -----------------------------------------------------------------------------------
+
+
+class Readable(Protocol):
+    def readinto(self, buffer: bytearray, /) -> int | None: ...
 
 
 class Sink(Protocol):
@@ -687,9 +691,7 @@ class TreeWriter:
             os.close(fd)
 
 
-def extract_tar(
-    reader: BinaryIO, dest: Path, rule: MemberRule, on_written: Callable[[], int] | None = None
-) -> TreeWriter:
+def extract_tar(reader: Readable, dest: Path, rule: MemberRule) -> TreeWriter:
     """Read a plain tar stream from `reader` and create its members under `dest` (an empty directory).
 
     Raises UnsafeArchive / ArchiveError before anything refused is created; the caller removes

@@ -16,14 +16,24 @@ import re
 import tarfile
 import tempfile
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Callable
+from typing import Any
 
 from .atomic import atomic_file
 from .host import DEFAULT_READ_LIMIT, ENV_FILE, IDENTITY_FILE, META_DIR, STAT_FILE, Host, ReadState
 from .registry import CheckSpec, Context
-from .safe_tar import ArchiveError, Limits, MemberRule, UnsafeArchive, extract_tar, is_no_space, no_space
+from .safe_tar import (
+    ArchiveError,
+    Limits,
+    MemberRule,
+    Readable,
+    UnsafeArchive,
+    extract_tar,
+    is_no_space,
+    no_space,
+)
 
 PASSWD, GROUP = "/etc/passwd", "/etc/group"
 MODULE_FILE = re.compile(r"\.ko(\.[a-z]+)?$")
@@ -127,9 +137,12 @@ def collect(ctx: Context, specs: list[CheckSpec], facts: CaptureFacts) -> Snapsh
     users = snapshot_users(ctx)
     for pattern in dict.fromkeys(p for spec in specs for p in spec.reads):
         for path in host.glob(pattern):
-            if path.startswith("/proc/") and path.endswith("/cmdline"):
-                if int(path.split("/")[2]) not in facts.reported_pids:
-                    continue
+            if (
+                path.startswith("/proc/")
+                and path.endswith("/cmdline")
+                and int(path.split("/")[2]) not in facts.reported_pids
+            ):
+                continue
             _capture(host, snap, path, facts.redact)
     device_gids = {entry["gid"] for entry in snap.stat.values() if "gid" in entry}
     if PASSWD in snap.files:
@@ -209,13 +222,10 @@ class SnapshotError(ValueError):
     """The archive given to --root is not a readable, safe snapshot."""
 
 
-def _open_plain(raw: BinaryIO) -> BinaryIO:
+def _open_plain(raw: io.BufferedReader) -> Readable:
     """The tar stream of a .tar.gz (or of a plain .tar)."""
-    magic = raw.read(2)
-    raw.seek(0)
-    if magic == b"\x1f\x8b":
-        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
-    return raw
+    magic = raw.peek(2)[:2]
+    return gzip.GzipFile(fileobj=raw, mode="rb") if magic == b"\x1f\x8b" else raw
 
 
 def unpack(archive: Path) -> Path:
