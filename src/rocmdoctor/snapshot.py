@@ -108,9 +108,13 @@ def _capture(host: Host, snap: Snapshot, path: str, redact: Callable[[str], str]
     if path.startswith("/dev/"):
         if st is not None:
             snap.stat[path] = st.to_json()
+            acl = host.acl(path)  # udev's uaccess grants arrive as ACL entries (access.devices)
+            if acl.ok:
+                snap.stat[path]["acl"] = acl.value
     elif st is not None and st.type == "dir":
         snap.dirs.add(path)
-    elif st is not None and st.type == "link" and path.startswith("/proc/") and _link_replays(host, path):
+    elif st is not None and st.type == "link" and _link_replays(host, path):
+        # fd links, and a device's driver link (its name is the driver: gpu.mixed_vendor)
         snap.links[path] = host.readlink(path).value
     elif MODULE_FILE.search(path):
         snap.files[path] = b""  # checks test that a module file exists; its bytes stay out
@@ -209,11 +213,15 @@ SNAPSHOT_LIMITS = Limits(member_size=DEFAULT_READ_LIMIT, members=200_000, total=
 
 
 def replay_keeps_link(path: bytes, target: bytes) -> bool:
-    """The links a snapshot may hold: under proc/ (what a process holds open, its cwd, its exe), with
-    an absolute target or a single name (`socket:[123]`). The Host reads their text and never follows
-    one out of the root; a relative target with a `/` could build a chain through the tree, so it is
-    captured by content instead."""
-    if not path.startswith(b"proc/") or b"\0" in target or not target:
+    """The links a snapshot may hold, as text only: under proc/ (what a process holds open), with an
+    absolute target or a single name (`socket:[123]`), and a PCI device's `driver` link under sys/
+    (its last name is the driver). The Host reads their text and resolves paths inside the root;
+    nothing is ever extracted below one. Any other link is captured by its content instead."""
+    if not target or b"\0" in target or b"\n" in target:
+        return False
+    if path.startswith(b"sys/") and path.endswith(b"/driver"):
+        return True
+    if not path.startswith(b"proc/"):
         return False
     return target.startswith(b"/") or (b"/" not in target and target not in (b".", b".."))
 

@@ -15,11 +15,18 @@ FIXTURE_IDS = (
     "strix-halo-nocwsr-dkms",
     "strix-halo-clean",
     "strix-halo-default-ttm",
+    "strix-halo-carveout",
     "strix-point",
     "rx7900xtx-no-render",
     "r9700",
     "mi300x",
     "no-amd-gpu",
+    "mi308x-cpx",
+    "mi300x-cpx",
+    "rx7900xtx-beside-igpu",
+    "r9700-beside-nvidia",
+    "wsl",
+    "mi350x",
 )
 ROOT_PLACEHOLDER = "<root>"
 VERSION_PLACEHOLDER = "<version>"

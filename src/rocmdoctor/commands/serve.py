@@ -161,11 +161,17 @@ def serve(app: App, timeout_s: float, cache_dir: Path | None, log_file: Path | N
     show_settings(args)
     with SignalsToStop():
         try:
-            try:
-                server.start()
-            except OSError as exc:
-                raise UserError(f"cannot start {executable} (log {server.log_path}): "
-                                f"{exc.strerror or exc}") from None
+            server.start()
+        except OSError as exc:
+            raise UserError(f"cannot start {executable} (log {server.log_path}): "
+                            f"{exc.strerror or exc}") from None
+        except Stopped:
+            events.stopped(server.stop(), reason="interrupted while starting")
+            sys.exit(1)
+        # From here on every way out stops the server's whole process group and says so: a readiness
+        # test that fails oddly, an error of our own, a signal. Only SystemExit passes through, and
+        # every path that raises it has stopped the server first.
+        try:
             progress = ProgressLine(args.served_model_name)
             outcome = server.wait_ready(timeout_s, progress)
             progress.finish()
@@ -185,6 +191,18 @@ def serve(app: App, timeout_s: float, cache_dir: Path | None, log_file: Path | N
             left = server.stop()
             events.stopped(left, reason=f"{stop}")
             sys.exit(1 if left else 0)
+        except SystemExit:
+            raise
+        except BaseException as exc:
+            try:
+                left = server.stop()
+            except Stopped:  # the one signal honoured arrived during this stop: finish it
+                left = server.stop()
+            try:
+                events.stopped(left, reason=f"rocmdoctor failed: {type(exc).__name__}: {exc}")
+            except Exception:  # noqa: BLE001 - stdout may be the broken thing; stderr still says it
+                print(f"stopped the server after an error of rocmdoctor ({exc}); left: {left}", file=sys.stderr)
+            raise
 
 
 class Events:

@@ -14,7 +14,7 @@ PLOT_SUFFIXES = (".png", ".svg")
 
 
 def _url(value: str) -> str:
-    from ..provision.openai_client import normalize_url
+    from rocmdoctor.provision.openai_client import normalize_url
 
     try:
         return normalize_url(value)
@@ -111,14 +111,15 @@ def smoke(
 
     Exit 0: every step passed (warnings allowed); 1: a step failed; 2: bad input or nothing answers.
     """
-    from ..provision.smoke import SmokeOptions, run_smoke
+    from rocmdoctor.provision.smoke import SmokeOptions, run_smoke
 
     options = SmokeOptions(_url(url), model, _api_key(api_key_file), timeout_s or 30.0)
     report = run_smoke(options)
     if as_json:
         emit_json(report)
     else:
-        from ..console import make_console
+        from rocmdoctor.console import make_console
+
         from .smoke_render import render_smoke
 
         render_smoke(report, make_console(no_color=app.no_color), app.verbose)
@@ -182,8 +183,8 @@ def bench(
     Exit 0: every request succeeded and the token count matches the server's; 1: failures or a
     mismatch; 2: bad input or nothing answers.
     """
-    from ..provision import openai_client as oc
-    from ..provision.bench import BenchAborted, BenchOptions, abort_remedy, run_bench
+    from rocmdoctor.provision import openai_client as oc
+    from rocmdoctor.provision.bench import BenchAborted, BenchOptions, abort_remedy, run_bench
 
     levels = _concurrency(concurrency_list)
     if requests < max(levels):
@@ -210,7 +211,7 @@ def bench(
             raise UserError(
                 f"{exc.error}; start the server (`rocmdoctor serve`) or point --url at it"
             ) from None
-        click.echo(f"rocmdoctor: bench could not start: {exc.error}\n  → {remedy}", err=True)
+        click.echo(f"rocmdoctor: bench stopped: {exc.error}\n  → {remedy}", err=True)
         sys.exit(1)
     if plot_path is not None:
         from .bench_plot import write_plot
@@ -219,7 +220,8 @@ def bench(
     if as_json:
         emit_json(report)
     else:
-        from ..console import make_console
+        from rocmdoctor.console import make_console
+
         from .smoke_render import render_bench
 
         render_bench(report, make_console(no_color=app.no_color), plot_path)
