@@ -167,7 +167,9 @@ def test_snapshot_links_follow_the_replay_rule():
     assert keeps(b"proc/1/fd/3", b"/dev/dri/renderD128") and keeps(b"proc/1/fd/4", b"socket:[123]")
     assert keeps(b"proc/1/exe", b"/usr/bin/python3")
     assert not keeps(b"proc/1/fd/3", b"../../../etc") and not keeps(b"proc/1/fd/3", b"..")
+    assert keeps(b"sys/bus/pci/devices/0000:03:00.0/driver", b"../../../bus/pci/drivers/amdgpu")
     assert not keeps(b"sys/class/kfd", b"/etc") and not keeps(b".rocmdoctor/env.json", b"/etc/shadow")
+    assert not keeps(b"sys/bus/pci/devices/0000:03:00.0/driver/module", b"/etc")
 
 
 def test_a_real_snapshot_still_replays_and_holds_what_was_captured(tmp_path):
