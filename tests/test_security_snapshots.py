@@ -184,3 +184,17 @@ def test_a_real_snapshot_still_replays_and_holds_what_was_captured(tmp_path):
                 assert path.read_bytes() == tar.extractfile(info).read()
             elif info.issym():
                 assert os.readlink(path) == info.linkname
+
+
+def test_a_tree_with_driver_links_snapshots_and_replays(tmp_path):
+    """PCI `driver` links (gpu.mixed_vendor reads their names) are kept as links and replay."""
+    tree = Path(__file__).resolve().parent / "fixtures" / "checks" / "mixed-amd-nvidia"
+    archive_path = tmp_path / "mixed.tar.gz"
+    proc = run_cli("snapshot", str(archive_path), root=tree)
+    assert proc.returncode == 0, proc.stderr
+    with tarfile.open(archive_path) as tar:
+        assert tar.getmember("sys/bus/pci/devices/0000:03:00.0/driver").issym()
+    rc_tree, from_tree, _ = check_json(tree)
+    rc_replay, replayed, stderr = check_json(archive_path)
+    assert "Traceback" not in stderr and rc_replay == rc_tree, stderr
+    assert normalize(replayed) == normalize(from_tree)

@@ -36,6 +36,7 @@ from .safe_tar import (
 )
 
 PASSWD, GROUP = "/etc/passwd", "/etc/group"
+MEMBER_LIMIT = DEFAULT_READ_LIMIT  # a snapshot file is at most what one read of the Host returns
 MODULE_FILE = re.compile(r"\.ko(\.[a-z]+)?$")
 
 
@@ -126,7 +127,8 @@ def _capture(host: Host, snap: Snapshot, path: str, redact: Callable[[str], str]
             text = raw.value
             if path.endswith("/cmdline"):
                 text = redact(text.replace("\x00", " ")).replace(" ", "\x00")
-            snap.files[path] = text.encode()
+            # A binary file read as text grows (U+FFFD is 3 bytes): keep what replay accepts.
+            snap.files[path] = text.encode()[:MEMBER_LIMIT]
 
 
 def _link_replays(host: Host, path: str) -> bool:
@@ -209,7 +211,7 @@ def snapshot(ctx: Context, specs: list[CheckSpec], facts: CaptureFacts, out: Pat
 
 # A snapshot member is at most what a capture reads of one file (host.read_text's limit); the other
 # caps bound what a crafted archive can make us write before the first check runs.
-SNAPSHOT_LIMITS = Limits(member_size=DEFAULT_READ_LIMIT, members=200_000, total=256 << 20, depth=32)
+SNAPSHOT_LIMITS = Limits(member_size=MEMBER_LIMIT, members=200_000, total=256 << 20, depth=32)
 
 
 def replay_keeps_link(path: bytes, target: bytes) -> bool:
