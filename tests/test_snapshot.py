@@ -6,6 +6,7 @@ import json
 import tarfile
 
 import pytest
+
 from harness.hosts import FIXTURE_IDS, check_json, fixture_root, normalize, run_cli
 from rocmdoctor.checks import load_registry
 
@@ -51,7 +52,10 @@ def test_snapshot_of_this_machine_replays(tmp_path):
     _, replayed, _ = check_json(archive)
     # toolchain.jit runs the live host's compiler; on a capture it skips by design (nothing there to run).
     moving = {"processes.orphans", "disk.space", "toolchain.jit"}
-    strip = lambda r: {c["id"]: (c["status"], c["summary"]) for c in r["checks"] if c["id"] not in moving}
+
+    def strip(r):
+        return {c["id"]: (c["status"], c["summary"]) for c in r["checks"] if c["id"] not in moving}
+
     assert strip(replayed) == strip(live)
     assert replayed["host"] == live["host"]
 
