@@ -24,14 +24,13 @@ from pathlib import Path
 
 import psutil
 
-from rocmdoctor.provision.log_signatures import Cause, diagnose
+from ..bundle_env import bundle_env
+from .log_signatures import Cause, diagnose
 
 MARKER = "ROCMDOCTOR_SERVE_ID"
 STOP_GRACE_S = 30.0
 POLL_S = 1.0
 LOG_TAIL_LINES = 40
-# Inherited variables that make the bundle's Python load someone else's packages.
-DROPPED_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "VIRTUAL_ENV")
 
 
 def _readiness_module():
@@ -61,14 +60,7 @@ def default_cache_base(env: Mapping[str, str]) -> Path:
 
 
 def server_env(base: Mapping[str, str], cache_root: Path, api_key: str | None, marker: str) -> dict[str, str]:
-    env = {k: v for k, v in base.items() if k not in DROPPED_ENV}
-    env.update(
-        PYTHONNOUSERSITE="1",
-        PYTHONUNBUFFERED="1",
-        VLLM_CACHE_ROOT=str(cache_root),
-        VLLM_NO_USAGE_STATS="1",
-        DO_NOT_TRACK="1",
-    )
+    env = bundle_env(base, VLLM_CACHE_ROOT=str(cache_root))
     env[MARKER] = marker
     if api_key:
         env["VLLM_API_KEY"] = api_key

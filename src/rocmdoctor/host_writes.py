@@ -56,8 +56,8 @@ class HostWriter:
             return read_regular(self.real_path(host_path), limit, follow_links=self.is_live)
         except FileNotFoundError:
             return None
-        except (OSError, ValueError) as exc:
-            raise WriteRefused(f"cannot read the current {host_path}: {exc}") from None
+        except OSError as exc:
+            raise WriteRefused(f"cannot read the current {host_path}: {exc.strerror or exc}") from None
 
     def current_mode(self, host_path: str) -> int | None:
         try:

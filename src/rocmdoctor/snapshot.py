@@ -34,6 +34,7 @@ from .safe_tar import (
     is_no_space,
     no_space,
 )
+from .sensitive import redact_cmdline, redact_env
 
 PASSWD, GROUP = "/etc/passwd", "/etc/group"
 MEMBER_LIMIT = DEFAULT_READ_LIMIT  # a snapshot file is at most what one read of the Host returns
@@ -126,7 +127,7 @@ def _capture(host: Host, snap: Snapshot, path: str, redact: Callable[[str], str]
         elif raw.ok:
             text = raw.value
             if path.endswith("/cmdline"):
-                text = redact(text.replace("\x00", " ")).replace(" ", "\x00")
+                text = redact_cmdline(text)
             # A binary file read as text grows (U+FFFD is 3 bytes): keep what replay accepts.
             snap.files[path] = text.encode()[:MEMBER_LIMIT]
 
@@ -164,7 +165,7 @@ def collect(ctx: Context, specs: list[CheckSpec], facts: CaptureFacts) -> Snapsh
     identity = host.identity()
     snap.identity = identity.to_json() if identity else None
     names = sorted({n for spec in specs for n in spec.env})
-    snap.env = {n: host.env[n] for n in names if n in host.env}
+    snap.env = redact_env({n: host.env[n] for n in names if n in host.env})
     return snap
 
 

@@ -1,0 +1,295 @@
+"""Files and accounts inside a target root, by the tool's own code: nothing executed from the tree, no link
+followed out of it.
+
+`unit --write --root DIR` writes into a tree that may come from anyone (a captured host, an image being
+built). `useradd --root DIR` would chroot into DIR and run DIR's own binaries and PAM modules as root, and
+a plain open() of DIR/etc/systemd/system/vllm.service follows a link planted there to /etc/shadow. So for a
+root other than `/`, every path is opened one component at a time from a descriptor of DIR with
+O_NOFOLLOW (a link anywhere on the way is refused, not followed), files are replaced atomically through
+that descriptor, and accounts are added by editing DIR/etc/{passwd,group,shadow,gshadow} the same way.
+On the live root (`/`) links are the administrator's own (/opt -> /data/opt), files are written with the
+ordinary atomic writer and accounts are created with useradd/groupadd, which also run the host's hooks.
+
+These are small functions so that the write seam (rocmdoctor.host_writes.HostWriter, which grew in
+parallel) can take them over: what it lacks so far is the O_NOFOLLOW walk, shadow/gshadow lines and
+login.defs' system id range.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import stat
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from ..atomic import write_atomic
+
+MAX_FILE_BYTES = 4 << 20
+SYSTEM_ID_RANGE = (100, 999)  # Debian's SYS_UID_MIN/SYS_UID_MAX defaults (login.defs may change them)
+
+
+class RootFsError(ValueError):
+    """A path inside the root cannot be used safely; the message says which and why."""
+
+
+def is_live(root: Path) -> bool:
+    return os.path.realpath(root) == "/"
+
+
+def _parts(host_path: str) -> list[str]:
+    parts = [p for p in host_path.split("/") if p]
+    if not parts or any(p in (".", "..") for p in parts):
+        raise RootFsError(f"{host_path!r} is not a normalised absolute path")
+    return parts
+
+
+@contextmanager
+def _dir_fd(root: Path, parts: list[str], create: bool) -> Iterator[int]:
+    """A descriptor of root/parts..., each component opened with O_NOFOLLOW (created 0755 if asked)."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for i, part in enumerate(parts):
+            try:
+                nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                os.mkdir(part, 0o755, dir_fd=fd)
+                nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    where = "/" + "/".join(parts[: i + 1])
+                    raise RootFsError(
+                        f"{root}{where} is a link or not a directory; refusing to follow it out of --root"
+                    ) from None
+                raise
+            os.close(fd)
+            fd = nxt
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def read_file(root: Path, host_path: str, limit: int = MAX_FILE_BYTES) -> bytes | None:
+    """The bytes of root/host_path, None when it does not exist. Regular files only, bounded, and on a
+    foreign root never through a link."""
+    parts = _parts(host_path)
+    live = is_live(root)
+    try:
+        if live:
+            fd = os.open(host_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        else:
+            with _dir_fd(root, parts[:-1], create=False) as dfd:
+                flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+                fd = os.open(parts[-1], flags, dir_fd=dfd)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            where = root / host_path.lstrip("/")
+            raise RootFsError(f"{where} is a link; refusing to follow it out of --root") from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise RootFsError(f"{root / host_path.lstrip('/')} is not a regular file")
+        data = b""
+        while len(data) <= limit:
+            chunk = os.read(fd, limit + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise RootFsError(f"{root / host_path.lstrip('/')} is larger than {limit} bytes")
+    return data
+
+
+def write_file(root: Path, host_path: str, data: bytes, mode: int) -> None:
+    """Replace root/host_path atomically (temp file, fsync, rename, fsync the directory)."""
+    if is_live(root):
+        write_atomic(Path(host_path), data, mode)
+        return
+    parts = _parts(host_path)
+    with _dir_fd(root, parts[:-1], create=True) as dfd:
+        tmp = f".{parts[-1]}.tmp-{secrets.token_hex(6)}"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(tmp, flags, mode, dir_fd=dfd)
+        try:
+            try:
+                os.fchmod(fd, mode)
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.rename(tmp, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            try:
+                os.unlink(tmp, dir_fd=dfd)
+            except OSError:
+                pass
+            raise
+        os.fsync(dfd)
+
+
+def chmod_file(root: Path, host_path: str, mode: int) -> None:
+    if is_live(root):
+        os.chmod(host_path, mode)
+        return
+    parts = _parts(host_path)
+    with _dir_fd(root, parts[:-1], create=False) as dfd:
+        fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+        try:
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
+
+
+# -- accounts ------------------------------------------------------------------------------------------
+
+
+def _lines(root: Path, db: str) -> list[str]:
+    data = read_file(root, f"/etc/{db}")
+    if data is None:
+        return []
+    try:
+        return data.decode().splitlines()
+    except UnicodeDecodeError:
+        raise RootFsError(f"{root}/etc/{db} is not UTF-8 text") from None
+
+
+def names(root: Path, db: str) -> set[str]:
+    return {line.split(":", 1)[0] for line in _lines(root, db) if line and not line.startswith("#")}
+
+
+def _ids(lines: list[str]) -> set[int]:
+    used = set()
+    for line in lines:
+        fields = line.split(":")
+        if len(fields) > 2 and fields[2].isdigit():
+            used.add(int(fields[2]))
+    return used
+
+
+def _system_range(root: Path, kind: str) -> tuple[int, int]:
+    low, high = SYSTEM_ID_RANGE
+    for line in _lines(root, "login.defs"):
+        words = line.split()
+        if len(words) == 2 and words[1].isdigit():
+            if words[0] == f"SYS_{kind}_MIN":
+                low = int(words[1])
+            elif words[0] == f"SYS_{kind}_MAX":
+                high = int(words[1])
+    return low, high
+
+
+def _free_id(root: Path, kind: str, used: set[int], prefer: int | None = None) -> int:
+    """Like useradd --system: the highest free id in the system range (or `prefer` when it is free)."""
+    low, high = _system_range(root, kind)
+    if prefer is not None and low <= prefer <= high and prefer not in used:
+        return prefer
+    for candidate in range(high, low - 1, -1):
+        if candidate not in used:
+            return candidate
+    raise RootFsError(f"no free system {kind.lower()} id between {low} and {high} in {root}/etc")
+
+
+def _append(root: Path, db: str, line: str, mode: int) -> None:
+    existing = read_file(root, f"/etc/{db}")
+    if existing is None and db in ("shadow", "gshadow"):
+        return  # a tree without shadow files keeps none
+    text = (existing or b"").decode()
+    if text and not text.endswith("\n"):
+        text += "\n"
+    write_file(root, f"/etc/{db}", (text + line + "\n").encode(), mode_of(root, f"/etc/{db}", mode))
+
+
+def mode_of(root: Path, host_path: str, default: int) -> int:
+    """The permission bits of root/host_path (`default` when it cannot be stat'ed)."""
+    if is_live(root):
+        try:
+            return stat.S_IMODE(os.stat(host_path).st_mode)
+        except OSError:
+            return default
+    try:
+        parts = _parts(host_path)
+        with _dir_fd(root, parts[:-1], create=False) as dfd:
+            return stat.S_IMODE(os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False).st_mode)
+    except OSError:
+        return default
+
+
+def add_group(root: Path, group: str, gid: int | None = None) -> int:
+    """A system group in root/etc/group (and gshadow when the tree has one); returns its gid."""
+    if is_live(root):
+        run(["groupadd", "--system", group])
+        return -1
+    gid = _free_id(root, "GID", _ids(_lines(root, "group")), gid)
+    _append(root, "group", f"{group}:x:{gid}:", 0o644)
+    _append(root, "gshadow", f"{group}:!::", 0o640)
+    return gid
+
+
+def add_system_user(root: Path, user: str, home: str, shell: str, comment: str) -> None:
+    """A system user with its own group, no login, no home created (useradd --system --user-group)."""
+    if is_live(root):
+        run(
+            [
+                "useradd",
+                "--system",
+                "--user-group",
+                "--home-dir",
+                home,
+                "--no-create-home",
+                "--shell",
+                shell,
+                "--comment",
+                comment,
+                user,
+            ]
+        )
+        return
+    for field in (user, home, shell, comment):
+        if ":" in field or "\n" in field:
+            raise RootFsError(f"{field!r} cannot go into /etc/passwd (':' or a newline)")
+    uid = _free_id(root, "UID", _ids(_lines(root, "passwd")))
+    gid = add_group(root, user, gid=uid) if user not in names(root, "group") else _gid_of(root, user)
+    _append(root, "passwd", f"{user}:x:{uid}:{gid}:{comment}:{home}:{shell}", 0o644)
+    _append(root, "shadow", f"{user}:!:{int(time.time() // 86400)}::::::", 0o640)
+
+
+def _gid_of(root: Path, group: str) -> int:
+    for line in _lines(root, "group"):
+        fields = line.split(":")
+        if fields[0] == group and len(fields) > 2 and fields[2].isdigit():
+            return int(fields[2])
+    raise RootFsError(f"group {group} has no gid in {root}/etc/group")
+
+
+def uid_of(root: Path, user: str) -> int | None:
+    for line in _lines(root, "passwd"):
+        fields = line.split(":")
+        if fields[0] == user and len(fields) > 2 and fields[2].isdigit():
+            return int(fields[2])
+    return None
+
+
+def run(argv: list[str]) -> None:
+    """A program of the live host (never of a foreign root)."""
+    try:
+        done = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        raise RootFsError(
+            f"{argv[0]} is not installed (package passwd); create the account yourself"
+        ) from None
+    except subprocess.TimeoutExpired:
+        raise RootFsError(f"{' '.join(argv)} did not finish within 60 s") from None
+    if done.returncode != 0:
+        raise RootFsError(f"{' '.join(argv)} failed: {done.stderr.strip()}")
