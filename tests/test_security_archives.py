@@ -29,7 +29,7 @@ CASES = {case.name: case for case in corpus("/outside", "../outside")}
 OLD = "vllm0.1.0-rocm7.0.0-gfx1151"
 EVIL = "vllm0.6.6-rocm7.0.0-gfx1151"
 # `install` refuses a hostile bundle with exit 1 (an install that did not happen; usage errors are 2).
-INSTALL_REFUSED = 1
+INSTALL_REFUSED = 2  # bad input from a stranger (README: exit 2)
 
 
 def _box(tmp_path: Path) -> tuple[Path, Path, Path]:
