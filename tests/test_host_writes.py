@@ -45,7 +45,7 @@ def test_a_planted_link_at_the_target_is_neither_read_nor_written_through(tree, 
 def test_accounts_are_added_by_editing_the_tree_in_the_system_range(tree):
     writer = HostWriter(tree)
     writer.add_system_user("vllm", "/var/lib/vllm", "/usr/sbin/nologin", "vLLM server")
-    vllm = next(l for l in (tree / "etc/passwd").read_text().splitlines() if l.startswith("vllm:")).split(":")
+    vllm = next(x for x in (tree / "etc/passwd").read_text().splitlines() if x.startswith("vllm:")).split(":")
     assert 201 <= int(vllm[2]) <= 299 and vllm[5:] == ["/var/lib/vllm", "/usr/sbin/nologin"]
     assert f"vllm:x:{vllm[3]}:" in (tree / "etc/group").read_text()
     assert (tree / "etc/shadow").read_text().splitlines()[-1].startswith("vllm:!:")

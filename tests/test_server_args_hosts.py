@@ -9,9 +9,9 @@ import pytest
 
 from harness.hosts import FIXTURE_IDS, fixture_root, run_cli
 from rocmdoctor.checks import facts
+from rocmdoctor.commands.host_pools import pools_from_facts
 from rocmdoctor.host import Host
 from rocmdoctor.memory_rule import DEFAULT_MARGIN_BYTES
-from rocmdoctor.commands.host_pools import pools_from_facts
 from rocmdoctor.provision.server_args import ArgumentError, Choices, resolve
 from rocmdoctor.registry import Context, Options
 
@@ -95,7 +95,7 @@ def test_tensor_parallel_beyond_the_gpus_present_is_refused():
 def test_unit_on_a_fixture_root_prints_the_computed_arguments():
     done = run_cli("unit", "--model", "/srv/models/Qwen3-4B", root=fixture_root("strix-point"))
     assert done.returncode == 0, done.stderr
-    exec_start = next(l for l in done.stdout.splitlines() if l.startswith("ExecStart="))
+    exec_start = next(x for x in done.stdout.splitlines() if x.startswith("ExecStart="))
     assert "--gpu-memory-utilization 0.69 --max-num-seqs 10" in exec_start
     refused = run_cli("unit", "--model", "m", root=fixture_root("no-amd-gpu"))
     assert refused.returncode == 2 and "no AMD GPU found" in refused.stderr

@@ -168,7 +168,7 @@ def main() -> None:
     except KeyboardInterrupt:
         click.echo("rocmdoctor: interrupted", err=True)
         sys.exit(130)
-    except Exception as exc:  # noqa: BLE001 - the last line of defence: no tracebacks for users
+    except Exception as exc:
         if os.environ.get("ROCMDOCTOR_DEBUG"):
             raise
         click.echo(

@@ -27,8 +27,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from harness.bundles import write_pins
-from harness.release_server import ReleaseServer
+from harness.bundles import write_pins  # noqa: E402 - after the path set-up above
+from harness.release_server import ReleaseServer  # noqa: E402
 
 TAG = "vllm0.0.0-rocm0.0.0-gfx1151"
 PY_FILES = 49_800
