@@ -553,7 +553,7 @@ def _available(app: App, layout: Any, found: list[dict], family: str, as_json: b
 
 @click.group()
 def bundle() -> None:
-    """Maintain the pins (lock) and mirrors of the vllm-rocm bundles."""
+    """The vllm-rocm bundles: install, rollback, list, lock (pins), fetch (mirrors), prune."""
 
 
 def _families(requested: tuple[str, ...], manifest: Any) -> list[str]:
@@ -747,3 +747,10 @@ def prune(prefix: Path, keep: int, check: bool, as_json: bool) -> None:
     _emit(result.to_json(), as_json, f"{'changed' if result.changed else 'ok'}: {result.msg}")
     if result.failed:
         sys.exit(1)
+
+
+# One group for everything that handles bundles; the top-level `install`, `rollback` and `bundles`
+# stay as the documented short forms of `bundle install`, `bundle rollback` and `bundle list`.
+bundle.add_command(install, "install")
+bundle.add_command(rollback, "rollback")
+bundle.add_command(bundles, "list")
