@@ -30,7 +30,7 @@ from typing import Any
 
 from ..atomic import fsync_dir, write_atomic
 from ..model import SCHEMA_VERSION
-from ..safe_tar import NoSpaceLeft
+from ..safe_tar import NoSpaceLeft, human
 from .download import (
     DownloadCancelled,
     Downloader,
@@ -370,18 +370,9 @@ def _describe_older(layout: Layout, result: InstallResult) -> None:
     result.older_bundles_bytes = sum(b["bytes"] for b in older)
     if older:
         result.notes.append(
-            f"{len(older)} older bundle(s) hold {human_bytes(result.older_bundles_bytes)}; "
+            f"{len(older)} older bundle(s) hold {human(result.older_bundles_bytes)}; "
             "`rocmdoctor bundle prune` (or install --prune) removes them"
         )
-
-
-def human_bytes(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"
 
 
 def _os_failure(exc: OSError, layout: Layout) -> str:
@@ -823,7 +814,7 @@ def prune(prefix: Path, keep: int, host: Any, check: bool = False) -> PruneResul
         freed = sum(r["bytes"] for r in removed)
         verb = "would remove" if check else "removed"
         msg = (
-            f"{verb} {len(removed)} bundle(s), {'would free' if check else 'freed'} {human_bytes(freed)}; "
+            f"{verb} {len(removed)} bundle(s), {'would free' if check else 'freed'} {human(freed)}; "
             f"kept {', '.join(kept) or 'nothing'}"
         )
         if refused:
