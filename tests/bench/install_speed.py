@@ -136,8 +136,9 @@ def build() -> tuple[list[Path], dict]:
     assets = CACHE / "assets"
     assets.mkdir(parents=True)
     whole = assets / "whole.tar.gz"
-    # GNU tar + pigz, like the release workflow's `tar -czf` (pigz only to build faster)
-    subprocess.run(f"tar -C {tree} -cf - . | pigz -6 > {whole}", shell=True, check=True)
+    # GNU tar + pigz, like the release workflow's `tar -czf` (pigz only to build faster; gzip where absent)
+    compressor = "pigz" if shutil.which("pigz") else "gzip"
+    subprocess.run(f"tar -C {tree} -cf - . | {compressor} -6 > {whole}", shell=True, check=True)
     size = whole.stat().st_size
     half = (size + 1) // 2
     base = f"{TAG}-x64"
