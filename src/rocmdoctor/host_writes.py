@@ -16,7 +16,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from .atomic import atomic_file
+from .atomic import atomic_file, fsync_dir
 from .rootfs import read_regular, resolve_inside
 
 # Account databases are small; a larger one is not an account database.
@@ -80,6 +80,24 @@ class HostWriter:
         tmp.unlink(missing_ok=True)
         os.symlink(target, tmp)
         os.replace(tmp, real)
+
+    def listdir(self, host_dir: str) -> list[str]:
+        """Names in a directory under the root (sorted; empty when it is absent)."""
+        try:
+            # The directory resolved inside the root, links included (a child's parent is resolved).
+            return sorted(os.listdir(self.real_path(host_dir.rstrip("/") + "/x").parent))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def remove_file(self, host_path: str) -> bool:
+        """Remove a file (or a link, never what it points at); False when it was absent."""
+        real = self.real_path(host_path)
+        try:
+            real.unlink()
+        except FileNotFoundError:
+            return False
+        fsync_dir(real.parent)
+        return True
 
     def _make_dirs(self, real_dir: Path) -> None:
         if not self.is_live:
