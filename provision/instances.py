@@ -24,8 +24,17 @@ from types import SimpleNamespace
 from ..host_writes import HostWriter
 from .layout import Instance, Plan
 from .unit import (
-    DEFAULT_LOAD_TIMEOUT_S, DEVICE_GROUPS, PLACEHOLDER, STATE_NAME, FileSpec, ServiceLayout, UnitError,
-    command_line, readiness_url, systemd_running, wait_ready_script,
+    DEFAULT_LOAD_TIMEOUT_S,
+    DEVICE_GROUPS,
+    PLACEHOLDER,
+    STATE_NAME,
+    FileSpec,
+    ServiceLayout,
+    UnitError,
+    command_line,
+    readiness_url,
+    systemd_running,
+    wait_ready_script,
 )
 
 TEMPLATE_NAME = "vllm@.service"
@@ -51,16 +60,36 @@ def _ref(var: str) -> str:
     return "${" + var + "}"
 
 
-def render_template(common_argv: list[str], served_model_name: str, host: str, layout: ServiceLayout,
-                    user: str, timeout_s: int = DEFAULT_LOAD_TIMEOUT_S) -> str:
+def render_template(
+    common_argv: list[str],
+    served_model_name: str,
+    host: str,
+    layout: ServiceLayout,
+    user: str,
+    timeout_s: int = DEFAULT_LOAD_TIMEOUT_S,
+) -> str:
     """vllm@.service: the single server's unit with the per-instance values read from %i's env file."""
     if not USER_NAME.fullmatch(user):
         raise UnitError(f"--user {user!r} is not a valid system user name (lower case, digits, - and _)")
     base = readiness_url(SimpleNamespace(host=host, port=0)).rsplit(":", 1)[0]
-    exec_start = " ".join([command_line([layout.server, *common_argv]), "--port", _ref(PORT_VAR),
-                           "--gpu-memory-utilization", _ref(UTIL_VAR), "--tensor-parallel-size", _ref(TP_VAR)])
-    exec_post = " ".join([command_line([layout.python, layout.wait_ready]), f"{base}:{_ref(PORT_VAR)}",
-                          command_line([served_model_name, str(timeout_s)])])
+    exec_start = " ".join(
+        [
+            command_line([layout.server, *common_argv]),
+            "--port",
+            _ref(PORT_VAR),
+            "--gpu-memory-utilization",
+            _ref(UTIL_VAR),
+            "--tensor-parallel-size",
+            _ref(TP_VAR),
+        ]
+    )
+    exec_post = " ".join(
+        [
+            command_line([layout.python, layout.wait_ready]),
+            f"{base}:{_ref(PORT_VAR)}",
+            command_line([served_model_name, str(timeout_s)]),
+        ]
+    )
     values = {
         "unit_name": TEMPLATE_NAME,
         "description": served_model_name.replace("%", "%%") + ", instance %i",
@@ -82,39 +111,56 @@ def render_template(common_argv: list[str], served_model_name: str, host: str, l
     ]
     for old, new in edits:
         if text.count(old) != 1:
-            raise UnitError(f"templates/vllm.service changed: {old.strip()!r} not found once; update instances.py")
+            raise UnitError(
+                f"templates/vllm.service changed: {old.strip()!r} not found once; update instances.py"
+            )
         text = text.replace(old, new)
     return text
 
 
 def render_target(plan: Plan) -> str:
     wants = " ".join(f"vllm@{i.name}.service" for i in plan.instances)
-    return (f"# Written by `rocmdoctor instances --write` ({plan.layout}, {len(plan.instances)} instances); rerun it\n"
-            "# rather than editing this file.\n"
-            "[Unit]\n"
-            f"Description=vLLM servers ({plan.layout}: {len(plan.instances)} instances of vllm@.service)\n"
-            f"Wants={wants}\n\n"
-            "[Install]\n"
-            "WantedBy=multi-user.target\n")
+    return (
+        f"# Written by `rocmdoctor instances --write` ({plan.layout}, {len(plan.instances)} instances); rerun it\n"
+        "# rather than editing this file.\n"
+        "[Unit]\n"
+        f"Description=vLLM servers ({plan.layout}: {len(plan.instances)} instances of vllm@.service)\n"
+        f"Wants={wants}\n\n"
+        "[Install]\n"
+        "WantedBy=multi-user.target\n"
+    )
 
 
 def render_env(instance: Instance, api_key: str | None) -> str:
-    lines = [f"# Written by `rocmdoctor instances --write`: vllm@{instance.name} (mode 0600: it may hold the key).",
-             *(f"# {d.label}" for d in instance.devices),
-             f"{DEVICES_VAR}={instance.visible_devices}",
-             f"{PORT_VAR}={instance.port}",
-             f"{UTIL_VAR}={instance.gpu_memory_utilization:.2f}",
-             f"{TP_VAR}={instance.tensor_parallel_size}"]
+    lines = [
+        f"# Written by `rocmdoctor instances --write`: vllm@{instance.name} (mode 0600: it may hold the key).",
+        *(f"# {d.label}" for d in instance.devices),
+        f"{DEVICES_VAR}={instance.visible_devices}",
+        f"{PORT_VAR}={instance.port}",
+        f"{UTIL_VAR}={instance.gpu_memory_utilization:.2f}",
+        f"{TP_VAR}={instance.tensor_parallel_size}",
+    ]
     if api_key:
         lines.append(f"VLLM_API_KEY={api_key}")
     return "\n".join(lines) + "\n"
 
 
-def file_specs(plan: Plan, common_argv: list[str], served_model_name: str, host: str, layout: ServiceLayout,
-               user: str, api_key: str | None, timeout_s: int = DEFAULT_LOAD_TIMEOUT_S) -> list[FileSpec]:
+def file_specs(
+    plan: Plan,
+    common_argv: list[str],
+    served_model_name: str,
+    host: str,
+    layout: ServiceLayout,
+    user: str,
+    api_key: str | None,
+    timeout_s: int = DEFAULT_LOAD_TIMEOUT_S,
+) -> list[FileSpec]:
     return [
-        FileSpec(f"{layout.unit_dir}/{TEMPLATE_NAME}",
-                 render_template(common_argv, served_model_name, host, layout, user, timeout_s), 0o644),
+        FileSpec(
+            f"{layout.unit_dir}/{TEMPLATE_NAME}",
+            render_template(common_argv, served_model_name, host, layout, user, timeout_s),
+            0o644,
+        ),
         FileSpec(f"{layout.unit_dir}/{TARGET_NAME}", render_target(plan), 0o644),
         *(FileSpec(env_path(i.name), render_env(i, api_key), 0o600, secret=True) for i in plan.instances),
         FileSpec(layout.wait_ready, wait_ready_script(), 0o755),
@@ -177,9 +223,13 @@ class Report:
         return bool(self.accounts) or any(f.changed for f in self.files)
 
     def to_json(self) -> dict:
-        return {"changed": self.changed, "files": [f.to_json() for f in self.files],
-                "accounts_created": self.accounts, "daemon_reload": self.daemon_reload,
-                "restart_needed": self.restart}
+        return {
+            "changed": self.changed,
+            "files": [f.to_json() for f in self.files],
+            "accounts_created": self.accounts,
+            "daemon_reload": self.daemon_reload,
+            "restart_needed": self.restart,
+        }
 
 
 def _apply(writer: HostWriter, spec: FileSpec, check: bool) -> Change:
@@ -196,8 +246,14 @@ def _apply(writer: HostWriter, spec: FileSpec, check: bool) -> Change:
         diff = f"{spec.path}: content changed (it may hold the API key: not shown)"
     else:
         before = (old or b"").decode("utf-8", "replace").splitlines(True)
-        diff = "".join(difflib.unified_diff(before, spec.content.splitlines(True),
-                                            fromfile=spec.path if old is not None else "/dev/null", tofile=spec.path))
+        diff = "".join(
+            difflib.unified_diff(
+                before,
+                spec.content.splitlines(True),
+                fromfile=spec.path if old is not None else "/dev/null",
+                tofile=spec.path,
+            )
+        )
     if not check:
         writer.write_file(spec.path, new, spec.mode)
     return Change(spec.path, "created" if old is None else "updated", diff)
@@ -225,10 +281,18 @@ def write(writer: HostWriter, specs: list[FileSpec], user: str, check: bool = Fa
         if path not in wanted:
             if not check:
                 writer.remove_file(path)
-            report.files.append(Change(path, "removed", f"{path}: instance {name} is not in the new layout "
-                                                         f"(stop it: systemctl stop vllm@{name})"))
-    report.restart = [name for name in sorted(before, key=int)
-                      if any(c.path == env_path(name) and c.action == "updated" for c in report.files)]
+            report.files.append(
+                Change(
+                    path,
+                    "removed",
+                    f"{path}: instance {name} is not in the new layout (stop it: systemctl stop vllm@{name})",
+                )
+            )
+    report.restart = [
+        name
+        for name in sorted(before, key=int)
+        if any(c.path == env_path(name) and c.action == "updated" for c in report.files)
+    ]
     units = any(c.changed and c.path.endswith((".service", ".target")) for c in report.files)
     if units:
         if check:

@@ -24,8 +24,8 @@ share the GPU's unique_id (captured MI308X/MI300X CPX topologies), so indices ar
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 from ..memory_rule import MIN_USEFUL_UTILIZATION, recommended, requested_bytes
 
@@ -132,8 +132,10 @@ def usable(devices: Sequence[Device], family: str | None) -> tuple[list[Device],
     supported = [d for d in ordered if d.family]
     families = list(dict.fromkeys(d.family for d in supported))
     if family is None and len(families) > 1:
-        raise LayoutError(f"this host has GPUs of several families ({', '.join(str(f) for f in families)}); "
-                          "one bundle runs one family: pass --family with one of them")
+        raise LayoutError(
+            f"this host has GPUs of several families ({', '.join(str(f) for f in families)}); "
+            "one bundle runs one family: pass --family with one of them"
+        )
     if family is not None and family not in families:
         found = ", ".join(str(f) for f in families) or "none"
         raise LayoutError(f"--family {family}: no GPU of that family here (found: {found})")
@@ -149,12 +151,15 @@ def _units(layout: str, devices: list[Device]) -> list[Device]:
         raise LayoutError(
             f"per-gpu needs whole GPUs, but {len({d.physical_slot for d in partitioned})} GPU(s) here are "
             f"partitioned ({', '.join(modes)}: {partitioned[0].partitions} devices each); use per-partition, "
-            "or switch the GPUs to SPX (amd-smi set --compute-partition SPX) first")
+            "or switch the GPUs to SPX (amd-smi set --compute-partition SPX) first"
+        )
     if layout == "per-partition":
         if not partitioned:
-            raise LayoutError("per-partition needs GPUs in a partitioned mode (CPX, DPX, QPX), and no GPU here "
-                              "is partitioned; use per-gpu (or partition the GPUs: amd-smi set "
-                              "--compute-partition CPX)")
+            raise LayoutError(
+                "per-partition needs GPUs in a partitioned mode (CPX, DPX, QPX), and no GPU here "
+                "is partitioned; use per-gpu (or partition the GPUs: amd-smi set "
+                "--compute-partition CPX)"
+            )
         return partitioned
     return devices
 
@@ -165,8 +170,10 @@ def _buckets(devices: list[Device]) -> list[list[Device]]:
     buckets: dict[tuple[str | None, int], list[Device]] = {}
     for d in devices:
         buckets.setdefault((d.family, d.hive_id), []).append(d)
-    return [sorted(m, key=lambda d: (d.numa_node if d.numa_node is not None else -1, d.kfd_node))
-            for m in buckets.values()]
+    return [
+        sorted(m, key=lambda d: (d.numa_node if d.numa_node is not None else -1, d.kfd_node))
+        for m in buckets.values()
+    ]
 
 
 def structure(layout: str, devices: list[Device], tp: int, count: int | None) -> list[list[Device]]:
@@ -186,21 +193,26 @@ def structure(layout: str, devices: list[Device], tp: int, count: int | None) ->
     if layout == "one":
         fitting = [m for m in buckets if len(m) >= tp]
         if not fitting:
-            raise LayoutError(f"--tensor-parallel-size {tp} needs {tp} devices in one XGMI hive; the largest "
-                              f"hive here has {max(len(m) for m in buckets)}")
+            raise LayoutError(
+                f"--tensor-parallel-size {tp} needs {tp} devices in one XGMI hive; the largest "
+                f"hive here has {max(len(m) for m in buckets)}"
+            )
         groups = [fitting[0][:tp]]
     else:
         if any(len(m) % tp for m in buckets):
-            sizes = " + ".join(str(len(m)) for m in buckets)
-            per = " per XGMI hive" if len(buckets) > 1 else ""
-            raise LayoutError(f"{len(units)} devices ({sizes}{per}) do not split into tensor-parallel groups "
-                              f"of {tp}: every device would not get a server")
-        groups = [m[i:i + tp] for m in buckets for i in range(0, len(m), tp)]
+            per = f" ({' + '.join(str(len(m)) for m in buckets)} per XGMI hive)" if len(buckets) > 1 else ""
+            raise LayoutError(
+                f"{len(units)} devices{per} do not split into tensor-parallel groups of {tp}: "
+                "some would get no server"
+            )
+        groups = [m[i : i + tp] for m in buckets for i in range(0, len(m), tp)]
         groups.sort(key=lambda g: min(d.kfd_node for d in g))
     if count is not None:
         if count > len(groups):
-            raise LayoutError(f"{count} instances of {tp} device(s) need {count * tp} devices; this host has "
-                              f"{len(units)} for {layout}")
+            raise LayoutError(
+                f"{count} instances of {tp} device(s) need {count * tp} devices; this host has "
+                f"{len(units)} for {layout}"
+            )
         groups = groups[:count]
     return groups
 
@@ -209,7 +221,7 @@ def working_layouts(devices: list[Device]) -> list[str]:
     """The layouts this host can run, as the options that choose them."""
     out = []
     for layout in LAYOUTS:
-        for tp in SUGGESTED_TP:
+        for tp in SUGGESTED_TP if layout != "one" else (1,):
             try:
                 groups = structure(layout, devices, tp, None)
             except LayoutError:
@@ -226,19 +238,25 @@ def _utilization(group: Sequence[Device], override: float | None) -> tuple[float
         return override, "your choice"
     unknown = [d.label for d in group if not d.memory_total or d.memory_free is None]
     if unknown:
-        raise LayoutError(f"the memory of {', '.join(unknown)} cannot be read (rocmdoctor check says why); "
-                          "pass --gpu-memory-utilization to choose it yourself")
+        raise LayoutError(
+            f"the memory of {', '.join(unknown)} cannot be read (rocmdoctor check says why); "
+            "pass --gpu-memory-utilization to choose it yourself"
+        )
     # The tightest device decides: every rank of a tensor-parallel group must pass vLLM's rule.
     worst = min(group, key=lambda d: recommended(d.memory_total or 0, d.memory_free or 0))
     total, free = worst.memory_total or 0, worst.memory_free or 0
     util = recommended(total, free)
     if util < MIN_USEFUL_UTILIZATION:
-        raise LayoutError(f"{worst.label}: only {free / GIB:.2f} GiB of {total / GIB:.2f} GiB is free; vLLM cannot "
-                          "start with so little. Stop the processes holding its memory (rocmdoctor check lists "
-                          "them)")
-    return util, (f"vLLM needs ceil(total x util) <= free at startup: {worst.label} {free / GIB:.2f} GiB free of "
-                  f"{total / GIB:.2f} GiB, 1 GiB kept as margin -> {util:.2f} asks "
-                  f"{requested_bytes(total, util) / GIB:.2f} GiB")
+        raise LayoutError(
+            f"{worst.label}: only {free / GIB:.2f} GiB of {total / GIB:.2f} GiB is free; vLLM cannot "
+            "start with so little. Stop the processes holding its memory (rocmdoctor check lists "
+            "them)"
+        )
+    return util, (
+        f"vLLM needs ceil(total x util) <= free at startup: {worst.label} {free / GIB:.2f} GiB free of "
+        f"{total / GIB:.2f} GiB, 1 GiB kept as margin -> {util:.2f} asks "
+        f"{requested_bytes(total, util) / GIB:.2f} GiB"
+    )
 
 
 def _ports(first: int, n: int, port_free: PortFree, owned: set[int]) -> tuple[list[int], list[int]]:
@@ -249,8 +267,10 @@ def _ports(first: int, n: int, port_free: PortFree, owned: set[int]) -> tuple[li
     port = first
     while len(ports) < n:
         if port > MAX_PORT:
-            raise LayoutError(f"not enough free ports from {first} up to {MAX_PORT} for {n} instances "
-                              f"({len(skipped)} taken); pass another --port")
+            raise LayoutError(
+                f"not enough free ports from {first} up to {MAX_PORT} for {n} instances "
+                f"({len(skipped)} taken); pass another --port"
+            )
         # A port the current layout's own instance holds is ours (the server is running on it).
         if port in owned or port_free(port):
             ports.append(port)
@@ -260,9 +280,18 @@ def _ports(first: int, n: int, port_free: PortFree, owned: set[int]) -> tuple[li
     return ports, skipped
 
 
-def plan(devices: Sequence[Device], layout: str, *, tensor_parallel_size: int = 1, count: int | None = None,
-         first_port: int = 8000, port_free: PortFree, owned_ports: set[int] | None = None,
-         gpu_memory_utilization: float | None = None, family: str | None = None) -> Plan:
+def plan(
+    devices: Sequence[Device],
+    layout: str,
+    *,
+    tensor_parallel_size: int = 1,
+    count: int | None = None,
+    first_port: int = 8000,
+    port_free: PortFree,
+    owned_ports: set[int] | None = None,
+    gpu_memory_utilization: float | None = None,
+    family: str | None = None,
+) -> Plan:
     """The instances of `layout` on these devices (every GPU node of the host, in any order)."""
     keep, hidden = usable(devices, family)
     try:
@@ -276,14 +305,19 @@ def plan(devices: Sequence[Device], layout: str, *, tensor_parallel_size: int = 
     index = rocr_indices(devices)
     instances = [
         Instance(str(i), port, tuple(group), tuple(index[d.kfd_node] for d in group), util, reason)
-        for i, (group, port, (util, reason)) in enumerate(zip(groups, ports, sizing))
+        for i, (group, port, (util, reason)) in enumerate(zip(groups, ports, sizing, strict=True))
     ]
     notes = [f"port {p} is in use: skipped" for p in skipped]
-    notes += [f"hidden from the servers: {d.label} (" + (f"no vllm-rocm bundle for {d.gfx})" if not d.family
-              else f"family {d.family}, not the one served)") for d in hidden]
+    notes += [
+        f"hidden from the servers: {d.label} ("
+        + (f"no vllm-rocm bundle for {d.gfx})" if not d.family else f"family {d.family}, not the one served)")
+        for d in hidden
+    ]
     for inst in instances:
         numas = {d.numa_node for d in inst.devices if d.numa_node is not None}
         if len(numas) > 1:
-            notes.append(f"instance {inst.name} spans NUMA nodes {sorted(numas)}: no group of "
-                         f"{inst.tensor_parallel_size} fits one")
+            notes.append(
+                f"instance {inst.name} spans NUMA nodes {sorted(numas)}: no group of "
+                f"{inst.tensor_parallel_size} fits one"
+            )
     return Plan(layout, instances, skipped, hidden, notes)

@@ -55,12 +55,15 @@ def test_mi308x_cpx_per_partition_gives_every_partition_its_own_server_and_memor
 def test_mi308x_cpx_tensor_parallel_groups_are_the_partitions_of_one_gpu():
     result = plan(devices("mi308x-cpx"), "per-partition", tensor_parallel_size=4, port_free=all_free)
     assert [i.visible_devices for i in result.instances] == [
-        ",".join(str(4 * g + k) for k in range(4)) for g in range(8)]
+        ",".join(str(4 * g + k) for k in range(4)) for g in range(8)
+    ]
     for inst in result.instances:
         assert len({d.physical_slot for d in inst.devices}) == 1
         assert inst.tensor_parallel_size == 4
         # The tightest partition of the group decides.
-        assert inst.gpu_memory_utilization == min(recommended(d.memory_total, d.memory_free) for d in inst.devices)
+        assert inst.gpu_memory_utilization == min(
+            recommended(d.memory_total, d.memory_free) for d in inst.devices
+        )
 
 
 def test_mi308x_cpx_refusals_name_the_layouts_that_work():
@@ -98,9 +101,19 @@ def eight_mi300x_spx(numa=lambda i: None, hive=lambda i: 1) -> list[Device]:
     (gpu,) = devices("mi300x")
     slots = sorted({d.physical_slot for d in devices("mi300x-cpx")})
     assert len(slots) == 8
-    return [dataclasses.replace(gpu, kfd_node=i + 1, pci_slot=s, physical_slot=s, numa_node=numa(i),
-                                hive_id=hive(i), memory_total=192 * GIB, memory_free=(191 - i) * GIB)
-            for i, s in enumerate(slots)]
+    return [
+        dataclasses.replace(
+            gpu,
+            kfd_node=i + 1,
+            pci_slot=s,
+            physical_slot=s,
+            numa_node=numa(i),
+            hive_id=hive(i),
+            memory_total=192 * GIB,
+            memory_free=(191 - i) * GIB,
+        )
+        for i, s in enumerate(slots)
+    ]
 
 
 def test_mi300x_spx_single_gpu_fixture():
@@ -109,7 +122,9 @@ def test_mi300x_spx_single_gpu_fixture():
     # The capture lacks the used-VRAM counter: say so rather than guess.
     assert "cannot be read" in refusal(devs, "per-gpu")
     result = plan(devs, "per-gpu", port_free=all_free, gpu_memory_utilization=0.9)
-    assert [(i.visible_devices, i.kfd_nodes, i.gpu_memory_utilization) for i in result.instances] == [("0", [2], 0.9)]
+    assert [(i.visible_devices, i.kfd_nodes, i.gpu_memory_utilization) for i in result.instances] == [
+        ("0", [2], 0.9)
+    ]
     msg = refusal(devs, "per-partition", gpu_memory_utilization=0.9)
     assert "no GPU here is partitioned" in msg and "use per-gpu" in msg
     assert "--instances per-gpu (1 instance)" in msg
@@ -120,7 +135,8 @@ def test_eight_gpus_per_gpu_and_tensor_parallel_pairs():
     result = plan(devs, "per-gpu", port_free=all_free)
     assert [i.visible_devices for i in result.instances] == [str(n) for n in range(8)]
     assert [i.gpu_memory_utilization for i in result.instances] == [
-        recommended(192 * GIB, (191 - n) * GIB) for n in range(8)]
+        recommended(192 * GIB, (191 - n) * GIB) for n in range(8)
+    ]
     pairs = plan(devs, "per-gpu", tensor_parallel_size=2, port_free=all_free)
     assert [i.visible_devices for i in pairs.instances] == ["0,1", "2,3", "4,5", "6,7"]
     assert pairs.instances[1].gpu_memory_utilization == recommended(192 * GIB, 188 * GIB)  # GPU 3 is tighter
@@ -131,10 +147,13 @@ def test_eight_gpus_per_gpu_and_tensor_parallel_pairs():
 def test_eight_gpus_refusals():
     devs = eight_mi300x_spx()
     msg = refusal(devs, "per-gpu", tensor_parallel_size=3)
-    assert "8 devices (8) do not split into tensor-parallel groups of 3" in msg
-    assert "layouts that work here: --instances one (1 instance); --instances one --tensor-parallel-size 2" in msg
-    assert "--instances per-gpu --tensor-parallel-size 2 (4 instances)" in msg
-    assert "more" not in msg or "per-partition" not in msg.split("layouts that work here")[1]
+    assert "8 devices do not split into tensor-parallel groups of 3" in msg
+    assert msg.endswith(
+        "layouts that work here: --instances one (1 instance); --instances per-gpu (8 instances); "
+        "--instances per-gpu --tensor-parallel-size 2 (4 instances); --instances per-gpu "
+        "--tensor-parallel-size 4 (2 instances); --instances per-gpu --tensor-parallel-size 8 "
+        "(1 instance)"
+    )
     assert "needs 16 devices; this host has 8" in refusal(devs, "per-gpu", tensor_parallel_size=16)
     assert "9 instances of 1 device(s) need 9 devices; this host has 8" in refusal(devs, "per-gpu", count=9)
     assert "no GPU here is partitioned" in refusal(devs, "per-partition")
@@ -148,18 +167,28 @@ def test_tensor_parallel_groups_stay_in_one_numa_node_and_one_hive():
     assert not any("spans NUMA" in n for n in pairs.notes)
     # Two hives of four: a group of eight would cross XGMI hives.
     split = eight_mi300x_spx(hive=lambda i: 1 + i // 4)
-    assert [i.visible_devices for i in plan(split, "per-gpu", tensor_parallel_size=4, port_free=all_free).instances] \
-        == ["0,1,2,3", "4,5,6,7"]
+    assert [
+        i.visible_devices
+        for i in plan(split, "per-gpu", tensor_parallel_size=4, port_free=all_free).instances
+    ] == ["0,1,2,3", "4,5,6,7"]
     msg = refusal(split, "per-gpu", tensor_parallel_size=8)
     assert "(4 + 4 per XGMI hive)" in msg
-    assert "needs 8 devices in one XGMI hive; the largest hive here has 4" in refusal(split, "one",
-                                                                                     tensor_parallel_size=8)
+    assert "needs 8 devices in one XGMI hive; the largest hive here has 4" in refusal(
+        split, "one", tensor_parallel_size=8
+    )
 
 
 def test_tensor_parallel_never_mixes_families():
     devs = eight_mi300x_spx()[:2]
-    radeon = dataclasses.replace(devs[1], kfd_node=3, gfx="gfx1100", family="rdna3", hive_id=0,
-                                 pci_slot="0000:c3:00.0", physical_slot="0000:c3:00.0")
+    radeon = dataclasses.replace(
+        devs[1],
+        kfd_node=3,
+        gfx="gfx1100",
+        family="rdna3",
+        hive_id=0,
+        pci_slot="0000:c3:00.0",
+        physical_slot="0000:c3:00.0",
+    )
     mixed = [devs[0], devs[1], radeon]
     msg = refusal(mixed, "per-gpu", tensor_parallel_size=3)
     assert "several families" in msg and "--family" in msg
@@ -181,19 +210,21 @@ def test_mi350x_single_gpu():
 def test_dgpu_beside_igpu_is_pinned_and_the_igpu_hidden():
     devs = devices("rx7900xtx-beside-igpu")
     by_node = {d.kfd_node: d for d in devs}
-    assert by_node[1].family and by_node[2].family is None  # gfx1100 dGPU, gfx1036 iGPU
-    # The iGPU has the lower PCI address (04:00.0 < 86:00.0) but the higher KFD node: ROCm's device 0
-    # is the dGPU. Numbering by PCI address or DRM card would pin the iGPU.
-    assert by_node[2].pci_slot < by_node[1].pci_slot
+    assert by_node[1].family and by_node[2].family is None  # gfx1100 dGPU, gfx1033 iGPU (Van Gogh)
+    assert (by_node[1].pci_slot, by_node[2].pci_slot) == ("0000:03:00.0", "0000:04:00.0")
     for layout in ("one", "per-gpu"):
         result = plan(devs, layout, port_free=all_free, gpu_memory_utilization=0.9)
         assert [(i.visible_devices, i.kfd_nodes) for i in result.instances] == [("0", [1])]
         assert [d.kfd_node for d in result.hidden] == [2]
-        assert any("hidden from the servers: node 2 (gfx1036" in n for n in result.notes)
+        assert any("hidden from the servers: node 2 (gfx1033" in n for n in result.notes)
     assert visible_devices(devs, [by_node[1]]) == "0"
-    # The same host with the KFD nodes the other way round: the index follows KFD order.
+    # The same two GPUs with the iGPU enumerated first by KFD (as on hosts where the iGPU probes
+    # first): the dGPU is ROCm's device 1, whatever its PCI address or DRM card number says.
     swapped = [dataclasses.replace(by_node[1], kfd_node=2), dataclasses.replace(by_node[2], kfd_node=1)]
-    assert plan(swapped, "per-gpu", port_free=all_free, gpu_memory_utilization=0.9).instances[0].visible_devices == "1"
+    assert (
+        plan(swapped, "per-gpu", port_free=all_free, gpu_memory_utilization=0.9).instances[0].visible_devices
+        == "1"
+    )
 
 
 # -- ports --------------------------------------------------------------------------------------
@@ -217,25 +248,47 @@ def test_taken_ports_are_skipped_and_reported_and_owned_ones_kept():
 
 
 def test_cli_json_lists_the_instances():
-    proc = run_cli("instances", "--instances", "per-partition", "--tensor-parallel-size", "4", "--port", "9100",
-                   "--json", root=fixture_root("mi308x-cpx"))
+    proc = run_cli(
+        "instances",
+        "--instances",
+        "per-partition",
+        "--tensor-parallel-size",
+        "4",
+        "--port",
+        "9100",
+        "--json",
+        root=fixture_root("mi308x-cpx"),
+    )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["schema_version"] == 1
     first = doc["instances"][0]
-    assert {"name", "port", "visible_devices", "kfd_nodes", "tensor_parallel_size",
-            "gpu_memory_utilization"} <= set(first)
+    assert {
+        "name",
+        "port",
+        "visible_devices",
+        "kfd_nodes",
+        "tensor_parallel_size",
+        "gpu_memory_utilization",
+    } <= set(first)
     assert (first["name"], first["visible_devices"], first["kfd_nodes"], first["tensor_parallel_size"]) == (
-        "0", "0,1,2,3", [2, 3, 4, 5], 4)
+        "0",
+        "0,1,2,3",
+        [2, 3, 4, 5],
+        4,
+    )
     # 9100 may be taken on this machine: the ports count up from it, skipping what is in use.
     assert first["port"] >= 9100 and len(doc["instances"]) == 8
 
 
-@pytest.mark.parametrize("args, words", [
-    (("--instances", "per-gpu"), "per-gpu needs whole GPUs"),
-    (("--instances", "per-partition", "--tensor-parallel-size", "3"), "tensor-parallel groups of 3"),
-    (("--instances", "per-partition", "--tensor-parallel-size", "0"), "must be 1 or more"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (("--instances", "per-gpu"), "per-gpu needs whole GPUs"),
+        (("--instances", "per-partition", "--tensor-parallel-size", "3"), "tensor-parallel groups of 3"),
+        (("--instances", "per-partition", "--tensor-parallel-size", "0"), "must be 1 or more"),
+    ],
+)
 def test_cli_refusal_is_a_clear_exit_2(args, words):
     proc = run_cli("instances", *args, root=fixture_root("mi308x-cpx"))
     assert proc.returncode == 2 and words in proc.stderr and "Traceback" not in proc.stderr

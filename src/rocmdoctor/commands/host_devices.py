@@ -28,19 +28,21 @@ def host_devices(ctx: Context) -> list[Device]:
         total, free = facts.usable_memory(ctx, gpu)
         part = facts.partition_of(ctx, gpu)
         phys, index = part if part else (None, None)
-        out.append(Device(
-            kfd_node=gpu.node,
-            gfx=gpu.gfx,
-            family=gpu.family,
-            pci_slot=gpu.pci_slot,
-            physical_slot=gpu.physical_slot,
-            partition=index,
-            partitions=len(phys.nodes) if phys else 1,
-            compute_partition=phys.compute_partition if phys else None,
-            hive_id=gpu.properties.get("hive_id", 0) or 0,
-            numa_node=_numa_node(ctx, gpu.physical_slot or gpu.pci_slot),
-            memory_total=total,
-            memory_free=free,
-            apu=gpu.apu,
-        ))
+        out.append(
+            Device(
+                kfd_node=gpu.node,
+                gfx=gpu.gfx,
+                family=gpu.family,
+                pci_slot=gpu.pci_slot,
+                physical_slot=gpu.physical_slot,
+                partition=index,
+                partitions=len(phys.nodes) if phys else 1,
+                compute_partition=phys.compute_partition if phys else None,
+                hive_id=gpu.properties.get("hive_id", 0) or 0,
+                numa_node=_numa_node(ctx, gpu.physical_slot or gpu.pci_slot),
+                memory_total=total,
+                memory_free=free,
+                apu=gpu.apu,
+            )
+        )
     return out

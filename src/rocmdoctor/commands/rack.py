@@ -33,8 +33,7 @@ def devices_of(app: App, source: str | None, prefix: str) -> list:
     return host_devices(Context(host, Options(prefix=prefix)))
 
 
-def compute_plan(app: App, opts: dict[str, Any], owned_ports: set[int] | None = None,
-                 port_free=None):
+def compute_plan(app: App, opts: dict[str, Any], owned_ports: set[int] | None = None, port_free=None):
     """The layout's instances for this host (ports probed on --host unless `port_free` is given)."""
     from ..provision.layout import LayoutError, plan
     from ..provision.serve import port_in_use
@@ -43,9 +42,17 @@ def compute_plan(app: App, opts: dict[str, Any], owned_ports: set[int] | None = 
     host = opts["host"]
     probe = port_free or (lambda port: not port_in_use(host, port))
     try:
-        return plan(devices, opts["layout"], tensor_parallel_size=opts["tensor_parallel_size"], count=opts["count"],
-                    first_port=opts["port"], port_free=probe, owned_ports=owned_ports,
-                    gpu_memory_utilization=opts["gpu_memory_utilization"], family=opts["family"])
+        return plan(
+            devices,
+            opts["layout"],
+            tensor_parallel_size=opts["tensor_parallel_size"],
+            count=opts["count"],
+            first_port=opts["port"],
+            port_free=probe,
+            owned_ports=owned_ports,
+            gpu_memory_utilization=opts["gpu_memory_utilization"],
+            family=opts["family"],
+        )
     except LayoutError as exc:
         raise UserError(str(exc)) from None
 
@@ -56,14 +63,24 @@ def common_argv(opts: dict[str, Any], first) -> tuple[list[str], str]:
     from ..provision.server_args import ArgumentError, Choices, GpuPool, parse_extra, resolve
 
     device = first.devices[0]
-    pool = GpuPool(device.label, device.family or device.gfx, device.memory_total, device.memory_free,
-                   bool(device.apu))
+    pool = GpuPool(
+        device.label, device.family or device.gfx, device.memory_total, device.memory_free, bool(device.apu)
+    )
     try:
         extra = parse_extra(opts["vllm_args"]) + list(opts["extra"])
-        args = resolve(Choices(model=opts["model"], served_model_name=opts["served_model_name"], host=opts["host"],
-                               port=first.port, gpu_memory_utilization=first.gpu_memory_utilization,
-                               max_model_len=opts["max_model_len"], max_num_seqs=opts["max_num_seqs"],
-                               extra=extra), [pool])
+        args = resolve(
+            Choices(
+                model=opts["model"],
+                served_model_name=opts["served_model_name"],
+                host=opts["host"],
+                port=first.port,
+                gpu_memory_utilization=first.gpu_memory_utilization,
+                max_model_len=opts["max_model_len"],
+                max_num_seqs=opts["max_num_seqs"],
+                extra=extra,
+            ),
+            [pool],
+        )
     except ArgumentError as exc:
         raise UserError(str(exc)) from None
     per_instance = {"--port", "--gpu-memory-utilization", "--tensor-parallel-size"}
@@ -77,41 +94,92 @@ def common_argv(opts: dict[str, Any], first) -> tuple[list[str], str]:
 def show_plan(plan, stream=sys.stderr) -> None:
     for inst in plan.instances:
         devices = ", ".join(d.label for d in inst.devices)
-        print(f"vllm@{inst.name}: port {inst.port}, ROCR_VISIBLE_DEVICES={inst.visible_devices}, "
-              f"tensor-parallel {inst.tensor_parallel_size}, --gpu-memory-utilization "
-              f"{inst.gpu_memory_utilization:.2f}  [{devices}]", file=stream)
+        print(
+            f"vllm@{inst.name}: port {inst.port}, ROCR_VISIBLE_DEVICES={inst.visible_devices}, "
+            f"tensor-parallel {inst.tensor_parallel_size}, --gpu-memory-utilization "
+            f"{inst.gpu_memory_utilization:.2f}  [{devices}]",
+            file=stream,
+        )
     for note in plan.notes:
         print(f"  note: {note}", file=stream)
 
 
 @click.command(context_settings={"ignore_unknown_options": True})
-@click.option("--instances", "--layout", "layout", type=click.Choice(LAYOUT_CHOICES), default="per-gpu",
-              show_default=True, help="One server, one per GPU, or one per compute partition.")
-@click.option("--tensor-parallel-size", type=int, default=1, show_default=True,
-              help="Devices per server (one family, one XGMI hive).")
+@click.option(
+    "--instances",
+    "--layout",
+    "layout",
+    type=click.Choice(LAYOUT_CHOICES),
+    default="per-gpu",
+    show_default=True,
+    help="One server, one per GPU, or one per compute partition.",
+)
+@click.option(
+    "--tensor-parallel-size",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Devices per server (one family, one XGMI hive).",
+)
 @click.option("--count", type=int, default=None, help="Run only this many servers (default: as many as fit).")
 @click.option("--family", default=None, help="On a host with GPUs of several families: the one to serve.")
-@click.option("--port", default=8000, show_default=True, type=int,
-              help="The first server's port; the next ones count up, skipping ports in use.")
+@click.option(
+    "--port",
+    default=8000,
+    show_default=True,
+    type=int,
+    help="The first server's port; the next ones count up, skipping ports in use.",
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address every server listens on.")
-@click.option("--gpu-memory-utilization", type=float, default=None,
-              help="Override the value computed for each server from its own devices' free memory.")
-@click.option("--devices-from", default=None, metavar="ROOT",
-              help="Lay out for the GPUs of this root directory or snapshot (default: --root).")
-@click.option("--model", default=None, help="Hugging Face id or local model directory (needed to render units).")
-@click.option("--served-model-name", default=None, help="Name clients ask for (default: the model's last path part).")
+@click.option(
+    "--gpu-memory-utilization",
+    type=float,
+    default=None,
+    help="Override the value computed for each server from its own devices' free memory.",
+)
+@click.option(
+    "--devices-from",
+    default=None,
+    metavar="ROOT",
+    help="Lay out for the GPUs of this root directory or snapshot (default: --root).",
+)
+@click.option(
+    "--model", default=None, help="Hugging Face id or local model directory (needed to render units)."
+)
+@click.option(
+    "--served-model-name", default=None, help="Name clients ask for (default: the model's last path part)."
+)
 @click.option("--max-model-len", type=int, default=None, help="Context length (default: the model's).")
 @click.option("--max-num-seqs", type=int, default=None, help="Concurrent sequences per server.")
-@click.option("--api-key-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="File holding the API key clients must send (every server uses it).")
+@click.option(
+    "--api-key-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="File holding the API key clients must send (every server uses it).",
+)
 @click.option("--vllm-args", default="", metavar="TEXT", help="More vLLM arguments as one string.")
-@click.option("--prefix", default=DEFAULT_PREFIX, envvar="ROCMDOCTOR_PREFIX", show_default=True,
-              help="Where `rocmdoctor install` put the bundles. [env: ROCMDOCTOR_PREFIX]")
-@click.option("--user", default="vllm", show_default=True, help="Service account (created with its groups if missing).")
-@click.option("--timeout", "timeout_s", default=1800, show_default=True, type=int,
-              help="Seconds systemd waits for each server to load and answer a completion.")
+@click.option(
+    "--prefix",
+    default=DEFAULT_PREFIX,
+    envvar="ROCMDOCTOR_PREFIX",
+    show_default=True,
+    help="Where `rocmdoctor install` put the bundles. [env: ROCMDOCTOR_PREFIX]",
+)
+@click.option(
+    "--user", default="vllm", show_default=True, help="Service account (created with its groups if missing)."
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    default=1800,
+    show_default=True,
+    type=int,
+    help="Seconds systemd waits for each server to load and answer a completion.",
+)
 @click.option("--write", is_flag=True, help="Write vllm@.service, vllm.target and one env file per server.")
-@click.option("--check", "check_only", is_flag=True, help="With --write: show what would change, change nothing.")
+@click.option(
+    "--check", "check_only", is_flag=True, help="With --write: show what would change, change nothing."
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout.")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 @pass_app
@@ -136,8 +204,11 @@ def instances(app: App, write: bool, check_only: bool, user: str, timeout_s: int
     listing = [i.to_json() for i in plan.instances]
     if not write:
         if opts["as_json"]:
-            emit_json(envelope(layout=plan.layout, instances=listing, skipped_ports=plan.skipped_ports,
-                               notes=plan.notes))
+            emit_json(
+                envelope(
+                    layout=plan.layout, instances=listing, skipped_ports=plan.skipped_ports, notes=plan.notes
+                )
+            )
         else:
             show_plan(plan, sys.stdout)
         return
@@ -146,14 +217,22 @@ def instances(app: App, write: bool, check_only: bool, user: str, timeout_s: int
     try:
         key = read_api_key(opts["api_key_file"]) if opts["api_key_file"] else None
         argv, served = common_argv(opts, plan.instances[0])
-        specs = rack.file_specs(plan, argv, served, opts["host"], ServiceLayout(prefix=opts["prefix"]), user, key,
-                                timeout_s)
+        specs = rack.file_specs(
+            plan, argv, served, opts["host"], ServiceLayout(prefix=opts["prefix"]), user, key, timeout_s
+        )
         report = rack.write(writer, specs, user, check=check_only)
     except (UnitError, WriteRefused, OSError) as exc:
         raise UserError(f"could not write the instances: {exc}") from None
     if opts["as_json"]:
-        emit_json(envelope(**report.to_json(), layout=plan.layout, instances=listing,
-                           skipped_ports=plan.skipped_ports, notes=plan.notes))
+        emit_json(
+            envelope(
+                **report.to_json(),
+                layout=plan.layout,
+                instances=listing,
+                skipped_ports=plan.skipped_ports,
+                notes=plan.notes,
+            )
+        )
         return
     show_plan(plan, sys.stdout)
     word = "would change" if check_only else "changed"
