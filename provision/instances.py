@@ -125,7 +125,10 @@ def render_target(plan: Plan) -> str:
         "# rather than editing this file.\n"
         "[Unit]\n"
         f"Description=vLLM servers ({plan.layout}: {len(plan.instances)} instances of vllm@.service)\n"
-        f"Wants={wants}\n\n"
+        f"Wants={wants}\n"
+        # Ordered after them, so `systemctl start vllm.target` returns once every instance passed
+        # its readiness gate (or failed).
+        f"After={wants}\n\n"
         "[Install]\n"
         "WantedBy=multi-user.target\n"
     )

@@ -321,3 +321,13 @@ def plan(
                 f"{inst.tensor_parallel_size} fits one"
             )
     return Plan(layout, instances, skipped, hidden, notes)
+
+
+def single_server_devices(
+    devices: Sequence[Device], tensor_parallel_size: int = 1, family: str | None = None
+) -> str:
+    """ROCR_VISIBLE_DEVICES for the one server `rocmdoctor unit` writes: the devices layout `one`
+    gives it (an unsupported iGPU hidden, the GPUs of one family and hive), in ROCm's numbering."""
+    keep, _hidden = usable(devices, family)
+    (group,) = structure("one", keep, tensor_parallel_size, None)
+    return visible_devices(devices, group)

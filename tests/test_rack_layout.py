@@ -293,3 +293,12 @@ def test_cli_refusal_is_a_clear_exit_2(args, words):
     proc = run_cli("instances", *args, root=fixture_root("mi308x-cpx"))
     assert proc.returncode == 2 and words in proc.stderr and "Traceback" not in proc.stderr
     assert "layouts that work here" in proc.stderr or "must be 1" in proc.stderr
+
+
+def test_the_single_server_is_pinned_to_the_dgpu():
+    from rocmdoctor.provision.layout import single_server_devices
+
+    assert single_server_devices(devices("rx7900xtx-beside-igpu")) == "0"
+    assert single_server_devices(devices("mi308x-cpx"), tensor_parallel_size=4) == "0,1,2,3"
+    with pytest.raises(LayoutError, match="needs 3 devices; this host has 1"):
+        single_server_devices(devices("rx7900xtx-beside-igpu"), tensor_parallel_size=3)
