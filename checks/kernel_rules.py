@@ -29,7 +29,9 @@ class KernelRelease:
 
 
 def parse_release(text: str | None) -> KernelRelease | None:
-    match = _RELEASE.match((text or "").strip())
+    if text is None:
+        return None
+    match = _RELEASE.match(text.strip())
     if not match:
         return None
     major, minor, patch, abi, rest = match.groups()

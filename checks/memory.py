@@ -8,7 +8,18 @@ from ..memory_rule import MIN_USEFUL_UTILIZATION, recommended
 from ..model import Result, Severity, failed, passed, skipped, warned
 from ..registry import Context
 from . import check
-from .facts import GPU_READS, MEMINFO, MEMINFO_READS, GpuNode, gpus, meminfo, partition_of, usable_memory
+from .facts import (
+    GPU_READS,
+    MEMINFO,
+    MEMINFO_READS,
+    GpuNode,
+    gpus,
+    meminfo,
+    memory_pool,
+    partition_of,
+    usable_memory,
+)
+from .memory_guidance import carveout_advice, serving_nodes, ttm_matters
 
 GIB = 1 << 30
 PAGES_PER_GIB = 262144  # 4 KiB pages
@@ -28,7 +39,7 @@ def gib(value: int | None) -> str:
 
 def unread_paths(ctx: Context, gpu: GpuNode) -> list[str]:
     """The files whose absence leaves this GPU's pool (VRAM, or an APU's GTT) unknown."""
-    if gpu.apu:
+    if memory_pool(gpu) == "gtt":
         paths = [p for p in gpu.memory_unread if "gtt" in p or p.endswith("mem_info_*")]
         if "MemAvailable" not in meminfo(ctx):
             paths.append(f"{MEMINFO} (MemAvailable)")
@@ -42,7 +53,7 @@ def gpu_pool(ctx: Context, gpu: GpuNode) -> dict[str, Any]:
     row: dict[str, Any] = {
         "node": gpu.node,
         "gfx": gpu.gfx,
-        "pool": "gtt" if gpu.apu else "vram",
+        "pool": memory_pool(gpu),
         "total_bytes": total,
         "free_bytes": free,
         "vram_total": gpu.vram_total,
@@ -154,9 +165,12 @@ def ttm_setting(pages: int, names: list[str]) -> str:
     reads=(*GPU_READS, *MEMINFO_READS, *TTM_LIMITS.values(), "/sys/module/amdttm"),
 )
 def memory_ttm(ctx: Context) -> Result:
-    apus = [g for g in gpus(ctx) if g.apu]
-    if not apus:
+    nodes = gpus(ctx)
+    if not ttm_matters(nodes):
+        if any(g.apu for g in nodes):
+            return skipped("the GPU vLLM will use is not an APU: the TTM limit only bounds unified memory")
         return skipped("no APU: the TTM limit only bounds unified memory")
+    apus = [g for g in serving_nodes(nodes) if g.apu]
     ram = meminfo(ctx).get("MemTotal")
     limits = ttm_limits(ctx)
     # With a DKMS amdgpu, amdttm is the TTM the GPU uses; the in-tree ttm may be loaded beside it.
@@ -176,6 +190,9 @@ def memory_ttm(ctx: Context) -> Result:
     target_pages = target_gib * PAGES_PER_GIB
     details["suggested_pages_limit"] = target_pages
     reach = f"{gib(limit_bytes)} of {gib(ram)} RAM"
+    advice = carveout_advice(True, apus[0].vram_total, gtt_total, ram)
+    if advice is not None:
+        return warned(advice.summary(), advice.remedy(), **{**details, **advice.finding_details()})
     if limit_bytes <= ram * DEFAULT_TTM_FRACTION:
         return warned(
             f"the GPU can reach only {reach} (the default TTM limit, about half of RAM)",

@@ -16,7 +16,13 @@ from rocmdoctor.registry import Context, Options
 
 APUS = ("strix-halo-nocwsr-dkms", "strix-halo-clean", "strix-halo-default-ttm", "strix-point")
 # What the captures lack: the used-VRAM counters (and for two of them the VRAM size itself).
-UNREADABLE_MEMORY = ("rx7900xtx-no-render", "r9700", "mi300x")
+UNREADABLE_MEMORY = (
+    "rx7900xtx-no-render", "r9700", "mi300x", "mi300x-cpx", "mi350x", "rx7900xtx-beside-igpu", "r9700-beside-nvidia",
+)
+# Partitions sized from their own KFD memory bank; an APU whose BIOS carve-out is its memory; no AMD GPU.
+PARTITIONED = ("mi308x-cpx",)
+CARVE_OUT = ("strix-halo-carveout",)
+NO_GPU = ("no-amd-gpu", "wsl")
 
 
 def context(fixture_id: str) -> Context:
@@ -24,7 +30,28 @@ def context(fixture_id: str) -> Context:
 
 
 def test_every_fixture_is_covered():
-    assert set(APUS + UNREADABLE_MEMORY + ("no-amd-gpu",)) == set(FIXTURE_IDS)
+    assert set(APUS + UNREADABLE_MEMORY + PARTITIONED + CARVE_OUT + NO_GPU) == set(FIXTURE_IDS)
+
+
+def test_cpx_partitions_are_sized_from_their_own_bank_not_the_whole_gpu():
+    ctx = context("mi308x-cpx")
+    pools = pools_from_facts(ctx)
+    assert len(pools) == 32 and all(not p.unified for p in pools)
+    # 4 partitions share one GPU's memory: each pool is about a quarter (its own bank), never the whole GPU's.
+    assert all(47 << 30 < (p.total or 0) <= 48 << 30 for p in pools)
+    args = resolve(Choices(model="m"), pools)
+    util = float(args.value("--gpu-memory-utilization"))
+    first = pools[0]  # one server runs on the first device; `rocmdoctor instances` sizes each one
+    assert math.ceil(first.total * util) <= (first.free or 0) - DEFAULT_MARGIN_BYTES
+    assert math.ceil(first.total * (util + 0.01)) > (first.free or 0) - DEFAULT_MARGIN_BYTES
+
+
+def test_a_large_carve_out_is_sized_as_the_runtime_reports_it():
+    """96 GiB of BIOS VRAM: the runtime reports it as the device's memory; its use is not captured."""
+    (pool,) = pools_from_facts(context("strix-halo-carveout"))
+    assert pool.total == 96 << 30 and pool.free is None
+    with pytest.raises(ArgumentError, match="cannot be read.*--gpu-memory-utilization"):
+        resolve(Choices(model="m"), [pool])
 
 
 @pytest.mark.parametrize("fixture_id", APUS)
