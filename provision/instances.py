@@ -109,6 +109,7 @@ def render_template(
         (f"EnvironmentFile=-{env_path('%i')}", f"EnvironmentFile={env_path('%i')}"),
         ("WantedBy=multi-user.target", f"WantedBy={TARGET_NAME}"),
     ]
+    text = text.replace("`rocmdoctor unit --write`", "`rocmdoctor instances --write`")
     for old, new in edits:
         if text.count(old) != 1:
             raise UnitError(

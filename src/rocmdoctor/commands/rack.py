@@ -197,7 +197,7 @@ def instances(app: App, write: bool, check_only: bool, user: str, timeout_s: int
         raise UserError("--check goes with --write (it shows what --write would change)")
     writer = HostWriter(app.root)
     try:
-        owned = rack.owned_ports(writer) if write else set()
+        owned = rack.owned_ports(writer)  # the preview shows the ports --write would keep
     except WriteRefused as exc:
         raise UserError(str(exc)) from None
     plan = compute_plan(app, opts, owned)
