@@ -10,6 +10,11 @@ and KillMode=control-group. What differs per instance (devices, port, memory sha
 size) lives in /etc/rocmdoctor/vllm/<instance>.env, which the unit's command line reads through
 ${...} references. rocmdoctor owns that directory, so an instance the new layout no longer has is
 removed by deleting its file there; nothing else is touched.
+
+All instances run as the one service user. The template's RemoveIPC=yes is safe with that: systemd
+counts the running units per user and removes the user's shared memory only when the last one
+stops (src/core/manager.c, manager_unref_uid_internal), so stopping vllm@0 leaves vllm@1's
+/dev/shm message queues alone.
 """
 
 from __future__ import annotations

@@ -168,6 +168,8 @@ def test_two_instances_of_the_template_under_systemd(machine):
     assert state(machine, "vllm@0.service") == "inactive" and state(machine, "vllm@1.service") == "active"
     assert completion_status(machine, 8000) == 0  # nothing listens there any more
     assert completion_status(machine, 8002) == 200
+    # RemoveIPC= is reference-counted per user: the survivor's shared memory is still there.
+    assert machine.run(["test", "-e", "/dev/shm/rack-instance-8002"], check=False).returncode == 0
     assert (
         machine.run(["systemctl", "show", "-p", "MainPID", "--value", "vllm@1.service"]).stdout.strip()
         == survivor_pid
@@ -180,4 +182,7 @@ def test_two_instances_of_the_template_under_systemd(machine):
     machine.run(["systemctl", "stop", "vllm.target"], timeout=120)
     assert state(machine, "vllm@0.service") == state(machine, "vllm@1.service") == "inactive"
     assert service_processes(machine) == [], "processes of the instances survived stopping vllm.target"
+    assert (
+        machine.run("ls /dev/shm | grep rack-instance", check=False).stdout == ""
+    )  # the last one out cleans up
     assert state(machine, "squatter.service") == "active"  # the target stops its own, nothing else

@@ -29,6 +29,9 @@ def main() -> None:
     args, _rest = parser.parse_known_args()
     record = {"argv": sys.argv[1:], "env": {k: os.environ.get(k) for k in RECORDED_ENV}, "pid": os.getpid()}
     (STATE / f"instance-{args.port}.json").write_text(json.dumps(record))
+    # A POSIX shared-memory object as vLLM's engine keeps (its message queues live in /dev/shm):
+    # RemoveIPC=yes must not take it away while another instance of the same user still runs.
+    Path(f"/dev/shm/rack-instance-{args.port}").write_bytes(b"x")
     behaviour = Behaviour("ok", args.served_model_name, os.environ.get("VLLM_API_KEY"))
     asyncio.run(serve(behaviour, args.port))
 
