@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import click
@@ -180,10 +181,17 @@ def show_plan(plan, stream=sys.stderr) -> None:
 @click.option(
     "--check", "check_only", is_flag=True, help="With --write: show what would change, change nothing."
 )
+@click.option(
+    "--smoke",
+    is_flag=True,
+    help="Smoke-test every written instance (its port and key from its file): one line each.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout.")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 @pass_app
-def instances(app: App, write: bool, check_only: bool, user: str, timeout_s: int, **opts: Any) -> None:
+def instances(
+    app: App, write: bool, check_only: bool, user: str, timeout_s: int, smoke: bool, **opts: Any
+) -> None:
     """Lay vLLM servers out over this host's GPUs; with --write install them under systemd.
 
     Without --write: the layout (devices, ports, memory per server). Start them all with
@@ -193,6 +201,11 @@ def instances(app: App, write: bool, check_only: bool, user: str, timeout_s: int
     from ..provision import instances as rack
     from ..provision.unit import ServiceLayout, UnitError, read_api_key
 
+    if smoke:
+        if write:
+            raise UserError("--smoke tests what is written: run --write first, then --smoke")
+        smoke_instances(HostWriter(app.root), opts["host"], opts["as_json"])
+        return
     if check_only and not write:
         raise UserError("--check goes with --write (it shows what --write would change)")
     writer = HostWriter(app.root)
@@ -246,3 +259,50 @@ def instances(app: App, write: bool, check_only: bool, user: str, timeout_s: int
     if report.restart:
         click.echo("restart to apply: " + " ".join(f"vllm@{n}" for n in report.restart))
     click.echo(f"changed={str(report.changed).lower()}")
+
+
+def smoke_instances(writer, host: str, as_json: bool) -> None:
+    """`rocmdoctor smoke` against every instance the written files describe; exit 1 if one fails."""
+    from ..provision import instances as rack
+    from ..provision.smoke import SmokeOptions, run_smoke
+    from ..provision.unit import readiness_url
+
+    written = rack.current_instances(writer)
+    if not written:
+        raise UserError(
+            f"no instances written under {rack.ENV_DIR}: run `rocmdoctor instances --write` first"
+        )
+    results = []
+    for name in sorted(written, key=int):
+        env = written[name]
+        port = env.get(rack.PORT_VAR, "")
+        if not port.isdigit() or not 0 < int(port) < 65536:
+            raise UserError(
+                f"{rack.env_path(name)}: no valid {rack.PORT_VAR}; rerun `rocmdoctor instances --write`"
+            )
+        url = readiness_url(SimpleNamespace(host=host, port=int(port)))
+        report = run_smoke(SmokeOptions(url, "auto", env.get("VLLM_API_KEY") or None))
+        failed = [s for s in report["steps"] if s["status"] in ("fail", "error")]
+        results.append(
+            {
+                "name": name,
+                "url": url,
+                "exit_code": report["exit_code"],
+                "summary": report["summary"],
+                "failed_steps": [{"id": s["id"], "summary": s["summary"]} for s in failed],
+            }
+        )
+    worst = max(r["exit_code"] for r in results)
+    if as_json:
+        emit_json(envelope(command="instances --smoke", exit_code=worst, instances=results))
+    else:
+        for r in results:
+            counts = ", ".join(f"{r['summary'].get(k, 0)} {k}" for k in ("pass", "warn", "fail"))
+            verdict = "ok" if r["exit_code"] == 0 else "FAILED"
+            first = (
+                f": {r['failed_steps'][0]['id']}: {r['failed_steps'][0]['summary']}"
+                if r["failed_steps"]
+                else ""
+            )
+            click.echo(f"vllm@{r['name']} {r['url']}: {verdict} ({counts}){first}")
+    sys.exit(worst)
