@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from harness.fake_openai import fake_server
 from harness.hosts import run_cli
 
@@ -53,3 +55,58 @@ def test_no_written_instances_is_a_clear_exit_2(tmp_path: Path):
     assert (
         proc.returncode == 2 and "no valid ROCMDOCTOR_PORT" in proc.stderr and "Traceback" not in proc.stderr
     )
+
+
+def test_bench_reports_each_instance_and_the_aggregate(tmp_path: Path):
+    # A per-token delay makes each server's throughput bounded by time, not by this machine's CPUs:
+    # two independent servers side by side then give about twice one server's figure.
+    with (
+        fake_server("--api-key", KEY, "--token-delay", "0.01") as one,
+        fake_server("--api-key", KEY, "--token-delay", "0.01") as two,
+    ):
+        env_file(tmp_path, "0", one.base_url)
+        env_file(tmp_path, "1", two.base_url)
+        proc = run_cli(
+            "instances",
+            "--bench",
+            "--concurrency",
+            "4",
+            "--requests",
+            "8",
+            "--max-tokens",
+            "16",
+            "--json",
+            root=tmp_path,
+            timeout=180,
+        )
+        assert proc.returncode == 0, proc.stderr
+        doc = json.loads(proc.stdout)
+        assert doc["schema_version"] == 1 and doc["failures"] == 0
+        assert [i["name"] for i in doc["instances"]] == ["0", "1"]
+        for inst in doc["instances"]:
+            assert inst["alone"]["completed"] == inst["together"]["completed"] == 8
+            assert inst["alone"]["output_tokens"] == 8 * 16
+        total = sum(i["together"]["output_tokens"] for i in doc["instances"])
+        assert doc["aggregate_output_tokens_per_s"] == pytest.approx(total / doc["wall_s"], rel=0.01)
+        assert doc["sum_of_alone_output_tokens_per_s"] == pytest.approx(
+            sum(i["alone"]["output_tokens_per_s"] for i in doc["instances"]), abs=0.01
+        )
+        assert 0.5 < doc["scaling"] < 1.5
+        text = run_cli(
+            "instances",
+            "--bench",
+            "--concurrency",
+            "2",
+            "--requests",
+            "2",
+            "--max-tokens",
+            "4",
+            root=tmp_path,
+            timeout=180,
+        )
+        assert text.returncode == 0 and "aggregate" in text.stdout and text.stdout.count("vllm@") == 2
+    # Nothing answers any more: a clear refusal naming the instance.
+    proc = run_cli("instances", "--bench", root=tmp_path, timeout=120)
+    assert proc.returncode == 2 and "vllm@0" in proc.stderr and "Traceback" not in proc.stderr
+    proc = run_cli("instances", "--bench", "--concurrency", "8", "--requests", "4", root=tmp_path)
+    assert proc.returncode == 2 and "smaller than --concurrency" in proc.stderr

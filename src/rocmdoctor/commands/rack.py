@@ -186,11 +186,47 @@ def show_plan(plan, stream=sys.stderr) -> None:
     is_flag=True,
     help="Smoke-test every written instance (its port and key from its file): one line each.",
 )
+@click.option(
+    "--bench",
+    is_flag=True,
+    help="Bench every written instance alone, then all at once: per-instance and aggregate tokens/s.",
+)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=8,
+    show_default=True,
+    help="With --bench: concurrent requests per instance.",
+)
+@click.option(
+    "--requests",
+    type=click.IntRange(min=1),
+    default=32,
+    show_default=True,
+    help="With --bench: requests per instance and run (at least --concurrency).",
+)
+@click.option(
+    "--max-tokens",
+    type=click.IntRange(min=2),
+    default=128,
+    show_default=True,
+    help="With --bench: output tokens per request.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout.")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 @pass_app
 def instances(
-    app: App, write: bool, check_only: bool, user: str, timeout_s: int, smoke: bool, **opts: Any
+    app: App,
+    write: bool,
+    check_only: bool,
+    user: str,
+    timeout_s: int,
+    smoke: bool,
+    bench: bool,
+    concurrency: int,
+    requests: int,
+    max_tokens: int,
+    **opts: Any,
 ) -> None:
     """Lay vLLM servers out over this host's GPUs; with --write install them under systemd.
 
@@ -201,6 +237,17 @@ def instances(
     from ..provision import instances as rack
     from ..provision.unit import ServiceLayout, UnitError, read_api_key
 
+    if bench:
+        if write or smoke:
+            raise UserError("--bench measures what is written and running: not with --write or --smoke")
+        if requests < concurrency:
+            raise UserError(
+                f"--requests {requests} is smaller than --concurrency {concurrency}: send at least that many"
+            )
+        bench_instances(
+            HostWriter(app.root), opts["host"], opts["as_json"], concurrency, requests, max_tokens
+        )
+        return
     if smoke:
         if write:
             raise UserError("--smoke tests what is written: run --write first, then --smoke")
@@ -261,10 +308,10 @@ def instances(
     click.echo(f"changed={str(report.changed).lower()}")
 
 
-def smoke_instances(writer, host: str, as_json: bool) -> None:
-    """`rocmdoctor smoke` against every instance the written files describe; exit 1 if one fails."""
+def written_targets(writer, host: str) -> list:
+    """Each written instance as (name, URL, key), from its env file."""
     from ..provision import instances as rack
-    from ..provision.smoke import SmokeOptions, run_smoke
+    from ..provision.rack_bench import Target
     from ..provision.unit import readiness_url
 
     written = rack.current_instances(writer)
@@ -272,7 +319,7 @@ def smoke_instances(writer, host: str, as_json: bool) -> None:
         raise UserError(
             f"no instances written under {rack.ENV_DIR}: run `rocmdoctor instances --write` first"
         )
-    results = []
+    targets = []
     for name in sorted(written, key=int):
         env = written[name]
         port = env.get(rack.PORT_VAR, "")
@@ -281,7 +328,51 @@ def smoke_instances(writer, host: str, as_json: bool) -> None:
                 f"{rack.env_path(name)}: no valid {rack.PORT_VAR}; rerun `rocmdoctor instances --write`"
             )
         url = readiness_url(SimpleNamespace(host=host, port=int(port)))
-        report = run_smoke(SmokeOptions(url, "auto", env.get("VLLM_API_KEY") or None))
+        targets.append(Target(name, url, env.get("VLLM_API_KEY") or None))
+    return targets
+
+
+def bench_instances(
+    writer, host: str, as_json: bool, concurrency: int, requests: int, max_tokens: int
+) -> None:
+    from ..provision.bench import BenchOptions
+    from ..provision.rack_bench import InstanceAborted, run_rack_bench
+
+    targets = written_targets(writer, host)
+    options = BenchOptions(url="", requests=requests, max_tokens=max_tokens)
+    try:
+        report = run_rack_bench(targets, options, concurrency)
+    except InstanceAborted as exc:
+        raise UserError(
+            f"bench could not run: {exc}; `rocmdoctor instances --smoke` shows which step fails"
+        ) from None
+    if as_json:
+        emit_json(envelope(command="instances --bench", **report))
+    else:
+        for inst in report["instances"]:
+            alone, together = inst["alone"], inst["together"]
+            click.echo(
+                f"vllm@{inst['name']} {inst['url']}: alone {alone['output_tokens_per_s']:.1f} tok/s, "
+                f"together {together['output_tokens_per_s']:.1f} tok/s "
+                f"({together['failures'] + alone['failures']} failed requests)"
+            )
+        scaling = report["scaling"]
+        click.echo(
+            f"aggregate {report['aggregate_output_tokens_per_s']:.1f} tok/s with all {len(targets)} at once; "
+            f"sum of alone {report['sum_of_alone_output_tokens_per_s']:.1f} tok/s"
+            + (f" (x{scaling:.2f})" if scaling is not None else "")
+        )
+    sys.exit(report["exit_code"])
+
+
+def smoke_instances(writer, host: str, as_json: bool) -> None:
+    """`rocmdoctor smoke` against every instance the written files describe; exit 1 if one fails."""
+    from ..provision.smoke import SmokeOptions, run_smoke
+
+    results = []
+    for target in written_targets(writer, host):
+        name, url = target.name, target.url
+        report = run_smoke(SmokeOptions(url, "auto", target.api_key))
         failed = [s for s in report["steps"] if s["status"] in ("fail", "error")]
         results.append(
             {
