@@ -24,10 +24,10 @@ import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from types import SimpleNamespace
 
 from ..host_writes import HostWriter
 from .layout import Instance, Plan
+from .server_args import ServerArgs, Setting
 from .unit import (
     DEFAULT_LOAD_TIMEOUT_S,
     DEVICE_GROUPS,
@@ -55,6 +55,11 @@ USER_NAME = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 ENV_LIMIT = 64 << 10
 
 
+def server_url(host: str, port: int) -> str:
+    """Where a server on host:port is reached from this machine (the unit's readiness URL)."""
+    return readiness_url(ServerArgs([Setting("--host", host, ""), Setting("--port", str(port), "")], []))
+
+
 def env_path(name: str) -> str:
     return f"{ENV_DIR}/{name}.env"
 
@@ -76,7 +81,7 @@ def render_template(
     """vllm@.service: the single server's unit with the per-instance values read from %i's env file."""
     if not USER_NAME.fullmatch(user):
         raise UnitError(f"--user {user!r} is not a valid system user name (lower case, digits, - and _)")
-    base = readiness_url(SimpleNamespace(host=host, port=0)).rsplit(":", 1)[0]
+    base = server_url(host, 0).rsplit(":", 1)[0]
     exec_start = " ".join(
         [
             command_line([layout.server, *common_argv]),

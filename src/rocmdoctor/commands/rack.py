@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import click
@@ -312,7 +311,6 @@ def written_targets(writer, host: str) -> list:
     """Each written instance as (name, URL, key), from its env file."""
     from ..provision import instances as rack
     from ..provision.rack_bench import Target
-    from ..provision.unit import readiness_url
 
     written = rack.current_instances(writer)
     if not written:
@@ -327,7 +325,7 @@ def written_targets(writer, host: str) -> list:
             raise UserError(
                 f"{rack.env_path(name)}: no valid {rack.PORT_VAR}; rerun `rocmdoctor instances --write`"
             )
-        url = readiness_url(SimpleNamespace(host=host, port=int(port)))
+        url = rack.server_url(host, int(port))
         targets.append(Target(name, url, env.get("VLLM_API_KEY") or None))
     return targets
 
