@@ -184,6 +184,8 @@ def structure(layout: str, devices: list[Device], tp: int, count: int | None) ->
         raise LayoutError(f"--tensor-parallel-size must be 1 or more, not {tp}")
     if count is not None and count < 1:
         raise LayoutError(f"--count must be 1 or more, not {count}")
+    if layout == "one" and count not in (None, 1):
+        raise LayoutError(f"--count {count} goes with per-gpu or per-partition; `one` is one server")
     if not devices:
         raise LayoutError("no GPU here that a vllm-rocm bundle supports (rocmdoctor check says why)")
     units = _units(layout, devices)

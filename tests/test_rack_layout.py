@@ -157,6 +157,8 @@ def test_eight_gpus_refusals():
     assert "needs 16 devices; this host has 8" in refusal(devs, "per-gpu", tensor_parallel_size=16)
     assert "9 instances of 1 device(s) need 9 devices; this host has 8" in refusal(devs, "per-gpu", count=9)
     assert "no GPU here is partitioned" in refusal(devs, "per-partition")
+    assert "--count 2 goes with per-gpu or per-partition" in refusal(devs, "one", count=2)
+    assert "no GPU here that a vllm-rocm bundle supports" in refusal([], "per-gpu")
 
 
 def test_tensor_parallel_groups_stay_in_one_numa_node_and_one_hive():
@@ -302,3 +304,10 @@ def test_the_single_server_is_pinned_to_the_dgpu():
     assert single_server_devices(devices("mi308x-cpx"), tensor_parallel_size=4) == "0,1,2,3"
     with pytest.raises(LayoutError, match="needs 3 devices; this host has 1"):
         single_server_devices(devices("rx7900xtx-beside-igpu"), tensor_parallel_size=3)
+
+
+@pytest.mark.parametrize("fixture_id", ["no-amd-gpu", "wsl"])
+def test_hosts_without_a_usable_gpu_get_a_clear_refusal(fixture_id):
+    proc = run_cli("instances", "--instances", "per-gpu", root=fixture_root(fixture_id))
+    assert proc.returncode == 2 and "no GPU here that a vllm-rocm bundle supports" in proc.stderr
+    assert "Traceback" not in proc.stderr
