@@ -19,24 +19,27 @@ stops (src/core/manager.c, manager_unref_uid_internal), so stopping vllm@0 leave
 
 from __future__ import annotations
 
-import difflib
 import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from ..host_writes import HostWriter
+from ..bundle_env import BUNDLE_SETTINGS
+from ..host_writes import HostWriter, WriteRefused
+from ..params import service_user_problem
 from .layout import Instance, Plan
 from .server_args import ServerArgs, Setting
 from .unit import (
     DEFAULT_LOAD_TIMEOUT_S,
-    DEVICE_GROUPS,
     PLACEHOLDER,
     STATE_NAME,
     FileSpec,
     ServiceLayout,
     UnitError,
+    _environment_line,
+    apply_file,
     command_line,
+    ensure_accounts,
     readiness_url,
     systemd_running,
     wait_ready_script,
@@ -51,7 +54,6 @@ TP_VAR = "ROCMDOCTOR_TENSOR_PARALLEL_SIZE"
 # ROCr filters and renumbers; HIP numbers what is left from 0 (see layout.py), so only this is set.
 DEVICES_VAR = "ROCR_VISIBLE_DEVICES"
 INSTANCE_NAME = re.compile(r"[0-9]{1,4}")
-USER_NAME = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 ENV_LIMIT = 64 << 10
 
 
@@ -79,8 +81,9 @@ def render_template(
     timeout_s: int = DEFAULT_LOAD_TIMEOUT_S,
 ) -> str:
     """vllm@.service: the single server's unit with the per-instance values read from %i's env file."""
-    if not USER_NAME.fullmatch(user):
-        raise UnitError(f"--user {user!r} is not a valid system user name (lower case, digits, - and _)")
+    problem = service_user_problem(user)
+    if problem:
+        raise UnitError(f"--user {user!r}: {problem}")
     base = server_url(host, 0).rsplit(":", 1)[0]
     exec_start = " ".join(
         [
@@ -105,6 +108,7 @@ def render_template(
         "description": served_model_name.replace("%", "%%") + ", instance %i",
         "user": user,
         "state_name": STATE_NAME,
+        "bundle_environment": _environment_line(BUNDLE_SETTINGS),
         "env_file": env_path("%i"),
         "exec_start": exec_start,
         "exec_start_post": exec_post,
@@ -247,61 +251,43 @@ class Report:
 
 
 def _apply(writer: HostWriter, spec: FileSpec, check: bool) -> Change:
-    old = writer.read_current(spec.path)
-    new = spec.content.encode()
-    mode = writer.current_mode(spec.path)
-    if old == new:
-        if mode == spec.mode:
-            return Change(spec.path, "unchanged")
-        if not check:
-            writer.write_file(spec.path, new, spec.mode)
-        return Change(spec.path, "mode", f"mode {mode:04o} -> {spec.mode:04o}" if mode is not None else "")
+    existed = writer.read_current(spec.path) is not None
+    change = apply_file(writer.root, spec, check)
+    if not change.changed:
+        return Change(spec.path, "unchanged")
     if spec.secret:
-        diff = f"{spec.path}: content changed (it may hold the API key: not shown)"
-    else:
-        before = (old or b"").decode("utf-8", "replace").splitlines(True)
-        diff = "".join(
-            difflib.unified_diff(
-                before,
-                spec.content.splitlines(True),
-                fromfile=spec.path if old is not None else "/dev/null",
-                tofile=spec.path,
-            )
+        return Change(
+            spec.path,
+            "created" if not existed else "updated",
+            f"{spec.path}: content changed (it may hold the API key: not shown)",
         )
-    if not check:
-        writer.write_file(spec.path, new, spec.mode)
-    return Change(spec.path, "created" if old is None else "updated", diff)
+    action = "mode" if change.diff.startswith("mode ") else ("created" if not existed else "updated")
+    return Change(spec.path, action, change.diff)
 
 
 def write(writer: HostWriter, specs: list[FileSpec], user: str, check: bool = False) -> Report:
     """Make the host match: files replaced atomically only when they differ, instance files the
     layout no longer has removed, accounts created, systemd reloaded when a unit changed."""
     report = Report()
-    groups, users = writer.group_names(), writer.user_names()
-    for group in DEVICE_GROUPS:
-        if group not in groups:
-            if not check:
-                writer.ensure_group(group)
-            report.accounts.append(f"group {group}")
-    if user not in users:
-        if not check:
-            writer.ensure_user(user, f"/var/lib/{STATE_NAME}", DEVICE_GROUPS)
-        report.accounts.append(f"user {user}")
-    before = current_instances(writer)
-    report.files = [_apply(writer, spec, check) for spec in specs]
-    wanted = {spec.path for spec in specs}
-    for name in sorted(before, key=int):
-        path = env_path(name)
-        if path not in wanted:
-            if not check:
-                writer.remove_file(path)
-            report.files.append(
-                Change(
-                    path,
-                    "removed",
-                    f"{path}: instance {name} is not in the new layout (stop it: systemctl stop vllm@{name})",
+    try:
+        report.accounts = ensure_accounts(writer.root, user, check)
+        before = current_instances(writer)
+        report.files = [_apply(writer, spec, check) for spec in specs]
+        wanted = {spec.path for spec in specs}
+        for name in sorted(before, key=int):
+            path = env_path(name)
+            if path not in wanted:
+                if not check:
+                    writer.remove_file(path)
+                report.files.append(
+                    Change(
+                        path,
+                        "removed",
+                        f"{path}: instance {name} is not in the new layout (stop it: systemctl stop vllm@{name})",
+                    )
                 )
-            )
+    except WriteRefused as exc:
+        raise UnitError(str(exc)) from None
     report.restart = [
         name
         for name in sorted(before, key=int)
@@ -312,7 +298,10 @@ def write(writer: HostWriter, specs: list[FileSpec], user: str, check: bool = Fa
         if check:
             report.daemon_reload = "would run"
         elif systemd_running(Path(writer.root)):
-            writer.run(["systemctl", "daemon-reload"])
+            try:
+                writer.run(["systemctl", "daemon-reload"])
+            except WriteRefused as exc:
+                raise UnitError(str(exc)) from None
             report.daemon_reload = "done"
         else:
             report.daemon_reload = "skipped: systemd is not running here"

@@ -137,25 +137,25 @@ def test_write_needs_a_model_and_refuses_computed_flags(root: Path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
 
 
-def test_listing_and_removing_stay_inside_the_root(tmp_path: Path):
-    from rocmdoctor.host_writes import HostWriter
+def test_listing_and_removing_never_follow_a_link_out_of_the_root(tmp_path: Path):
+    from rocmdoctor.host_writes import HostWriter, WriteRefused
 
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "9.env").write_text("precious\n")
     root = tmp_path / "root"
     (root / "etc/rocmdoctor").mkdir(parents=True)
-    # An absolute link inside the tree means the tree's own /outside, never the machine's.
     (root / "etc/rocmdoctor/vllm").symlink_to(outside)
     writer = HostWriter(root)
-    assert writer.listdir("/etc/rocmdoctor/vllm") == []
-    (root / str(outside).lstrip("/")).mkdir(parents=True)
-    (root / str(outside).lstrip("/") / "1.env").write_text("x\n")
-    assert writer.listdir("/etc/rocmdoctor/vllm") == ["1.env"]
-    assert writer.remove_file("/etc/rocmdoctor/vllm/1.env") is True
-    assert writer.remove_file("/etc/rocmdoctor/vllm/1.env") is False
+    with pytest.raises(WriteRefused, match="link"):
+        writer.listdir("/etc/rocmdoctor/vllm")
+    with pytest.raises(WriteRefused, match="link"):
+        writer.remove_file("/etc/rocmdoctor/vllm/9.env")
     assert (outside / "9.env").read_text() == "precious\n"
     # A link as the last component is removed itself, not what it points at.
     (root / "etc/rocmdoctor/link.env").symlink_to(outside / "9.env")
+    assert writer.listdir("/etc/rocmdoctor") == ["link.env", "vllm"]
     assert writer.remove_file("/etc/rocmdoctor/link.env") is True
+    assert writer.remove_file("/etc/rocmdoctor/link.env") is False
     assert (outside / "9.env").exists()
+    assert writer.listdir("/etc/missing") == []

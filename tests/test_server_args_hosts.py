@@ -11,7 +11,8 @@ from harness.hosts import FIXTURE_IDS, fixture_root, run_cli
 from rocmdoctor.checks import facts
 from rocmdoctor.host import Host
 from rocmdoctor.memory_rule import DEFAULT_MARGIN_BYTES
-from rocmdoctor.provision.server_args import ArgumentError, Choices, pools_from_facts, resolve
+from rocmdoctor.commands.host_pools import pools_from_facts
+from rocmdoctor.provision.server_args import ArgumentError, Choices, resolve
 from rocmdoctor.registry import Context, Options
 
 APUS = ("strix-halo-nocwsr-dkms", "strix-halo-clean", "strix-halo-default-ttm", "strix-point")

@@ -21,6 +21,7 @@ from typing import Any, Callable
 from .atomic import atomic_file
 from .host import ENV_FILE, IDENTITY_FILE, META_DIR, STAT_FILE, Host, ReadState
 from .registry import CheckSpec, Context
+from .sensitive import redact_cmdline, redact_env
 
 PASSWD, GROUP = "/etc/passwd", "/etc/group"
 MODULE_FILE = re.compile(r"\.ko(\.[a-z]+)?$")
@@ -114,7 +115,7 @@ def _capture(host: Host, snap: Snapshot, path: str, redact: Callable[[str], str]
         elif raw.ok:
             text = raw.value
             if path.endswith("/cmdline"):
-                text = redact(text.replace("\x00", " ")).replace(" ", "\x00")
+                text = redact_cmdline(text)
             snap.files[path] = text.encode()
 
 
@@ -142,7 +143,7 @@ def collect(ctx: Context, specs: list[CheckSpec], facts: CaptureFacts) -> Snapsh
     identity = host.identity()
     snap.identity = identity.to_json() if identity else None
     names = sorted({n for spec in specs for n in spec.env})
-    snap.env = {n: host.env[n] for n in names if n in host.env}
+    snap.env = redact_env({n: host.env[n] for n in names if n in host.env})
     return snap
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from .. import params
 from ..registry import DEFAULT_PREFIX
 from .common import App, UserError, emit_json, pass_app
 
@@ -26,14 +27,18 @@ def _context(app: App, user: str | None, port: int, prefix: str, python: str | N
 @click.option("--only", multiple=True, metavar="PATTERN", help="Run only checks whose id or group matches (glob).")
 @click.option("--skip", multiple=True, metavar="PATTERN", help="Leave out checks whose id or group matches (glob).")
 @click.option("--list-checks", is_flag=True, help="List the checks and what each reads, then exit.")
-@click.option("--user", default=None, help="Whose access to /dev/kfd and render nodes to check (default: you).")
-@click.option("--port", default=8000, show_default=True, help="The port vLLM will serve on.")
+@click.option("--user", default=None, type=params.UserName(),
+              help="Whose access to /dev/kfd and render nodes to check (default: you).")
+@click.option("--port", default=8000, show_default=True, type=params.Port(),
+              help="The port vLLM will serve on.")
 @click.option("--prefix", default=DEFAULT_PREFIX, envvar="ROCMDOCTOR_PREFIX", show_default=True,
+              type=params.Prefix(), callback=params.refuse_empty_env,
               help="Where bundles are installed. [env: ROCMDOCTOR_PREFIX]")
 @click.option("--deep", is_flag=True, help="Also probe the GPU through the bundle's own PyTorch (slow).")
-@click.option("--python", "python", default=None, metavar="PATH",
+@click.option("--python", "python", default=None, metavar="PATH", type=params.NonEmptyPath(dir_okay=False),
               help="Interpreter for --deep (default: <prefix>/current/bin/python3).")
-@click.option("--deep-timeout", type=click.FloatRange(min=1), default=None, metavar="SECONDS",
+@click.option("--deep-timeout", type=params.Duration(max_s=3600, min_s=1, inclusive=True), default=None,
+              metavar="SECONDS",
               help="How long the --deep probe may take before it is killed (default 180).")
 @pass_app
 def check(app: App, as_json: bool, only: tuple[str, ...], skip: tuple[str, ...], list_checks: bool,
@@ -74,7 +79,7 @@ def check(app: App, as_json: bool, only: tuple[str, ...], skip: tuple[str, ...],
 
 @click.command("fix-kernel")
 @click.option("--json", "as_json", is_flag=True, help="Print the guidance as JSON on stdout.")
-@click.option("--user", default=None, help="Whose view to take (as for check).")
+@click.option("--user", default=None, type=params.UserName(), help="Whose view to take (as for check).")
 @pass_app
 def fix_kernel(app: App, as_json: bool, user: str | None) -> None:
     """Print the commands that give this host a kernel, driver and TTM limit fit for vLLM (changes nothing).
@@ -107,9 +112,11 @@ def fix_kernel(app: App, as_json: bool, user: str | None) -> None:
 
 
 @click.command()
-@click.argument("out", type=click.Path(dir_okay=False, writable=True, path_type=Path))
-@click.option("--user", default=None, help="Also keep this user's account lines (as for check --user).")
+@click.argument("out", type=params.NonEmptyPath(dir_okay=False, writable=True, path_type=Path))
+@click.option("--user", default=None, type=params.UserName(),
+              help="Also keep this user's account lines (as for check --user).")
 @click.option("--prefix", default=DEFAULT_PREFIX, envvar="ROCMDOCTOR_PREFIX", show_default=True,
+              type=params.Prefix(), callback=params.refuse_empty_env,
               help="Install prefix whose free space is kept. [env: ROCMDOCTOR_PREFIX]")
 @pass_app
 def snapshot(app: App, out: Path, user: str | None, prefix: str) -> None:

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..provision.bench import COUNTER
-from ..render import marks_for, print_remedy, status_line
+from rocmdoctor.provision.bench import COUNTER
+from rocmdoctor.render import marks_for, print_remedy, status_line
 
 
 def render_smoke(report: dict[str, Any], console: Any, verbose: int = 0) -> None:
