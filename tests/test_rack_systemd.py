@@ -65,7 +65,9 @@ def write(machine: Machine) -> dict:
         "--write",
         "--json",
     ]
-    return json.loads(machine.run(argv, timeout=120).stdout)
+    done = machine.run(argv, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
 
 
 def state(machine: Machine, unit: str) -> str:
