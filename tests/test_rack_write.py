@@ -159,3 +159,41 @@ def test_listing_and_removing_never_follow_a_link_out_of_the_root(tmp_path: Path
     assert writer.remove_file("/etc/rocmdoctor/link.env") is False
     assert (outside / "9.env").exists()
     assert writer.listdir("/etc/missing") == []
+
+
+def test_unit_instances_is_the_same_layout(root: Path):
+    base = ["--model", "/srv/models/tiny", "--served-model-name", "tiny", "--port", "18000", "--json"]
+    via_unit = run_cli(
+        "unit",
+        "--instances",
+        "per-partition",
+        "--tensor-parallel-size",
+        "4",
+        *base,
+        "--write",
+        root=root,
+        env={"ROCMDOCTOR_ROOT": ""},
+    )
+    # unit reads the topology from --root: this root has none, so it refuses clearly.
+    assert via_unit.returncode == 2 and "no GPU here" in via_unit.stderr
+    fixture = fixture_root("mi308x-cpx")
+    preview = run_cli(
+        "unit", "--instances", "per-partition", "--tensor-parallel-size", "4", *base, root=fixture
+    )
+    direct = run_cli(
+        "instances",
+        "--instances",
+        "per-partition",
+        "--tensor-parallel-size",
+        "4",
+        "--port",
+        "18000",
+        "--json",
+        root=fixture,
+    )
+    assert preview.returncode == direct.returncode == 0, preview.stderr + direct.stderr
+    assert json.loads(preview.stdout)["instances"] == json.loads(direct.stdout)["instances"]
+    assert [i["visible_devices"] for i in json.loads(preview.stdout)["instances"]][:2] == [
+        "0,1,2,3",
+        "4,5,6,7",
+    ]

@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from .. import params
 from ..model import envelope
 from ..registry import DEFAULT_PREFIX
 from .common import App, UserError, emit_json, pass_app
@@ -104,7 +105,7 @@ def show_plan(plan, stream=sys.stderr) -> None:
         print(f"  note: {note}", file=stream)
 
 
-@click.command(context_settings={"ignore_unknown_options": True})
+@click.command(cls=params.VllmPassThrough)
 @click.option(
     "--instances",
     "--layout",
@@ -116,24 +117,35 @@ def show_plan(plan, stream=sys.stderr) -> None:
 )
 @click.option(
     "--tensor-parallel-size",
-    type=int,
+    type=params.Count(1, 64),
     default=1,
     show_default=True,
     help="Devices per server (one family, one XGMI hive).",
 )
-@click.option("--count", type=int, default=None, help="Run only this many servers (default: as many as fit).")
+@click.option(
+    "--count",
+    type=params.Count(1, 4096),
+    default=None,
+    help="Run only this many servers (default: as many as fit).",
+)
 @click.option("--family", default=None, help="On a host with GPUs of several families: the one to serve.")
 @click.option(
     "--port",
     default=8000,
     show_default=True,
-    type=int,
+    type=params.Port(),
     help="The first server's port; the next ones count up, skipping ports in use.",
 )
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address every server listens on.")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    type=params.HostName(),
+    help="Address every server listens on.",
+)
 @click.option(
     "--gpu-memory-utilization",
-    type=float,
+    type=params.Fraction(0.01),
     default=None,
     help="Override the value computed for each server from its own devices' free memory.",
 )
@@ -144,17 +156,31 @@ def show_plan(plan, stream=sys.stderr) -> None:
     help="Lay out for the GPUs of this root directory or snapshot (default: --root).",
 )
 @click.option(
-    "--model", default=None, help="Hugging Face id or local model directory (needed to render units)."
+    "--model",
+    default=None,
+    type=params.ModelName(),
+    help="Hugging Face id or local model directory (needed to render units).",
 )
 @click.option(
-    "--served-model-name", default=None, help="Name clients ask for (default: the model's last path part)."
+    "--served-model-name",
+    default=None,
+    type=params.ModelName(),
+    help="Name clients ask for (default: the model's last path part).",
 )
-@click.option("--max-model-len", type=int, default=None, help="Context length (default: the model's).")
-@click.option("--max-num-seqs", type=int, default=None, help="Concurrent sequences per server.")
+@click.option(
+    "--max-model-len",
+    type=params.Count(1, 1 << 24),
+    default=None,
+    help="Context length (default: the model's).",
+)
+@click.option(
+    "--max-num-seqs", type=params.Count(1, 1 << 16), default=None, help="Concurrent sequences per server."
+)
 @click.option(
     "--api-key-file",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=params.NonEmptyPath(dir_okay=False, path_type=Path),
     default=None,
+    callback=params.key_file(min_length=8),
     help="File holding the API key clients must send (every server uses it).",
 )
 @click.option("--vllm-args", default="", metavar="TEXT", help="More vLLM arguments as one string.")
@@ -163,17 +189,23 @@ def show_plan(plan, stream=sys.stderr) -> None:
     default=DEFAULT_PREFIX,
     envvar="ROCMDOCTOR_PREFIX",
     show_default=True,
+    type=params.Prefix(),
+    callback=params.refuse_empty_env,
     help="Where `rocmdoctor install` put the bundles. [env: ROCMDOCTOR_PREFIX]",
 )
 @click.option(
-    "--user", default="vllm", show_default=True, help="Service account (created with its groups if missing)."
+    "--user",
+    default="vllm",
+    show_default=True,
+    type=params.ServiceUser(),
+    help="Service account (created with its groups if missing).",
 )
 @click.option(
     "--timeout",
     "timeout_s",
     default=1800,
     show_default=True,
-    type=int,
+    type=params.Duration(whole=True),
     help="Seconds systemd waits for each server to load and answer a completion.",
 )
 @click.option("--write", is_flag=True, help="Write vllm@.service, vllm.target and one env file per server.")
@@ -212,7 +244,6 @@ def show_plan(plan, stream=sys.stderr) -> None:
     help="With --bench: output tokens per request.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout.")
-@click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 @pass_app
 def instances(
     app: App,
@@ -232,9 +263,7 @@ def instances(
     Without --write: the layout (devices, ports, memory per server). Start them all with
     `systemctl start vllm.target`, one with `systemctl restart vllm@N`.
     """
-    from ..host_writes import HostWriter, WriteRefused
-    from ..provision import instances as rack
-    from ..provision.unit import ServiceLayout, UnitError, read_api_key
+    from ..host_writes import HostWriter
 
     if bench:
         if write or smoke:
@@ -252,6 +281,17 @@ def instances(
             raise UserError("--smoke tests what is written: run --write first, then --smoke")
         smoke_instances(HostWriter(app.root), opts["host"], opts["as_json"])
         return
+    write_layout(app, opts, write, check_only, user, timeout_s)
+
+
+def write_layout(
+    app: App, opts: dict[str, Any], write: bool, check_only: bool, user: str, timeout_s: int
+) -> None:
+    """Show the layout, or with `write` install it; `rocmdoctor unit --instances` comes here too."""
+    from ..host_writes import HostWriter, WriteRefused
+    from ..provision import instances as rack
+    from ..provision.unit import ServiceLayout, UnitError, read_api_key
+
     if check_only and not write:
         raise UserError("--check goes with --write (it shows what --write would change)")
     writer = HostWriter(app.root)
