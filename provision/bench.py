@@ -22,6 +22,7 @@ from itertools import pairwise
 from typing import Any
 
 from rocmdoctor import __version__
+from rocmdoctor.model import SCHEMA_VERSION
 from rocmdoctor.provision import openai_client as oc
 from rocmdoctor.provision.smoke import LOG_HINT
 
@@ -378,7 +379,7 @@ def build_report(options: BenchOptions, run: dict[str, Any]) -> dict[str, Any]:
     ok = failures == 0 and not run["aborted"] and run["cross_check"]["status"] != "mismatch"
     measured = any(lv["output_tokens_per_s"] > 0 for lv in levels)
     return {
-        "schema_version": 1,
+        "schema_version": SCHEMA_VERSION,
         "tool": "rocmdoctor",
         "version": __version__,
         "command": "bench",

@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import fsync_dir, write_atomic
+from ..model import SCHEMA_VERSION
+from ..safe_tar import NoSpaceLeft
 from .download import (
     DownloadCancelled,
     Downloader,
@@ -55,6 +57,10 @@ PREFIX_LOCK = "lock.json"
 
 class InstallError(RuntimeError):
     """An install step failed; the message ends with what to do next. `current` is unchanged."""
+
+
+class UnsafeBundle(InstallError):
+    """The verified parts hold an archive that breaks the member rule: bad input from its publisher."""
 
 
 @dataclass(frozen=True)
@@ -106,7 +112,7 @@ class InstallResult:
     diff: dict[str, Any] = field(default_factory=dict)  # Ansible-style {"before": ..., "after": ...}
 
     def to_json(self) -> dict[str, Any]:
-        return {"schema_version": 1, **asdict(self)}
+        return {"schema_version": SCHEMA_VERSION, **asdict(self)}
 
 
 class Layout:
@@ -381,6 +387,8 @@ def human_bytes(n: int) -> str:
 def _os_failure(exc: OSError, layout: Layout) -> str:
     import errno
 
+    if isinstance(exc, NoSpaceLeft):
+        return f"{exc}; the previous bundle is still active. Free space (or choose another --prefix) and rerun"
     if exc.errno == errno.ENOSPC:
         return (
             f"no space left on the device holding {layout.prefix}; the previous bundle is still active. "
@@ -477,7 +485,7 @@ def _install_tree(layout: Layout, plan: InstallPlan) -> int:
             # A corrupt archive is usually a corrupt download: let the parts finish so the error
             # names the part whose digest is wrong rather than tar's symptom.
             fetches.wait()
-            raise InstallError(
+            raise UnsafeBundle(
                 f"{exc}. Nothing was activated; the previous bundle is still active. "
                 "Report this bundle to its publisher"
             ) from None
@@ -491,7 +499,7 @@ def _install_tree(layout: Layout, plan: InstallPlan) -> int:
         write_json_atomic(
             root / METADATA,
             {
-                "schema_version": 1,
+                "schema_version": SCHEMA_VERSION,
                 "tag": plan.tag,
                 "family": plan.family,
                 "repo": plan.repo,
@@ -733,7 +741,7 @@ class PruneResult:
         return bool(self.refused)
 
     def to_json(self) -> dict[str, Any]:
-        return {"schema_version": 1, **asdict(self), "failed": self.failed}
+        return {"schema_version": SCHEMA_VERSION, **asdict(self), "failed": self.failed}
 
 
 def _keep_list(layout: Layout, keep: int) -> list[str]:

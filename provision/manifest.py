@@ -34,7 +34,8 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-SCHEMA_VERSION = 1
+from ..model import SCHEMA_VERSION
+
 CHANNELS = ("stable", "nightly")
 DEFAULT_REPO = "lemonade-sdk/vllm-rocm"
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")

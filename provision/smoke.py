@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rocmdoctor import __version__
-from rocmdoctor.model import Result, Status, exit_code, failed, passed, skipped, warned
+from rocmdoctor.model import SCHEMA_VERSION, Result, Status, exit_code, failed, passed, skipped, warned
 from rocmdoctor.provision import openai_client as oc
 from rocmdoctor.provision import openai_schema as schema
 from rocmdoctor.provision import prometheus
@@ -414,7 +414,7 @@ async def run_steps(options: SmokeOptions) -> tuple[list[Step], str | None]:
 def build_report(options: SmokeOptions, steps: list[Step], model: str | None) -> dict[str, Any]:
     statuses = [s.result.status for s in steps]
     return {
-        "schema_version": 1,
+        "schema_version": SCHEMA_VERSION,
         "tool": "rocmdoctor",
         "version": __version__,
         "command": "smoke",

@@ -141,12 +141,13 @@ def test_an_empty_prefix_variable_is_an_error_not_the_default():
 
 @pytest.mark.parametrize("metadata", ["[1, 2]", "null", '"tag"', "{not json"])
 def test_bundle_metadata_that_is_not_an_object_is_an_incomplete_bundle(tmp_path, metadata):
-    bundle = tmp_path / "bundles" / "t1"
+    tag = "vllm0.20.1-rocm7.12.0-gfx1151"
+    bundle = tmp_path / "bundles" / tag
     bundle.mkdir(parents=True)
     (bundle / ".rocmdoctor-bundle.json").write_text(metadata)
     listed = rocmdoctor("bundles", "--prefix", str(tmp_path), "--json")
     assert listed.returncode == 0 and "Traceback" not in listed.stderr
     assert [b["complete"] for b in json.loads(listed.stdout)["bundles"]] == [False]
-    rolled = rocmdoctor("rollback", "--prefix", str(tmp_path), "--to", "t1")
+    rolled = rocmdoctor("rollback", "--prefix", str(tmp_path), "--to", tag)
     assert rolled.returncode == 1 and "not a complete bundle" in rolled.stderr
     assert not (tmp_path / "current").exists()

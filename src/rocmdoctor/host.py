@@ -17,9 +17,9 @@ import fnmatch
 import json
 import os
 import re
+import signal
 import stat as stat_mod
 import subprocess
-import signal
 import time
 from dataclasses import dataclass, field
 from enum import Enum

@@ -1,6 +1,6 @@
 """`rocmdoctor install`, `rollback`, `bundles` and `bundle lock|fetch`: the vllm-rocm bundle on this host.
 
-Output mirrors Ansible: `--json` prints {"schema_version": 1, "changed": ..., "msg": ..., ...} on stdout
+Output mirrors Ansible: `--json` prints {"schema_version": SCHEMA_VERSION, "changed": ..., "msg": ..., ...} on stdout
 (with "failed": true on failure), so a playbook can use `changed_when`/`failed_when` on it.
 """
 
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 import click
 
 from .. import params
+from ..model import SCHEMA_VERSION, envelope
 from ..registry import DEFAULT_PREFIX
 from .common import App, UserError, emit_json, pass_app
 
@@ -91,14 +91,14 @@ def _api_options(fn: Callable) -> Callable:
                 "--connect-timeout",
                 default=10.0,
                 show_default=True,
-                type=params.Duration(max_s=300),
+                type=params.Duration(max_s=600),
                 help="Seconds to connect (release API and downloads).",
             ),
             click.option(
                 "--read-timeout",
                 default=30.0,
                 show_default=True,
-                type=params.Duration(max_s=600),
+                type=params.Duration(max_s=3600),
                 help="Seconds without data before a retry (release API and downloads).",
             ),
             click.option(
@@ -190,18 +190,18 @@ def _load_pins(kwargs: dict[str, Any], prefix: Path) -> tuple[Any, Any, Any]:
 def _failures(as_json: bool) -> Iterator[None]:
     """Turn the provisioning errors into exit codes and messages (and JSON with failed: true)."""
     from ..provision.download import DownloadError, UnsafeDirectory
-    from ..provision.install import InstallError, InvalidRequest
+    from ..provision.install import InstallError, InvalidRequest, UnsafeBundle
     from ..provision.manifest import ManifestError
     from ..provision.plan import PlanError
 
     def report(message: str, exc_type: type[click.ClickException]) -> click.ClickException:
         if as_json:
-            emit_json({"schema_version": 1, "changed": False, "failed": True, "msg": message})
+            emit_json(envelope(changed=False, failed=True, msg=message))
         return exc_type(message)
 
     try:
         yield
-    except (PlanError, ManifestError, UnsafeDirectory, InvalidRequest) as exc:
+    except (PlanError, ManifestError, UnsafeDirectory, InvalidRequest, UnsafeBundle) as exc:
         raise report(str(exc), UserError) from None
     except UserError as exc:
         raise report(exc.format_message(), UserError) from None
@@ -495,7 +495,7 @@ def bundles(app: App, prefix: Path, available: bool, family: str, as_json: bool,
     if as_json:
         emit_json(
             {
-                "schema_version": 1,
+                "schema_version": SCHEMA_VERSION,
                 "prefix": str(prefix),
                 "current": layout.current_tag(),
                 "previous": layout.previous_tag(),
@@ -532,7 +532,7 @@ def _available(app: App, layout: Any, found: list[dict], family: str, as_json: b
     if as_json:
         emit_json(
             {
-                "schema_version": 1,
+                "schema_version": SCHEMA_VERSION,
                 "family": chosen,
                 "repo": manifest.repo,
                 "current": layout.current_tag(),
@@ -626,7 +626,7 @@ def lock(
     failed = [r for r in report if not r["pinned"]]
     verb = "would pin" if check else "pinned"
     doc = {
-        "schema_version": 1,
+        "schema_version": SCHEMA_VERSION,
         "changed": changed,
         "check": check,
         "failed": bool(failed),
@@ -703,7 +703,7 @@ def fetch(
         if check:
             missing = [s.asset.name for s in sources if not lexists(dest / s.asset.name)]
             doc = {
-                "schema_version": 1,
+                "schema_version": SCHEMA_VERSION,
                 "changed": bool(missing),
                 "check": True,
                 "msg": f"would fetch {len(missing)} part(s) and verify {len(sources) - len(missing)} in {dest}",
@@ -719,7 +719,7 @@ def fetch(
             ]
     new = [name for name, was_new in fetched if was_new]
     doc = {
-        "schema_version": 1,
+        "schema_version": SCHEMA_VERSION,
         "changed": bool(new),
         "msg": f"{len(new)} part(s) fetched, "
         f"{len(fetched) - len(new)} already present and verified in {dest}",

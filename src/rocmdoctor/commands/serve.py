@@ -53,8 +53,8 @@ def server_options(fn: Callable) -> Callable:
 
 def resolve_args(app: App, opts: dict[str, Any]):
     from ..provision.server_args import ArgumentError, Choices, parse_extra, resolve
-    from .host_pools import pools_from_facts
     from ..registry import Context, Options
+    from .host_pools import pools_from_facts
 
     try:
         extra = parse_extra(opts["vllm_args"]) + list(opts["extra"])
@@ -164,8 +164,16 @@ def serve(app: App, timeout_s: float, cache_dir: Path | None, log_file: Path | N
 
     Exit 0 after a clean stop; 1 when the server did not become ready, died, or left a process behind.
     """
-    from ..provision.serve import (Server, Stopped, SignalsToStop, ProgressLine, default_cache_base,
-                                   new_marker, port_in_use, server_env)
+    from ..provision.serve import (
+        ProgressLine,
+        Server,
+        SignalsToStop,
+        Stopped,
+        default_cache_base,
+        new_marker,
+        port_in_use,
+        server_env,
+    )
     from ..provision.unit import ServiceLayout, readiness_url
 
     args = resolve_args(app, opts)

@@ -10,8 +10,6 @@ torch.cuda is the same API on ROCm and CUDA builds of PyTorch, so the probe runs
 
 from __future__ import annotations
 
-from typing import Any
-
 import argparse
 import importlib
 import importlib.util
@@ -23,6 +21,7 @@ import statistics
 import sys
 import time
 import traceback
+from typing import Any
 
 PROBE_VERSION = 1
 GIB = 1 << 30
