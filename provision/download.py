@@ -517,7 +517,7 @@ class PartStream(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def readinto(self, buffer) -> int:  # type: ignore[override]
+    def readinto(self, buffer) -> int:
         while self._index < len(self.parts):
             part = self.parts[self._index]
             with part.cond:

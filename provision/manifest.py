@@ -114,7 +114,7 @@ def _load_toml(text: str, where: str) -> dict[str, Any]:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10
         try:
-            import tomli as tomllib  # type: ignore[no-redef]
+            import tomli as tomllib  # type: ignore[no-redef,import-not-found,unused-ignore]
         except ModuleNotFoundError:
             raise ManifestError(
                 f"{where}: reading TOML on Python 3.10 needs the 'tomli' package (pip install tomli)"
@@ -227,7 +227,7 @@ def parse_manifest(text: str, where: str = "manifest.toml") -> Manifest:
         if parts and tag is None:
             raise ManifestError(f"{at}: field 'parts' needs a 'tag'")
         for part in parts:
-            check_asset_name(part, tag, f"{at}: field 'parts'")
+            check_asset_name(part, str(tag), f"{at}: field 'parts'")
         manifest.families[family] = FamilyPin(family, tag, channel, tuple(parts))
     return manifest
 

@@ -349,7 +349,7 @@ def refresh_lock(
             continue
         entry = choice.lock_entry
         changed = before is None or not before.pinned or _identity(before) != _identity(entry)
-        if not changed:
+        if not changed and before is not None:
             entry = before  # keep the lock byte for byte (URLs recorded earlier included)
         updated.families[request.family] = entry
         report.append(

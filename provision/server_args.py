@@ -298,19 +298,20 @@ def utilization_for(group: Sequence[GpuPool]) -> tuple[float, str]:
             f"the memory of {', '.join(unknown)} cannot be read (rocmdoctor check says why); "
             "pass --gpu-memory-utilization to choose it yourself"
         )
-    worst = min(group, key=lambda p: recommended(p.total, p.free))
-    util = recommended(worst.total, worst.free)
+    sized = [(p, int(p.total or 0), int(p.free or 0)) for p in group]  # both known: checked above
+    worst, total, free = min(sized, key=lambda row: recommended(row[1], row[2]))
+    util = recommended(total, free)
     pool_word = "unified pool" if worst.unified else "VRAM"
     if util < MIN_USEFUL_UTILIZATION:
         raise ArgumentError(
-            f"{worst.name}: only {_gib(worst.free)} of {_gib(worst.total)} {pool_word} is free; "
+            f"{worst.name}: only {_gib(free)} of {_gib(total)} {pool_word} is free; "
             "vLLM cannot start with so little. Stop the processes holding GPU memory (rocmdoctor check lists them)"
             + (" or give the GPU a larger GTT pool (rocmdoctor fix-kernel)" if worst.unified else "")
         )
     reason = (
         f"vLLM needs ceil(total x util) <= free at startup: {worst.name} {pool_word} "
-        f"{_gib(worst.free)} free of {_gib(worst.total)}, 1 GiB kept as margin "
-        f"-> {util:.2f} asks {_gib(requested_bytes(worst.total, util))}"
+        f"{_gib(free)} free of {_gib(total)}, 1 GiB kept as margin "
+        f"-> {util:.2f} asks {_gib(requested_bytes(total, util))}"
     )
     return util, reason
 

@@ -326,9 +326,9 @@ def run(argv: list[str]) -> None:
 def symlink(root: Path, host_path: str, target: str) -> None:
     """Point root/host_path at `target`, atomically (a temp link renamed over the old one)."""
     if is_live(root):
-        tmp = Path(f"{host_path}.tmp-{secrets.token_hex(6)}")
-        os.symlink(target, tmp)
-        os.replace(tmp, host_path)
+        live_tmp = Path(f"{host_path}.tmp-{secrets.token_hex(6)}")
+        os.symlink(target, live_tmp)
+        os.replace(live_tmp, host_path)
         return
     parts = _parts(host_path)
     with _dir_fd(root, parts[:-1], create=True) as dfd:

@@ -372,21 +372,21 @@ class VllmPassThrough(click.Command):
             from .vllm_flags import FLAGS
 
             name = exc.option_name.split("=", 1)[0]
-            exc.message = exc.message.rstrip(".")
+            exc.message = exc.message.rstrip(".")  # type: ignore[misc]
             if name in FLAGS:
-                exc.message = (
+                exc.message = (  # type: ignore[misc]
                     f"{exc.message}: {name} is vLLM's, and vLLM's own arguments go after `--`: "
                     f"rocmdoctor {ctx.info_name} --model M -- {name} ..."
                 )
             else:
-                exc.message = (
+                exc.message = (  # type: ignore[misc]
                     f"{exc.message}: rocmdoctor {ctx.info_name} does not know it (see --help); "
                     "vLLM's own arguments go after `--`"
                 )
             raise
         except click.UsageError as exc:
             if "unexpected extra argument" in exc.message:
-                exc.message += (
+                exc.message += (  # type: ignore[misc]
                     f"; vLLM's own arguments go after `--`: rocmdoctor {ctx.info_name} --model M -- ..."
                 )
             raise

@@ -710,7 +710,7 @@ def fetch(
                 "fetched": missing,
                 "mirror": str(dest),
             }
-            _emit(doc, as_json, doc["msg"])
+            _emit(doc, as_json, str(doc["msg"]))
             return
         with _progress(not as_json, sum(s.asset.size for s in sources), extracting=False) as (on_bytes, _):
             fetched = [
@@ -726,7 +726,7 @@ def fetch(
         "fetched": new,
         "mirror": str(dest),
     }
-    _emit(doc, as_json, doc["msg"])
+    _emit(doc, as_json, str(doc["msg"]))
 
 
 @bundle.command("prune")
