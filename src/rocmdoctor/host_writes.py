@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .atomic import write_atomic
+from .atomic import fsync_dir, write_atomic
 
 MAX_FILE_BYTES = 4 << 20
 SYSTEM_ID_RANGE = (100, 999)  # Debian's SYS_UID_MIN/SYS_UID_MAX defaults (login.defs may change them)
@@ -150,6 +150,34 @@ def chmod_file(root: Path, host_path: str, mode: int) -> None:
             os.fchmod(fd, mode)
         finally:
             os.close(fd)
+
+
+def list_dir(root: Path, host_dir: str) -> list[str]:
+    """The names in root/host_dir, sorted (empty when it does not exist); on a foreign root no link
+    on the way is followed."""
+    try:
+        if is_live(root):
+            return sorted(os.listdir(host_dir))
+        with _dir_fd(root, _parts(host_dir), create=False) as dfd:
+            return sorted(os.listdir(dfd))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def remove_file(root: Path, host_path: str) -> bool:
+    """Remove root/host_path (a link itself, never what it points at); False when it was absent."""
+    parts = _parts(host_path)
+    try:
+        if is_live(root):
+            os.unlink(host_path)
+            fsync_dir(Path(host_path).parent)
+            return True
+        with _dir_fd(root, parts[:-1], create=False) as dfd:
+            os.unlink(parts[-1], dir_fd=dfd)
+            os.fsync(dfd)
+        return True
+    except FileNotFoundError:
+        return False
 
 
 # -- accounts ------------------------------------------------------------------------------------------
@@ -330,6 +358,12 @@ class HostWriter:
 
     def chmod(self, host_path: str, mode: int) -> None:
         chmod_file(self.root, host_path, mode)
+
+    def listdir(self, host_dir: str) -> list[str]:
+        return list_dir(self.root, host_dir)
+
+    def remove_file(self, host_path: str) -> bool:
+        return remove_file(self.root, host_path)
 
     def symlink(self, host_path: str, target: str) -> None:
         symlink(self.root, host_path, target)

@@ -96,13 +96,24 @@ def show_settings(args, stream=sys.stderr) -> None:
               help="Service account (created with its groups if missing; never root or nobody).")
 @click.option("--timeout", "timeout_s", default=1800, show_default=True, type=params.Duration(whole=True),
               help="Seconds systemd waits for the model to load and answer a completion.")
+@click.option("--instances", "instances_layout", type=click.Choice(["one", "per-gpu", "per-partition"]),
+              default=None, help="Several servers as vllm@N under vllm.target, laid out from the topology "
+              "(the same as `rocmdoctor instances`: docs/rack.md).")
 @server_options
 @pass_app
-def unit(app: App, write: bool, check_only: bool, user: str, timeout_s: int, **opts: Any) -> None:
+def unit(app: App, write: bool, check_only: bool, user: str, timeout_s: int, instances_layout: str | None,
+         **opts: Any) -> None:
     """Render the systemd unit for the vLLM server; with --write install it (idempotent).
 
     Extra vLLM arguments go after `--`: rocmdoctor unit --model M -- --enforce-eager
     """
+    if instances_layout is not None:
+        from .rack import write_layout
+
+        layout = {"layout": instances_layout, "tensor_parallel_size": opts["tensor_parallel_size"] or 1,
+                  "count": None, "family": None, "devices_from": None}
+        write_layout(app, {**opts, **layout}, write, check_only, user, timeout_s)
+        return
     from ..provision.unit import ServiceLayout, UnitError, file_specs
     from ..provision.unit import write as write_files
 

@@ -1,0 +1,437 @@
+"""`rocmdoctor instances`: several vLLM servers on one host (per GPU, per partition, per
+tensor-parallel group), laid out from the topology and run by systemd as vllm@<n> under vllm.target."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .. import params
+from ..model import envelope
+from ..registry import DEFAULT_PREFIX
+from .common import App, UserError, emit_json, pass_app
+
+LAYOUT_CHOICES = ("one", "per-gpu", "per-partition")
+
+
+def devices_of(app: App, source: str | None, prefix: str) -> list:
+    """The GPU nodes of this host, or of another root / snapshot (`--devices-from`)."""
+    from ..registry import Context, Options
+    from .host_devices import host_devices
+
+    if source is None:
+        host = app.host()
+    else:
+        other = App(root=Path("/"), verbose=0, no_color=True)
+        try:
+            other.set_root(source)
+        except click.BadParameter as exc:
+            raise UserError(f"--devices-from {exc.format_message()}") from None
+        host = other.host()
+    return host_devices(Context(host, Options(prefix=prefix)))
+
+
+def compute_plan(app: App, opts: dict[str, Any], owned_ports: set[int] | None = None, port_free=None):
+    """The layout's instances for this host (ports probed on --host unless `port_free` is given)."""
+    from ..provision.layout import LayoutError, plan
+    from ..provision.serve import port_in_use
+
+    devices = devices_of(app, opts["devices_from"], opts["prefix"])
+    host = opts["host"]
+    probe = port_free or (lambda port: not port_in_use(host, port))
+    try:
+        return plan(
+            devices,
+            opts["layout"],
+            tensor_parallel_size=opts["tensor_parallel_size"],
+            count=opts["count"],
+            first_port=opts["port"],
+            port_free=probe,
+            owned_ports=owned_ports,
+            gpu_memory_utilization=opts["gpu_memory_utilization"],
+            family=opts["family"],
+        )
+    except LayoutError as exc:
+        raise UserError(str(exc)) from None
+
+
+def common_argv(opts: dict[str, Any], first) -> tuple[list[str], str]:
+    """The arguments every instance shares (resolved like the single server's), without the three
+    that the template reads from each instance's file; and the served model name."""
+    from ..provision.server_args import ArgumentError, Choices, GpuPool, parse_extra, resolve
+
+    device = first.devices[0]
+    pool = GpuPool(
+        device.label, device.family or device.gfx, device.memory_total, device.memory_free, bool(device.apu)
+    )
+    try:
+        extra = parse_extra(opts["vllm_args"]) + list(opts["extra"])
+        args = resolve(
+            Choices(
+                model=opts["model"],
+                served_model_name=opts["served_model_name"],
+                host=opts["host"],
+                port=first.port,
+                gpu_memory_utilization=first.gpu_memory_utilization,
+                max_model_len=opts["max_model_len"],
+                max_num_seqs=opts["max_num_seqs"],
+                extra=extra,
+            ),
+            [pool],
+        )
+    except ArgumentError as exc:
+        raise UserError(str(exc)) from None
+    per_instance = {"--port", "--gpu-memory-utilization", "--tensor-parallel-size"}
+    argv: list[str] = []
+    for setting in args.settings:
+        if setting.flag not in per_instance:
+            argv += [setting.flag, setting.value]
+    return argv + list(args.extra), args.served_model_name
+
+
+def show_plan(plan, stream=sys.stderr) -> None:
+    for inst in plan.instances:
+        devices = ", ".join(d.label for d in inst.devices)
+        print(
+            f"vllm@{inst.name}: port {inst.port}, ROCR_VISIBLE_DEVICES={inst.visible_devices}, "
+            f"tensor-parallel {inst.tensor_parallel_size}, --gpu-memory-utilization "
+            f"{inst.gpu_memory_utilization:.2f}  [{devices}]",
+            file=stream,
+        )
+    for note in plan.notes:
+        print(f"  note: {note}", file=stream)
+
+
+@click.command(cls=params.VllmPassThrough)
+@click.option(
+    "--instances",
+    "--layout",
+    "layout",
+    type=click.Choice(LAYOUT_CHOICES),
+    default="per-gpu",
+    show_default=True,
+    help="One server, one per GPU, or one per compute partition.",
+)
+@click.option(
+    "--tensor-parallel-size",
+    type=params.Count(1, 64),
+    default=1,
+    show_default=True,
+    help="Devices per server (one family, one XGMI hive).",
+)
+@click.option(
+    "--count",
+    type=params.Count(1, 4096),
+    default=None,
+    help="Run only this many servers (default: as many as fit).",
+)
+@click.option("--family", default=None, help="On a host with GPUs of several families: the one to serve.")
+@click.option(
+    "--port",
+    default=8000,
+    show_default=True,
+    type=params.Port(),
+    help="The first server's port; the next ones count up, skipping ports in use.",
+)
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    type=params.HostName(),
+    help="Address every server listens on.",
+)
+@click.option(
+    "--gpu-memory-utilization",
+    type=params.Fraction(0.01),
+    default=None,
+    help="Override the value computed for each server from its own devices' free memory.",
+)
+@click.option(
+    "--devices-from",
+    default=None,
+    metavar="ROOT",
+    help="Lay out for the GPUs of this root directory or snapshot (default: --root).",
+)
+@click.option(
+    "--model",
+    default=None,
+    type=params.ModelName(),
+    help="Hugging Face id or local model directory (needed to render units).",
+)
+@click.option(
+    "--served-model-name",
+    default=None,
+    type=params.ModelName(),
+    help="Name clients ask for (default: the model's last path part).",
+)
+@click.option(
+    "--max-model-len",
+    type=params.Count(1, 1 << 24),
+    default=None,
+    help="Context length (default: the model's).",
+)
+@click.option(
+    "--max-num-seqs", type=params.Count(1, 1 << 16), default=None, help="Concurrent sequences per server."
+)
+@click.option(
+    "--api-key-file",
+    type=params.NonEmptyPath(dir_okay=False, path_type=Path),
+    default=None,
+    callback=params.key_file(min_length=8),
+    help="File holding the API key clients must send (every server uses it).",
+)
+@click.option("--vllm-args", default="", metavar="TEXT", help="More vLLM arguments as one string.")
+@click.option(
+    "--prefix",
+    default=DEFAULT_PREFIX,
+    envvar="ROCMDOCTOR_PREFIX",
+    show_default=True,
+    type=params.Prefix(),
+    callback=params.refuse_empty_env,
+    help="Where `rocmdoctor install` put the bundles. [env: ROCMDOCTOR_PREFIX]",
+)
+@click.option(
+    "--user",
+    default="vllm",
+    show_default=True,
+    type=params.ServiceUser(),
+    help="Service account (created with its groups if missing).",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    default=1800,
+    show_default=True,
+    type=params.Duration(whole=True),
+    help="Seconds systemd waits for each server to load and answer a completion.",
+)
+@click.option("--write", is_flag=True, help="Write vllm@.service, vllm.target and one env file per server.")
+@click.option(
+    "--check", "check_only", is_flag=True, help="With --write: show what would change, change nothing."
+)
+@click.option(
+    "--smoke",
+    is_flag=True,
+    help="Smoke-test every written instance (its port and key from its file): one line each.",
+)
+@click.option(
+    "--bench",
+    is_flag=True,
+    help="Bench every written instance alone, then all at once: per-instance and aggregate tokens/s.",
+)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=8,
+    show_default=True,
+    help="With --bench: concurrent requests per instance.",
+)
+@click.option(
+    "--requests",
+    type=click.IntRange(min=1),
+    default=32,
+    show_default=True,
+    help="With --bench: requests per instance and run (at least --concurrency).",
+)
+@click.option(
+    "--max-tokens",
+    type=click.IntRange(min=2),
+    default=128,
+    show_default=True,
+    help="With --bench: output tokens per request.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout.")
+@pass_app
+def instances(
+    app: App,
+    write: bool,
+    check_only: bool,
+    user: str,
+    timeout_s: int,
+    smoke: bool,
+    bench: bool,
+    concurrency: int,
+    requests: int,
+    max_tokens: int,
+    **opts: Any,
+) -> None:
+    """Lay vLLM servers out over this host's GPUs; with --write install them under systemd.
+
+    Without --write: the layout (devices, ports, memory per server). Start them all with
+    `systemctl start vllm.target`, one with `systemctl restart vllm@N`.
+    """
+    from ..host_writes import HostWriter
+
+    if bench:
+        if write or smoke:
+            raise UserError("--bench measures what is written and running: not with --write or --smoke")
+        if requests < concurrency:
+            raise UserError(
+                f"--requests {requests} is smaller than --concurrency {concurrency}: send at least that many"
+            )
+        bench_instances(
+            HostWriter(app.root), opts["host"], opts["as_json"], concurrency, requests, max_tokens
+        )
+        return
+    if smoke:
+        if write:
+            raise UserError("--smoke tests what is written: run --write first, then --smoke")
+        smoke_instances(HostWriter(app.root), opts["host"], opts["as_json"])
+        return
+    write_layout(app, opts, write, check_only, user, timeout_s)
+
+
+def write_layout(
+    app: App, opts: dict[str, Any], write: bool, check_only: bool, user: str, timeout_s: int
+) -> None:
+    """Show the layout, or with `write` install it; `rocmdoctor unit --instances` comes here too."""
+    from ..host_writes import HostWriter, WriteRefused
+    from ..provision import instances as rack
+    from ..provision.unit import ServiceLayout, UnitError, read_api_key
+
+    if check_only and not write:
+        raise UserError("--check goes with --write (it shows what --write would change)")
+    writer = HostWriter(app.root)
+    try:
+        owned = rack.owned_ports(writer)  # the preview shows the ports --write would keep
+    except WriteRefused as exc:
+        raise UserError(str(exc)) from None
+    plan = compute_plan(app, opts, owned)
+    listing = [i.to_json() for i in plan.instances]
+    if not write:
+        if opts["as_json"]:
+            emit_json(
+                envelope(
+                    layout=plan.layout, instances=listing, skipped_ports=plan.skipped_ports, notes=plan.notes
+                )
+            )
+        else:
+            show_plan(plan, sys.stdout)
+        return
+    if not opts["model"]:
+        raise UserError("--write needs --model (the model every server loads)")
+    try:
+        key = read_api_key(opts["api_key_file"]) if opts["api_key_file"] else None
+        argv, served = common_argv(opts, plan.instances[0])
+        specs = rack.file_specs(
+            plan, argv, served, opts["host"], ServiceLayout(prefix=opts["prefix"]), user, key, timeout_s
+        )
+        report = rack.write(writer, specs, user, check=check_only)
+    except (UnitError, WriteRefused, OSError) as exc:
+        raise UserError(f"could not write the instances: {exc}") from None
+    if opts["as_json"]:
+        emit_json(
+            envelope(
+                **report.to_json(),
+                layout=plan.layout,
+                instances=listing,
+                skipped_ports=plan.skipped_ports,
+                notes=plan.notes,
+            )
+        )
+        return
+    show_plan(plan, sys.stdout)
+    word = "would change" if check_only else "changed"
+    for change in report.files:
+        click.echo(f"{(word + ' (' + change.action + ')') if change.changed else 'ok'} {change.path}")
+        if change.diff:
+            click.echo(change.diff.rstrip("\n"))
+    for account in report.accounts:
+        click.echo(f"{'would create' if check_only else 'created'} {account}")
+    click.echo(f"daemon-reload: {report.daemon_reload}")
+    if report.restart:
+        click.echo("restart to apply: " + " ".join(f"vllm@{n}" for n in report.restart))
+    click.echo(f"changed={str(report.changed).lower()}")
+
+
+def written_targets(writer, host: str) -> list:
+    """Each written instance as (name, URL, key), from its env file."""
+    from ..provision import instances as rack
+    from ..provision.rack_bench import Target
+
+    written = rack.current_instances(writer)
+    if not written:
+        raise UserError(
+            f"no instances written under {rack.ENV_DIR}: run `rocmdoctor instances --write` first"
+        )
+    targets = []
+    for name in sorted(written, key=int):
+        env = written[name]
+        port = env.get(rack.PORT_VAR, "")
+        if not port.isdigit() or not 0 < int(port) < 65536:
+            raise UserError(
+                f"{rack.env_path(name)}: no valid {rack.PORT_VAR}; rerun `rocmdoctor instances --write`"
+            )
+        url = rack.server_url(host, int(port))
+        targets.append(Target(name, url, env.get("VLLM_API_KEY") or None))
+    return targets
+
+
+def bench_instances(
+    writer, host: str, as_json: bool, concurrency: int, requests: int, max_tokens: int
+) -> None:
+    from ..provision.bench import BenchOptions
+    from ..provision.rack_bench import InstanceAborted, run_rack_bench
+
+    targets = written_targets(writer, host)
+    options = BenchOptions(url="", requests=requests, max_tokens=max_tokens)
+    try:
+        report = run_rack_bench(targets, options, concurrency)
+    except InstanceAborted as exc:
+        raise UserError(
+            f"bench could not run: {exc}; `rocmdoctor instances --smoke` shows which step fails"
+        ) from None
+    if as_json:
+        emit_json(envelope(command="instances --bench", **report))
+    else:
+        for inst in report["instances"]:
+            alone, together = inst["alone"], inst["together"]
+            click.echo(
+                f"vllm@{inst['name']} {inst['url']}: alone {alone['output_tokens_per_s']:.1f} tok/s, "
+                f"together {together['output_tokens_per_s']:.1f} tok/s "
+                f"({together['failures'] + alone['failures']} failed requests)"
+            )
+        scaling = report["scaling"]
+        click.echo(
+            f"aggregate {report['aggregate_output_tokens_per_s']:.1f} tok/s with all {len(targets)} at once; "
+            f"sum of alone {report['sum_of_alone_output_tokens_per_s']:.1f} tok/s"
+            + (f" (x{scaling:.2f})" if scaling is not None else "")
+        )
+    sys.exit(report["exit_code"])
+
+
+def smoke_instances(writer, host: str, as_json: bool) -> None:
+    """`rocmdoctor smoke` against every instance the written files describe; exit 1 if one fails."""
+    from ..provision.smoke import SmokeOptions, run_smoke
+
+    results = []
+    for target in written_targets(writer, host):
+        name, url = target.name, target.url
+        report = run_smoke(SmokeOptions(url, "auto", target.api_key))
+        failed = [s for s in report["steps"] if s["status"] in ("fail", "error")]
+        results.append(
+            {
+                "name": name,
+                "url": url,
+                "exit_code": report["exit_code"],
+                "summary": report["summary"],
+                "failed_steps": [{"id": s["id"], "summary": s["summary"]} for s in failed],
+            }
+        )
+    worst = max(r["exit_code"] for r in results)
+    if as_json:
+        emit_json(envelope(command="instances --smoke", exit_code=worst, instances=results))
+    else:
+        for r in results:
+            counts = ", ".join(f"{r['summary'].get(k, 0)} {k}" for k in ("pass", "warn", "fail"))
+            verdict = "ok" if r["exit_code"] == 0 else "FAILED"
+            first = (
+                f": {r['failed_steps'][0]['id']}: {r['failed_steps'][0]['summary']}"
+                if r["failed_steps"]
+                else ""
+            )
+            click.echo(f"vllm@{r['name']} {r['url']}: {verdict} ({counts}){first}")
+    sys.exit(worst)
