@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "serve": "serve:serve",
     "smoke": "smoke:smoke",
     "bench": "smoke:bench",
+    "plan": "plan:plan",
 }
 
 
