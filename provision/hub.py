@@ -11,14 +11,24 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 from urllib.parse import quote
 
+from ..model_files import (
+    CONFIG_FILE,
+    INDEX_FILE,
+    MAX_CONFIG_BYTES,
+    MAX_INDEX_BYTES,
+    ModelFiles,
+    ModelFilesError,
+    header_length,
+    looks_like_hub_id,
+    parse_header,
+    shard_names,
+)
 from .bounded_http import BodyTooSlow, read_body
-from ..model_files import (CONFIG_FILE, INDEX_FILE, MAX_CONFIG_BYTES, MAX_INDEX_BYTES, ModelFiles,
-                           ModelFilesError, header_length, looks_like_hub_id, parse_header, shard_names)
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 DEFAULT_DEADLINE_S = 60.0
@@ -64,7 +74,6 @@ class HubClient:
     def __init__(self, model_id: str, revision: str = "main", *, endpoint: str | None = None,
                  token: str | None = None, deadline_s: float = DEFAULT_DEADLINE_S, session=None) -> None:
         import requests
-        import urllib3
 
         if not looks_like_hub_id(model_id):
             raise HubError(f"{model_id!r} is not a Hugging Face model id (org/name)")

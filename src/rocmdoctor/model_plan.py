@@ -24,8 +24,9 @@ vllm/v1/core/kv_cache_utils.py); each rule names the vLLM function it copies:
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable
+from typing import Any
 
 GIB = 1 << 30
 

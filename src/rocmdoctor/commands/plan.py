@@ -31,7 +31,12 @@ def parse_size(text: str, option: str) -> int:
 def host_memory(app: App, tp: int, utilization: float | None):
     """(Memory, None) from this host's GPUs by the free-memory rule, or (None, why not)."""
     from ..model_plan import Memory
-    from ..provision.server_args import ArgumentError, pools_from_facts, tensor_parallel_group, utilization_for
+    from ..provision.server_args import (
+        ArgumentError,
+        pools_from_facts,
+        tensor_parallel_group,
+        utilization_for,
+    )
     from ..registry import Context, Options
 
     try:
@@ -166,8 +171,14 @@ def plan(app: App, model: str | None, revision: str, offline: bool, max_model_le
             raise UserError(f"{name} must be 1 or more, not {value}")
     if utilization is not None and not 0 < utilization <= 1:
         raise UserError(f"--gpu-memory-utilization must be in (0, 1], not {utilization}")
-    from ..model_plan import (DEFAULT_GPU_MEMORY_UTILIZATION, ConfigError, EngineSettings, Memory, plan_model,
-                              weights_from_headers)
+    from ..model_plan import (
+        DEFAULT_GPU_MEMORY_UTILIZATION,
+        ConfigError,
+        EngineSettings,
+        Memory,
+        plan_model,
+        weights_from_headers,
+    )
 
     files = load_model_files(model, revision, offline)
     null_reason = None
