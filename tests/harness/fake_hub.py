@@ -20,6 +20,7 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Self
 
 GOOD_TOKEN = "hf_loopback_good_token"
 
@@ -126,7 +127,7 @@ class FakeHub:
 
         return Handler
 
-    def __enter__(self) -> FakeHub:
+    def __enter__(self) -> Self:
         self.thread.start()
         return self
 
