@@ -183,3 +183,17 @@ def fetch_model(model_id: str, revision: str = "main", *, endpoint: str | None =
         files.headers.append(client.header(shard))
     files.bytes_read = client.bytes_read
     return files
+
+
+def load_model(model: str, revision: str = "main", *, offline: bool = False,
+               env: Mapping[str, str] = os.environ, deadline_s: float = DEFAULT_DEADLINE_S) -> ModelFiles:
+    """A local directory, else the Hugging Face cache, else (unless `offline`) the Hub."""
+    from ..model_files import local_model
+
+    files = local_model(model, revision, env)
+    if files is not None:
+        return files
+    if offline:
+        raise HubError(f"{model} is not in the Hugging Face cache and --offline forbids the Hub; download it "
+                       f"(huggingface-cli download {model} config.json) or drop --offline")
+    return fetch_model(model, revision, env=env, deadline_s=deadline_s)

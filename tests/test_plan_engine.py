@@ -12,10 +12,14 @@ import json
 import os
 import re
 import subprocess
+import threading
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
-from harness.engine import BUILDER, EngineStartError, start_engine, vllm_python
+from harness.engine import BUILDER, EngineStartError, make_tiny_model, start_engine, vllm_python
+from rocmdoctor.provision.server_memory import diagnose_url
 
 from rocmdoctor.model_plan import EngineSettings, Memory, plan_model
 
@@ -92,3 +96,40 @@ def test_plan_matches_vllm_on_five_architectures(tmp_path: Path):
         assert int(refused[1]) == plan.max_model_len, arch
         row["refused_len"], row["vllm_estimated_len"] = too_long, int(refused[1])
     RESULTS.write_text(json.dumps(rows, indent=2) + "\n")
+
+
+def _complete(base_url: str, errors: list[str]) -> None:
+    body = json.dumps({"model": "tiny", "prompt": "The server answers the prompt", "max_tokens": 400,
+                       "ignore_eos": True, "temperature": 0}).encode()
+    request = urllib.request.Request(f"{base_url}/v1/completions", body, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=240) as response:
+            response.read(1 << 20)
+    except (urllib.error.URLError, OSError) as exc:
+        errors.append(str(exc))
+
+
+def test_metrics_diagnosis_of_an_engine_driven_into_preemption(tmp_path: Path):
+    """A KV cache of 16 blocks (4 sequences of 512 tokens) and 24 concurrent 400-token requests."""
+    if not vllm_python().exists():
+        pytest.skip(f"no vLLM engine venv at {vllm_python()}")
+    model = make_tiny_model(tmp_path / "tiny")
+    # 2 layers x 128 tokens x 1 KV head x (64 + 64) x 2 B = 64 KiB a block
+    args = ["--kv-cache-memory-bytes", str(16 * 64 * 1024), "--max-num-seqs", "32"]
+    with start_engine(model, log_path=tmp_path / "preempt.log", extra_args=args, env=ENV,
+                      startup_timeout=240) as engine:
+        errors: list[str] = []
+        workers = [threading.Thread(target=_complete, args=(engine.base_url, errors)) for _ in range(24)]
+        for worker in workers:
+            worker.start()
+        try:
+            diagnosis = diagnose_url(engine.base_url, window_s=20, interval_s=1)
+        finally:
+            for worker in workers:
+                worker.join(timeout=300)
+    assert not errors, errors[:3]
+    assert diagnosis.preemptions > 0 and diagnosis.verdict == "preempting", diagnosis.findings
+    assert diagnosis.num_gpu_blocks == 16 and diagnosis.block_size == 128
+    assert diagnosis.usage_peak > 0.8
+    flag = diagnosis.changes[0]["flag"]
+    assert flag.startswith("--max-num-seqs ") and int(flag.split()[1]) < diagnosis.running_peak

@@ -15,7 +15,6 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-
 from harness.fake_openai import fake_server
 from rocmdoctor.provision.server_memory import MAX_METRICS_BYTES, MetricsError, diagnose_url
 
@@ -43,7 +42,7 @@ def metrics_server(mode: str, pages: list[str] | None = None) -> Iterator[str]:
         def log_message(self, *args) -> None:
             pass
 
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             if mode == "500":
                 self.send_response(500)
                 self.send_header("Content-Length", "5")

@@ -179,3 +179,21 @@ def local_model(model: str, revision: str = "main", env: Mapping[str, str] = os.
             return read_local(snapshot, "Hugging Face cache")
         return None
     raise ModelFilesError(f"--model {model!r} is neither a directory nor a Hugging Face id (org/name)")
+
+
+def weights_bytes_offline(model: str, revision: str = "main", env: Mapping[str, str] = os.environ) -> int | None:
+    """The exact weights size of a local or cached model from its safetensors headers; None when it is
+    not here or its shards are incomplete. No network: for `check --model` (Options.model_bytes)."""
+    try:
+        files = local_model(model, revision, env)
+    except ModelFilesError:
+        return None
+    if files is None or files.weights_note:
+        return None
+    total = 0
+    for header in files.headers:
+        for name, entry in header.items():
+            offsets = entry.get("data_offsets") if isinstance(entry, dict) and name != "__metadata__" else None
+            if isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets):
+                total += max(0, offsets[1] - offsets[0])
+    return total

@@ -654,3 +654,14 @@ def weights_from_headers(headers: Iterable[dict]) -> int:
                 raise ConfigError(f"safetensors header: tensor {name!r} has no valid data_offsets")
             total += offsets[1] - offsets[0]
     return total
+
+
+def plan_from_files(files, memory: Memory | None, *, settings: EngineSettings = EngineSettings(),
+                    max_model_len: int | None = None, typical_len: int | None = None,
+                    memory_null_reason: str | None = None, model: str | None = None) -> ModelPlan:
+    """`plan_model` for a `model_files.ModelFiles` (what `model_files.local_model` or
+    `provision.hub.load_model` returned): weights from its headers, or unknown with the reason."""
+    weights = None if files.weights_note else weights_from_headers(files.headers)
+    return plan_model(model or files.location, files.config, weights, memory, settings=settings, max_model_len=max_model_len,
+                      typical_len=typical_len, weights_source=files.weights_note or f"safetensors headers, {files.source}",
+                      memory_null_reason=memory_null_reason)

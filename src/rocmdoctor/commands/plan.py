@@ -60,21 +60,11 @@ def host_memory(app: App, tp: int, utilization: float | None):
 
 
 def load_model_files(model: str, revision: str, offline: bool):
-    from ..model_files import ModelFilesError, local_model
+    from ..model_files import ModelFilesError
+    from ..provision.hub import load_model
 
     try:
-        files = local_model(model, revision)
-    except ModelFilesError as exc:
-        raise UserError(str(exc)) from None
-    if files is not None:
-        return files
-    if offline:
-        raise UserError(f"{model} is not in the Hugging Face cache and --offline forbids the Hub; download it "
-                        f"(huggingface-cli download {model} config.json) or drop --offline")
-    from ..provision.hub import fetch_model
-
-    try:
-        return fetch_model(model, revision)
+        return load_model(model, revision, offline=offline)
     except ModelFilesError as exc:
         raise UserError(str(exc)) from None
 
@@ -176,8 +166,7 @@ def plan(app: App, model: str | None, revision: str, offline: bool, max_model_le
         ConfigError,
         EngineSettings,
         Memory,
-        plan_model,
-        weights_from_headers,
+        plan_from_files,
     )
 
     files = load_model_files(model, revision, offline)
@@ -191,11 +180,8 @@ def plan(app: App, model: str | None, revision: str, offline: bool, max_model_le
     settings = EngineSettings(tensor_parallel_size=tp, kv_cache_dtype=kv_cache_dtype, block_size=block_size,
                               max_num_batched_tokens=max_num_batched_tokens)
     try:
-        weights = None if files.weights_note else weights_from_headers(files.headers)
-        result = plan_model(model, files.config, weights, budget, settings=settings, max_model_len=max_model_len,
-                            typical_len=typical_len,
-                            weights_source=files.weights_note or f"safetensors headers, {files.source}",
-                            memory_null_reason=null_reason)
+        result = plan_from_files(files, budget, settings=settings, max_model_len=max_model_len,
+                                 typical_len=typical_len, memory_null_reason=null_reason, model=model)
     except ConfigError as exc:
         raise UserError(f"{files.location}: {exc}") from None
     if as_json:
