@@ -30,7 +30,7 @@ from . import deep  # noqa: E402  (the GPU probe, --deep only, runs last: it is 
 
 MODULES = (system, gpu, driver, kernel, firmware, access, memory, processes, python_env, disk, deep)
 # Modules in checks/ that register no checks: shared facts and pure rules.
-HELPER_MODULES = ("facts", "kernel_rules", "kernel_guidance")
+HELPER_MODULES = ("facts", "kernel_rules", "kernel_guidance", "capture")
 
 
 def load_registry() -> Registry:

@@ -119,7 +119,10 @@ def run_probe(ctx: Context) -> ProbeRun:
         python = interpreter(ctx)
         argv = [python, probe_path(), "--margin-bytes", str(DEFAULT_MARGIN_BYTES)]
         timeout = ctx.options.deep_timeout_s
-        res = ctx.host.run(argv, timeout=timeout, env=probe_environment(ctx.host.env))
+        res = ctx.host.run(
+            argv, timeout=timeout, env=probe_environment(ctx.host.env),
+            program_is_users_choice=ctx.options.python is not None,
+        )
         details = {
             "argv": argv,
             "seconds": round(res.duration_s, 2),
@@ -131,7 +134,7 @@ def run_probe(ctx: Context) -> ProbeRun:
                 tuple(argv),
                 problem=f"cannot start {python}: {res.spawn_error}",
                 remedy="Install a bundle (`rocmdoctor install`) or point --python at the "
-                "bundle's interpreter.",
+                "bundle's interpreter (on a replayed --root, only --python runs).",
                 missing_interpreter=True,
                 details=details,
             )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..model import Result, Severity, failed, passed, warned
+from ..model import Action, Result, Severity, failed, passed, warned
 from ..registry import DEFAULT_PREFIX, Context
 from . import check
 from .access import PASSWD, find_account, target_user
@@ -41,6 +41,7 @@ def measured_paths(ctx: Context) -> dict[str, int]:
     "disk.space",
     "Free space for the bundle and model weights",
     severity=Severity.BLOCKING,
+    blocks=(Action.INSTALL, Action.SERVE),
     reads=(PASSWD, DEFAULT_PREFIX, *(f"{h}/{HF_CACHE}" for h in CACHE_HOMES)),
     env=("HF_HOME", "HF_HUB_CACHE", "HOME"),
 )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..model import Result, failed, passed, warned
+from ..model import Action, Result, failed, passed, warned
 from ..registry import Context
 from . import check
 from .facts import GPU_READS, OSRELEASE, gpus, kernel_release
@@ -92,6 +92,7 @@ def dkms_signals(ctx: Context) -> dict[str, str]:
     "driver.dkms",
     "No amdgpu DKMS build shadowing the in-tree driver",
     depends=("driver.loaded",),
+    blocks=(Action.INSTALL, Action.SERVE),
     reads=(
         *GPU_READS,
         OSRELEASE,

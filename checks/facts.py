@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..families import family_for_gfx
 from ..host import Read
 from ..registry import Context
 
@@ -108,17 +109,6 @@ def gfx_name(target_version: int) -> str | None:
     if minor > 15 or step > 15:
         return None  # not a value the kernel's table produces: do not guess a name
     return "gfx%d%x%x" % (major, minor, step)
-
-
-def family_for_gfx(gfx: str | None) -> str | None:
-    """The vllm-rocm bundle family a gfx target runs with, or None when no bundle exists."""
-    if gfx in ("gfx1151", "gfx1150", "gfx942", "gfx950"):
-        return gfx
-    if gfx in ("gfx1100", "gfx1101", "gfx1102", "gfx1103"):
-        return "gfx110X"
-    if gfx in ("gfx1200", "gfx1201"):
-        return "gfx120X"
-    return None
 
 
 def pci_slot_from_location(location_id: int | None, domain: int | None) -> str | None:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ..model import Result, failed, passed, warned
+from ..families import family_names
+from ..model import Action, Result, failed, passed, warned
 from ..registry import Context
 from . import check
 from .facts import AMD_VENDOR_ID, GPU_READS, KFD_NODES, drm_device_dirs, gpu_summary, gpus, parse_uevent
@@ -10,7 +11,6 @@ from .facts import AMD_VENDOR_ID, GPU_READS, KFD_NODES, drm_device_dirs, gpu_sum
 KFD_ROOT = "/sys/class/kfd"
 WSL_DEVICE = "/dev/dxg"
 VENDOR_NAMES = {0x10DE: "NVIDIA", 0x8086: "Intel", AMD_VENDOR_ID: "AMD"}
-BUNDLE_FAMILIES = "gfx1151, gfx1150, gfx110X, gfx120X, gfx942, gfx950"
 
 
 def other_display_devices(ctx: Context) -> list[str]:
@@ -32,7 +32,12 @@ def other_display_devices(ctx: Context) -> list[str]:
     return list(seen.values())
 
 
-@check("gpu.present", "AMD GPU in the KFD topology", reads=(KFD_ROOT, WSL_DEVICE, *GPU_READS))
+@check(
+    "gpu.present",
+    "AMD GPU in the KFD topology",
+    reads=(KFD_ROOT, WSL_DEVICE, *GPU_READS),
+    blocks=(Action.INSTALL, Action.SERVE),
+)
 def gpu_present(ctx: Context) -> Result:
     found = gpus(ctx)
     if found:
@@ -74,7 +79,7 @@ def gpu_arch(ctx: Context) -> Result:
     if unsupported:
         return warned(
             f"no vllm-rocm bundle for {', '.join(unsupported)} ({described})",
-            f"Bundles exist for {BUNDLE_FAMILIES}; use one of those GPUs or build vLLM for "
+            f"Bundles exist for {', '.join(family_names())}; use one of those GPUs or build vLLM for "
             f"{', '.join(unsupported)} from source.",
             gpus=rows,
         )

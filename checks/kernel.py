@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..model import Result, failed, passed, warned
+from ..model import Action, Result, failed, passed, warned
 from ..registry import Context
 from . import check
 from .facts import DISTRO_READS, GPU_READS, OSRELEASE, GpuNode, distro_info, gpus, kernel_release
@@ -63,6 +63,7 @@ def kernel_version(ctx: Context) -> Result:
     "kernel.cwsr",
     "CWSR sizes exported and as the kernel formula expects",
     depends=("gpu.arch",),
+    blocks=(Action.INSTALL, Action.SERVE),
     reads=GPU_READS,
 )
 def kernel_cwsr(ctx: Context) -> Result:

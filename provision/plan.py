@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..families import family_for_gfx
 from .github_release import ReleaseError, fetch_release
 from .install import InstallError, Source
 from .manifest import Asset, Lock, LockEntry, Manifest, ManifestError, check_tag
@@ -23,11 +24,7 @@ def family_from_tag(tag: str) -> str:
 def resolve_family(requested: str, manifest: Manifest) -> str:
     if requested in manifest.families:
         return requested
-    try:
-        from ..checks.facts import family_for_gfx
-    except ImportError:
-        family_for_gfx = None
-    mapped = family_for_gfx(requested) if family_for_gfx else None
+    mapped = family_for_gfx(requested)
     if mapped in manifest.families:
         return mapped
     raise PlanError(

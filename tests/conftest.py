@@ -32,6 +32,17 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(module, f"rocmdoctor-{path.stem}")
 
 
+# Fixtures that start or need the real vLLM CPU engine: a test using one is an `engine` test, so
+# `-m "not engine"` runs everything else, whatever the test module's own marks say.
+ENGINE_FIXTURES = frozenset({"vllm_engine", "vllm_engine_key_file", "tiny_model", "crashing_model", "installed_prefix"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if ENGINE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.engine)
+
+
 def in_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 

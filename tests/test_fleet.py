@@ -8,7 +8,9 @@
 - nocwsr (strix-halo-nocwsr-dkms): fails preflight, is reported with the remedies and left alone
          while the others finish.
 Then a second run changes nothing, `--check --diff` changes nothing, and the upstream's access log
-shows every bundle part read once for the whole fleet.
+shows every bundle part read once for the whole fleet. `--check --diff` with other server settings
+reports the unit it would rewrite, with the diff, and writes nothing; on a host never converged
+(fresh) it reports what it would do and leaves the host untouched.
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ def fleet(tmp_path_factory):
 def runs(fleet, fleet_upstream, tiny_model):
     """The fleet converged once, then again, then in check mode: the three runs' results."""
     tiny_model.chmod(0o755)
-    for name, fixture_id in HOSTS.items():
-        host = fleet.add(name, rocmdoctor_serve=name != "point")
+    for name, fixture_id in {**HOSTS, "fresh": "strix-halo-clean"}.items():
+        host = fleet.add(name, rocmdoctor_serve=name not in ("point", "fresh"))
         host_root(fixture_id, host.opt / "host-root")
         host.hostvars["rocmdoctor_root"] = "/opt/host-root"  # as the host sees its private /opt
     inventory = fleet.write_inventory(fleet.workdir / "inventory.yml", group_vars={
@@ -48,17 +50,25 @@ def runs(fleet, fleet_upstream, tiny_model):
         "rocmdoctor_detached_environment": ENGINE_ENV,
         "rocmdoctor_ready_timeout_s": 600,
     })
-    first = run_playbook(fleet, inventory)
+    converge = ("--limit", ",".join(HOSTS))  # "fresh" stays unconverged for the check-mode test
+    first = run_playbook(fleet, inventory, *converge)
     (fleet.workdir / "first.log").write_text(first.stdout + first.stderr)
-    second = run_playbook(fleet, inventory)
+    second = run_playbook(fleet, inventory, *converge)
     (fleet.workdir / "second.log").write_text(second.stdout + second.stderr)
     unit = fleet.hosts[0].opt / "host-root/etc/systemd/system/vllm.service"
     before = {p: p.stat().st_mtime_ns for p in (unit, fleet.hosts[0].opt / "rocmdoctor/current")}
-    check = run_playbook(fleet, inventory, "--check", "--diff")
+    check = run_playbook(fleet, inventory, "--check", "--diff", "--limit", ",".join(HOSTS))
+    unit_text = unit.read_text()
+    # Other server settings: the would-be unit is shown as a diff, nothing is written, nothing restarts.
+    other = run_playbook(fleet, inventory, "--check", "--diff", "--limit", "halo", "--tags", "preflight,service",
+                         "-e", '{"rocmdoctor_server_args": ["--served-model-name", "tiny", "--max-model-len", '
+                         '"512", "--max-num-seqs", "3"]}')
+    fresh = run_playbook(fleet, inventory, "--check", "--diff", "--limit", "fresh")
     after = {p: p.stat().st_mtime_ns for p in before}
-    for run in (first, second, check):
+    for run in (first, second, check, other, fresh):
         print(f"run: rc={run.rc} {run.seconds:.1f} s {run.recap()}")
-    return {"first": first, "second": second, "check": check, "untouched": before == after}
+    return {"first": first, "second": second, "check": check, "other": other, "fresh": fresh,
+            "untouched": before == after and unit.read_text() == unit_text}
 
 
 def test_first_run_serves_passing_hosts_and_skips_the_failing_one(fleet, runs):
@@ -112,3 +122,22 @@ def test_each_bundle_part_is_read_from_upstream_once_for_the_fleet(runs, fleet_u
     for part in fleet_upstream.parts:
         reads = [e for e in fleet_upstream.server.downloads(part) if e.status in (200, 206)]
         assert len(reads) == 1, f"{part}: {reads}"
+
+
+def test_check_diff_shows_the_unit_it_would_write_and_writes_nothing(runs):
+    other = runs["other"]
+    recap = other.recap()
+    assert recap["halo"]["failed"] == 0 and recap["halo"]["changed"] >= 1, other.stdout[-6000:]
+    # the unit's ExecStart line, old and new, as a unified diff under --diff
+    assert "--max-num-seqs 4" in other.stdout and "--max-num-seqs 3" in other.stdout, other.stdout[-6000:]
+    assert any(line.startswith("-") and "--max-num-seqs 4" in line for line in other.stdout.splitlines())
+    assert any(line.startswith("+") and "--max-num-seqs 3" in line for line in other.stdout.splitlines())
+    assert runs["untouched"]
+
+
+def test_check_mode_on_a_fresh_host_reports_changes_and_touches_nothing(fleet, runs):
+    fresh = runs["fresh"]
+    recap = fresh.recap()
+    assert recap["fresh"]["failed"] == 0 and recap["fresh"]["changed"] >= 1, fresh.stdout[-6000:]
+    host = next(h for h in fleet.hosts if h.name == "fresh")
+    assert not (host.opt / "rocmdoctor").exists()

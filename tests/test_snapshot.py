@@ -120,5 +120,14 @@ def test_links_in_a_captured_tree_never_lead_outside_the_root(tmp_path):
     (tmp_path / "proc" / "sys" / "kernel" / "osrelease").symlink_to(secret)
     (tmp_path / "sys").symlink_to("/sys")
     host = Host(tmp_path)
-    assert host.read_text("/proc/sys/kernel/osrelease").state is ReadState.UNREADABLE
+    # Links resolve as inside a chroot: the absolute target is looked up under the root, where it is absent.
+    read = host.read_text("/proc/sys/kernel/osrelease")
+    assert read.state is ReadState.MISSING and read.value is None
     assert host.listdir("/sys") == [] and not host.is_dir("/sys")
+    # A relative link climbing out is clamped at the root, as `..` at / is.
+    (tmp_path / "proc" / "up").symlink_to("../../../../../../../../" + str(secret).lstrip("/"))
+    assert host.read_text("/proc/up").state is ReadState.MISSING
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "inside").write_text("ok\n")
+    (tmp_path / "proc" / "abs").symlink_to("/etc/inside")  # re-rooted, not read from the live /etc
+    assert host.read_text("/proc/abs").value == "ok\n"

@@ -43,6 +43,51 @@ class UserError(click.ClickException):
         click.echo(f"rocmdoctor: {self.format_message()}", err=True)
 
 
+def _set_root(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    if value is not None:
+        ctx.find_object(App).set_root(value)
+
+
+def _add_verbose(ctx: click.Context, _param: click.Parameter, value: int) -> None:
+    if value:
+        ctx.find_object(App).verbose += value
+
+
+def _set_no_color(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value:
+        ctx.find_object(App).no_color = True
+
+
+def _global_options() -> list[click.Option]:
+    """The group's options, accepted after the subcommand too (`check --root X -v`)."""
+    return [
+        click.Option(
+            ["--root"], type=str, default=None, expose_value=False,
+            is_eager=True, callback=_set_root, help="Same as the global --root.",
+        ),
+        click.Option(
+            ["-v", "--verbose"], count=True, expose_value=False, is_eager=True, callback=_add_verbose,
+            help="Same as the global -v.",
+        ),
+        click.Option(
+            ["--no-color"], is_flag=True, expose_value=False, is_eager=True, callback=_set_no_color,
+            help="Same as the global --no-color.",
+        ),
+    ]
+
+
+def with_global_options(command: click.Command) -> click.Command:
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            with_global_options(sub)
+        return command
+    taken = {opt for param in command.params for opt in getattr(param, "opts", ())}
+    for option in _global_options():
+        if not taken.intersection(option.opts):
+            command.params.append(option)
+    return command
+
+
 class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
@@ -53,7 +98,11 @@ class LazyGroup(click.Group):
             return None
         module_name, attr = target.split(":")
         module = importlib.import_module(f"rocmdoctor.commands.{module_name}")
-        return getattr(module, attr)
+        command: click.Command = getattr(module, attr)
+        if not getattr(command, "_rocmdoctor_globals", False):
+            with_global_options(command)
+            command._rocmdoctor_globals = True  # type: ignore[attr-defined]
+        return command
 
 
 @dataclass
@@ -63,6 +112,11 @@ class App:
     root: Path
     verbose: int
     no_color: bool
+
+    def set_root(self, root: str) -> None:
+        if not root.strip():
+            raise click.BadParameter("is empty; give a directory or a snapshot archive", param_hint="--root")
+        self.root = Path(root)
 
     def host(self) -> Any:
         from .host import Host, RootError
@@ -85,18 +139,21 @@ class App:
 @click.version_option(__version__, prog_name="rocmdoctor")
 @click.option(
     "--root",
-    type=click.Path(path_type=Path),
+    type=str,
     default="/",
     envvar="ROCMDOCTOR_ROOT",
+    is_eager=True,
     show_default=True,
     help="Read the host through this directory or `rocmdoctor snapshot` archive. [env var: ROCMDOCTOR_ROOT]",
 )
 @click.option("-v", "--verbose", count=True, help="Show details under each line (-vv: more).")
 @click.option("--no-color", is_flag=True, help="No colour (NO_COLOR is honoured too).")
 @click.pass_context
-def cli(ctx: click.Context, root: Path, verbose: int, no_color: bool) -> None:
+def cli(ctx: click.Context, root: str, verbose: int, no_color: bool) -> None:
     """Diagnose an AMD ROCm host for vLLM, install the vllm-rocm bundle, serve and verify it."""
-    ctx.obj = App(root=root, verbose=verbose, no_color=no_color)
+    app = App(root=Path("/"), verbose=verbose, no_color=no_color)
+    app.set_root(root)
+    ctx.obj = app
 
 
 def main() -> None:

@@ -26,12 +26,18 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from .rootfs import read_regular, resolve_inside
+
 META_DIR = ".rocmdoctor"
 STAT_FILE = "stat.json"
 IDENTITY_FILE = "identity.json"
 ENV_FILE = "env.json"
 
 DEFAULT_READ_LIMIT = 1 << 20
+# stat.json of a large snapshot holds a few thousand entries; nothing legitimate comes near this.
+META_READ_LIMIT = 16 << 20
+# An os-release is a few hundred bytes; a larger one is parsed leniently and only this far.
+OS_RELEASE_LIMIT = 64 * 1024
 
 # Reading these blocks forever or has side effects; no check may touch them.
 FORBIDDEN_PATTERNS = (
@@ -163,6 +169,11 @@ class Host:
         self.root = self.root.resolve()
 
     @property
+    def _nofollow(self) -> int:
+        """On a captured root every link was already resolved inside it; the last step opens no link."""
+        return 0 if self.is_live else os.O_NOFOLLOW
+
+    @property
     def is_live(self) -> bool:
         """True when this reads the running machine rather than a captured tree."""
         return self.root == Path("/")
@@ -170,7 +181,7 @@ class Host:
     # -- paths ---------------------------------------------------------------------------
 
     def _real(self, path: str) -> str:
-        """Map a host path ('/sys/class/kfd') to the file under the root; never escapes it."""
+        """Map a host path ('/sys/class/kfd') to the file under the root, lexically (no link followed)."""
         if not path.startswith("/"):
             raise ValueError(f"host paths are absolute: {path!r}")
         norm = os.path.normpath(path)
@@ -180,12 +191,16 @@ class Host:
             return norm
         return str(self.root) + norm
 
-    def _escapes(self, real: str) -> bool:
-        """A captured tree is untrusted input: a symlink in it must never lead outside the root."""
+    def _inside(self, path: str, follow_last: bool = True) -> str | None:
+        """The file a host path names, its links followed inside the root only; None on a link loop.
+
+        A captured tree is untrusted input: a link in it is resolved as inside a chroot (absolute
+        targets re-rooted, `..` clamped at the root), so no read ever leaves the root."""
+        if not path.startswith("/"):
+            raise ValueError(f"host paths are absolute: {path!r}")
         if self.is_live:
-            return False
-        resolved = os.path.realpath(real)
-        return resolved != str(self.root) and not resolved.startswith(str(self.root) + os.sep)
+            return os.path.normpath(path)
+        return resolve_inside(str(self.root), path, follow_last)
 
     def _guard(self, path: str) -> None:
         for pattern in FORBIDDEN_PATTERNS:
@@ -203,16 +218,18 @@ class Host:
         """Read a file as text without trusting st_size and without blocking on sysfs quirks."""
         self._note(path)
         self._guard(path)
-        real = self._real(path)
-        if self._escapes(real):
-            return Read(path, ReadState.UNREADABLE, detail="a link in the captured tree points outside --root")
+        real = self._inside(path)
+        if real is None:
+            return Read(path, ReadState.UNREADABLE, detail="too many levels of symbolic links")
         try:
-            fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | self._nofollow)
         except FileNotFoundError:
             return Read(path, ReadState.MISSING)
         except NotADirectoryError:
             return Read(path, ReadState.MISSING)
         except PermissionError as exc:
+            if exc.errno == errno.ELOOP:
+                return Read(path, ReadState.UNREADABLE, detail="a link changed while it was read")
             return Read(path, ReadState.DENIED, detail=exc.strerror or "")
         except OSError as exc:
             return Read(path, ReadState.UNREADABLE, detail=exc.strerror or str(exc))
@@ -251,14 +268,18 @@ class Host:
         return Read(path, ReadState.OK, value)
 
     def read_json_meta(self, name: str) -> Any:
-        """A file under <root>/.rocmdoctor/ (fixtures and snapshots only); None when absent."""
+        """A file under <root>/.rocmdoctor/ (fixtures and snapshots only); None when absent or unusable.
+
+        Read like every file of an untrusted tree: no link followed, regular files only, bounded."""
         if name in self._meta_cache:
             return self._meta_cache[name]
         value = None
         if not self.is_live:
+            meta_dir = os.path.join(self.root, META_DIR)
             try:
-                with open(os.path.join(self.root, META_DIR, name), encoding="utf-8") as fh:
-                    value = json.load(fh)
+                if stat_mod.S_ISDIR(os.lstat(meta_dir).st_mode):
+                    raw = read_regular(os.path.join(meta_dir, name), META_READ_LIMIT, follow_links=False)
+                    value = json.loads(raw.decode("utf-8"))
             except (OSError, ValueError):
                 value = None
         self._meta_cache[name] = value
@@ -274,19 +295,20 @@ class Host:
             prefix = path.rstrip("/") + "/"
             if any(d == path or d.startswith(prefix) for d in self._stat_meta()):
                 return True
-        return os.path.lexists(self._real(path))
+        real = self._inside(path, follow_last=False)
+        return real is not None and os.path.lexists(real)
 
     def is_dir(self, path: str) -> bool:
         self._note(path)
-        real = self._real(path)
-        return not self._escapes(real) and os.path.isdir(real)
+        real = self._inside(path)
+        return real is not None and os.path.isdir(real)
 
     def listdir(self, path: str) -> list[str]:
         """Entries of a directory in natural order; [] when it is absent or unreadable."""
         self._note(path)
-        real = self._real(path)
+        real = self._inside(path)
         try:
-            names = [] if self._escapes(real) else os.listdir(real)
+            names = [] if real is None else os.listdir(real)
         except OSError:
             names = []
         if not self.is_live:
@@ -316,8 +338,11 @@ class Host:
     def readlink(self, path: str) -> Read:
         """The link's own text; an absolute target is a host path, resolved under the root by callers."""
         self._note(path)
+        real = self._inside(path, follow_last=False)
+        if real is None:
+            return Read(path, ReadState.UNREADABLE, detail="too many levels of symbolic links")
         try:
-            return Read(path, ReadState.OK, os.readlink(self._real(path)))
+            return Read(path, ReadState.OK, os.readlink(real))
         except FileNotFoundError:
             return Read(path, ReadState.MISSING)
         except PermissionError as exc:
@@ -342,9 +367,12 @@ class Host:
                     )
                 except (TypeError, ValueError):
                     return None
+        real = self._inside(path, follow_last=False)
         try:
-            st = os.lstat(self._real(path))
+            st = os.lstat(real) if real is not None else None
         except OSError:
+            st = None
+        if st is None:
             return None
         rdev = ""
         if stat_mod.S_ISCHR(st.st_mode) or stat_mod.S_ISBLK(st.st_mode):
@@ -354,9 +382,11 @@ class Host:
     def free_bytes(self, path: str) -> int | None:
         """Free space for unprivileged writers at `path` or its nearest existing parent."""
         self._note(path)
+        if not path.startswith("/"):
+            return None  # a relative path names no place on the host (and dirname() never reaches "/")
+        probe = os.path.normpath(path)
         if not self.is_live:
             described = self._stat_meta()
-            probe = path
             while True:
                 entry = described.get(probe)
                 if isinstance(entry, dict) and "free_bytes" in entry:
@@ -367,7 +397,6 @@ class Host:
                 if probe == "/":
                     return None
                 probe = os.path.dirname(probe)
-        probe = self._real(path)
         while not os.path.exists(probe) and probe != "/":
             probe = os.path.dirname(probe)
         try:
@@ -384,6 +413,15 @@ class Host:
         import distro as distro_mod
 
         self._note("/etc/os-release")
+        release = self._inside("/etc/os-release")
+        try:
+            st = os.stat(release) if release is not None else None
+        except OSError:
+            st = None
+        linked = not self.is_live and release != self._real("/etc/os-release")
+        if st is not None and (linked or not stat_mod.S_ISREG(st.st_mode) or st.st_size > OS_RELEASE_LIMIT):
+            # `distro` opens the file itself: only a plain, small file that is no link goes to it.
+            return self._os_release_lenient()
         try:
             info = distro_mod.LinuxDistribution(
                 include_lsb=False,
@@ -399,7 +437,7 @@ class Host:
     def _os_release_lenient(self) -> dict[str, str]:
         fields: dict[str, str] = {}
         for path in ("/etc/os-release", "/usr/lib/os-release"):
-            raw = self.read_text(path, limit=64 * 1024)
+            raw = self.read_text(path, limit=OS_RELEASE_LIMIT)
             if raw.ok:
                 for line in raw.value.splitlines():
                     key, sep, value = line.partition("=")
@@ -457,8 +495,17 @@ class Host:
         timeout: float = 10.0,
         env: Mapping[str, str] | None = None,
         max_output: int = 256 * 1024,
+        program_is_users_choice: bool = False,
     ) -> RunResult:
-        """Run a command in its own process group; on timeout the whole group is killed."""
+        """Run a command in its own process group; on timeout the whole group is killed.
+
+        On a captured root nothing runs (the programs there, or the live host's, would answer for
+        another machine) unless the user named the program (`--python`): then it is their call."""
+        if not self.is_live and not program_is_users_choice:
+            return RunResult(
+                tuple(argv), None,
+                spawn_error=f"not run: --root {self.root} is a captured tree, and nothing is executed for one",
+            )
         started = time.monotonic()
         try:
             proc = subprocess.Popen(

@@ -24,6 +24,13 @@ class Severity(str, Enum):
     ADVISORY = "advisory"
 
 
+class Action(str, Enum):
+    """What a failed check can stand in the way of (the policy decides, from each check's severity)."""
+
+    INSTALL = "install"  # put a vLLM bundle on the host
+    SERVE = "serve"  # write the unit, start the server (also the fleet's service phase)
+
+
 class Probe(str, Enum):
     """What running the check costs."""
 
@@ -31,6 +38,10 @@ class Probe(str, Enum):
     PROCESS = "process"  # walks the process table
     GPU = "gpu"  # starts an interpreter that touches the GPU (opt-in: --deep)
 
+
+# The version of every JSON document rocmdoctor prints or writes (reports, command envelopes, the lock).
+# Bump only on a backward-incompatible change to a layout.
+SCHEMA_VERSION = 1
 
 EXIT_OK = 0
 EXIT_FAILURES = 1
@@ -74,3 +85,21 @@ def exit_code(statuses: list[Status]) -> int:
     if Status.ERROR in statuses and not judged:
         return EXIT_TOOL_ERROR
     return EXIT_OK
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """What a provisioning step did or, under --check, would do: Ansible's changed/diff/msg."""
+
+    changed: bool
+    msg: str
+    diff: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def envelope(self, **extra: Any) -> dict[str, Any]:
+        return envelope(changed=self.changed, msg=self.msg, diff=self.diff, **self.data, **extra)
+
+
+def envelope(**fields: Any) -> dict[str, Any]:
+    """The one JSON envelope of every command: schema_version first, then the command's fields."""
+    return {"schema_version": SCHEMA_VERSION, **fields}

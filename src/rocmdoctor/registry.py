@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from .host import Host
-from .model import Probe, Result, Severity, Status
+from .model import Action, Probe, Result, Severity, Status
 
 CheckFn = Callable[["Context"], Result]
 
@@ -34,6 +34,8 @@ class CheckSpec:
     env: tuple[str, ...] = ()  # environment variable names read (snapshot keeps only these)
     probe: Probe = Probe.PASSIVE
     default_enabled: bool = True
+    # What a failure stands in the way of; None: every action a BLOCKING check guards by default (serve).
+    blocks: tuple[Action, ...] | None = None
 
     @property
     def group(self) -> str:
@@ -101,10 +103,11 @@ class Registry:
         env: Iterable[str] = (),
         probe: Probe = Probe.PASSIVE,
         default_enabled: bool = True,
+        blocks: Iterable[Action] | None = None,
     ) -> Callable[[CheckFn], CheckFn]:
         def register(fn: CheckFn) -> CheckFn:
             self.add(CheckSpec(id, title, fn, severity, tuple(depends), tuple(reads), tuple(env), probe,
-                               default_enabled))
+                               default_enabled, None if blocks is None else tuple(blocks)))
             return fn
 
         return register

@@ -7,11 +7,9 @@ from importlib import resources
 from typing import Any
 
 from . import __version__
-from .model import Status, exit_code
+from .model import SCHEMA_VERSION, Status, exit_code
+from .policy import verdicts
 from .registry import CheckSpec, Outcome
-
-# Bump only on a backward-incompatible change to the layout.
-SCHEMA_VERSION = 1
 
 
 def check_entry(outcome: Outcome) -> dict[str, Any]:
@@ -45,6 +43,7 @@ def build_report(root: str, host_facts: dict[str, Any], outcomes: list[Outcome])
         "host": host_facts,
         "summary": summarize(outcomes),
         "exit_code": exit_code([o.result.status for o in outcomes]),
+        "policy": verdicts(outcomes),
         "checks": [check_entry(o) for o in outcomes],
     }
 

@@ -16,7 +16,7 @@ import tarfile
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .atomic import atomic_file
 from .host import ENV_FILE, IDENTITY_FILE, META_DIR, STAT_FILE, Host, ReadState
@@ -24,6 +24,18 @@ from .registry import CheckSpec, Context
 
 PASSWD, GROUP = "/etc/passwd", "/etc/group"
 MODULE_FILE = re.compile(r"\.ko(\.[a-z]+)?$")
+
+
+@dataclass(frozen=True)
+class CaptureFacts:
+    """What only the diagnosis knows, handed in by the caller (the core never imports checks):
+    which processes the checks report, the accounts' primary groups, where free space is measured,
+    and how a command line is cleaned of secrets."""
+
+    reported_pids: frozenset[int]
+    account_gids: frozenset[int]
+    measured_paths: tuple[str, ...]
+    redact: Callable[[str], str]
 
 
 @dataclass
@@ -47,7 +59,7 @@ def _json(value: Any) -> bytes:
     return (json.dumps(value, indent=2, sort_keys=True) + "\n").encode()
 
 
-def _users(ctx: Context) -> set[str]:
+def snapshot_users(ctx: Context) -> set[str]:
     identity = ctx.host.identity()
     names = {identity.user} if identity else set()
     if ctx.options.user:
@@ -77,16 +89,8 @@ def _filter_group(text: str, users: set[str], gids: set[int], keep_gids: set[int
     return "".join(line + "\n" for line in out)
 
 
-def _reported_pids(ctx: Context) -> set[int]:
-    from .checks.processes import read_proc
-
-    return {p.pid for p in (read_proc(ctx, pid) for pid in ctx.host.pids()) if p and (p.is_vllm or p.gpu_fds)}
-
-
-def _capture(host: Host, snap: Snapshot, path: str) -> None:
+def _capture(host: Host, snap: Snapshot, path: str, redact: Callable[[str], str]) -> None:
     """One host path into the snapshot: device node, directory, fd link or file contents."""
-    from .checks.processes import redact
-
     st = host.stat(path)
     if path.startswith("/dev/"):
         if st is not None:
@@ -110,31 +114,24 @@ def _capture(host: Host, snap: Snapshot, path: str) -> None:
             snap.files[path] = text.encode()
 
 
-def collect(ctx: Context, specs: list[CheckSpec]) -> Snapshot:
-    from .checks.access import find_account
-    from .checks.disk import measured_paths
-
+def collect(ctx: Context, specs: list[CheckSpec], facts: CaptureFacts) -> Snapshot:
     host = ctx.host
     snap = Snapshot()
-    users = _users(ctx)
-    reported: set[int] | None = None
+    users = snapshot_users(ctx)
     for pattern in dict.fromkeys(p for spec in specs for p in spec.reads):
         for path in host.glob(pattern):
             if path.startswith("/proc/") and path.endswith("/cmdline"):
-                if reported is None:
-                    reported = _reported_pids(ctx)
-                if int(path.split("/")[2]) not in reported:
+                if int(path.split("/")[2]) not in facts.reported_pids:
                     continue
-            _capture(host, snap, path)
-    accounts = [a for a in (find_account(ctx, u) for u in users) if a]
+            _capture(host, snap, path, facts.redact)
     device_gids = {entry["gid"] for entry in snap.stat.values() if "gid" in entry}
     if PASSWD in snap.files:
         snap.files[PASSWD] = _filter_passwd(snap.files[PASSWD].decode(), users).encode()
     if GROUP in snap.files:
         snap.files[GROUP] = _filter_group(
-            snap.files[GROUP].decode(), users, {a.gid for a in accounts}, device_gids
+            snap.files[GROUP].decode(), users, set(facts.account_gids), device_gids
         ).encode()
-    for path in measured_paths(ctx):
+    for path in facts.measured_paths:
         free = host.free_bytes(path)
         if free is not None:
             snap.stat[path] = {"type": "dir", "mode": "0755", "uid": 0, "gid": 0, "free_bytes": free}
@@ -180,8 +177,8 @@ def write_archive(snap: Snapshot, out: Path) -> None:
             _add(tar, name, tarfile.REGTYPE, data)
 
 
-def snapshot(ctx: Context, specs: list[CheckSpec], out: Path) -> Snapshot:
-    snap = collect(ctx, specs)
+def snapshot(ctx: Context, specs: list[CheckSpec], facts: CaptureFacts, out: Path) -> Snapshot:
+    snap = collect(ctx, specs, facts)
     write_archive(snap, out)
     return snap
 

@@ -19,8 +19,6 @@ from ..registry import DEFAULT_PREFIX
 from .common import App, UserError, emit_json, pass_app
 
 # Checks that make an install pointless: without them the bundle cannot run on this host.
-BLOCKING_CHECKS = ("gpu.present", "kernel.cwsr", "driver.dkms", "disk.space")
-APU_ONLY_BLOCKING = ("driver.dkms",)
 
 
 class Failed(click.ClickException):
@@ -179,8 +177,9 @@ def _progress(enabled: bool, total: int, extracting: bool = True) -> Iterator[tu
 
 
 def _auto_family(app: App, prefix: Path, force: bool, manifest: Any) -> tuple[str, list[str]]:
-    """The family of this host's GPU, and the blocking checks that fail (refused unless --force)."""
-    from ..model import Status
+    """The family of this host's GPU, and what the policy says blocks an install (refused unless --force)."""
+    from ..model import Action
+    from ..policy import blocking
     from ..provision.plan import resolve_family
     from ..registry import Context, Options
 
@@ -194,15 +193,9 @@ def _auto_family(app: App, prefix: Path, force: bool, manifest: Any) -> tuple[st
     ctx = Context(app.host(), Options(prefix=str(prefix)))
     gpus = facts.gpus(ctx)
     families = sorted({g.family for g in gpus if g.family})
-    problems = []
     registry = load_registry()
-    known = {spec.id for spec in registry.specs}
-    apu = any(g.apu for g in gpus)
-    wanted = [c for c in BLOCKING_CHECKS if c in known and (apu or c not in APU_ONLY_BLOCKING)]
-    for outcome in registry.run(ctx, registry.select(only=wanted)):
-        if outcome.spec.id in wanted and outcome.result.status in (Status.FAIL, Status.ERROR):
-            remedy = outcome.result.remedy or "see `rocmdoctor check`"
-            problems.append(f"{outcome.spec.id}: {outcome.result.summary} -> {remedy}")
+    verdict = blocking(registry.run(ctx, registry.select()), Action.INSTALL)
+    problems = [b.line() for b in verdict.blockers]
     if problems and not force:
         raise Failed(
             "refusing to install while blocking checks fail (--force to install anyway):\n  "

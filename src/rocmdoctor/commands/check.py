@@ -41,6 +41,7 @@ def check(app: App, as_json: bool, only: tuple[str, ...], skip: tuple[str, ...],
           deep_timeout: float | None) -> None:
     """Diagnose this host for vLLM on ROCm. Exit 0: no failure; 1: a failure; 2: could not run."""
     from ..checks import host_facts, load_registry
+    from ..model import envelope
     from ..registry import SelectionError
     from ..report import build_report
     from ..report import list_checks as list_specs
@@ -49,7 +50,7 @@ def check(app: App, as_json: bool, only: tuple[str, ...], skip: tuple[str, ...],
     if list_checks:
         specs = registry.specs
         if as_json:
-            emit_json({"schema_version": 1, "checks": list_specs(specs)})
+            emit_json(envelope(checks=list_specs(specs)))
         else:
             for spec in specs:
                 click.echo(f"{spec.id:<22} {spec.title}")
@@ -111,6 +112,7 @@ def fix_kernel(app: App, as_json: bool, user: str | None) -> None:
 def snapshot(app: App, out: Path, user: str | None, prefix: str) -> None:
     """Write the files the checks read to OUT (.tar.gz); `rocmdoctor --root OUT check` replays it."""
     from ..checks import load_registry
+    from ..checks.capture import capture_facts
     from ..snapshot import snapshot as take_snapshot
 
     if not out.name.endswith((".tar.gz", ".tgz")):
@@ -119,7 +121,7 @@ def snapshot(app: App, out: Path, user: str | None, prefix: str) -> None:
         raise UserError(f"{out.parent} does not exist; create it or write the snapshot elsewhere")
     ctx = _context(app, user, 8000, prefix)
     try:
-        snap = take_snapshot(ctx, load_registry().specs, out)
+        snap = take_snapshot(ctx, load_registry().specs, capture_facts(ctx), out)
     except OSError as exc:
         raise UserError(f"cannot write {out}: {exc.strerror or exc}") from None
     click.echo(f"wrote {out}: {len(snap.files)} files, {len(snap.links)} links, {len(snap.stat)} stat entries",

@@ -1,0 +1,20 @@
+"""What `rocmdoctor snapshot` needs from the diagnosis, computed here so the core never imports checks."""
+
+from __future__ import annotations
+
+from ..registry import Context
+from ..snapshot import CaptureFacts, snapshot_users
+from .access import find_account
+from .disk import measured_paths
+from .processes import read_proc, redact
+
+
+def capture_facts(ctx: Context) -> CaptureFacts:
+    procs = (read_proc(ctx, pid) for pid in ctx.host.pids())
+    accounts = (find_account(ctx, user) for user in snapshot_users(ctx))
+    return CaptureFacts(
+        reported_pids=frozenset(p.pid for p in procs if p and (p.is_vllm or p.gpu_fds)),
+        account_gids=frozenset(a.gid for a in accounts if a),
+        measured_paths=tuple(measured_paths(ctx)),
+        redact=redact,
+    )
