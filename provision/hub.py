@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
-from ..model_files import (
+from rocmdoctor.model_files import (
     CONFIG_FILE,
     INDEX_FILE,
     MAX_CONFIG_BYTES,
@@ -28,7 +28,7 @@ from ..model_files import (
     parse_header,
     shard_names,
 )
-from .bounded_http import BodyTooSlow, read_body
+from rocmdoctor.provision.bounded_http import BodyTooSlow, read_body
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 DEFAULT_DEADLINE_S = 60.0
@@ -46,7 +46,8 @@ def hub_token(env: Mapping[str, str] = os.environ) -> str | None:
             return env[key].strip()
     path = env.get("HF_TOKEN_PATH") or str(
         Path(env.get("HF_HOME") or Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "huggingface")
-        / "token")
+        / "token"
+    )
     try:
         with open(Path(path).expanduser(), encoding="utf-8", errors="replace") as stream:
             token = stream.read(4096).strip()
@@ -65,14 +66,24 @@ class Deadline:
     def remaining(self, what: str) -> float:
         left = self.end - time.monotonic()
         if left <= 0:
-            raise HubError(f"the Hub did not answer within {self.seconds:.0f} s (while fetching {what}); "
-                           "retry, or use a local directory / the cache (--offline)")
+            raise HubError(
+                f"the Hub did not answer within {self.seconds:.0f} s (while fetching {what}); "
+                "retry, or use a local directory / the cache (--offline)"
+            )
         return left
 
 
 class HubClient:
-    def __init__(self, model_id: str, revision: str = "main", *, endpoint: str | None = None,
-                 token: str | None = None, deadline_s: float = DEFAULT_DEADLINE_S, session=None) -> None:
+    def __init__(
+        self,
+        model_id: str,
+        revision: str = "main",
+        *,
+        endpoint: str | None = None,
+        token: str | None = None,
+        deadline_s: float = DEFAULT_DEADLINE_S,
+        session=None,
+    ) -> None:
         import requests
 
         if not looks_like_hub_id(model_id):
@@ -99,8 +110,9 @@ class HubClient:
             headers["Range"] = f"bytes={byte_range[0]}-{byte_range[1]}"
         timeout = min(10.0, self.deadline.remaining(what))
         try:
-            with self.session.get(url, headers=headers, stream=True, timeout=(timeout, timeout),
-                                  allow_redirects=True) as response:
+            with self.session.get(
+                url, headers=headers, stream=True, timeout=(timeout, timeout), allow_redirects=True
+            ) as response:
                 self._raise_for(response.status_code, what)
                 # A server that ignores Range answers 200 from byte 0: read up to the range's end only.
                 skip = byte_range[0] if byte_range and response.status_code == 200 else 0
@@ -109,8 +121,10 @@ class HubClient:
                 self.bytes_read += len(body)
                 body = body[skip:]
         except BodyTooSlow:
-            raise HubError(f"the Hub did not send {what} within {self.deadline.seconds:.0f} s; retry, or use a "
-                           "local directory / the cache") from None
+            raise HubError(
+                f"the Hub did not send {what} within {self.deadline.seconds:.0f} s; retry, or use a "
+                "local directory / the cache"
+            ) from None
         except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
             raise HubError(f"cannot fetch {what} from {self.endpoint}: {type(exc).__name__}: {exc}") from None
         if byte_range is None and len(body) > limit:
@@ -122,13 +136,20 @@ class HubClient:
             return
         page = f"{self.endpoint}/{self.model_id}"
         if status in (401, 403):
-            how = ("your token (HF_TOKEN or `huggingface-cli login`) was refused: it may lack access"
-                   if self.token else "no token was sent: set HF_TOKEN or run `huggingface-cli login`")
-            raise HubError(f"{self.model_id} is gated or private (HTTP {status} for {what}): accept its license at "
-                           f"{page} and make sure {how}")
+            how = (
+                "your token (HF_TOKEN or `huggingface-cli login`) was refused: it may lack access"
+                if self.token
+                else "no token was sent: set HF_TOKEN or run `huggingface-cli login`"
+            )
+            raise HubError(
+                f"{self.model_id} is gated or private (HTTP {status} for {what}): accept its license at "
+                f"{page} and make sure {how}"
+            )
         if status == 404:
-            raise HubError(f"{what} not found on the Hub (HTTP 404): check the model id {self.model_id!r} "
-                           f"and --revision {self.revision!r}")
+            raise HubError(
+                f"{what} not found on the Hub (HTTP 404): check the model id {self.model_id!r} "
+                f"and --revision {self.revision!r}"
+            )
         raise HubError(f"the Hub answered HTTP {status} for {what}")
 
     def listing(self) -> list[str]:
@@ -164,15 +185,24 @@ class HubClient:
         return parse_header(blob, filename)
 
 
-def fetch_model(model_id: str, revision: str = "main", *, endpoint: str | None = None,
-                env: Mapping[str, str] = os.environ, deadline_s: float = DEFAULT_DEADLINE_S) -> ModelFiles:
+def fetch_model(
+    model_id: str,
+    revision: str = "main",
+    *,
+    endpoint: str | None = None,
+    env: Mapping[str, str] = os.environ,
+    deadline_s: float = DEFAULT_DEADLINE_S,
+) -> ModelFiles:
     """config.json and every shard's safetensors header of `model_id`, from the Hub."""
     client = HubClient(model_id, revision, endpoint=endpoint, token=hub_token(env), deadline_s=deadline_s)
     names = client.listing()
     if CONFIG_FILE not in names:
-        raise HubError(f"{model_id} has no config.json on the Hub (revision {revision!r}); not a transformers model")
-    files = ModelFiles("Hugging Face Hub", f"{client.endpoint}/{model_id}", client.json_file(CONFIG_FILE,
-                                                                                             MAX_CONFIG_BYTES))
+        raise HubError(
+            f"{model_id} has no config.json on the Hub (revision {revision!r}); not a transformers model"
+        )
+    files = ModelFiles(
+        "Hugging Face Hub", f"{client.endpoint}/{model_id}", client.json_file(CONFIG_FILE, MAX_CONFIG_BYTES)
+    )
     if INDEX_FILE in names:
         shards = shard_names(client.json_file(INDEX_FILE, MAX_INDEX_BYTES), INDEX_FILE)
     else:
@@ -185,15 +215,23 @@ def fetch_model(model_id: str, revision: str = "main", *, endpoint: str | None =
     return files
 
 
-def load_model(model: str, revision: str = "main", *, offline: bool = False,
-               env: Mapping[str, str] = os.environ, deadline_s: float = DEFAULT_DEADLINE_S) -> ModelFiles:
+def load_model(
+    model: str,
+    revision: str = "main",
+    *,
+    offline: bool = False,
+    env: Mapping[str, str] = os.environ,
+    deadline_s: float = DEFAULT_DEADLINE_S,
+) -> ModelFiles:
     """A local directory, else the Hugging Face cache, else (unless `offline`) the Hub."""
-    from ..model_files import local_model
+    from rocmdoctor.model_files import local_model
 
     files = local_model(model, revision, env)
     if files is not None:
         return files
     if offline:
-        raise HubError(f"{model} is not in the Hugging Face cache and --offline forbids the Hub; download it "
-                       f"(huggingface-cli download {model} config.json) or drop --offline")
+        raise HubError(
+            f"{model} is not in the Hugging Face cache and --offline forbids the Hub; download it "
+            f"(huggingface-cli download {model} config.json) or drop --offline"
+        )
     return fetch_model(model, revision, env=env, deadline_s=deadline_s)

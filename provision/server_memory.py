@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import prometheus
-from .bounded_http import BodyTooSlow, read_body
+from rocmdoctor.provision import prometheus
+from rocmdoctor.provision.bounded_http import BodyTooSlow, read_body
 
 MAX_METRICS_BYTES = 8 << 20
 MAX_WINDOW_S = 120.0
@@ -53,15 +53,19 @@ def read_metrics(url: str, timeout_s: float, session=None) -> str:
     try:
         with session.get(url, stream=True, timeout=(timeout_s, timeout_s)) as response:
             if response.status_code != 200:
-                raise MetricsError(f"GET {url} answered HTTP {response.status_code}; is this vLLM's address "
-                                   "(rocmdoctor plan --url http://HOST:PORT)?")
+                raise MetricsError(
+                    f"GET {url} answered HTTP {response.status_code}; is this vLLM's address "
+                    "(rocmdoctor plan --url http://HOST:PORT)?"
+                )
             body = read_body(response, MAX_METRICS_BYTES + 1, time.monotonic() + timeout_s)
     except BodyTooSlow:
         raise MetricsError(f"GET {url}: the body did not arrive within {timeout_s:.0f} s") from None
     except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
         raise MetricsError(f"cannot read {url}: {type(exc).__name__}: {exc}") from None
     if len(body) > MAX_METRICS_BYTES:
-        raise MetricsError(f"GET {url}: the body is larger than {MAX_METRICS_BYTES} bytes; not vLLM's /metrics")
+        raise MetricsError(
+            f"GET {url}: the body is larger than {MAX_METRICS_BYTES} bytes; not vLLM's /metrics"
+        )
     return body.decode("utf-8", errors="replace")
 
 
@@ -146,54 +150,100 @@ def diagnose(snaps: list[Snapshot], info: dict[str, str], url: str) -> Diagnosis
         if queries > 0:
             hit_rate = (last.prefix_hits - first.prefix_hits) / queries  # type: ignore[operator]
     blocks, block_size = _int_label(info, "num_gpu_blocks"), _int_label(info, "block_size")
-    d = Diagnosis(url, last.at - first.at, len(snaps), usage_peak, sum(s.usage for s in snaps) / len(snaps),
-                  running_peak, waiting_peak, preemptions, hit_rate, blocks, block_size, "ok")
+    d = Diagnosis(
+        url,
+        last.at - first.at,
+        len(snaps),
+        usage_peak,
+        sum(s.usage for s in snaps) / len(snaps),
+        running_peak,
+        waiting_peak,
+        preemptions,
+        hit_rate,
+        blocks,
+        block_size,
+        "ok",
+    )
     capacity = blocks * block_size if blocks and block_size else None
-    d.findings.append(f"KV cache usage peaked at {usage_peak:.0%} (mean {d.usage_mean:.0%}) over {d.window_s:.0f} s; "
-                      f"up to {running_peak:.0f} running and {waiting_peak:.0f} waiting requests"
-                      + (f"; the cache holds {capacity} tokens ({blocks} blocks of {block_size})" if capacity else ""))
+    d.findings.append(
+        f"KV cache usage peaked at {usage_peak:.0%} (mean {d.usage_mean:.0%}) over {d.window_s:.0f} s; "
+        f"up to {running_peak:.0f} running and {waiting_peak:.0f} waiting requests"
+        + (f"; the cache holds {capacity} tokens ({blocks} blocks of {block_size})" if capacity else "")
+    )
     if preemptions > 0:
         d.verdict = "preempting"
         per_seq = None
-        if capacity and running_peak > 0:
+        seqs = max(1, math.floor(running_peak * SEQS_HEADROOM))
+        if capacity and running_peak > 0 and usage_peak > 0:
             per_seq = usage_peak * capacity / running_peak
-        seqs = max(1, math.floor(running_peak * SEQS_HEADROOM)) if per_seq is None else max(
-            1, math.floor(capacity * SEQS_HEADROOM / per_seq))  # type: ignore[operator]
-        d.findings.append(f"{preemptions:.0f} preemptions in {d.window_s:.0f} s: the running sequences outgrew the "
-                          f"KV cache (usage {usage_peak:.0%}) and vLLM evicted some to recompute them later")
-        d.changes.append({"flag": f"--max-num-seqs {seqs}",
-                          "why": f"{running_peak:.0f} sequences ran at once"
-                                 + (f", about {per_seq:.0f} tokens each" if per_seq else "")
-                                 + f"; {seqs} keep {SEQS_HEADROOM:.0%} of the cache in use without preempting"})
-        d.changes.append({"flag": "--kv-cache-dtype fp8",
-                          "why": "halves the bytes per token of a 16-bit KV cache: twice the tokens in the same memory"})
-        d.changes.append({"flag": "--max-model-len <shorter>",
-                          "why": "fewer blocks reserved per request; `rocmdoctor plan --model M` gives the figure"})
+            seqs = max(1, math.floor(capacity * SEQS_HEADROOM / per_seq))
+        d.findings.append(
+            f"{preemptions:.0f} preemptions in {d.window_s:.0f} s: the running sequences outgrew the "
+            f"KV cache (usage {usage_peak:.0%}) and vLLM evicted some to recompute them later"
+        )
+        d.changes.append(
+            {
+                "flag": f"--max-num-seqs {seqs}",
+                "why": f"{running_peak:.0f} sequences ran at once"
+                + (f", about {per_seq:.0f} tokens each" if per_seq else "")
+                + f"; {seqs} keep {SEQS_HEADROOM:.0%} of the cache in use without preempting",
+            }
+        )
+        d.changes.append(
+            {
+                "flag": "--kv-cache-dtype fp8",
+                "why": "halves the bytes per token of a 16-bit KV cache: twice the tokens in the same memory",
+            }
+        )
+        d.changes.append(
+            {
+                "flag": "--max-model-len <shorter>",
+                "why": "fewer blocks reserved per request; `rocmdoctor plan --model M` gives the figure",
+            }
+        )
     elif waiting_peak > 0 and usage_peak < 0.8:
         d.verdict = "queueing"
-        d.findings.append(f"requests waited (up to {waiting_peak:.0f}) while the KV cache was at most "
-                          f"{usage_peak:.0%} used: the --max-num-seqs cap ({running_peak:.0f} running), not memory, "
-                          "held them back")
+        d.findings.append(
+            f"requests waited (up to {waiting_peak:.0f}) while the KV cache was at most "
+            f"{usage_peak:.0%} used: the --max-num-seqs cap ({running_peak:.0f} running), not memory, "
+            "held them back"
+        )
         more = math.floor(running_peak * min(4.0, SEQS_HEADROOM / max(usage_peak, 0.01)))
-        d.changes.append({"flag": f"--max-num-seqs {max(more, int(running_peak) + 1)}",
-                          "why": f"{usage_peak:.0%} of the KV cache served {running_peak:.0f} sequences; there is "
-                                 "room for more"})
+        d.changes.append(
+            {
+                "flag": f"--max-num-seqs {max(more, int(running_peak) + 1)}",
+                "why": f"{usage_peak:.0%} of the KV cache served {running_peak:.0f} sequences; there is "
+                "room for more",
+            }
+        )
     elif usage_peak >= 0.9:
         d.verdict = "near-full"
-        d.findings.append(f"the KV cache reached {usage_peak:.0%} without preempting yet: one burst more and it will")
+        d.findings.append(
+            f"the KV cache reached {usage_peak:.0%} without preempting yet: one burst more and it will"
+        )
         d.changes.append({"flag": "--kv-cache-dtype fp8", "why": "twice the tokens in the same memory"})
     elif running_peak == 0 and waiting_peak == 0:
         d.verdict = "idle"
         d.findings.append("no request ran during the window: send load (rocmdoctor bench) and diagnose again")
     if hit_rate is not None:
-        d.findings.append(f"prefix cache hit rate {hit_rate:.0%} in the window"
-                          + ("; prompts share little prefix: the cache mostly holds unique context"
-                             if hit_rate < 0.1 else ""))
+        d.findings.append(
+            f"prefix cache hit rate {hit_rate:.0%} in the window"
+            + (
+                "; prompts share little prefix: the cache mostly holds unique context"
+                if hit_rate < 0.1
+                else ""
+            )
+        )
     return d
 
 
-def diagnose_url(base_url: str, window_s: float = 10.0, interval_s: float = 1.0, timeout_s: float = 5.0,
-                 sleep: Callable[[float], None] = time.sleep) -> Diagnosis:
+def diagnose_url(
+    base_url: str,
+    window_s: float = 10.0,
+    interval_s: float = 1.0,
+    timeout_s: float = 5.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Diagnosis:
     """Sample `base_url`/metrics for `window_s` seconds (at least twice) and diagnose."""
     if not base_url.startswith(("http://", "https://")):
         raise MetricsError(f"--url must start with http:// or https://, not {base_url!r}")

@@ -18,15 +18,17 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from harness.engine import BUILDER, EngineStartError, make_tiny_model, start_engine, vllm_python
-from rocmdoctor.provision.server_memory import diagnose_url
 
+from harness.engine import BUILDER, EngineStartError, make_tiny_model, start_engine, vllm_python
 from rocmdoctor.model_plan import EngineSettings, Memory, plan_model
+from rocmdoctor.provision.server_memory import diagnose_url
 
 pytestmark = pytest.mark.engine
 
-CAPACITY = re.compile(r"KV cache size: ([\d,]+) tokens, Maximum concurrency for ([\d,]+) tokens per request: "
-                      r"([\d.]+)x")
+CAPACITY = re.compile(
+    r"KV cache size: ([\d,]+) tokens, Maximum concurrency for ([\d,]+) tokens per request: "
+    r"([\d.]+)x"
+)
 REFUSED = re.compile(r"the estimated maximum model length is (\d+)")
 # The CPU platform's choices (vllm/platforms/cpu.py): block size 128, or 16 for the CPU MLA kernel;
 # no async scheduling (one batch in flight); the OpenAI server's 2048 batched tokens.
@@ -38,21 +40,41 @@ RESULTS = Path(os.environ.get("ROCMDOCTOR_PLAN_ENGINE_RESULTS", "/tmp/rocmdoctor
 
 
 def build(arch: str, dest: Path) -> Path:
-    subprocess.run([str(vllm_python()), str(BUILDER), str(dest), "64", arch], check=True, capture_output=True,
-                   text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=120)
+    subprocess.run(
+        [str(vllm_python()), str(BUILDER), str(dest), "64", arch],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        timeout=120,
+    )
     return dest
 
 
 def planned(arch: str, model: Path, max_model_len: int):
-    settings = EngineSettings(block_size=CPU_BLOCK.get(arch, 128), max_num_batched_tokens=2048, concurrent_batches=1)
+    settings = EngineSettings(
+        block_size=CPU_BLOCK.get(arch, 128), max_num_batched_tokens=2048, concurrent_batches=1
+    )
     config = json.loads((model / "config.json").read_text())
-    return plan_model(str(model), config, None, Memory(0, 1.0, "--kv-cache-memory", KV_BYTES),
-                      settings=settings, max_model_len=max_model_len)
+    return plan_model(
+        str(model),
+        config,
+        None,
+        Memory(0, 1.0, "--kv-cache-memory", KV_BYTES),
+        settings=settings,
+        max_model_len=max_model_len,
+    )
 
 
 def engine_args(max_model_len: int) -> list[str]:
-    return ["--kv-cache-memory-bytes", str(KV_BYTES), "--max-model-len", str(max_model_len),
-            "--max-num-batched-tokens", "2048"]
+    return [
+        "--kv-cache-memory-bytes",
+        str(KV_BYTES),
+        "--max-model-len",
+        str(max_model_len),
+        "--max-num-batched-tokens",
+        "2048",
+    ]
 
 
 # VLLM_CPU_KVCACHE_SPACE would override --kv-cache-memory-bytes (vllm/platforms/cpu.py); empty disables it.
@@ -67,19 +89,32 @@ def test_plan_matches_vllm_on_five_architectures(tmp_path: Path):
         model = build(arch, tmp_path / arch)
         plan = planned(arch, model, MAX_MODEL_LEN)
         log = tmp_path / f"{arch}.log"
-        with start_engine(model, log_path=log, extra_args=engine_args(MAX_MODEL_LEN), env=ENV,
-                          startup_timeout=240):
+        with start_engine(
+            model, log_path=log, extra_args=engine_args(MAX_MODEL_LEN), env=ENV, startup_timeout=240
+        ):
             pass
         match = CAPACITY.search(log.read_text(errors="replace"))
         assert match, f"{arch}: no capacity line in {log}"
-        tokens, length, concurrency = int(match[1].replace(",", "")), int(match[2].replace(",", "")), float(match[3])
+        tokens, length, concurrency = (
+            int(match[1].replace(",", "")),
+            int(match[2].replace(",", "")),
+            float(match[3]),
+        )
         assert length == MAX_MODEL_LEN
         assert plan.kv_cache_tokens == pytest.approx(tokens, rel=0.01), arch
         assert plan.max_concurrency == pytest.approx(concurrency, rel=0.01, abs=0.006), arch
-        rows.append({"arch": arch, "verified": "CPU engine log", "plan_tokens": plan.kv_cache_tokens,
-                     "vllm_tokens": tokens, "plan_concurrency": round(plan.max_concurrency, 2),
-                     "vllm_concurrency": concurrency, "kv_bytes_per_token": plan.kv_bytes_per_token,
-                     "plan_largest_len": plan.max_model_len})
+        rows.append(
+            {
+                "arch": arch,
+                "verified": "CPU engine log",
+                "plan_tokens": plan.kv_cache_tokens,
+                "vllm_tokens": tokens,
+                "plan_concurrency": round(plan.max_concurrency, 2),
+                "vllm_concurrency": concurrency,
+                "kv_bytes_per_token": plan.kv_bytes_per_token,
+                "plan_largest_len": plan.max_model_len,
+            }
+        )
     # A length the plan says does not fit: vLLM must refuse it and name the same largest length.
     for arch in ("llama", "gemma3"):
         row = next(r for r in rows if r["arch"] == arch)
@@ -88,19 +123,30 @@ def test_plan_matches_vllm_on_five_architectures(tmp_path: Path):
         plan = planned(arch, model, too_long)
         assert plan.fits is False
         log = tmp_path / f"{arch}-refused.log"
-        with pytest.raises(EngineStartError), start_engine(model, log_path=log, extra_args=engine_args(too_long),
-                                                           env=ENV, startup_timeout=240):
+        with (
+            pytest.raises(EngineStartError),
+            start_engine(model, log_path=log, extra_args=engine_args(too_long), env=ENV, startup_timeout=240),
+        ):
             pass
         refused = REFUSED.search(log.read_text(errors="replace"))
-        assert refused, f"{arch}: vLLM did not refuse --max-model-len {too_long} for lack of KV cache; see {log}"
+        assert refused, (
+            f"{arch}: vLLM did not refuse --max-model-len {too_long} for lack of KV cache; see {log}"
+        )
         assert int(refused[1]) == plan.max_model_len, arch
         row["refused_len"], row["vllm_estimated_len"] = too_long, int(refused[1])
     RESULTS.write_text(json.dumps(rows, indent=2) + "\n")
 
 
 def _complete(base_url: str, errors: list[str]) -> None:
-    body = json.dumps({"model": "tiny", "prompt": "The server answers the prompt", "max_tokens": 400,
-                       "ignore_eos": True, "temperature": 0}).encode()
+    body = json.dumps(
+        {
+            "model": "tiny",
+            "prompt": "The server answers the prompt",
+            "max_tokens": 400,
+            "ignore_eos": True,
+            "temperature": 0,
+        }
+    ).encode()
     request = urllib.request.Request(f"{base_url}/v1/completions", body, {"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=240) as response:
@@ -116,8 +162,9 @@ def test_metrics_diagnosis_of_an_engine_driven_into_preemption(tmp_path: Path):
     model = make_tiny_model(tmp_path / "tiny")
     # 2 layers x 128 tokens x 1 KV head x (64 + 64) x 2 B = 64 KiB a block
     args = ["--kv-cache-memory-bytes", str(16 * 64 * 1024), "--max-num-seqs", "32"]
-    with start_engine(model, log_path=tmp_path / "preempt.log", extra_args=args, env=ENV,
-                      startup_timeout=240) as engine:
+    with start_engine(
+        model, log_path=tmp_path / "preempt.log", extra_args=args, env=ENV, startup_timeout=240
+    ) as engine:
         errors: list[str] = []
         workers = [threading.Thread(target=_complete, args=(engine.base_url, errors)) for _ in range(24)]
         for worker in workers:

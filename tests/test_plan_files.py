@@ -14,9 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-from harness.fake_hub import GOOD_TOKEN, fake_hub, safetensors_bytes
-from rocmdoctor.provision.hub import HubError, fetch_model
 
+from harness.fake_hub import GOOD_TOKEN, fake_hub, safetensors_bytes
 from rocmdoctor.model_files import (
     MAX_HEADER_BYTES,
     ModelFilesError,
@@ -25,13 +24,20 @@ from rocmdoctor.model_files import (
     read_header,
 )
 from rocmdoctor.model_plan import weights_from_headers
+from rocmdoctor.provision.hub import HubError, fetch_model
 
 CONFIGS = Path(__file__).parent / "fixtures" / "model_configs"
 MODEL_ID = "loopback-org/tiny-llama"
 SHARD_TENSORS = [
-    {"model.embed_tokens.weight": ("BF16", [512, 256]), "model.layers.0.self_attn.q_proj.weight": ("BF16", [256, 256])},
-    {"model.layers.0.mlp.up_proj.weight": ("BF16", [512, 256]), "model.norm.weight": ("F32", [256]),
-     "lm_head.weight": ("F8_E4M3", [512, 256])},
+    {
+        "model.embed_tokens.weight": ("BF16", [512, 256]),
+        "model.layers.0.self_attn.q_proj.weight": ("BF16", [256, 256]),
+    },
+    {
+        "model.layers.0.mlp.up_proj.weight": ("BF16", [512, 256]),
+        "model.norm.weight": ("F32", [256]),
+        "lm_head.weight": ("F8_E4M3", [512, 256]),
+    },
 ]
 # by hand: 512x256x2 + 256x256x2 = 393216; 512x256x2 + 256x4 + 512x256x1 = 394240
 EXPECTED_WEIGHTS = 393216 + 394240
@@ -39,9 +45,15 @@ EXPECTED_WEIGHTS = 393216 + 394240
 
 def tiny_files() -> dict[str, bytes]:
     config = (CONFIGS / "llama-3.1-8b-instruct" / "config.json").read_bytes()
-    shards = {f"model-0000{i + 1}-of-00002.safetensors": safetensors_bytes(t) for i, t in enumerate(SHARD_TENSORS)}
-    index = {"metadata": {"total_size": EXPECTED_WEIGHTS},
-             "weight_map": {name: shard for shard, tensors in zip(shards, SHARD_TENSORS) for name in tensors}}
+    shards = {
+        f"model-0000{i + 1}-of-00002.safetensors": safetensors_bytes(t) for i, t in enumerate(SHARD_TENSORS)
+    }
+    index = {
+        "metadata": {"total_size": EXPECTED_WEIGHTS},
+        "weight_map": {
+            name: shard for shard, tensors in zip(shards, SHARD_TENSORS, strict=False) for name in tensors
+        },
+    }
     return {"config.json": config, "model.safetensors.index.json": json.dumps(index).encode(), **shards}
 
 
@@ -71,11 +83,18 @@ def write_cache(hub_cache: Path, model_id: str, files: dict[str, bytes], commit:
     return snapshot
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess:
     # An empty root: a host without any GPU.
-    return subprocess.run([sys.executable, "-m", "rocmdoctor", "--root", tempfile.mkdtemp(prefix="plan-root-"), *args],
-                          capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})},
-                          check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "rocmdoctor", "--root", tempfile.mkdtemp(prefix="plan-root-"), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
 
 
 def test_local_directory_weights_exact_from_sharded_headers(tmp_path: Path):
@@ -104,14 +123,19 @@ def test_missing_shard_leaves_weights_unknown_with_the_reason(tmp_path: Path):
     assert "1 of 2 shards" in (model.weights_note or "")
 
 
-@pytest.mark.parametrize("content, message", [
-    (struct.pack("<Q", MAX_HEADER_BYTES + 1) + b"{}", "header length"),
-    (struct.pack("<Q", 0), "header length"),
-    (b"\x01\x02", "shorter than 8 bytes"),
-    (struct.pack("<Q", 100) + b"{}", "truncated"),
-    (struct.pack("<Q", 4) + b"nope", "not JSON"),
-])
-def test_hostile_safetensors_headers_are_refused_without_reading_on(tmp_path: Path, content: bytes, message: str):
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (struct.pack("<Q", MAX_HEADER_BYTES + 1) + b"{}", "header length"),
+        (struct.pack("<Q", 0), "header length"),
+        (b"\x01\x02", "shorter than 8 bytes"),
+        (struct.pack("<Q", 100) + b"{}", "truncated"),
+        (struct.pack("<Q", 4) + b"nope", "not JSON"),
+    ],
+)
+def test_hostile_safetensors_headers_are_refused_without_reading_on(
+    tmp_path: Path, content: bytes, message: str
+):
     path = tmp_path / "model.safetensors"
     path.write_bytes(content)
     with pytest.raises(ModelFilesError, match=message):
@@ -165,8 +189,17 @@ def test_cli_plan_from_the_hub_json(tmp_path: Path):
     from rocmdoctor.report import SCHEMA_VERSION
 
     with fake_hub({MODEL_ID: tiny_files()}) as hub:
-        result = run_cli("plan", "--model", MODEL_ID, "--memory", "24GiB", "--max-model-len", "8192", "--json",
-                         env={"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path), "HF_HUB_CACHE": str(tmp_path / "c")})
+        result = run_cli(
+            "plan",
+            "--model",
+            MODEL_ID,
+            "--memory",
+            "24GiB",
+            "--max-model-len",
+            "8192",
+            "--json",
+            env={"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path), "HF_HUB_CACHE": str(tmp_path / "c")},
+        )
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
     assert doc["schema_version"] == SCHEMA_VERSION
@@ -179,9 +212,19 @@ def test_cli_plan_from_the_hub_json(tmp_path: Path):
 
 def test_cli_gated_and_bad_input_exit_2_without_traceback(tmp_path: Path):
     with fake_hub({MODEL_ID: tiny_files()}, mode="gated") as hub:
-        gated = run_cli("plan", "--model", MODEL_ID, "--memory", "24GiB",
-                        env={"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path), "HF_HUB_CACHE": str(tmp_path / "c"),
-                             "HF_TOKEN": ""})
+        gated = run_cli(
+            "plan",
+            "--model",
+            MODEL_ID,
+            "--memory",
+            "24GiB",
+            env={
+                "HF_ENDPOINT": hub.url,
+                "HF_HOME": str(tmp_path),
+                "HF_HUB_CACHE": str(tmp_path / "c"),
+                "HF_TOKEN": "",
+            },
+        )
     assert gated.returncode == 2 and "gated or private" in gated.stderr and "Traceback" not in gated.stderr
     cases = [
         (["plan"], "pass --model"),
@@ -189,8 +232,18 @@ def test_cli_gated_and_bad_input_exit_2_without_traceback(tmp_path: Path):
         (["plan", "--model", "not a model id!"], "neither a directory nor a Hugging Face id"),
         (["plan", "--model", "org/absent", "--offline"], "not in the Hugging Face cache"),
         (["plan", "--model", str(CONFIGS / "qwen3-8b"), "--memory", "lots"], "not a size"),
-        (["plan", "--model", str(CONFIGS / "qwen3-8b"), "--max-model-len", "0", "--kv-cache-memory", "1GiB"],
-         "must be positive"),
+        (
+            [
+                "plan",
+                "--model",
+                str(CONFIGS / "qwen3-8b"),
+                "--max-model-len",
+                "0",
+                "--kv-cache-memory",
+                "1GiB",
+            ],
+            "must be positive",
+        ),
     ]
     for args, message in cases:
         result = run_cli(*args, env={"HF_HUB_CACHE": str(tmp_path / "c")})

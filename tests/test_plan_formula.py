@@ -48,7 +48,9 @@ def test_llama_3_1_8b_gqa():
     assert per_token("llama-3.1-8b-instruct", tensor_parallel_size=16) == 32 * 2 * 1 * 128 * BF16
     # fp8 KV cache: one byte per element
     assert per_token("llama-3.1-8b-instruct", kv_cache_dtype="fp8") == 32 * 2 * 8 * 128 * 1
-    assert shape_from_config(config("llama-3.1-8b-instruct")).max_position == 131072  # llama3 RoPE: not rescaled
+    assert (
+        shape_from_config(config("llama-3.1-8b-instruct")).max_position == 131072
+    )  # llama3 RoPE: not rescaled
 
 
 def test_llama_3_1_70b():
@@ -82,11 +84,19 @@ def test_gemma_3_27b_sliding_layers_and_groups():
     full = [i for i in range(62) if (i + 1) % 6 == 0]
     assert len(full) == 10
     assert [i for i, layer in enumerate(shape.layers) if layer.kind == "full"] == full
-    assert {layer.window for layer in shape.layers if layer.kind == "sliding"} == {cfg["sliding_window"]} == {1024}
+    assert (
+        {layer.window for layer in shape.layers if layer.kind == "sliding"}
+        == {cfg["sliding_window"]}
+        == {1024}
+    )
     # 16 KV heads x head_dim 128 (explicit; 5376/32 would be 168) x 2 x 2 bytes, 62 layers
     assert per_token("gemma-3-27b-it") == 62 * 2 * 16 * 128 * BF16 == 507904
-    assert shape.max_position == 131072  # transformers' default; Gemma 3's linear RoPE factor is not reapplied
-    layout = kv_layout(shape, EngineSettings(block_size=16, max_num_batched_tokens=2048, concurrent_batches=2))
+    assert (
+        shape.max_position == 131072
+    )  # transformers' default; Gemma 3's linear RoPE factor is not reapplied
+    layout = kv_layout(
+        shape, EngineSettings(block_size=16, max_num_batched_tokens=2048, concurrent_batches=2)
+    )
     # group size = min(10, 52) = 10; the 52 sliding layers deal into cdiv(52, 10) = 6 groups (9,9,9,9,8,8)
     assert sorted(g.layers for g in layout.groups if g.kind == "sliding") == [8, 8, 9, 9, 9, 9]
     assert layout.bytes_per_block == 10 * 16 * (2 * 16 * 128 * BF16) == 1310720
@@ -119,7 +129,9 @@ def test_capacity_and_largest_context_llama_8b():
     # 10 GiB of KV cache; a block holds 16 tokens of 32 layers x 2 x 8 x 128 x 2 B = 2 MiB
     kv = 10 * GIB
     memory = Memory(0, 1.0, "--kv-cache-memory", kv)
-    plan = plan_model("llama", config("llama-3.1-8b-instruct"), None, memory, max_model_len=8192, typical_len=2048)
+    plan = plan_model(
+        "llama", config("llama-3.1-8b-instruct"), None, memory, max_model_len=8192, typical_len=2048
+    )
     blocks = kv // (32 * 16 * 2 * 8 * 128 * BF16)
     assert blocks == 5120
     # concurrency at 8192 tokens = 5120 / (8192/16) = 10.0; vLLM logs int(10.0 x 8192) tokens
@@ -146,8 +158,13 @@ def test_full_context_does_not_fit_and_remedies_in_order():
 def test_weights_that_do_not_fit_lead_to_quantised_and_tp_remedies():
     # Llama 3.1 70B in bf16 is about 141 GB; one 48 GiB GPU cannot hold it
     weights = 141_107_412_992
-    plan = plan_model("llama70", config("llama-3.1-70b-instruct"), weights, Memory(48 * GIB, 0.92, "--memory"),
-                      max_model_len=8192)
+    plan = plan_model(
+        "llama70",
+        config("llama-3.1-70b-instruct"),
+        weights,
+        Memory(48 * GIB, 0.92, "--memory"),
+        max_model_len=8192,
+    )
     assert plan.fits is False and plan.kv_cache_bytes is not None and plan.kv_cache_bytes < 0
     actions = [r.action for r in plan.remedies]
     assert actions.index("fp8 KV cache") < actions.index("a 4-bit quantised variant (AWQ/GPTQ)")
@@ -163,13 +180,28 @@ def test_no_memory_keeps_model_figures_and_nulls_the_rest():
     assert doc["kv_cache_tokens"] is None and doc["fits"] is None and doc["null_reason"] == "no AMD GPU found"
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({}, "num_hidden_layers"),
-    ({"num_hidden_layers": 2, "num_attention_heads": 2, "hidden_size": "big"}, "hidden_size"),
-    ({"num_hidden_layers": -1, "num_attention_heads": 2, "hidden_size": 8}, "num_hidden_layers"),
-    ({"num_hidden_layers": 2, "num_attention_heads": 2, "hidden_size": 8, "torch_dtype": "int3"}, "dtype"),
-    ([1, 2], "JSON object"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({}, "num_hidden_layers"),
+        ({"num_hidden_layers": 2, "num_attention_heads": 2, "hidden_size": "big"}, "hidden_size"),
+        ({"num_hidden_layers": -1, "num_attention_heads": 2, "hidden_size": 8}, "num_hidden_layers"),
+        (
+            {"num_hidden_layers": 2, "num_attention_heads": 2, "hidden_size": 8, "torch_dtype": "int3"},
+            "dtype",
+        ),
+        ([1, 2], "JSON object"),
+        (
+            {
+                "num_hidden_layers": 2,
+                "num_attention_heads": 2,
+                "hidden_size": 8,
+                "layer_types": ["sliding_attention"] * 2,
+            },
+            "sliding_window",
+        ),
+    ],
+)
 def test_bad_configs_say_which_field(bad, message):
     with pytest.raises(ConfigError, match=message):
         shape_from_config(bad)  # type: ignore[arg-type]

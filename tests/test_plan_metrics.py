@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+
 from harness.fake_openai import fake_server
 from rocmdoctor.provision.server_memory import MAX_METRICS_BYTES, MetricsError, diagnose_url
 
@@ -89,16 +90,25 @@ def metrics_server(mode: str, pages: list[str] | None = None) -> Iterator[str]:
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rocmdoctor", "--root", tempfile.mkdtemp(prefix="plan-root-"),
-                           *args], capture_output=True, text=True, timeout=60, env=dict(os.environ), check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "rocmdoctor", "--root", tempfile.mkdtemp(prefix="plan-root-"), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ),
+        check=False,
+    )
 
 
-@pytest.mark.parametrize("mode, message", [
-    ("500", "HTTP 500"),
-    ("garbage", "not Prometheus text"),
-    ("huge", "larger than"),
-    ("drip", "did not arrive within"),
-])
+@pytest.mark.parametrize(
+    "mode, message",
+    [
+        ("500", "HTTP 500"),
+        ("garbage", "not Prometheus text"),
+        ("huge", "larger than"),
+        ("drip", "did not arrive within"),
+    ],
+)
 def test_misbehaving_metrics_are_refused_in_bounded_time(mode: str, message: str):
     with metrics_server(mode) as url:
         started = time.monotonic()
@@ -115,8 +125,11 @@ def test_fake_openai_server_metrics_are_not_vllm_kv_metrics():
 
 
 def test_preempting_server_gets_a_max_num_seqs_from_its_own_numbers():
-    pages = [exposition(0.50, 8, 0, 10, 1000, 500), exposition(0.99, 20, 12, 10, 1500, 550),
-             exposition(0.97, 18, 9, 17, 2000, 600)]
+    pages = [
+        exposition(0.50, 8, 0, 10, 1000, 500),
+        exposition(0.99, 20, 12, 10, 1500, 550),
+        exposition(0.97, 18, 9, 17, 2000, 600),
+    ]
     with metrics_server("pages", pages) as url:
         result = run_cli("plan", "--url", url, "--window", "3", "--json")
     assert result.returncode == 1, result.stderr  # preempting: exit 1, like a failed check
@@ -139,7 +152,9 @@ def test_queueing_with_room_in_the_cache_says_raise_max_num_seqs():
 
 
 def test_url_and_window_are_validated():
-    for args, message in [(["--url", "ftp://x"], "must start with http"), (["--url", "http://127.0.0.1:9",
-                                                                             "--window", "0"], "--window must be")]:
+    for args, message in [
+        (["--url", "ftp://x"], "must start with http"),
+        (["--url", "http://127.0.0.1:9", "--window", "0"], "--window must be"),
+    ]:
         result = run_cli("plan", *args)
         assert result.returncode == 2 and message in result.stderr, result.stderr

@@ -39,8 +39,10 @@ def header_length(first8: bytes, source: str) -> int:
         raise ModelFilesError(f"{source}: shorter than 8 bytes, not a safetensors file")
     (length,) = struct.unpack("<Q", first8[:8])
     if length == 0 or length > MAX_HEADER_BYTES:
-        raise ModelFilesError(f"{source}: header length {length} is not in 1..{MAX_HEADER_BYTES}; "
-                              "not a safetensors file (or a corrupt one)")
+        raise ModelFilesError(
+            f"{source}: header length {length} is not in 1..{MAX_HEADER_BYTES}; "
+            "not a safetensors file (or a corrupt one)"
+        )
     return length
 
 
@@ -95,7 +97,12 @@ def shard_names(index: dict, source: str) -> list[str]:
         raise ModelFilesError(f"{source}: no weight_map")
     names: list[str] = []
     for name in weight_map.values():
-        if not isinstance(name, str) or "/" in name or name.startswith(".") or not name.endswith(".safetensors"):
+        if (
+            not isinstance(name, str)
+            or "/" in name
+            or name.startswith(".")
+            or not name.endswith(".safetensors")
+        ):
             raise ModelFilesError(f"{source}: shard name {name!r} is not a plain .safetensors file name")
         if name not in names:
             names.append(name)
@@ -117,8 +124,10 @@ class ModelFiles:
 def read_local(directory: Path, source: str = "local directory") -> ModelFiles:
     config_path = directory / CONFIG_FILE
     if not config_path.is_file():
-        raise ModelFilesError(f"{directory} has no config.json; point --model at a model directory "
-                              "(the folder holding config.json and *.safetensors) or a Hugging Face id")
+        raise ModelFilesError(
+            f"{directory} has no config.json; point --model at a model directory "
+            "(the folder holding config.json and *.safetensors) or a Hugging Face id"
+        )
     config = read_json(config_path, MAX_CONFIG_BYTES)
     files = ModelFiles(source, str(directory), config)
     index_path = directory / INDEX_FILE
@@ -130,8 +139,10 @@ def read_local(directory: Path, source: str = "local directory") -> ModelFiles:
     if not names:
         files.weights_note = f"no *.safetensors in {directory}: the weights' size is unknown"
     elif missing:
-        files.weights_note = (f"{len(missing)} of {len(names)} shards are not in {directory} "
-                              f"(first: {missing[0]}); an incomplete download? the weights' size is unknown")
+        files.weights_note = (
+            f"{len(missing)} of {len(names)} shards are not in {directory} "
+            f"(first: {missing[0]}); an incomplete download? the weights' size is unknown"
+        )
     else:
         for name in names:
             header = read_header(directory / name)
@@ -145,12 +156,15 @@ def hub_cache_dir(env: Mapping[str, str] = os.environ) -> Path:
         return Path(env["HF_HUB_CACHE"]).expanduser()
     if env.get("HUGGINGFACE_HUB_CACHE"):
         return Path(env["HUGGINGFACE_HUB_CACHE"]).expanduser()
-    home = env.get("HF_HOME") or str(Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "huggingface")
+    home = env.get("HF_HOME") or str(
+        Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "huggingface"
+    )
     return Path(home).expanduser() / "hub"
 
 
-def cached_snapshot(model_id: str, revision: str = "main",
-                    env: Mapping[str, str] = os.environ) -> Path | None:
+def cached_snapshot(
+    model_id: str, revision: str = "main", env: Mapping[str, str] = os.environ
+) -> Path | None:
     """The snapshot directory of `model_id` in the local cache, or None when it is not cached."""
     repo = hub_cache_dir(env) / ("models--" + model_id.replace("/", "--"))
     if not repo.is_dir():
@@ -181,7 +195,9 @@ def local_model(model: str, revision: str = "main", env: Mapping[str, str] = os.
     raise ModelFilesError(f"--model {model!r} is neither a directory nor a Hugging Face id (org/name)")
 
 
-def weights_bytes_offline(model: str, revision: str = "main", env: Mapping[str, str] = os.environ) -> int | None:
+def weights_bytes_offline(
+    model: str, revision: str = "main", env: Mapping[str, str] = os.environ
+) -> int | None:
     """The exact weights size of a local or cached model from its safetensors headers; None when it is
     not here or its shards are incomplete. No network: for `check --model` (Options.model_bytes)."""
     try:
@@ -193,7 +209,9 @@ def weights_bytes_offline(model: str, revision: str = "main", env: Mapping[str, 
     total = 0
     for header in files.headers:
         for name, entry in header.items():
-            offsets = entry.get("data_offsets") if isinstance(entry, dict) and name != "__metadata__" else None
+            offsets = (
+                entry.get("data_offsets") if isinstance(entry, dict) and name != "__metadata__" else None
+            )
             if isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets):
                 total += max(0, offsets[1] - offsets[0])
     return total

@@ -32,8 +32,16 @@ GIB = 1 << 30
 
 # Bytes per element, by the names config.json (torch dtypes) and --kv-cache-dtype use.
 TORCH_DTYPE_BYTES = {
-    "float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2,
-    "float8_e4m3fn": 1, "float8_e5m2": 1, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1,
+    "float32": 4,
+    "float": 4,
+    "float16": 2,
+    "half": 2,
+    "bfloat16": 2,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
 }
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")
 # vLLM's defaults (vllm/config/cache.py, vllm/engine/arg_utils.py for the OpenAI server).
@@ -43,8 +51,17 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 # Async scheduling (on by default on GPUs) keeps two batches in flight (`VllmConfig.max_concurrent_batches`).
 DEFAULT_CONCURRENT_BATCHES = 2
 # Keys vLLM reads the model's context length from, smallest wins (`derived_max_model_len_and_key`).
-MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
-                "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len")
+MAX_LEN_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "model_max_length",
+    "max_target_positions",
+    "max_sequence_length",
+    "max_seq_length",
+    "seq_len",
+)
 # RoPE types whose max_position_embeddings is already the scaled length (`_get_and_verify_max_len`).
 ROPE_ALREADY_SCALED = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
 # A length worth planning concurrency for when the user names none.
@@ -53,8 +70,12 @@ DEFAULT_TYPICAL_LEN = 4096
 
 # transformers' defaults for keys a family's config.json may leave out (configuration_<family>.py).
 FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
-    "gemma3_text": {"max_position_embeddings": 131072, "sliding_window": 4096, "head_dim": 256,
-                    "num_key_value_heads": 4},
+    "gemma3_text": {
+        "max_position_embeddings": 131072,
+        "sliding_window": 4096,
+        "head_dim": 256,
+        "num_key_value_heads": 4,
+    },
 }
 
 
@@ -148,8 +169,11 @@ def model_dtype(config: dict) -> str:
 
 def derived_max_len(config: dict) -> int:
     """The model's context length the way vLLM derives it (`_get_and_verify_max_len`)."""
-    values = [config[k] for k in MAX_LEN_KEYS
-              if isinstance(config.get(k), int) and not isinstance(config.get(k), bool) and config[k] > 0]
+    values = [
+        config[k]
+        for k in MAX_LEN_KEYS
+        if isinstance(config.get(k), int) and not isinstance(config.get(k), bool) and config[k] > 0
+    ]
     if not values:
         return 2048  # vLLM's own fallback, with a warning
     length = float(min(values))
@@ -158,7 +182,11 @@ def derived_max_len(config: dict) -> int:
     if isinstance(rope, dict) and "gemma3" not in model_type:
         rope_type = rope.get("rope_type") or rope.get("type") or "default"
         factor = rope.get("factor")
-        if rope_type not in ROPE_ALREADY_SCALED and rope_type != "default" and isinstance(factor, (int, float)):
+        if (
+            rope_type not in ROPE_ALREADY_SCALED
+            and rope_type != "default"
+            and isinstance(factor, (int, float))
+        ):
             length *= factor
     return int(length)
 
@@ -198,7 +226,9 @@ def shape_from_config(raw_config: dict) -> ModelShape:
     num_layers = _int(config, "num_hidden_layers")
     heads = _int(config, "num_attention_heads")
     hidden = _int(config, "hidden_size")
-    kv_heads = _int(config, "num_key_value_heads", heads) if config.get("num_key_value_heads") is not None else heads
+    kv_heads = (
+        _int(config, "num_key_value_heads", heads) if config.get("num_key_value_heads") is not None else heads
+    )
     head_dim_raw = config.get("head_dim")
     head_dim = head_dim_raw if isinstance(head_dim_raw, int) and head_dim_raw > 0 else hidden // heads
     if head_dim <= 0:
@@ -209,21 +239,29 @@ def shape_from_config(raw_config: dict) -> ModelShape:
         # vLLM's MLA (is_deepseek_mla): one latent head of kv_lora_rank + qk_rope_head_dim, no V.
         mla_head_size = _int(config, "kv_lora_rank") + _int(config, "qk_rope_head_dim")
         kinds = ["mla"] * num_layers
-        notes.append(f"MLA: one latent head of {config['kv_lora_rank']} + {config['qk_rope_head_dim']} per token")
+        notes.append(
+            f"MLA: one latent head of {config['kv_lora_rank']} + {config['qk_rope_head_dim']} per token"
+        )
     else:
         kinds = _layer_kinds(config, num_layers)
     window = config.get("sliding_window")
+    if "sliding" in kinds and (isinstance(window, bool) or not isinstance(window, int) or window <= 0):
+        raise ConfigError(
+            f"config.json: sliding-window layers but sliding_window is {window!r}, not a positive integer"
+        )
     layers = []
     for kind in kinds:
         if kind == "sliding":
-            layers.append(Layer("sliding", window=int(window)))
+            layers.append(Layer("sliding", window=window))
         elif kind == "state":
             layers.append(Layer("state", state_bytes=_state_bytes(config)))
         else:
             layers.append(Layer(kind))
     if any(layer.kind == "state" for layer in layers):
-        notes.append("hybrid Mamba/linear-attention: state counted per sequence; vLLM's page alignment of "
-                     "attention blocks to the state size is not modelled (figures approximate)")
+        notes.append(
+            "hybrid Mamba/linear-attention: state counted per sequence; vLLM's page alignment of "
+            "attention blocks to the state size is not modelled (figures approximate)"
+        )
     intermediate = config.get("intermediate_size") or config.get("moe_intermediate_size") or 4 * hidden
     vocab = config.get("vocab_size") or 0
     return ModelShape(
@@ -263,7 +301,9 @@ def kv_element_bytes(shape: ModelShape, kv_cache_dtype: str) -> int:
     if kv_cache_dtype == "auto":
         return TORCH_DTYPE_BYTES[shape.dtype]
     if kv_cache_dtype not in TORCH_DTYPE_BYTES:
-        raise ConfigError(f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, not {kv_cache_dtype!r}")
+        raise ConfigError(
+            f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, not {kv_cache_dtype!r}"
+        )
     return TORCH_DTYPE_BYTES[kv_cache_dtype]
 
 
@@ -278,7 +318,9 @@ def layer_bytes_per_token(shape: ModelShape, settings: EngineSettings) -> int:
     element = kv_element_bytes(shape, settings.kv_cache_dtype)
     if shape.is_mla:
         return shape.mla_head_size * element  # type: ignore[operator]
-    return kv_heads_per_gpu(shape, settings.tensor_parallel_size) * (shape.head_dim + shape.head_dim_v) * element
+    return (
+        kv_heads_per_gpu(shape, settings.tensor_parallel_size) * (shape.head_dim + shape.head_dim_v) * element
+    )
 
 
 def kv_bytes_per_token(shape: ModelShape, settings: EngineSettings) -> int:
@@ -505,8 +547,9 @@ def _fmt_gib(n: int) -> str:
     return f"{n / GIB:.1f} GiB"
 
 
-def _kv_budget(plan: ModelPlan, shape: ModelShape, settings: EngineSettings, weights: int | None,
-               memory: Memory) -> tuple[int | None, int | None]:
+def _kv_budget(
+    plan: ModelPlan, shape: ModelShape, settings: EngineSettings, weights: int | None, memory: Memory
+) -> tuple[int | None, int | None]:
     """(KV cache bytes per GPU, runtime reserve) for these settings; None when weights are unknown."""
     if memory.kv_cache_bytes is not None:
         return memory.kv_cache_bytes, 0
@@ -516,8 +559,9 @@ def _kv_budget(plan: ModelPlan, shape: ModelShape, settings: EngineSettings, wei
     return memory.requested_bytes - math.ceil(weights / settings.tensor_parallel_size) - reserve, reserve
 
 
-def _evaluate(shape: ModelShape, settings: EngineSettings, kv_bytes: int, length: int, typical: int,
-              seqs_cap: int) -> tuple[KVLayout, int, float, int, int, bool]:
+def _evaluate(
+    shape: ModelShape, settings: EngineSettings, kv_bytes: int, length: int, typical: int, seqs_cap: int
+) -> tuple[KVLayout, int, float, int, int, bool]:
     layout = kv_layout(shape, settings)
     tokens = layout.cache_tokens(kv_bytes, length)
     conc = layout.concurrency(kv_bytes, length)
@@ -549,11 +593,21 @@ def plan_model(
         raise ConfigError(f"--max-model-len must be positive, not {max_model_len}")
     requested = max_model_len or shape.max_position
     typical = typical_len or min(requested, DEFAULT_TYPICAL_LEN)
-    plan = ModelPlan(model, shape, settings, weights_bytes, weights_source,
-                     kv_bytes_per_token(shape, settings), requested, typical)
+    plan = ModelPlan(
+        model,
+        shape,
+        settings,
+        weights_bytes,
+        weights_source,
+        kv_bytes_per_token(shape, settings),
+        requested,
+        typical,
+    )
     if max_model_len is not None and max_model_len > shape.max_position:
-        plan.reasons.append(f"--max-model-len {max_model_len} is longer than the model's {shape.max_position}: "
-                            "vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1")
+        plan.reasons.append(
+            f"--max-model-len {max_model_len} is longer than the model's {shape.max_position}: "
+            "vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"
+        )
     if memory is None:
         plan.memory_null_reason = memory_null_reason or "no GPU memory known: pass --memory (per GPU)"
         return plan
@@ -561,11 +615,15 @@ def plan_model(
     kv_bytes, reserve = _kv_budget(plan, shape, settings, weights_bytes, memory)
     plan.runtime_reserve_bytes = reserve
     if kv_bytes is None:
-        plan.memory_null_reason = "the weights' size is unknown (no safetensors headers), so the KV memory is too"
+        plan.memory_null_reason = (
+            "the weights' size is unknown (no safetensors headers), so the KV memory is too"
+        )
         return plan
     plan.kv_cache_bytes = kv_bytes
     seqs_cap = vllm_max_num_seqs_default(memory)
-    layout, tokens, conc, largest, seqs, fits = _evaluate(shape, settings, kv_bytes, requested, typical, seqs_cap)
+    layout, tokens, conc, largest, seqs, fits = _evaluate(
+        shape, settings, kv_bytes, requested, typical, seqs_cap
+    )
     plan.kv_cache_tokens = max(0, tokens)
     plan.max_concurrency = max(0.0, conc)
     plan.max_model_len = largest
@@ -584,23 +642,30 @@ def _explain(plan: ModelPlan, layout: KVLayout, memory: Memory, kv_bytes: int) -
             f"vLLM gets {_fmt_gib(memory.requested_bytes)} per GPU ({memory.utilization:.2f} x "
             f"{_fmt_gib(memory.total_bytes)}, {memory.source}); weights take {_fmt_gib(plan.weights_per_gpu_bytes or 0)}"
             f"{' per GPU (TP ' + str(s.tensor_parallel_size) + ')' if s.tensor_parallel_size > 1 else ''}, "
-            f"activations and runtime about {_fmt_gib(plan.runtime_reserve_bytes or 0)}")
+            f"activations and runtime about {_fmt_gib(plan.runtime_reserve_bytes or 0)}"
+        )
     if kv_bytes <= 0:
-        plan.reasons.append(f"no memory is left for the KV cache ({_fmt_gib(kv_bytes)}): the weights alone do not fit")
+        plan.reasons.append(
+            f"no memory is left for the KV cache ({_fmt_gib(kv_bytes)}): the weights alone do not fit"
+        )
         return
     plan.reasons.append(
         f"KV cache {_fmt_gib(kv_bytes)} = {layout.num_blocks(kv_bytes)} blocks of {s.block_size} tokens "
         f"({layout.bytes_per_block} B each); {plan.kv_bytes_per_token} B per token per GPU at "
-        f"{s.kv_cache_dtype if s.kv_cache_dtype != 'auto' else plan.shape.dtype}")
+        f"{s.kv_cache_dtype if s.kv_cache_dtype != 'auto' else plan.shape.dtype}"
+    )
     needed = layout.bytes_per_block * layout.blocks_per_request(plan.max_model_len_requested)
     if plan.fits:
-        plan.reasons.append(f"one request of {plan.max_model_len_requested} tokens needs {_fmt_gib(needed)}: "
-                            f"{plan.max_concurrency:.2f} such requests fit at once")
+        plan.reasons.append(
+            f"one request of {plan.max_model_len_requested} tokens needs {_fmt_gib(needed)}: "
+            f"{plan.max_concurrency:.2f} such requests fit at once"
+        )
     else:
         plan.reasons.append(
             f"one request of {plan.max_model_len_requested} tokens needs {_fmt_gib(needed)} of KV cache, more "
             f"than the {_fmt_gib(max(0, kv_bytes - layout.bytes_per_block))} there is: vLLM refuses to start "
-            f"(the largest --max-model-len that fits is {plan.max_model_len})")
+            f"(the largest --max-model-len that fits is {plan.max_model_len})"
+        )
 
 
 def remedies(plan: ModelPlan, config: dict, memory: Memory) -> list[Remedy]:
@@ -617,25 +682,53 @@ def remedies(plan: ModelPlan, config: dict, memory: Memory) -> list[Remedy]:
         return kv, tokens, largest, fits
 
     if plan.max_model_len:
-        out.append(Remedy("shorter context", f"--max-model-len {plan.max_model_len}",
-                          f"{plan.max_model_len} tokens of context fit ({plan.kv_cache_tokens} KV cache tokens)", True))
+        out.append(
+            Remedy(
+                "shorter context",
+                f"--max-model-len {plan.max_model_len}",
+                f"{plan.max_model_len} tokens of context fit ({plan.kv_cache_tokens} KV cache tokens)",
+                True,
+            )
+        )
     if kv_element_bytes(shape, s.kv_cache_dtype) > 1:
         fp8 = replace(s, kv_cache_dtype="fp8")
         _, tokens, largest, fits = attempt(fp8, plan.weights_bytes)
-        out.append(Remedy("fp8 KV cache", "--kv-cache-dtype fp8",
-                          f"{tokens} KV cache tokens; largest --max-model-len {largest}", fits))
-    if plan.weights_bytes is not None and memory.kv_cache_bytes is None and TORCH_DTYPE_BYTES[shape.dtype] >= 2:
+        out.append(
+            Remedy(
+                "fp8 KV cache",
+                "--kv-cache-dtype fp8",
+                f"{tokens} KV cache tokens; largest --max-model-len {largest}",
+                fits,
+            )
+        )
+    if (
+        plan.weights_bytes is not None
+        and memory.kv_cache_bytes is None
+        and TORCH_DTYPE_BYTES[shape.dtype] >= 2
+    ):
         quantised = math.ceil(plan.weights_bytes * 4.5 / (8 * TORCH_DTYPE_BYTES[shape.dtype]))
         _, tokens, largest, fits = attempt(s, quantised)
-        out.append(Remedy("a 4-bit quantised variant (AWQ/GPTQ)", "--model <the -AWQ or -GPTQ repository>",
-                          f"weights about {_fmt_gib(quantised)}; {tokens} KV cache tokens; largest --max-model-len "
-                          f"{largest}", fits))
+        out.append(
+            Remedy(
+                "a 4-bit quantised variant (AWQ/GPTQ)",
+                "--model <the -AWQ or -GPTQ repository>",
+                f"weights about {_fmt_gib(quantised)}; {tokens} KV cache tokens; largest --max-model-len "
+                f"{largest}",
+                fits,
+            )
+        )
     for tp in (2, 4, 8):
         if tp <= s.tensor_parallel_size or shape.num_attention_heads % tp:
             continue
         _, tokens, largest, fits = attempt(replace(s, tensor_parallel_size=tp), plan.weights_bytes)
-        out.append(Remedy(f"tensor parallelism over {tp} GPUs", f"--tensor-parallel-size {tp}",
-                          f"{tokens} KV cache tokens per GPU group; largest --max-model-len {largest}", fits))
+        out.append(
+            Remedy(
+                f"tensor parallelism over {tp} GPUs",
+                f"--tensor-parallel-size {tp}",
+                f"{tokens} KV cache tokens per GPU group; largest --max-model-len {largest}",
+                fits,
+            )
+        )
         if fits:
             break
     return out
@@ -649,19 +742,38 @@ def weights_from_headers(headers: Iterable[dict]) -> int:
             if name == "__metadata__":
                 continue
             offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
-            if (not isinstance(offsets, list) or len(offsets) != 2
-                    or not all(isinstance(o, int) and o >= 0 for o in offsets) or offsets[1] < offsets[0]):
+            if (
+                not isinstance(offsets, list)
+                or len(offsets) != 2
+                or not all(isinstance(o, int) and o >= 0 for o in offsets)
+                or offsets[1] < offsets[0]
+            ):
                 raise ConfigError(f"safetensors header: tensor {name!r} has no valid data_offsets")
             total += offsets[1] - offsets[0]
     return total
 
 
-def plan_from_files(files, memory: Memory | None, *, settings: EngineSettings = EngineSettings(),
-                    max_model_len: int | None = None, typical_len: int | None = None,
-                    memory_null_reason: str | None = None, model: str | None = None) -> ModelPlan:
+def plan_from_files(
+    files,
+    memory: Memory | None,
+    *,
+    settings: EngineSettings = EngineSettings(),
+    max_model_len: int | None = None,
+    typical_len: int | None = None,
+    memory_null_reason: str | None = None,
+    model: str | None = None,
+) -> ModelPlan:
     """`plan_model` for a `model_files.ModelFiles` (what `model_files.local_model` or
     `provision.hub.load_model` returned): weights from its headers, or unknown with the reason."""
     weights = None if files.weights_note else weights_from_headers(files.headers)
-    return plan_model(model or files.location, files.config, weights, memory, settings=settings, max_model_len=max_model_len,
-                      typical_len=typical_len, weights_source=files.weights_note or f"safetensors headers, {files.source}",
-                      memory_null_reason=memory_null_reason)
+    return plan_model(
+        model or files.location,
+        files.config,
+        weights,
+        memory,
+        settings=settings,
+        max_model_len=max_model_len,
+        typical_len=typical_len,
+        weights_source=files.weights_note or f"safetensors headers, {files.source}",
+        memory_null_reason=memory_null_reason,
+    )

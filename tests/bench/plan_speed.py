@@ -29,11 +29,17 @@ def llama_tensors(cfg: dict) -> list[tuple[str, list[int]]]:
     out = [("model.embed_tokens.weight", [vocab, h])]
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        out += [(p + "self_attn.q_proj.weight", [h, h]), (p + "self_attn.k_proj.weight", [kv, h]),
-                (p + "self_attn.v_proj.weight", [kv, h]), (p + "self_attn.o_proj.weight", [h, h]),
-                (p + "mlp.gate_proj.weight", [inter, h]), (p + "mlp.up_proj.weight", [inter, h]),
-                (p + "mlp.down_proj.weight", [h, inter]), (p + "input_layernorm.weight", [h]),
-                (p + "post_attention_layernorm.weight", [h])]
+        out += [
+            (p + "self_attn.q_proj.weight", [h, h]),
+            (p + "self_attn.k_proj.weight", [kv, h]),
+            (p + "self_attn.v_proj.weight", [kv, h]),
+            (p + "self_attn.o_proj.weight", [h, h]),
+            (p + "mlp.gate_proj.weight", [inter, h]),
+            (p + "mlp.up_proj.weight", [inter, h]),
+            (p + "mlp.down_proj.weight", [h, inter]),
+            (p + "input_layernorm.weight", [h]),
+            (p + "post_attention_layernorm.weight", [h]),
+        ]
     return out + [("model.norm.weight", [h]), ("lm_head.weight", [vocab, h])]
 
 
@@ -71,8 +77,20 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         weights = write_cache(Path(tmp) / "hub")
         env = {**os.environ, "HF_HUB_CACHE": str(Path(tmp) / "hub")}
-        argv = [sys.executable, "-m", "rocmdoctor", "--root", tmp, "plan", "--model", MODEL_ID, "--offline",
-                "--memory", "24GiB", "--json"]
+        argv = [
+            sys.executable,
+            "-m",
+            "rocmdoctor",
+            "--root",
+            tmp,
+            "plan",
+            "--model",
+            MODEL_ID,
+            "--offline",
+            "--memory",
+            "24GiB",
+            "--json",
+        ]
         walls = []
         for _ in range(args.runs):
             started = time.perf_counter()
@@ -92,13 +110,22 @@ def main() -> None:
             started = time.perf_counter()
             files = local_model(MODEL_ID, env=env)
             assert files is not None
-            plan_model(MODEL_ID, files.config, weights_from_headers(files.headers), Memory(24 * GIB, 0.92, "--memory"))
+            plan_model(
+                MODEL_ID,
+                files.config,
+                weights_from_headers(files.headers),
+                Memory(24 * GIB, 0.92, "--memory"),
+            )
             inner.append(time.perf_counter() - started)
     print(f"weights {weights} B from 4 shard headers; {args.runs} runs")
-    print(f"whole command (python -m rocmdoctor plan --offline): median {statistics.median(walls):.3f} s, "
-          f"max {max(walls):.3f} s")
-    print(f"plan itself (read cache + headers + arithmetic): median {statistics.median(inner) * 1000:.1f} ms, "
-          f"max {max(inner) * 1000:.1f} ms")
+    print(
+        f"whole command (python -m rocmdoctor plan --offline): median {statistics.median(walls):.3f} s, "
+        f"max {max(walls):.3f} s"
+    )
+    print(
+        f"plan itself (read cache + headers + arithmetic): median {statistics.median(inner) * 1000:.1f} ms, "
+        f"max {max(inner) * 1000:.1f} ms"
+    )
 
 
 if __name__ == "__main__":

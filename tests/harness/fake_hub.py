@@ -20,12 +20,13 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Self
 
 GOOD_TOKEN = "hf_loopback_good_token"
 
 
-def safetensors_bytes(tensors: dict[str, tuple[str, list[int]]], dtype_bytes: dict[str, int] | None = None) -> bytes:
+def safetensors_bytes(
+    tensors: dict[str, tuple[str, list[int]]], dtype_bytes: dict[str, int] | None = None
+) -> bytes:
     """A valid safetensors file: {name: (dtype, shape)} with deterministic filler data."""
     sizes = {"F32": 4, "F16": 2, "BF16": 2, "I8": 1, "U8": 1, "F8_E4M3": 1, "I64": 8, **(dtype_bytes or {})}
     header: dict = {"__metadata__": {"format": "pt"}}
@@ -62,8 +63,13 @@ class FakeHub:
             def log_message(self, *args) -> None:
                 pass
 
-            def send_body(self, status: int, body: bytes, filename: str | None = None,
-                          extra: dict[str, str] | None = None) -> None:
+            def send_body(
+                self,
+                status: int,
+                body: bytes,
+                filename: str | None = None,
+                extra: dict[str, str] | None = None,
+            ) -> None:
                 self.send_response(status)
                 self.send_header("Content-Length", str(len(body)))
                 for key, value in (extra or {}).items():
@@ -72,7 +78,7 @@ class FakeHub:
                 try:
                     if hub.mode == "drip" and filename and filename.endswith(".safetensors"):
                         for i in range(len(body)):
-                            self.wfile.write(body[i:i + 1])
+                            self.wfile.write(body[i : i + 1])
                             self.wfile.flush()
                             hub.sent[filename] += 1
                             time.sleep(0.5)
@@ -88,7 +94,9 @@ class FakeHub:
                     return True
                 auth = self.headers.get("Authorization")
                 if auth is None:
-                    self.send_body(401, b'{"error":"Access to model is restricted. You must be authenticated."}')
+                    self.send_body(
+                        401, b'{"error":"Access to model is restricted. You must be authenticated."}'
+                    )
                     return False
                 if auth != f"Bearer {GOOD_TOKEN}":
                     self.send_body(403, b'{"error":"Access to gated repo denied."}')
@@ -105,8 +113,9 @@ class FakeHub:
                     if model is None:
                         return self.send_body(404, b'{"error":"Repository not found"}')
                     siblings = [{"rfilename": name} for name in sorted(model)]
-                    return self.send_body(200, json.dumps({"id": listing[1], "sha": "0" * 40,
-                                                           "siblings": siblings}).encode())
+                    return self.send_body(
+                        200, json.dumps({"id": listing[1], "sha": "0" * 40, "siblings": siblings}).encode()
+                    )
                 resolve = re.fullmatch(r"/(cdn/)?([^/]+/[^/]+)/resolve/([^/]+)/(.+)", self.path)
                 if not resolve:
                     return self.send_body(404, b"not found")
@@ -115,19 +124,24 @@ class FakeHub:
                     return self.send_body(404, b'{"error":"Entry not found"}')
                 filename = resolve[4]
                 if filename.endswith(".safetensors") and not resolve[1]:
-                    return self.send_body(302, b"", extra={"Location": f"/cdn/{resolve[2]}/resolve/{resolve[3]}/"
-                                                                       f"{filename}"})
+                    return self.send_body(
+                        302, b"", extra={"Location": f"/cdn/{resolve[2]}/resolve/{resolve[3]}/{filename}"}
+                    )
                 content = model[filename]
                 wanted = re.fullmatch(r"bytes=(\d+)-(\d+)", self.headers.get("Range") or "")
                 if wanted and hub.mode != "no-range":
                     start, end = int(wanted[1]), min(int(wanted[2]), len(content) - 1)
-                    return self.send_body(206, content[start:end + 1], filename,
-                                          {"Content-Range": f"bytes {start}-{end}/{len(content)}"})
+                    return self.send_body(
+                        206,
+                        content[start : end + 1],
+                        filename,
+                        {"Content-Range": f"bytes {start}-{end}/{len(content)}"},
+                    )
                 return self.send_body(200, content, filename)
 
         return Handler
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> FakeHub:
         self.thread.start()
         return self
 

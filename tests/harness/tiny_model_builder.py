@@ -55,33 +55,84 @@ def training_corpus() -> list[str]:
 def arch_config(arch: str, head_dim: int) -> dict:
     """The architecture-specific part of config.json (the common fields come from build())."""
     if arch == "llama":
-        return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": HIDDEN_SIZE,
-                "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "head_dim": head_dim,
-                "num_hidden_layers": LAYERS, "max_position_embeddings": MAX_POSITIONS}
+        return {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_size": HIDDEN_SIZE,
+            "num_attention_heads": HEADS,
+            "num_key_value_heads": KV_HEADS,
+            "head_dim": head_dim,
+            "num_hidden_layers": LAYERS,
+            "max_position_embeddings": MAX_POSITIONS,
+        }
     if arch == "qwen3":
         # head_dim 64 with hidden 128 over 4 heads: hidden/heads (32) would be wrong
-        return {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 128,
-                "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": head_dim, "num_hidden_layers": 3,
-                "max_position_embeddings": 4096, "use_sliding_window": False, "sliding_window": None}
+        return {
+            "architectures": ["Qwen3ForCausalLM"],
+            "model_type": "qwen3",
+            "hidden_size": 128,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": head_dim,
+            "num_hidden_layers": 3,
+            "max_position_embeddings": 4096,
+            "use_sliding_window": False,
+            "sliding_window": None,
+        }
     if arch == "gemma3":
         # 6 layers, Gemma 3's pattern: 5 sliding (window 128) then 1 global
-        return {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "hidden_size": 128,
-                "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": head_dim, "num_hidden_layers": 6,
-                "max_position_embeddings": 4096, "sliding_window": 128, "sliding_window_pattern": 6,
-                "query_pre_attn_scalar": head_dim, "hidden_activation": "gelu_pytorch_tanh",
-                "rope_local_base_freq": 10000.0}
+        return {
+            "architectures": ["Gemma3ForCausalLM"],
+            "model_type": "gemma3_text",
+            "hidden_size": 128,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": head_dim,
+            "num_hidden_layers": 6,
+            "max_position_embeddings": 4096,
+            "sliding_window": 128,
+            "sliding_window_pattern": 6,
+            "query_pre_attn_scalar": head_dim,
+            "hidden_activation": "gelu_pytorch_tanh",
+            "rope_local_base_freq": 10000.0,
+        }
     if arch == "deepseek":
         # MLA with DeepSeek-V3's latent sizes; no MoE (every layer dense)
-        return {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 256,
-                "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 2,
-                "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128,
-                "q_lora_rank": None, "n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2,
-                "moe_intermediate_size": 64, "first_k_dense_replace": 2, "moe_layer_freq": 1, "n_group": 1,
-                "topk_group": 1, "max_position_embeddings": 4096, "rope_scaling": None}
+        return {
+            "architectures": ["DeepseekV3ForCausalLM"],
+            "model_type": "deepseek_v3",
+            "hidden_size": 256,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+            "num_hidden_layers": 2,
+            "kv_lora_rank": 512,
+            "qk_rope_head_dim": 64,
+            "qk_nope_head_dim": 128,
+            "v_head_dim": 128,
+            "q_lora_rank": None,
+            "n_routed_experts": 4,
+            "n_shared_experts": 1,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 64,
+            "first_k_dense_replace": 2,
+            "moe_layer_freq": 1,
+            "n_group": 1,
+            "topk_group": 1,
+            "max_position_embeddings": 4096,
+            "rope_scaling": None,
+        }
     if arch == "oddgqa":
-        return {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 6 * head_dim,
-                "num_attention_heads": 6, "num_key_value_heads": 2, "head_dim": head_dim, "num_hidden_layers": 3,
-                "max_position_embeddings": 4096, "sliding_window": None}
+        return {
+            "architectures": ["MistralForCausalLM"],
+            "model_type": "mistral",
+            "hidden_size": 6 * head_dim,
+            "num_attention_heads": 6,
+            "num_key_value_heads": 2,
+            "head_dim": head_dim,
+            "num_hidden_layers": 3,
+            "max_position_embeddings": 4096,
+            "sliding_window": None,
+        }
     raise SystemExit(f"unknown architecture {arch!r}")
 
 
