@@ -268,3 +268,14 @@ def test_cli_does_not_fit_exits_1_with_remedies(tmp_path: Path):
     assert "DOES NOT FIT" in result.stdout and "--max-model-len 32752" in result.stdout
     # 4 GiB / 2 MiB blocks = 2048 blocks, 2047 usable x 16 tokens = 32752
     assert "--kv-cache-dtype fp8" in result.stdout
+
+
+def test_weights_bytes_offline_for_check_never_asks_the_network(tmp_path: Path):
+    from rocmdoctor.model_files import weights_bytes_offline
+
+    env = {"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_ENDPOINT": "http://127.0.0.1:9"}
+    write_cache(tmp_path / "hub", MODEL_ID, tiny_files())
+    assert weights_bytes_offline(MODEL_ID, env=env) == EXPECTED_WEIGHTS
+    assert weights_bytes_offline(str(write_dir(tmp_path / "d", tiny_files()))) == EXPECTED_WEIGHTS
+    assert weights_bytes_offline("org/not-cached", env=env) is None
+    assert weights_bytes_offline("not an id") is None
