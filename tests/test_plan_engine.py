@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from harness.engine import BUILDER, EngineStartError, make_tiny_model, start_engine, vllm_python
-from rocmdoctor.model_plan import EngineSettings, Memory, plan_model
+from rocmdoctor.model_plan import EngineSettings, Memory, kv_layout, plan_model
 from rocmdoctor.provision.server_memory import diagnose_url
 
 pytestmark = pytest.mark.engine
@@ -33,8 +33,10 @@ REFUSED = re.compile(r"the estimated maximum model length is (\d+)")
 # The CPU platform's choices (vllm/platforms/cpu.py): block size 128, or 16 for the CPU MLA kernel;
 # no async scheduling (one batch in flight); the OpenAI server's 2048 batched tokens.
 CPU_BLOCK = {"deepseek": 16}
-KV_BYTES = 64 << 20  # --kv-cache-memory-bytes: small, so the refusal case is cheap to reach
-MAX_MODEL_LEN = 1024
+KV_BYTES = 64 << 20  # --kv-cache-memory-bytes for the capacity runs
+MAX_MODEL_LEN = 512  # the llama builder's max_position_embeddings
+# The refusal runs: KV memory of this many blocks, too few for one 512-token request.
+REFUSAL_BLOCKS = {"llama": 4, "gemma3": 14}
 ARCHS = ["llama", "qwen3", "gemma3", "deepseek", "oddgqa"]
 RESULTS = Path(os.environ.get("ROCMDOCTOR_PLAN_ENGINE_RESULTS", "/tmp/rocmdoctor-plan-engine.json"))
 
@@ -51,25 +53,29 @@ def build(arch: str, dest: Path) -> Path:
     return dest
 
 
-def planned(arch: str, model: Path, max_model_len: int):
-    settings = EngineSettings(
+def settings_for(arch: str) -> EngineSettings:
+    return EngineSettings(
         block_size=CPU_BLOCK.get(arch, 128), max_num_batched_tokens=2048, concurrent_batches=1
     )
+
+
+def planned(arch: str, model: Path, max_model_len: int, kv_bytes: int = KV_BYTES):
+    settings = settings_for(arch)
     config = json.loads((model / "config.json").read_text())
     return plan_model(
         str(model),
         config,
         None,
-        Memory(0, 1.0, "--kv-cache-memory", KV_BYTES),
+        Memory(0, 1.0, "--kv-cache-memory", kv_bytes),
         settings=settings,
         max_model_len=max_model_len,
     )
 
 
-def engine_args(max_model_len: int) -> list[str]:
+def engine_args(max_model_len: int, kv_bytes: int = KV_BYTES) -> list[str]:
     return [
         "--kv-cache-memory-bytes",
-        str(KV_BYTES),
+        str(kv_bytes),
         "--max-model-len",
         str(max_model_len),
         "--max-num-batched-tokens",
@@ -115,25 +121,34 @@ def test_plan_matches_vllm_on_five_architectures(tmp_path: Path):
                 "plan_largest_len": plan.max_model_len,
             }
         )
-    # A length the plan says does not fit: vLLM must refuse it and name the same largest length.
-    for arch in ("llama", "gemma3"):
-        row = next(r for r in rows if r["arch"] == arch)
-        too_long = row["plan_largest_len"] + 64
+    # A KV cache too small for one 512-token request: the plan says it does not fit; vLLM must refuse
+    # the start and estimate the same largest --max-model-len as the plan.
+    for arch, blocks in REFUSAL_BLOCKS.items():
         model = tmp_path / arch
-        plan = planned(arch, model, too_long)
-        assert plan.fits is False
+        layout_bytes = kv_layout(
+            planned(arch, model, MAX_MODEL_LEN).shape, settings_for(arch)
+        ).bytes_per_block
+        kv_bytes = blocks * layout_bytes
+        plan = planned(arch, model, MAX_MODEL_LEN, kv_bytes)
+        assert plan.fits is False and 0 < (plan.max_model_len or 0) < MAX_MODEL_LEN
         log = tmp_path / f"{arch}-refused.log"
         with (
             pytest.raises(EngineStartError),
-            start_engine(model, log_path=log, extra_args=engine_args(too_long), env=ENV, startup_timeout=240),
+            start_engine(
+                model,
+                log_path=log,
+                extra_args=engine_args(MAX_MODEL_LEN, kv_bytes),
+                env=ENV,
+                startup_timeout=240,
+            ),
         ):
             pass
         refused = REFUSED.search(log.read_text(errors="replace"))
-        assert refused, (
-            f"{arch}: vLLM did not refuse --max-model-len {too_long} for lack of KV cache; see {log}"
-        )
+        assert refused, f"{arch}: vLLM did not refuse a {kv_bytes}-byte KV cache; see {log}"
         assert int(refused[1]) == plan.max_model_len, arch
-        row["refused_len"], row["vllm_estimated_len"] = too_long, int(refused[1])
+        row = next(r for r in rows if r["arch"] == arch)
+        row["refusal_kv_bytes"], row["plan_largest_len_refused"] = kv_bytes, plan.max_model_len
+        row["vllm_estimated_len"] = int(refused[1])
     RESULTS.write_text(json.dumps(rows, indent=2) + "\n")
 
 
