@@ -205,3 +205,33 @@ def test_no_memory_keeps_model_figures_and_nulls_the_rest():
 def test_bad_configs_say_which_field(bad, message):
     with pytest.raises(ConfigError, match=message):
         shape_from_config(bad)  # type: ignore[arg-type]
+
+
+def test_server_settings_from_the_plan():
+    from rocmdoctor.provision.plan_settings import settings_from_plan
+
+    memory = Memory(0, 1.0, "--kv-cache-memory", 10 * GIB)
+    cfg = config("llama-3.1-8b-instruct")
+    # the model's 131072 tokens do not fit: --max-model-len 81904 (by hand above) and 10 sequences on an APU
+    planned = settings_from_plan(
+        plan_model("m", cfg, None, memory),
+        user_max_model_len=None,
+        user_max_num_seqs=None,
+        max_num_seqs_cap=10,
+    )
+    assert planned.refusal is None
+    flags = {flag: value for flag, value, _ in planned.settings}
+    assert flags == {"--max-model-len": "81904", "--max-num-seqs": "10"}
+    # the user's own length that does not fit is refused, with the remedies
+    refused = settings_from_plan(
+        plan_model("m", cfg, None, memory, max_model_len=131072),
+        user_max_model_len=131072,
+        user_max_num_seqs=None,
+        max_num_seqs_cap=256,
+    )
+    assert refused.refusal and "--kv-cache-dtype fp8" in refused.refusal
+    # weights larger than the GPU: nothing fits at all
+    hopeless = plan_model("m", cfg, 40 * GIB, Memory(24 * GIB, 0.92, "--memory"))
+    assert settings_from_plan(
+        hopeless, user_max_model_len=None, user_max_num_seqs=None, max_num_seqs_cap=256
+    ).refusal
