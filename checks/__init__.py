@@ -18,6 +18,7 @@ check = REGISTRY.check
 # Import order is report order (prerequisites still run first).
 from . import system  # noqa: E402,I001
 from . import gpu  # noqa: E402
+from . import vendor  # noqa: E402
 from . import driver  # noqa: E402
 from . import kernel  # noqa: E402
 from . import firmware  # noqa: E402
@@ -25,12 +26,27 @@ from . import access  # noqa: E402
 from . import memory  # noqa: E402
 from . import processes  # noqa: E402
 from . import python_env  # noqa: E402
+from . import toolchain  # noqa: E402
 from . import disk  # noqa: E402
 from . import deep  # noqa: E402  (the GPU probe, --deep only, runs last: it is the slow one)
 
-MODULES = (system, gpu, driver, kernel, firmware, access, memory, processes, python_env, disk, deep)
+MODULES = (
+    system,
+    gpu,
+    vendor,
+    driver,
+    kernel,
+    firmware,
+    access,
+    memory,
+    processes,
+    python_env,
+    toolchain,
+    disk,
+    deep,
+)
 # Modules in checks/ that register no checks: shared facts and pure rules.
-HELPER_MODULES = ("facts", "kernel_rules", "kernel_guidance", "capture")
+HELPER_MODULES = ("facts", "kernel_rules", "kernel_guidance", "memory_guidance", "capture")
 
 
 def load_registry() -> Registry:

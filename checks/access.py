@@ -1,4 +1,5 @@
-"""Can the user who will run vLLM open /dev/kfd and the render nodes (groups, modes, stale logins)?"""
+"""Can the user who will run vLLM open /dev/kfd and the render nodes (groups, modes, stale logins, udev's
+uaccess ACLs, container gid mappings)?"""
 
 from __future__ import annotations
 
@@ -12,6 +13,20 @@ from .driver import DEV_KFD, RENDER_NODES, render_nodes
 
 PASSWD = "/etc/passwd"
 GROUP = "/etc/group"
+# udev's database: one file per device number ("c226:128"); "G:"/"Q:" lines are its tags. A node tagged
+# `uaccess` gets an ACL for the user of the active local seat from systemd-logind, and loses it at logout.
+UDEV_DATA = "/run/udev/data"
+UID_MAP = "/proc/self/uid_map"
+GID_MAP = "/proc/self/gid_map"
+OVERFLOW_GID = "/proc/sys/kernel/overflowgid"
+DEFAULT_OVERFLOW_GID = 65534
+IDENTITY_MAP = [(0, 0, 4294967295)]
+CONTAINER_REMEDY = (
+    "Map the host's render group into the container: Proxmox `pct set <id> --dev0 /dev/dri/renderD128,gid=<render "
+    "gid inside> --dev1 /dev/kfd,gid=<render gid inside>`; LXD/Incus `lxc config device add <name> gpu gpu "
+    "gid=<render gid inside>`; plain LXC: an lxc.idmap entry for the gid, or chgrp the nodes at container start "
+    "(`chgrp render /dev/kfd /dev/dri/renderD*; chmod 0660 ...`)"
+)
 
 
 @dataclass(frozen=True)
@@ -74,11 +89,70 @@ def describe(st: StatInfo, groups: dict[int, tuple[str, set[str]]]) -> str:
     return f"{st.path} (group {group}, mode {st.mode:04o})"
 
 
+def udev_tags(ctx: Context, st: StatInfo) -> set[str]:
+    if not st.rdev or st.type != "char":
+        return set()
+    raw = ctx.host.read_text(f"{UDEV_DATA}/c{st.rdev}", limit=64 * 1024)
+    lines = raw.value.splitlines() if raw.ok else []
+    return {line[2:].strip() for line in lines if line[:2] in ("G:", "Q:")}
+
+
+def acl_grants(ctx: Context, st: StatInfo, uid: int, gids: set[int]) -> bool | None:
+    """Whether the node's ACL gives this uid (or one of its groups) read-write; None when unreadable."""
+    read = ctx.host.acl(st.path)
+    if not read.ok:
+        return None
+    entries = [e.split(":", 2) for e in read.value if e.count(":") == 2]
+    mask = next((perm for kind, _, perm in entries if kind == "mask"), "rw-")
+    for kind, qualifier, perm in entries:
+        if not qualifier.isdigit():
+            continue
+        named = (kind == "user" and int(qualifier) == uid) or (kind == "group" and int(qualifier) in gids)
+        if named and all(ch in perm and ch in mask for ch in "rw"):
+            return True
+    return False
+
+
+def id_map(ctx: Context, path: str) -> list[tuple[int, int, int]] | None:
+    raw = ctx.host.read_text(path, limit=4096)
+    if not raw.ok:
+        return None
+    rows = []
+    for line in raw.value.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and all(p.isdigit() for p in parts):
+            rows.append((int(parts[0]), int(parts[1]), int(parts[2])))
+    return rows or None
+
+
+def user_namespace(ctx: Context) -> dict[str, str] | None:
+    """The uid/gid maps when this runs in a user namespace (unprivileged LXC, LXD, rootless containers)."""
+    maps = {name: id_map(ctx, path) for name, path in (("uid_map", UID_MAP), ("gid_map", GID_MAP))}
+    if all(m is None or m == IDENTITY_MAP for m in maps.values()):
+        return None
+    return {name: "; ".join(" ".join(map(str, row)) for row in rows) for name, rows in maps.items() if rows}
+
+
+def overflow_gid(ctx: Context) -> int:
+    raw = ctx.host.read_int(OVERFLOW_GID)
+    return raw.value if raw.ok else DEFAULT_OVERFLOW_GID
+
+
 @check(
     "access.devices",
     "The vLLM user can open /dev/kfd and the render nodes",
     depends=("driver.loaded",),
-    reads=(PASSWD, GROUP, DEV_KFD, "/dev/dri", RENDER_NODES),
+    reads=(
+        PASSWD,
+        GROUP,
+        DEV_KFD,
+        "/dev/dri",
+        RENDER_NODES,
+        f"{UDEV_DATA}/c*",
+        UID_MAP,
+        GID_MAP,
+        OVERFLOW_GID,
+    ),
 )
 def access_devices(ctx: Context) -> Result:
     name = target_user(ctx)
@@ -101,7 +175,30 @@ def access_devices(ctx: Context) -> Result:
         "groups": sorted(groups[g][0] if g in groups else str(g) for g in member_of),
         "devices": {st.path: st.to_json() for st in devices},
     }
+    userns = user_namespace(ctx)
+    if userns:
+        details["user_namespace"] = userns
+    kfd_opens = any(st.path == DEV_KFD and can_open(account.uid, member_of, st) for st in devices)
+    unmapped = [
+        st for st in devices if st.gid == overflow_gid(ctx) and not can_open(account.uid, member_of, st)
+    ]
     unnamed = [st for st in devices if st.gid not in groups and not can_open(account.uid, member_of, st)]
+    if unmapped or (unnamed and userns):
+        st = (unmapped or unnamed)[0]
+        half = (
+            f"{DEV_KFD} opens but {st.path} does not, so ROCm finds no GPU (a known LXC/LXD failure); "
+            if kfd_opens and st.path != DEV_KFD
+            else ""
+        )
+        where = f" ({'; '.join(f'{k} {v}' for k, v in userns.items())})" if userns else ""
+        return failed(
+            f"{half}{st.path} belongs to gid {st.gid}, the overflow group: its group on the host is not mapped "
+            f"into this user namespace{where}"
+            if st in unmapped
+            else f"{half}{st.path} belongs to gid {st.gid}, which has no name in {GROUP}, inside a user namespace{where}",
+            CONTAINER_REMEDY + f"; then add {name} to that group.",
+            **details,
+        )
     if unnamed:
         return failed(
             f"{unnamed[0].path} belongs to gid {unnamed[0].gid}, which has no name in {GROUP} "
@@ -111,13 +208,41 @@ def access_devices(ctx: Context) -> Result:
             **details,
         )
     blocked = [st for st in devices if not can_open(account.uid, member_of, st)]
+    tagged = {st.path for st in blocked if "uaccess" in udev_tags(ctx, st)}
+    via_acl = [st for st in blocked if st.path in tagged and acl_grants(ctx, st, account.uid, member_of)]
+    blocked = [st for st in blocked if st not in via_acl]
+    if tagged:
+        details["uaccess_tagged"] = sorted(tagged)
+    needed_groups = sorted({"render", "video"} & {g[0] for g in groups.values()})
     if blocked:
         needed = sorted({groups[st.gid][0] for st in blocked})
+        uaccess_note = (
+            f" (udev's uaccess tag on {', '.join(sorted(tagged & {st.path for st in blocked}))} grants an ACL only to "
+            "the active local seat session, and this user has none; a service never does)"
+            if tagged & {st.path for st in blocked}
+            else ""
+        )
+        half = (
+            f"{DEV_KFD} opens but {', '.join(st.path for st in blocked)} does not, so ROCm finds no GPU; "
+            if kfd_opens and all(st.path != DEV_KFD for st in blocked) and userns
+            else ""
+        )
         return failed(
-            f"{name} cannot open {', '.join(describe(st, groups) for st in blocked)}: "
-            f"not in group {', '.join(needed)}",
-            f"sudo usermod -aG {','.join(sorted(set(needed) | {'render', 'video'} & {g[0] for g in groups.values()}))} "
-            f"{name}, then log out and back in (restart services running as {name}).",
+            f"{half}{name} cannot open {', '.join(describe(st, groups) for st in blocked)}: "
+            f"not in group {', '.join(needed)}{uaccess_note}",
+            f"sudo usermod -aG {','.join(sorted(set(needed) | set(needed_groups)))} "
+            f"{name}, then log out and back in (restart services running as {name})."
+            + (f" In this container: {CONTAINER_REMEDY}." if half else ""),
+            **details,
+        )
+    if via_acl:
+        groups_text = ",".join(needed_groups) or "render"
+        return warned(
+            f"{name} opens {', '.join(st.path for st in via_acl)} only through udev's uaccess ACL, which "
+            "systemd-logind grants to the active desktop session: a service running as "
+            f"{name}, or the same user after logout, loses it",
+            f"sudo usermod -aG {groups_text} {name}, then log out and back in.",
+            acl_only=[st.path for st in via_acl],
             **details,
         )
     identity = ctx.host.identity()

@@ -310,7 +310,7 @@ def gib(n: int) -> str:
 )
 def gpu_memory_fit(ctx: Context) -> Result:
     run = run_probe(ctx)
-    memory = run.report.get("memory")
+    memory = run.report.get("memory") or {}
     if run.failed_stage == "memory":
         return failed(
             f"the GPU stopped answering while its memory was measured: {run.error.get('message')}",
@@ -396,7 +396,7 @@ def gpu_compute(ctx: Context) -> Result:
             probe_error=run.error,
             **compute,
         )
-    device = next(
+    device: dict[str, Any] = next(
         (d for d in run.report.get("devices", []) if d.get("index") == run.report["memory"]["device"]), {}
     )
     tflops, gbps = float(compute["matmul"]["tflops"]), float(compute["copy"]["gbps"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..model import Action, Result, Severity, failed, passed, warned
 from ..registry import DEFAULT_PREFIX, Context
 from . import check
@@ -46,7 +48,9 @@ def measured_paths(ctx: Context) -> dict[str, int]:
     env=("HF_HOME", "HF_HUB_CACHE", "HOME"),
 )
 def disk_space(ctx: Context) -> Result:
-    rows, short, unknown = [], [], []
+    rows: list[dict[str, Any]] = []
+    short: list[str] = []
+    unknown: list[str] = []
     for path, need in measured_paths(ctx).items():
         free = ctx.host.free_bytes(path)
         rows.append({"path": path, "free_bytes": free, "needed_bytes": need})
@@ -66,7 +70,7 @@ def disk_space(ctx: Context) -> Result:
             "Check `df -h` there; the bundle needs about 3.2 GB plus the model's weights.",
             paths=rows,
         )
-    summary = ", ".join(f"{r['path']} {r['free_bytes'] / GB:.1f} GB free" for r in rows)
+    summary = ", ".join(f"{r['path']} {int(r['free_bytes']) / GB:.1f} GB free" for r in rows)
     return passed(
         f"{summary} (bundle {BUNDLE_BYTES / GB:.1f} GB, weights {ctx.options.model_bytes / GB:.1f} GB)",
         paths=rows,

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
 from ..model import Action, Result, failed, passed, warned
-from ..registry import Context
+from ..registry import DEFAULT_PREFIX, Context
 from . import check
-from .facts import GPU_READS, OSRELEASE, gpus, kernel_release
+from .facts import GPU_READS, OSRELEASE, GpuNode, gpus, kernel_release
 
 DEV_KFD = "/dev/kfd"
 RENDER_NODES = "/dev/dri/renderD*"
@@ -17,6 +19,110 @@ DKMS_REMEDY_APT = (
     "sudo apt remove --purge amdgpu-dkms && sudo reboot "
     "(reinstall ROCm with `amdgpu-install -y --usecase=rocm --no-dkms`); `rocmdoctor fix-kernel` has the steps"
 )
+
+
+# Instinct GPUs: amdgpu-dkms is AMD's supported datacenter driver; what matters is that it pairs with the ROCm
+# userspace ("forward and backward compatibility between the KMD and its user space for +/- 2 releases",
+# ROCm's User and kernel-space support matrix). The DKMS source version (/sys/module/amdgpu/version) names the
+# ROCm release that shipped it: 6.16.6 beside amdgpu-core 7.1.70100 (captured, dpkg-amdgpu-dkms-packages-...);
+# the others from the package versions in repo.radeon.com (amdgpu-dkms 6.12.12.60400 = ROCm 6.4, ...).
+DKMS_ROCM_RELEASE = {
+    (6, 3): (6, 0),
+    (6, 7): (6, 1),
+    (6, 8): (6, 2),
+    (6, 10): (6, 3),
+    (6, 12): (6, 4),
+    (6, 14): (7, 0),
+    (6, 16): (7, 1),
+}
+SUPPORTED_SKEW = 2  # releases either way
+# Production releases in order; TheRock's 7.9+ previews (the bundles' rocm7.12/7.13) have no place in AMD's matrix.
+KNOWN_RELEASES = ((6, 0), (6, 1), (6, 2), (6, 3), (6, 4), (7, 0), (7, 1), (7, 2))
+ROCM_INFO_VERSION = "/opt/rocm/.info/version"
+BUNDLE_LINK = f"{DEFAULT_PREFIX}/current"
+_ROCM_IN_TAG = re.compile(r"rocm(\d+)\.(\d+)")
+_VERSION = re.compile(r"^(\d+)\.(\d+)")
+
+
+def is_instinct(gpu: GpuNode) -> bool:
+    """CDNA datacenter GPUs (gfx908, gfx90a, gfx942, gfx950): gfx9 targets that are not APUs."""
+    return gpu.gfx.startswith("gfx9") and gpu.gfx not in ("gfx90c",) and gpu.apu is not True
+
+
+def release_ordinal(release: tuple[int, int]) -> int | None:
+    """ROCm releases in order (6.0 ... 6.4, then 7.0 ...), so that '+/- 2 releases' can be counted."""
+    return KNOWN_RELEASES.index(release) if release in KNOWN_RELEASES else None
+
+
+def dkms_rocm_release(version: str | None) -> tuple[int, int] | None:
+    match = _VERSION.match(version or "")
+    return DKMS_ROCM_RELEASE.get((int(match[1]), int(match[2]))) if match else None
+
+
+def userspace_rocm(ctx: Context) -> tuple[tuple[int, int], str] | None:
+    """(release, where it was seen): the installed bundle's ROCm (its tag), else the system's /opt/rocm."""
+    prefix = (ctx.options.prefix or DEFAULT_PREFIX).rstrip("/")
+    link = ctx.host.readlink(f"{prefix}/current")
+    if link.ok and (match := _ROCM_IN_TAG.search(link.value)):
+        return (int(match[1]), int(match[2])), f"the installed bundle {link.value.rsplit('/', 1)[-1]}"
+    info = ctx.host.read_text(ROCM_INFO_VERSION, limit=256)
+    if info.ok and (match := _VERSION.match(info.value.strip())):
+        return (int(match[1]), int(match[2])), f"{ROCM_INFO_VERSION} ({info.value.strip()[:40]})"
+    return None
+
+
+def instinct_dkms(ctx: Context, gpu: GpuNode, signals: dict[str, str]) -> Result:
+    """On Instinct the DKMS driver is the supported one: judge its pairing with the ROCm userspace."""
+    version_read = ctx.host.read_text("/sys/module/amdgpu/version", limit=256)
+    version = version_read.value.strip()[:40] if version_read.ok else None
+    driver_release = dkms_rocm_release(version)
+    user = userspace_rocm(ctx)
+    details = {
+        "signals": signals,
+        "instinct": True,
+        "dkms_version": version,
+        "dkms_rocm_release": ".".join(map(str, driver_release)) if driver_release else None,
+        "userspace_rocm_release": ".".join(map(str, user[0])) if user else None,
+    }
+    named = f"amdgpu-dkms {version or '(version unknown)'}" + (
+        f" (the ROCm {driver_release[0]}.{driver_release[1]} driver)" if driver_release else ""
+    )
+    if driver_release is None or user is None:
+        unknown = (
+            "which ROCm release this DKMS build belongs to"
+            if driver_release is None
+            else "the ROCm userspace"
+        )
+        return passed(
+            f"{named} on {gpu.gfx}: AMD's supported driver on Instinct; cannot tell {unknown}, so keep the "
+            f"userspace within {SUPPORTED_SKEW} releases of it (ROCm's user/kernel-space support matrix)",
+            **details,
+        )
+    skew_a, skew_b = release_ordinal(driver_release), release_ordinal(user[0])
+    skew = None if skew_a is None or skew_b is None else skew_b - skew_a
+    details["release_skew"] = skew
+    rocm = f"{user[0][0]}.{user[0][1]}"
+    if skew is None:
+        return passed(
+            f"{named} on {gpu.gfx}: AMD's supported driver on Instinct; ROCm {rocm} userspace from {user[1]} is a "
+            f"release rocmdoctor cannot place, so check it is within {SUPPORTED_SKEW} releases of the driver",
+            **details,
+        )
+    if abs(skew) <= SUPPORTED_SKEW:
+        return passed(
+            f"{named} on {gpu.gfx} pairs with ROCm {rocm} userspace from {user[1]} (within AMD's "
+            f"+/-{SUPPORTED_SKEW} releases)",
+            **details,
+        )
+    return warned(
+        f"{named} on {gpu.gfx} is {abs(skew)} releases from the "
+        f"ROCm {rocm} userspace of {user[1]}: outside AMD's +/-{SUPPORTED_SKEW} release support",
+        f"Keep amdgpu-dkms (AMD's datacenter driver) but move it to the ROCm {rocm} release: install that release's "
+        f"amdgpu-install package, then `sudo amdgpu-install -y --usecase=dkms` and reboot; `rocmdoctor fix-kernel` "
+        "has the steps.",
+        rocm_release=rocm,
+        **details,
+    )
 
 
 def render_nodes(ctx: Context) -> list[str]:
@@ -103,6 +209,8 @@ def dkms_signals(ctx: Context) -> dict[str, str]:
         "/lib/modules/*/updates/dkms/amdgpu.ko*",
         "/lib/modules/*/extra/amdgpu.ko*",
         "/lib/modules/*/modules.dep",
+        BUNDLE_LINK,
+        ROCM_INFO_VERSION,
     ),
 )
 def driver_dkms(ctx: Context) -> Result:
@@ -111,6 +219,9 @@ def driver_dkms(ctx: Context) -> Result:
         return passed("in-tree amdgpu (no module version, no amdkcl/amdttm, no updates/dkms or extra module)")
     apus = [g for g in gpus(ctx) if g.apu and g.gfx.startswith("gfx115")]
     evidence = "; ".join(signals.values())
+    instinct = [g for g in gpus(ctx) if is_instinct(g)]
+    if instinct and not apus:
+        return instinct_dkms(ctx, instinct[0], signals)
     if apus:
         return failed(
             f"amdgpu DKMS build shadows the in-tree driver on {apus[0].gfx}: {evidence}",

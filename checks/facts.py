@@ -8,7 +8,10 @@ DRM device through `drm_render_minor`, falling back to the PCI address in locati
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
 from typing import Any
 
 from ..families import family_for_gfx
@@ -30,6 +33,11 @@ GPU_READS = (
     f"{DRM}/renderD*/device/mem_info_*",
     f"{DRM}/card*/device/board_info",
     f"{DRM}/renderD*/device/board_info",
+    f"{KFD_NODES}/*/mem_banks/*/used_memory",
+    "/sys/bus/pci/devices/*/current_compute_partition",
+    "/sys/bus/pci/devices/*/current_memory_partition",
+    "/sys/bus/pci/devices/*/available_compute_partition",
+    "/sys/bus/pci/devices/*/available_memory_partition",
 )
 MEMINFO_READS = (MEMINFO,)
 # What `distro` consults under a root: os-release, and release files such as /etc/debian_version,
@@ -37,19 +45,39 @@ MEMINFO_READS = (MEMINFO,)
 DISTRO_READS = ("/etc/os-release", "/usr/lib/os-release", "/etc/*-release", "/etc/*_version")
 
 AMD_VENDOR_ID = 0x1002
-# Carve-outs of APUs are 512 MiB to 4 GiB (BIOS UMA setting); no ROCm-capable dGPU is that small.
+# Carve-outs of APUs start at 512 MiB; used only by the last-resort vote.
 APU_MAX_CARVEOUT = 4 << 30
-# gfx targets that exist only as integrated GPUs (Phoenix, Strix Point, Strix Halo, Krackan, ...).
-APU_ONLY_GFX = frozenset(
-    {"gfx90c", "gfx1035", "gfx1036", "gfx1103", "gfx1150", "gfx1151", "gfx1152", "gfx1153"}
-)
-# KFD mem bank heap types (kfd_crat.h): system memory (APU) vs frame buffer (dGPU VRAM).
-HEAP_SYSTEM = 1
-HEAP_FRAME_BUFFER = (2, 3)
+# KFD memory-bank heap types (kfd_crat.h HSA_MEM_HEAP_TYPE_*): 0 system memory (a CPU node's bank),
+# 1 frame buffer fully visible to the CPU, 2 frame buffer with a private part beyond the BAR.
+# A GPU node's bank is 1 on APUs *and* on large-BAR dGPUs (Instinct, resizable BAR), so only 2
+# decides anything: an APU's carve-out is always entirely CPU-visible.
+HEAP_SYSTEM = 0
+HEAP_FB_PUBLIC = 1
+HEAP_FB_PRIVATE = 2
+HEAP_FRAME_BUFFER = (HEAP_FB_PUBLIC, HEAP_FB_PRIVATE)
+# gfx9.4/9.5 (MI300/MI308/MI325/MI350) split into compute partitions; kfd_topology.c ORs the
+# partition's node id into location_id's function bits, so all partitions of one GPU share
+# location_id & ~7 (ROCm/k8s-device-plugin testdata/topology-parsing-mi308: 2560..2563).
+PARTITIONABLE_TARGETS = range(90400, 90600)
+PARTITION_MODES_BY_COUNT = {1: "SPX", 2: "DPX", 3: "TPX", 4: "QPX"}
+PCI_DEVICES = "/sys/bus/pci/devices"
+
+
+@lru_cache(maxsize=1)
+def gpu_kinds() -> dict[str, Any]:
+    """checks/data/gpu_kinds.json: which gfx targets and PCI ids are APUs (see its _about)."""
+    text = resources.files("rocmdoctor.checks").joinpath("data", "gpu_kinds.json").read_text()
+    return json.loads(text)
+
+
+# gfx targets that exist only as integrated GPUs (kept as a name other modules use).
+APU_ONLY_GFX = frozenset(g for g, kind in gpu_kinds()["gfx"].items() if kind == "apu")
 
 
 @dataclass(frozen=True)
 class GpuNode:
+    """One KFD GPU node: a whole GPU, or one compute partition of an Instinct GPU."""
+
     node: int
     gfx: str
     family: str | None
@@ -63,10 +91,40 @@ class GpuNode:
     device_id: int | None
     simd_count: int | None
     properties: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
+    # Why `apu` has its value: the signal that decided, or why nothing did.
+    apu_basis: str = field(default="", compare=False)
+    # Where vram_* came from: "mem_info" (amdgpu's sysfs), "kfd_bank" (the node's KFD memory bank),
+    # or None; and the files whose absence left a value unknown.
+    memory_source: str | None = field(default=None, compare=False)
+    memory_unread: tuple[str, ...] = field(default=(), compare=False)
+    # The physical GPU this node belongs to (PCI address with the partition bits cleared).
+    physical_slot: str | None = field(default=None, compare=False)
 
     @property
     def gfx_target_version(self) -> int:
         return self.properties.get("gfx_target_version", 0)
+
+    @property
+    def num_xcc(self) -> int:
+        return self.properties.get("num_xcc", 1) or 1
+
+
+@dataclass(frozen=True)
+class PhysicalGpu:
+    """A physical GPU and the KFD nodes it shows as: one, or one per compute partition."""
+
+    pci_slot: str | None
+    gfx: str
+    nodes: tuple[int, ...]
+    compute_partition: str | None  # the mode in force: sysfs current_compute_partition, else inferred
+    compute_partition_source: str | None  # "sysfs", "kfd" (inferred from the nodes), or None
+    memory_partition: str | None
+    available_compute_partitions: tuple[str, ...]
+    available_memory_partitions: tuple[str, ...]
+
+    @property
+    def partitioned(self) -> bool:
+        return len(self.nodes) > 1
 
 
 def sentence(parts: list[str]) -> str:
@@ -108,7 +166,7 @@ def gfx_name(target_version: int) -> str | None:
     major, minor, step = target_version // 10000, (target_version // 100) % 100, target_version % 100
     if minor > 15 or step > 15:
         return None  # not a value the kernel's table produces: do not guess a name
-    return "gfx%d%x%x" % (major, minor, step)
+    return f"gfx{major}{minor:x}{step:x}"
 
 
 def pci_slot_from_location(location_id: int | None, domain: int | None) -> str | None:
@@ -170,47 +228,40 @@ def find_drm_device(
     return None, kfd_slot
 
 
-def _bank_sizes(ctx: Context, node: int) -> list[tuple[int, int]]:
-    """(heap_type, size_in_bytes) of the node's KFD memory banks."""
+@dataclass(frozen=True)
+class Bank:
+    """One KFD memory bank of a node: heap type, size, and (kernels that print it) used bytes."""
+
+    index: str
+    heap_type: int
+    size: int
+    used: int | None
+
+
+def _banks(ctx: Context, node: int) -> list[Bank]:
     banks = []
-    for bank in ctx.host.listdir(f"{KFD_NODES}/{node}/mem_banks"):
-        props = read_properties(ctx, f"{KFD_NODES}/{node}/mem_banks/{bank}/properties")
+    for bank in sorted(ctx.host.listdir(f"{KFD_NODES}/{node}/mem_banks")):
+        base = f"{KFD_NODES}/{node}/mem_banks/{bank}"
+        props = read_properties(ctx, f"{base}/properties")
         if "heap_type" in props:
-            banks.append((props["heap_type"], props.get("size_in_bytes", 0)))
+            used = _read_int(ctx, f"{base}/used_memory")
+            banks.append(Bank(bank, props["heap_type"], props.get("size_in_bytes", 0), used))
     return banks
 
 
-def apu_signals(
-    gfx: str,
-    props: dict[str, int],
-    banks: list[tuple[int, int]],
-    vram_total: int | None,
-    gtt_total: int | None,
-    device_dir: str | None,
-    ctx: Context,
-) -> dict[str, bool]:
-    """Independent hints; True votes APU, False votes dGPU (PCI class alone is not enough)."""
+def apu_signals(props: dict[str, int], vram_total: int | None, gtt_total: int | None) -> dict[str, bool]:
+    """Weak hints for the last-resort vote; True votes APU, False votes dGPU. None of them decides
+    alone: a Strix Halo's carve-out can be 96 GiB, and PCI class 0x0300 is used by APUs too."""
     signals: dict[str, bool] = {}
-    if gfx in APU_ONLY_GFX:
-        signals["apu_only_gfx"] = True
-    heaps = {heap for heap, _ in banks}
-    if HEAP_SYSTEM in heaps and not heaps & set(HEAP_FRAME_BUFFER):
-        signals["kfd_system_heap"] = True
-    elif heaps & set(HEAP_FRAME_BUFFER):
-        signals["kfd_system_heap"] = False
     if vram_total is not None and vram_total > 0:
         carveout = vram_total <= APU_MAX_CARVEOUT and (gtt_total or 0) > vram_total
         signals["small_vram_carveout"] = carveout
     if "unique_id" in props:
         signals["kfd_unique_id_zero"] = props["unique_id"] == 0
-    if device_dir is not None and ctx.host.exists(f"{device_dir}/board_info"):
-        signals["board_info_present"] = False
     return signals
 
 
 def decide_apu(signals: dict[str, bool]) -> bool | None:
-    if signals.get("apu_only_gfx"):
-        return True
     votes = list(signals.values())
     apu, dgpu = votes.count(True), votes.count(False)
     if apu == dgpu:
@@ -218,53 +269,211 @@ def decide_apu(signals: dict[str, bool]) -> bool | None:
     return apu > dgpu
 
 
-def _read_node(ctx: Context, node: int) -> GpuNode | None:
-    props = read_properties(ctx, f"{KFD_NODES}/{node}/properties")
-    gfx = gfx_name(props.get("gfx_target_version", 0))
-    if gfx is None:
-        return None  # a CPU node (or a properties file with no usable target)
+def classify_apu(
+    gfx: str,
+    props: dict[str, int],
+    heap_types: list[int],
+    vote: dict[str, bool] | None = None,
+) -> tuple[bool | None, str]:
+    """(APU?, why): definitive signals first, the vote of weak hints last, else None with the reason."""
+    if props.get("cpu_cores_count", 0) > 0 and props.get("simd_count", 0) > 0:
+        return True, "the KFD node has both CPU cores and SIMDs (a fused APU node)"
+    kinds = gpu_kinds()
+    device_id = props.get("device_id")
+    if device_id:
+        known = kinds["device_ids"].get(f"0x{device_id:04x}")
+        if known:
+            what = "an APU" if known[0] == "apu" else "a dGPU"
+            return known[0] == "apu", f"PCI device id 0x{device_id:04x} is the {known[1]}, {what}"
+    kind = kinds["gfx"].get(gfx)
+    if kind == "apu":
+        return True, f"{gfx} exists only as an integrated GPU"
+    if kind == "dgpu":
+        return False, f"{gfx} exists only as a discrete GPU"
+    if HEAP_FB_PRIVATE in heap_types:
+        return False, "its KFD memory bank has a private frame buffer (VRAM beyond the CPU's BAR): a dGPU"
+    if vote:
+        decided = decide_apu(vote)
+        if decided is not None:
+            hints = ", ".join(f"{k}={v}" for k, v in sorted(vote.items()))
+            return decided, f"no definitive signal; weak hints vote {'APU' if decided else 'dGPU'} ({hints})"
+    both = "exists as both APU and dGPU" if kind == "both" else "is not in rocmdoctor's table"
+    return None, f"cannot tell: {gfx} {both} and no definitive signal (device id, fused node, private VRAM)"
+
+
+def _partition_key(props: dict[str, int]) -> tuple[int, int] | None:
+    location = props.get("location_id")
+    if location is None or location < 0:
+        return None
+    if props.get("gfx_target_version", 0) in PARTITIONABLE_TARGETS:
+        location &= ~0x7
+    return props.get("domain", 0), location
+
+
+def _read_node(
+    ctx: Context, node: int, props: dict[str, int], siblings: int, physical: str | None
+) -> GpuNode:
+    gfx = gfx_name(props.get("gfx_target_version", 0)) or ""
     render_minor = props.get("drm_render_minor")
     kfd_slot = pci_slot_from_location(props.get("location_id"), props.get("domain"))
     device_dir, slot = find_drm_device(ctx, render_minor, kfd_slot)
-    mem: dict[str, int | None] = {}
-    for key in ("vram_total", "vram_used", "gtt_total", "gtt_used"):
-        mem[key] = _read_int(ctx, f"{device_dir}/mem_info_{key}") if device_dir else None
-    banks = _bank_sizes(ctx, node)
-    if mem["vram_total"] is None:
-        # dGPUs report their VRAM as the frame-buffer bank; APU banks are system memory, not VRAM.
-        fb = [size for heap, size in banks if heap in HEAP_FRAME_BUFFER and size > 0]
-        mem["vram_total"] = fb[0] if fb else None
-    signals = apu_signals(gfx, props, banks, mem["vram_total"], mem["gtt_total"], device_dir, ctx)
-    device_id = props.get("device_id") or None
+    banks = _banks(ctx, node)
+    mem: dict[str, int | None] = {k: None for k in ("vram_total", "vram_used", "gtt_total", "gtt_used")}
+    unread: list[str] = []
+    source = None
+    # A partition's DRM device is an amdgpu_xcp platform device without mem_info_*, and the first
+    # partition's is the PCI device whose mem_info covers the whole GPU: a partition's memory is
+    # its own KFD bank, never mem_info.
+    if device_dir is not None and siblings == 1:
+        for key in mem:
+            path = f"{device_dir}/mem_info_{key}"
+            mem[key] = _read_int(ctx, path)
+            if mem[key] is None:
+                unread.append(path)
+        if mem["vram_total"] is not None:
+            source = "mem_info"
+    elif siblings == 1:
+        unread.append(f"{DRM}/renderD{render_minor}/device/mem_info_*" if render_minor else f"{DRM}/*")
+    heap_types = [b.heap_type for b in banks]
+    frame_buffers = [b for b in banks if b.heap_type in HEAP_FRAME_BUFFER and b.size > 0]
+    vote = apu_signals(props, mem["vram_total"], mem["gtt_total"])
+    apu, basis = classify_apu(gfx, props, heap_types, vote)
+    bank_path = f"{KFD_NODES}/{node}/mem_banks"
+    if not apu and (siblings > 1 or mem["vram_total"] is None):
+        # dGPU VRAM (or a partition's share of it) as the node's frame-buffer bank says.
+        if frame_buffers:
+            mem["vram_total"] = frame_buffers[0].size
+            mem["vram_used"] = frame_buffers[0].used
+            source = "kfd_bank"
+            if frame_buffers[0].used is None:
+                unread.append(f"{bank_path}/{frame_buffers[0].index}/used_memory")
+        else:
+            unread.append(f"{bank_path}/*/properties")
+    elif not apu and mem["vram_used"] is None and frame_buffers and frame_buffers[0].used is not None:
+        mem["vram_used"] = frame_buffers[0].used
+    # A value another file supplied is not unread.
+    unread = [
+        u for u in unread if not any(u.endswith(f"mem_info_{k}") and v is not None for k, v in mem.items())
+    ]
     return GpuNode(
         node=node,
         gfx=gfx,
         family=family_for_gfx(gfx),
-        apu=decide_apu(signals),
+        apu=apu,
         vram_total=mem["vram_total"],
         vram_used=mem["vram_used"],
         gtt_total=mem["gtt_total"],
         gtt_used=mem["gtt_used"],
         render_minor=render_minor if render_minor is not None and render_minor >= 0 else None,
         pci_slot=slot,
-        device_id=device_id,
+        device_id=props.get("device_id") or None,
         simd_count=props.get("simd_count"),
         properties=props,
+        apu_basis=basis,
+        memory_source=source,
+        memory_unread=tuple(unread),
+        physical_slot=physical or slot,
     )
 
 
+def _gpu_props(ctx: Context) -> list[tuple[int, dict[str, int]]]:
+    found = []
+    for node in sorted(kfd_node_ids(ctx)):
+        props = read_properties(ctx, f"{KFD_NODES}/{node}/properties")
+        if gfx_name(props.get("gfx_target_version", 0)) is not None:
+            found.append((node, props))  # a CPU node has gfx_target_version 0
+    return found
+
+
 def gpus(ctx: Context) -> list[GpuNode]:
-    """Every GPU node of the KFD topology (gfx_target_version != 0), in node order."""
+    """Every GPU node of the KFD topology (gfx_target_version != 0), in node order; a partitioned
+    Instinct GPU contributes one node per partition, each with its own share of memory."""
 
     def read() -> list[GpuNode]:
+        nodes = _gpu_props(ctx)
+        groups: dict[object, list[int]] = {}
+        for node, props in nodes:
+            groups.setdefault(_partition_key(props) or ("node", node), []).append(node)
         found = []
-        for node in kfd_node_ids(ctx):
-            gpu = _read_node(ctx, node)
-            if gpu is not None:
-                found.append(gpu)
+        for node, props in nodes:
+            key = _partition_key(props)
+            siblings = len(groups[key or ("node", node)])
+            partitionable = props.get("gfx_target_version", 0) in PARTITIONABLE_TARGETS
+            physical = pci_slot_from_location(key[1], key[0]) if key and partitionable else None
+            found.append(_read_node(ctx, node, props, siblings, physical))
         return found
 
     return ctx.memo("facts.gpus", read)
+
+
+def _read_word(ctx: Context, path: str) -> str | None:
+    raw = ctx.host.read_text(path)
+    if not raw.ok:
+        return None
+    word = raw.value.strip().splitlines()[0].strip() if raw.value.strip() else ""
+    return word[:16] if word.isalnum() else None
+
+
+def _read_list(ctx: Context, path: str) -> tuple[str, ...]:
+    raw = ctx.host.read_text(path)
+    if not raw.ok:
+        return ()
+    return tuple(w.strip() for w in raw.value.strip().split(",") if w.strip().isalnum())[:16]
+
+
+def physical_gpus(ctx: Context) -> list[PhysicalGpu]:
+    """The physical GPUs behind the KFD nodes, with their partition modes (sysfs when the kernel
+    exposes it, else inferred from how many nodes share the GPU and their XCC counts)."""
+
+    def read() -> list[PhysicalGpu]:
+        order: list[str] = []
+        members: dict[str, list[GpuNode]] = {}
+        for gpu in gpus(ctx):
+            key = gpu.physical_slot if gpu.physical_slot else f"node {gpu.node}"
+            if key not in members:
+                order.append(key)
+            members.setdefault(key, []).append(gpu)
+        out = []
+        for name in order:
+            nodes = members[name]
+            first = nodes[0]
+            slot = first.physical_slot
+            base = f"{PCI_DEVICES}/{slot}" if slot else None
+            current = _read_word(ctx, f"{base}/current_compute_partition") if base else None
+            source = "sysfs" if current else None
+            if current is None and first.gfx_target_version in PARTITIONABLE_TARGETS:
+                source = "kfd"
+                if len(nodes) > 1 and all(n.num_xcc == 1 for n in nodes):
+                    current = "CPX"
+                else:
+                    current = PARTITION_MODES_BY_COUNT.get(len(nodes))
+            out.append(
+                PhysicalGpu(
+                    pci_slot=slot,
+                    gfx=first.gfx,
+                    nodes=tuple(n.node for n in nodes),
+                    compute_partition=current,
+                    compute_partition_source=source if current else None,
+                    memory_partition=_read_word(ctx, f"{base}/current_memory_partition") if base else None,
+                    available_compute_partitions=(
+                        _read_list(ctx, f"{base}/available_compute_partition") if base else ()
+                    ),
+                    available_memory_partitions=(
+                        _read_list(ctx, f"{base}/available_memory_partition") if base else ()
+                    ),
+                )
+            )
+        return out
+
+    return ctx.memo("facts.physical_gpus", read)
+
+
+def partition_of(ctx: Context, gpu: GpuNode) -> tuple[PhysicalGpu, int] | None:
+    """(physical GPU, index) when `gpu` is one of several partitions, else None."""
+    for phys in physical_gpus(ctx):
+        if gpu.node in phys.nodes and phys.partitioned:
+            return phys, phys.nodes.index(gpu.node)
+    return None
 
 
 def drm_device_of(ctx: Context, gpu: GpuNode) -> str | None:
@@ -301,13 +510,11 @@ def usable_memory(ctx: Context, gpu: GpuNode) -> tuple[int | None, int | None]:
     if gpu.apu:
         if gpu.gtt_total is None:
             return None, None
-        free = gpu.gtt_total - gpu.gtt_used if gpu.gtt_used is not None else gpu.gtt_total
         available = meminfo(ctx).get("MemAvailable")
-        if available is not None:
-            free = min(free, available)
-        elif gpu.gtt_used is None:
-            return gpu.gtt_total, None
-        return gpu.gtt_total, max(0, free)
+        if available is None:
+            return gpu.gtt_total, None  # GTT pages come out of RAM: without MemAvailable, free is unknown
+        gtt_free = gpu.gtt_total - gpu.gtt_used if gpu.gtt_used is not None else gpu.gtt_total
+        return gpu.gtt_total, max(0, min(gtt_free, available))
     if gpu.vram_total is None:
         return None, None
     free = gpu.vram_total - gpu.vram_used if gpu.vram_used is not None else None
@@ -340,6 +547,21 @@ def gpu_summary(gpu: GpuNode) -> dict[str, Any]:
         "pci_slot": gpu.pci_slot,
         "device_id": gpu.device_id,
         "simd_count": gpu.simd_count,
+        "apu_basis": gpu.apu_basis,
+    }
+
+
+def physical_summary(phys: PhysicalGpu) -> dict[str, Any]:
+    return {
+        "pci_slot": phys.pci_slot,
+        "gfx": phys.gfx,
+        "nodes": list(phys.nodes),
+        "partitions": len(phys.nodes),
+        "compute_partition": phys.compute_partition,
+        "compute_partition_source": phys.compute_partition_source,
+        "memory_partition": phys.memory_partition,
+        "available_compute_partitions": list(phys.available_compute_partitions),
+        "available_memory_partitions": list(phys.available_memory_partitions),
     }
 
 
@@ -354,4 +576,5 @@ def host_facts(ctx: Context) -> dict[str, Any]:
             "name": info["name"] or None,
         },
         "gpus": [gpu_summary(g) for g in gpus(ctx)],
+        "physical_gpus": [physical_summary(p) for p in physical_gpus(ctx)],
     }

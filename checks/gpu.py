@@ -6,7 +6,18 @@ from ..families import family_names
 from ..model import Action, Result, failed, passed, warned
 from ..registry import Context
 from . import check
-from .facts import AMD_VENDOR_ID, GPU_READS, KFD_NODES, drm_device_dirs, gpu_summary, gpus, parse_uevent
+from .facts import (
+    AMD_VENDOR_ID,
+    GPU_READS,
+    KFD_NODES,
+    GpuNode,
+    drm_device_dirs,
+    gpu_summary,
+    gpus,
+    parse_uevent,
+    physical_gpus,
+    physical_summary,
+)
 
 KFD_ROOT = "/sys/class/kfd"
 WSL_DEVICE = "/dev/dxg"
@@ -66,22 +77,61 @@ def gpu_present(ctx: Context) -> Result:
     )
 
 
+def kind(gpu: GpuNode) -> str:
+    return "APU" if gpu.apu else "dGPU" if gpu.apu is False else f"(APU or dGPU unknown: {gpu.apu_basis})"
+
+
+def describe_gpus(ctx: Context) -> str:
+    """One phrase per physical GPU; a partitioned one says its mode and partition count once."""
+    by_node = {g.node: g for g in gpus(ctx)}
+    parts = []
+    for phys in physical_gpus(ctx):
+        first = by_node[phys.nodes[0]]
+        if phys.partitioned:
+            mode = phys.compute_partition or "unknown mode"
+            parts.append(
+                f"GPU {phys.pci_slot}: {first.gfx} {kind(first)} in {mode} mode, "
+                f"{len(phys.nodes)} partitions (nodes {phys.nodes[0]}-{phys.nodes[-1]})"
+                f" -> {first.family or 'no bundle'}"
+            )
+        else:
+            parts.extend(
+                f"node {n}: {by_node[n].gfx} {kind(by_node[n])} -> {by_node[n].family or 'no bundle'}"
+                for n in phys.nodes
+            )
+    return ", ".join(parts)
+
+
 @check("gpu.arch", "GPU architecture and vllm-rocm bundle family", depends=("gpu.present",), reads=GPU_READS)
 def gpu_arch(ctx: Context) -> Result:
     found = gpus(ctx)
     rows = [gpu_summary(g) for g in found]
-    described = ", ".join(
-        f"node {g.node}: {g.gfx} {'APU' if g.apu else 'dGPU' if g.apu is False else '(APU or dGPU unknown)'}"
-        f" -> {g.family or 'no bundle'}"
-        for g in found
-    )
+    described = describe_gpus(ctx)
+    partitioned = [physical_summary(p) for p in physical_gpus(ctx) if p.partitioned]
     unsupported = sorted({g.gfx for g in found if g.family is None})
+    supported = sorted({g.gfx for g in found if g.family})
+    extra = {"partitioned_gpus": partitioned} if partitioned else {}
+    if unsupported and supported:
+        # ROCm enumerates every GPU it can see, and vLLM starts on the first: the unsupported one must be
+        # hidden (the runtime's order is not sysfs order, so by PCI address or UUID, not by node index).
+        return warned(
+            f"vLLM can run on {', '.join(supported)}, but {', '.join(unsupported)} is visible beside it "
+            f"({described})",
+            f"Hide {', '.join(unsupported)} from ROCm: set ROCR_VISIBLE_DEVICES to the {', '.join(supported)} "
+            "GPU only (its UUID from `rocminfo`, not its sysfs node index), or disable the other GPU in the "
+            "firmware.",
+            gpus=rows,
+            families=sorted({g.family for g in found if g.family}),
+            unsupported=unsupported,
+            **extra,
+        )
     if unsupported:
         return warned(
             f"no vllm-rocm bundle for {', '.join(unsupported)} ({described})",
             f"Bundles exist for {', '.join(family_names())}; use one of those GPUs or build vLLM for "
             f"{', '.join(unsupported)} from source.",
             gpus=rows,
+            **extra,
         )
     families = sorted({g.family for g in found if g.family})
-    return passed(described, gpus=rows, families=families)
+    return passed(described, gpus=rows, families=families, **extra)

@@ -8,6 +8,8 @@ from . import check
 from .facts import DISTRO_READS, GPU_READS, OSRELEASE, GpuNode, distro_info, gpus, kernel_release
 from .kernel_rules import (
     CWSR_REQUIRED_TARGETS,
+    VGPR_BUMPED,
+    VGPR_DEFAULT,
     carries_cwsr_export,
     expected_cwsr,
     minimum_for,
@@ -67,7 +69,11 @@ def kernel_version(ctx: Context) -> Result:
     reads=GPU_READS,
 )
 def kernel_cwsr(ctx: Context) -> Result:
-    missing, wrong, fine, not_needed = [], [], [], []
+    missing: list[str] = []
+    wrong: list[str] = []
+    fine: list[str] = []
+    not_needed: list[str] = []
+    unbumped = False
     rows = []
     for gpu in gpus(ctx):
         expected = expected_cwsr(gpu.properties)
@@ -86,6 +92,10 @@ def kernel_cwsr(ctx: Context) -> Result:
         if not exports_cwsr(gpu):
             (missing if needs_cwsr(gpu) else not_needed).append(label)
         elif expected is not None and exported != expected:
+            unbumped = unbumped or (
+                gpu.gfx_target_version in VGPR_BUMPED
+                and exported == expected_cwsr(gpu.properties, vgpr=VGPR_DEFAULT)
+            )
             wrong.append(
                 f"{label}: cwsr_size {exported[0]}, ctl_stack_size {exported[1]}, "
                 f"expected {expected[0]} / {expected[1]}"
@@ -99,9 +109,15 @@ def kernel_cwsr(ctx: Context) -> Result:
             gpus=rows,
         )
     if wrong:
+        remedy = (
+            f"The kernel exports the sizes but lacks the VGPR bump for this GPU; update it ({FIX_KERNEL})."
+            if unbumped
+            else "The exported sizes differ from the formula of current kernels (kfd_queue.c); update the "
+            f"kernel ({FIX_KERNEL}) and report the node's properties file if the difference stays."
+        )
         return warned(
             "CWSR sizes exported but not what the kernel formula gives: " + "; ".join(wrong),
-            f"The kernel exports the sizes but lacks the VGPR bump for this GPU; update it ({FIX_KERNEL}).",
+            remedy,
             gpus=rows,
         )
     parts = []

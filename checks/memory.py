@@ -8,7 +8,8 @@ from ..memory_rule import MIN_USEFUL_UTILIZATION, recommended
 from ..model import Result, Severity, failed, passed, skipped, warned
 from ..registry import Context
 from . import check
-from .facts import GPU_READS, MEMINFO_READS, GpuNode, gpus, meminfo, usable_memory
+from .facts import GPU_READS, MEMINFO, MEMINFO_READS, GpuNode, gpus, meminfo, partition_of, usable_memory
+from .memory_guidance import carveout_advice, serving_nodes, ttm_matters
 
 GIB = 1 << 30
 PAGES_PER_GIB = 262144  # 4 KiB pages
@@ -26,8 +27,19 @@ def gib(value: int | None) -> str:
     return "?" if value is None else f"{value / GIB:.1f} GiB"
 
 
+def unread_paths(ctx: Context, gpu: GpuNode) -> list[str]:
+    """The files whose absence leaves this GPU's pool (VRAM, or an APU's GTT) unknown."""
+    if gpu.apu:
+        paths = [p for p in gpu.memory_unread if "gtt" in p or p.endswith("mem_info_*")]
+        if "MemAvailable" not in meminfo(ctx):
+            paths.append(f"{MEMINFO} (MemAvailable)")
+        return paths
+    return [p for p in gpu.memory_unread if "gtt" not in p]
+
+
 def gpu_pool(ctx: Context, gpu: GpuNode) -> dict[str, Any]:
     total, free = usable_memory(ctx, gpu)
+    part = partition_of(ctx, gpu)
     row: dict[str, Any] = {
         "node": gpu.node,
         "gfx": gpu.gfx,
@@ -41,8 +53,32 @@ def gpu_pool(ctx: Context, gpu: GpuNode) -> dict[str, Any]:
     }
     if gpu.apu:
         row["mem_available"] = meminfo(ctx).get("MemAvailable")
+    if part is not None:
+        phys, index = part
+        row["partition"] = {
+            "physical_gpu": phys.pci_slot,
+            "index": index,
+            "of": len(phys.nodes),
+            "mode": phys.compute_partition,
+        }
     row["recommended"] = recommended(total, free) if total and free is not None else None
+    unread = unread_paths(ctx, gpu)
+    if row["recommended"] is None or unread:
+        row["unread"] = unread
+    if gpu.apu and gpu.gtt_used is None and free is not None:
+        # GTT pages come out of RAM, so MemAvailable bounds what is free; without mem_info_gtt_used
+        # that bound is all there is, and the row says so.
+        row["free_basis"] = "MemAvailable (GTT use unreadable)"
     return row
+
+
+def describe(row: dict[str, Any]) -> str:
+    part = row.get("partition")
+    where = f"node {row['node']} {row['gfx']}"
+    if part:
+        mode = f"{part['mode']} " if part["mode"] else ""
+        where += f" ({mode}partition {part['index'] + 1} of {part['of']} of GPU {part['physical_gpu']})"
+    return where
 
 
 @check(
@@ -52,14 +88,20 @@ def gpu_pool(ctx: Context, gpu: GpuNode) -> dict[str, Any]:
     reads=(*GPU_READS, *MEMINFO_READS),
 )
 def memory_gpu(ctx: Context) -> Result:
-    rows = [gpu_pool(ctx, g) for g in gpus(ctx)]
+    found = gpus(ctx)
+    # vLLM runs on the GPUs a bundle exists for; an unsupported iGPU beside them does not size it.
+    candidates = [g for g in found if g.family] or found
+    rows = [gpu_pool(ctx, g) for g in candidates]
     unknown = [r for r in rows if r["recommended"] is None]
     if unknown:
         r = unknown[0]
-        what = "GTT and MemAvailable" if r["pool"] == "gtt" else "VRAM total and use"
+        what = "GTT size and use (and MemAvailable)" if r["pool"] == "gtt" else "VRAM size and use"
+        missing = ", ".join(r["unread"][:3]) or "the memory files"
+        more = f" (and {len(unknown) - 1} more GPU node(s))" if len(unknown) > 1 else ""
         return warned(
-            f"cannot read {what} of node {r['node']} ({r['gfx']}): mem_info_* files are missing or unreadable",
-            "Load amdgpu with its sysfs (check /sys/class/drm/renderD*/device/mem_info_*); until then start vLLM "
+            f"cannot read the {what} of {describe(r)}{more}: cannot read {missing}",
+            "Load amdgpu with its sysfs (check /sys/class/drm/renderD*/device/mem_info_* and the KFD "
+            "memory banks under /sys/class/kfd/kfd/topology/nodes/*/mem_banks); until then start vLLM "
             "with a conservative --gpu-memory-utilization.",
             gpus=rows,
             recommended_gpu_memory_utilization=None,
@@ -72,7 +114,7 @@ def memory_gpu(ctx: Context) -> Result:
         "free_bytes": worst["free_bytes"],
         "pool": worst["pool"],
     }
-    where = f"node {worst['node']} {worst['gfx']} {worst['pool'].upper()}"
+    where = f"{describe(worst)} {worst['pool'].upper()}"
     usage = f"{gib(worst['free_bytes'])} free of {gib(worst['total_bytes'])} ({where})"
     if worst["recommended"] < MIN_USEFUL_UTILIZATION:
         return failed(
@@ -113,9 +155,12 @@ def ttm_setting(pages: int, names: list[str]) -> str:
     reads=(*GPU_READS, *MEMINFO_READS, *TTM_LIMITS.values(), "/sys/module/amdttm"),
 )
 def memory_ttm(ctx: Context) -> Result:
-    apus = [g for g in gpus(ctx) if g.apu]
-    if not apus:
+    nodes = gpus(ctx)
+    if not ttm_matters(nodes):
+        if any(g.apu for g in nodes):
+            return skipped("the GPU vLLM will use is not an APU: the TTM limit only bounds unified memory")
         return skipped("no APU: the TTM limit only bounds unified memory")
+    apus = [g for g in serving_nodes(nodes) if g.apu]
     ram = meminfo(ctx).get("MemTotal")
     limits = ttm_limits(ctx)
     # With a DKMS amdgpu, amdttm is the TTM the GPU uses; the in-tree ttm may be loaded beside it.
@@ -135,6 +180,9 @@ def memory_ttm(ctx: Context) -> Result:
     target_pages = target_gib * PAGES_PER_GIB
     details["suggested_pages_limit"] = target_pages
     reach = f"{gib(limit_bytes)} of {gib(ram)} RAM"
+    advice = carveout_advice(True, apus[0].vram_total, gtt_total, ram)
+    if advice is not None:
+        return warned(advice.summary(), advice.remedy(), **{**details, **advice.finding_details()})
     if limit_bytes <= ram * DEFAULT_TTM_FRACTION:
         return warned(
             f"the GPU can reach only {reach} (the default TTM limit, about half of RAM)",

@@ -116,3 +116,42 @@ def test_wsl_is_named_as_the_reason(host_copy):
     )
     result = run(root, "gpu.present")
     assert result.status is Status.FAIL and "WSL" in result.summary
+
+
+def test_strix_halo_with_a_96_gib_carve_out_is_still_an_apu(host_copy):
+    """A 96 GiB BIOS "VRAM" carve-out beside a 62.5 GiB GTT (the 63968M of ds4#475): the old vote had
+    a large VRAM (dGPU) against unique_id 0 (APU) and said nothing; gfx1151 exists only as an APU."""
+    from rocmdoctor.checks.facts import gpus
+
+    root = host_copy("strix-halo-clean")
+    device = root / "sys/devices/pci0000:00/0000:65:00.0"
+    (device / "mem_info_vram_total").write_text(f"{96 << 30}\n")
+    (device / "mem_info_gtt_total").write_text(f"{63968 << 20}\n")
+    (gpu,) = gpus(Context(Host(root), Options()))
+    assert (gpu.apu, gpu.apu_basis) == (True, "gfx1151 exists only as an integrated GPU")
+    assert (gpu.vram_total, gpu.gtt_total) == (96 << 30, 63968 << 20)
+    result = run(root, "memory.gpu")
+    assert result.details["pool"] == "gtt" and result.details["total_bytes"] == 63968 << 20
+
+
+def test_a_partition_whose_bank_lost_used_memory_names_the_file(host_copy):
+    root = host_copy("mi308x-cpx")
+    (root / "sys/class/kfd/kfd/topology/nodes/5/mem_banks/0/used_memory").unlink()
+    result = run(root, "memory.gpu")
+    assert result.status is Status.WARN
+    assert "node 5 gfx942 (CPX partition 4 of 4 of GPU 0000:0a:00.0)" in result.summary
+    assert "/sys/class/kfd/kfd/topology/nodes/5/mem_banks/0/used_memory" in result.summary
+
+
+def test_a_large_carve_out_is_told_that_a_small_one_plus_ttm_gives_vllm_more(host_copy):
+    """96 GiB of BIOS "VRAM" on a 128 GB Strix Halo: vLLM sizes from GTT, so the carve-out is memory
+    vLLM cannot use; memory.ttm says so, with what a 512 MiB carve-out and a raised limit would give."""
+    root = host_copy("strix-halo-clean")
+    device = root / "sys/devices/pci0000:00/0000:65:00.0"
+    (device / "mem_info_vram_total").write_text(f"{96 << 30}\n")
+    (device / "mem_info_gtt_total").write_text(f"{15 << 30}\n")
+    (root / "proc/meminfo").write_text("MemTotal: 32505856 kB\nMemFree: 20000000 kB\nMemAvailable: 30000000 kB\n")
+    result = run(root, "memory.ttm")
+    assert result.status is Status.WARN
+    assert "carve-out" in result.summary and "512" in result.remedy
+    assert result.details["suggested_pages_limit"] > (15 << 30) // 4096

@@ -10,8 +10,8 @@ import os
 
 import jsonschema
 import pytest
-from harness.hosts import FIXTURE_IDS, check_json, fixture_root, normalize
 
+from harness.hosts import FIXTURE_IDS, check_json, fixture_root, normalize
 from rocmdoctor.model import Status, exit_code
 from rocmdoctor.report import load_schema
 
@@ -71,8 +71,18 @@ EXPECTED_VERDICTS = {
     "strix-point": {"access.devices": "warn", "memory.ttm": "warn", "gpu.arch": "pass"},
     "rx7900xtx-no-render": {"access.devices": "fail", "kernel.cwsr": "pass"},
     "r9700": {"kernel.cwsr": "pass", "gpu.arch": "pass"},
-    "mi300x": {"driver.dkms": "warn", "processes.orphans": "warn"},
+    # On Instinct amdgpu-dkms is AMD's supported driver: it passes unless it is out of step with the userspace.
+    "mi300x": {"driver.dkms": "pass", "processes.orphans": "warn"},
     "no-amd-gpu": {"gpu.present": "fail", "driver.loaded": "skip", "memory.gpu": "skip"},
+    # Per-partition memory from each partition's KFD bank: sized, not the whole GPU's.
+    "mi308x-cpx": {"gpu.arch": "pass", "memory.gpu": "pass", "kernel.cwsr": "pass", "memory.ttm": "skip"},
+    # No memory banks in the capture: said, with the path, never guessed.
+    "mi300x-cpx": {"gpu.arch": "pass", "memory.gpu": "warn", "memory.ttm": "skip"},
+    "rx7900xtx-beside-igpu": {"gpu.arch": "warn", "memory.gpu": "warn"},
+    "r9700-beside-nvidia": {"gpu.arch": "pass", "kernel.cwsr": "pass"},
+    "wsl": {"gpu.present": "fail", "memory.gpu": "skip"},
+    # gfx950's CWSR size has the LDS term: the real MI350X export 22687744 passes.
+    "mi350x": {"kernel.cwsr": "pass", "gpu.arch": "pass", "memory.gpu": "warn"},
 }
 
 
@@ -99,3 +109,36 @@ def test_host_facts_describe_the_gpu():
         True,
         103079215104,
     )
+
+
+def test_partitioned_host_facts_show_mode_and_count():
+    golden = json.loads((fixture_root("mi308x-cpx") / "expected.json").read_text())
+    physical = golden["host"]["physical_gpus"]
+    assert [(p["partitions"], p["compute_partition"]) for p in physical] == [(4, "CPX")] * 8
+    assert len(golden["host"]["gpus"]) == 32
+    assert {g["vram_total"] for g in golden["host"]["gpus"]} <= {51539607552, 51522830336}
+    by_id = {c["id"]: c for c in golden["checks"]}
+    assert "in CPX mode, 4 partitions" in by_id["gpu.arch"]["summary"]
+
+
+def test_wsl_keeps_its_clear_verdict():
+    golden = json.loads((fixture_root("wsl") / "expected.json").read_text())
+    (present,) = [c for c in golden["checks"] if c["id"] == "gpu.present"]
+    assert present["summary"].startswith("this is WSL (/dev/dxg)")
+    assert [c["id"] for c in golden["checks"] if c["status"] == "fail"] == ["gpu.present"]
+
+
+def test_every_gpu_states_why_it_is_an_apu_or_not():
+    for fixture_id in FIXTURE_IDS:
+        golden = json.loads((fixture_root(fixture_id) / "expected.json").read_text())
+        for gpu in golden["host"]["gpus"]:
+            assert gpu["apu"] is not None and gpu["apu_basis"], (fixture_id, gpu["node"])
+
+
+def test_a_supported_dgpu_beside_an_unsupported_igpu_is_told_to_hide_the_igpu():
+    golden = json.loads((fixture_root("rx7900xtx-beside-igpu") / "expected.json").read_text())
+    (arch,) = [c for c in golden["checks"] if c["id"] == "gpu.arch"]
+    assert arch["summary"].startswith("vLLM can run on gfx1100, but gfx1033 is visible beside it")
+    assert "ROCR_VISIBLE_DEVICES" in arch["remedy"] and arch["details"]["unsupported"] == ["gfx1033"]
+    (memory,) = [c for c in golden["checks"] if c["id"] == "memory.gpu"]
+    assert [row["gfx"] for row in memory["details"]["gpus"]] == ["gfx1100"]  # the iGPU does not size vLLM

@@ -4,6 +4,7 @@ values in host-facts.md and the real captures in the fixtures."""
 from __future__ import annotations
 
 import pytest
+
 from harness.hosts import fixture_root
 from rocmdoctor.checks.facts import (
     GpuNode,
@@ -16,7 +17,6 @@ from rocmdoctor.checks.facts import (
     usable_memory,
 )
 from rocmdoctor.checks.kernel_rules import carries_cwsr_export, expected_cwsr, parse_release, vgpr_bytes
-
 from rocmdoctor.host import Host
 from rocmdoctor.registry import Context
 

@@ -6,6 +6,7 @@ import hashlib
 import json
 
 import pytest
+
 from harness.hosts import fixture_root, run_cli
 from rocmdoctor.checks.kernel_guidance import Finding, distro_family, guidance, kernel_commands
 
@@ -101,3 +102,39 @@ def test_amdttm_is_set_beside_ttm_under_dkms():
     doc = guidance({"id": "fedora", "version": "43"}, "6.18.5", {"memory.ttm": ttm})
     commands = doc["steps"][0]["commands"]
     assert any("/etc/modprobe.d/amdttm.conf" in c for c in commands) and "sudo dracut -f" in commands
+
+
+CHECK_CASES = fixture_root("strix-halo-clean").parent.parent / "checks"
+
+
+def test_debian_13_dkms_host_keeps_its_ttm_limit_after_dkms_leaves():
+    """ROCm/ROCm#5562: amdttm.pages_limit=32768000 under amdgpu-dkms on Debian 13. check passes memory.ttm
+    today, but removing the DKMS driver drops amdttm: fix-kernel must carry the limit over to ttm."""
+    proc = run_cli("fix-kernel", "--json", root=CHECK_CASES / "debian13-strix-halo")
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == 1 and [s["id"] for s in doc["steps"]] == ["dkms", "kernel", "ttm"]
+    dkms, kernel, ttm = doc["steps"]
+    assert "sudo apt remove --purge amdgpu-dkms amdgpu-dkms-firmware" in dkms["commands"]
+    assert any("trixie-backports" in c for c in kernel["commands"])
+    assert 'echo "options ttm pages_limit=31719424" | sudo tee /etc/modprobe.d/ttm.conf' in ttm["commands"]
+    assert "sudo update-initramfs -u" in ttm["commands"] and "amdttm leaves with amdgpu-dkms" in ttm["why"]
+
+
+def test_debian_13_default_ttm_gets_the_step_check_asked_for(tmp_path):
+    import shutil
+
+    root = tmp_path / "host"
+    shutil.copytree(CHECK_CASES / "debian13-strix-halo", root, symlinks=True)
+    shutil.rmtree(root / "sys/module/amdttm")  # in-tree driver: ttm at its default, half of RAM
+    (root / "sys/module/ttm/parameters").mkdir(parents=True)
+    (root / "sys/module/ttm/parameters/pages_limit").write_text("16469033\n")
+    (root / "sys/class/drm/renderD128/device/mem_info_gtt_total").write_text(f"{16469033 * 4096}\n")
+    check = json.loads(run_cli("check", "--json", "--only", "memory.ttm", root=root).stdout)
+    (ttm_check,) = [c for c in check["checks"] if c["id"] == "memory.ttm"]
+    assert ttm_check["status"] == "warn"
+    doc = json.loads(run_cli("fix-kernel", "--json", root=root).stdout)
+    assert [s["id"] for s in doc["steps"]] == ["kernel", "ttm"]
+    assert (
+        'echo "options ttm pages_limit=31719424" | sudo tee /etc/modprobe.d/ttm.conf'
+        in doc["steps"][1]["commands"]
+    )

@@ -43,19 +43,26 @@ class UserError(click.ClickException):
         click.echo(f"rocmdoctor: {self.format_message()}", err=True)
 
 
+def _app(ctx: click.Context) -> App:
+    app = ctx.find_object(App)
+    if app is None:  # a command invoked without the group (tests calling it directly)
+        app = ctx.ensure_object(App)
+    return app
+
+
 def _set_root(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
     if value is not None:
-        ctx.find_object(App).set_root(value)
+        _app(ctx).set_root(value)
 
 
 def _add_verbose(ctx: click.Context, _param: click.Parameter, value: int) -> None:
     if value:
-        ctx.find_object(App).verbose += value
+        _app(ctx).verbose += value
 
 
 def _set_no_color(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
     if value:
-        ctx.find_object(App).no_color = True
+        _app(ctx).no_color = True
 
 
 def _global_options() -> list[click.Option]:
@@ -109,9 +116,9 @@ class LazyGroup(click.Group):
 class App:
     """Global options, handed to every command through click's context object."""
 
-    root: Path
-    verbose: int
-    no_color: bool
+    root: Path = Path("/")
+    verbose: int = 0
+    no_color: bool = False
 
     def set_root(self, root: str) -> None:
         if not root.strip():

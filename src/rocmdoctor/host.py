@@ -154,6 +154,27 @@ def _file_type(st_mode: int) -> str:
     return next((name for test, name in _FILE_TYPES if test(st_mode)), "file")
 
 
+_ACL_TAGS = {0x01: "user", 0x02: "user", 0x04: "group", 0x08: "group", 0x10: "mask", 0x20: "other"}
+
+
+def parse_posix_acl(raw: bytes) -> list[str]:
+    """The kernel's system.posix_acl_access value (version 2, then 8-byte tag/perm/id entries)."""
+    import struct
+
+    entries: list[str] = []
+    if len(raw) < 4 or struct.unpack_from("<I", raw)[0] != 2:
+        return entries
+    for offset in range(4, len(raw) - 7, 8):
+        tag, perm, ident = struct.unpack_from("<HHI", raw, offset)
+        name = _ACL_TAGS.get(tag)
+        if name is None:
+            continue
+        qualifier = str(ident) if tag in (0x02, 0x08) else ""
+        mode = "".join(ch if perm & bit else "-" for ch, bit in (("r", 4), ("w", 2), ("x", 1)))
+        entries.append(f"{name}:{qualifier}:{mode}")
+    return entries
+
+
 @dataclass
 class Host:
     """A view of one machine through a root directory."""
@@ -378,6 +399,25 @@ class Host:
         if stat_mod.S_ISCHR(st.st_mode) or stat_mod.S_ISBLK(st.st_mode):
             rdev = f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"
         return StatInfo(path, _file_type(st.st_mode), stat_mod.S_IMODE(st.st_mode), st.st_uid, st.st_gid, rdev)
+
+    def acl(self, path: str) -> Read:
+        """The POSIX ACL entries of `path` as getfacl writes them ("user:1000:rw-", "mask::rw-"); from
+        stat.json's "acl" list for a captured root. MISSING when the file has no extended ACL."""
+        self._note(path)
+        if not self.is_live:
+            described = self._stat_meta().get(path)
+            entries = described.get("acl") if isinstance(described, dict) else None
+            if isinstance(entries, list) and all(isinstance(e, str) for e in entries):
+                return Read(path, ReadState.OK, [e[:80] for e in entries[:64]])
+            return Read(path, ReadState.MISSING)
+        try:
+            raw = os.getxattr(self._real(path), "system.posix_acl_access", follow_symlinks=False)
+        except OSError as exc:
+            if exc.errno in (errno.ENODATA, errno.ENOENT, errno.ENOTSUP):
+                return Read(path, ReadState.MISSING)
+            state = ReadState.DENIED if exc.errno in (errno.EACCES, errno.EPERM) else ReadState.UNREADABLE
+            return Read(path, state, detail=exc.strerror or str(exc))
+        return Read(path, ReadState.OK, parse_posix_acl(raw))
 
     def free_bytes(self, path: str) -> int | None:
         """Free space for unprivileged writers at `path` or its nearest existing parent."""

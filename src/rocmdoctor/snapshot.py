@@ -95,9 +95,13 @@ def _capture(host: Host, snap: Snapshot, path: str, redact: Callable[[str], str]
     if path.startswith("/dev/"):
         if st is not None:
             snap.stat[path] = st.to_json()
+            acl = host.acl(path)  # udev's uaccess grants arrive as ACL entries (access.devices)
+            if acl.ok:
+                snap.stat[path]["acl"] = acl.value
     elif st is not None and st.type == "dir":
         snap.dirs.add(path)
-    elif st is not None and st.type == "link" and path.startswith("/proc/"):
+    elif st is not None and st.type == "link" and (path.startswith("/proc/") or path.endswith("/driver")):
+        # fd links, and a device's driver link (its name is the driver: gpu.mixed_vendor)
         target = host.readlink(path)
         if target.ok:
             snap.links[path] = target.value

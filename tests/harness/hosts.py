@@ -20,6 +20,12 @@ FIXTURE_IDS = (
     "r9700",
     "mi300x",
     "no-amd-gpu",
+    "mi308x-cpx",
+    "mi300x-cpx",
+    "rx7900xtx-beside-igpu",
+    "r9700-beside-nvidia",
+    "wsl",
+    "mi350x",
 )
 ROOT_PLACEHOLDER = "<root>"
 VERSION_PLACEHOLDER = "<version>"

@@ -86,7 +86,10 @@ def fix_kernel(app: App, as_json: bool, user: str | None) -> None:
     registry = load_registry()
     ctx = _context(app, user, 8000, DEFAULT_PREFIX)
     outcomes = registry.run(ctx, registry.select(only=GUIDED_CHECKS))
-    findings = {o.spec.id: Finding(o.result.status.value, o.result.summary, o.result.details) for o in outcomes}
+    findings = {
+        o.spec.id: Finding(o.result.status.value, o.result.summary, o.result.details, o.result.remedy)
+        for o in outcomes
+    }
     document = guidance(distro_info(ctx), kernel_release(ctx), findings)
     if as_json:
         emit_json(document)

@@ -10,6 +10,8 @@ torch.cuda is the same API on ROCm and CUDA builds of PyTorch, so the probe runs
 
 from __future__ import annotations
 
+from typing import Any
+
 import argparse
 import importlib
 import importlib.util
@@ -138,7 +140,7 @@ def memory_stage(torch, device: int, margin_bytes: int, allocate: bool, report: 
     free, total = (int(v) for v in torch.cuda.mem_get_info(device))
     largest = largest_passing(total, free)
     best = recommended(total, free, margin_bytes)
-    memory = {
+    memory: dict[str, Any] = {
         "device": device,
         "free": free,
         "total": total,
@@ -151,7 +153,7 @@ def memory_stage(torch, device: int, margin_bytes: int, allocate: bool, report: 
     if not allocate or best <= 0:
         return
     size = requested_bytes(total, best)
-    allocation = {"bytes": size, "ok": False}
+    allocation: dict[str, Any] = {"bytes": size, "ok": False}
     memory["allocation"] = allocation
     started = time.perf_counter()
     try:
