@@ -33,9 +33,10 @@ REFUSED = re.compile(r"the estimated maximum model length is (\d+)")
 # The CPU platform's choices (vllm/platforms/cpu.py): block size 128, or 16 for the CPU MLA kernel;
 # no async scheduling (one batch in flight); the OpenAI server's 2048 batched tokens.
 CPU_BLOCK = {"deepseek": 16}
-KV_BYTES = 64 << 20  # --kv-cache-memory-bytes for the capacity runs
+KV_BYTES = 1 << 30  # VLLM_CPU_KVCACHE_SPACE=1: a fixed 1 GiB KV cache
 MAX_MODEL_LEN = 512  # the llama builder's max_position_embeddings
-# The refusal runs: KV memory of this many blocks, too few for one 512-token request.
+# The refusal runs: --num-gpu-blocks-override, a KV cache of this many blocks, too few for one
+# 512-token request (vLLM then plans with blocks x bytes per block: `get_kv_cache_configs`).
 REFUSAL_BLOCKS = {"llama": 4, "gemma3": 14}
 ARCHS = ["llama", "qwen3", "gemma3", "deepseek", "oddgqa"]
 RESULTS = Path(os.environ.get("ROCMDOCTOR_PLAN_ENGINE_RESULTS", "/tmp/rocmdoctor-plan-engine.json"))
@@ -72,19 +73,12 @@ def planned(arch: str, model: Path, max_model_len: int, kv_bytes: int = KV_BYTES
     )
 
 
-def engine_args(max_model_len: int, kv_bytes: int = KV_BYTES) -> list[str]:
-    return [
-        "--kv-cache-memory-bytes",
-        str(kv_bytes),
-        "--max-model-len",
-        str(max_model_len),
-        "--max-num-batched-tokens",
-        "2048",
-    ]
+def engine_args(max_model_len: int, blocks: int | None = None) -> list[str]:
+    override = ["--num-gpu-blocks-override", str(blocks)] if blocks else []
+    return ["--max-model-len", str(max_model_len), "--max-num-batched-tokens", "2048", *override]
 
 
-# VLLM_CPU_KVCACHE_SPACE would override --kv-cache-memory-bytes (vllm/platforms/cpu.py); empty disables it.
-ENV = {"VLLM_CPU_KVCACHE_SPACE": ""}
+ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
 def test_plan_matches_vllm_on_five_architectures(tmp_path: Path):
@@ -144,7 +138,7 @@ def test_plan_matches_vllm_on_five_architectures(tmp_path: Path):
         ):
             pass
         refused = REFUSED.search(log.read_text(errors="replace"))
-        assert refused, f"{arch}: vLLM did not refuse a {kv_bytes}-byte KV cache; see {log}"
+        assert refused, f"{arch}: vLLM did not refuse a KV cache of {blocks} blocks; see {log}"
         assert int(refused[1]) == plan.max_model_len, arch
         row = next(r for r in rows if r["arch"] == arch)
         row["refusal_kv_bytes"], row["plan_largest_len_refused"] = kv_bytes, plan.max_model_len
@@ -175,8 +169,8 @@ def test_metrics_diagnosis_of_an_engine_driven_into_preemption(tmp_path: Path):
     if not vllm_python().exists():
         pytest.skip(f"no vLLM engine venv at {vllm_python()}")
     model = make_tiny_model(tmp_path / "tiny")
-    # 2 layers x 128 tokens x 1 KV head x (64 + 64) x 2 B = 64 KiB a block
-    args = ["--kv-cache-memory-bytes", str(16 * 64 * 1024), "--max-num-seqs", "32"]
+    # 16 blocks of 128 tokens: 4 sequences of 512 tokens
+    args = ["--num-gpu-blocks-override", "16", "--max-num-seqs", "32"]
     with start_engine(
         model, log_path=tmp_path / "preempt.log", extra_args=args, env=ENV, startup_timeout=240
     ) as engine:
