@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import threading
 import urllib.error
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from harness.engine import BUILDER, EngineStartError, make_tiny_model, start_engine, vllm_python
-from rocmdoctor.model_plan import EngineSettings, Memory, kv_layout, plan_model
+from rocmdoctor.model_plan import EngineSettings, Memory, plan_model
 from rocmdoctor.provision.server_memory import diagnose_url
 
 pytestmark = pytest.mark.engine
@@ -35,9 +36,8 @@ REFUSED = re.compile(r"the estimated maximum model length is (\d+)")
 CPU_BLOCK = {"deepseek": 16}
 KV_BYTES = 1 << 30  # VLLM_CPU_KVCACHE_SPACE=1: a fixed 1 GiB KV cache
 MAX_MODEL_LEN = 512  # the llama builder's max_position_embeddings
-# The refusal runs: --num-gpu-blocks-override, a KV cache of this many blocks, too few for one
-# 512-token request (vLLM then plans with blocks x bytes per block: `get_kv_cache_configs`).
-REFUSAL_BLOCKS = {"llama": 4, "gemma3": 14}
+# The refusal run: a context of 1M tokens needs 1.5 GiB of KV cache in the qwen3 model (1536 B a token).
+LONG_CONTEXT = 1 << 20
 ARCHS = ["llama", "qwen3", "gemma3", "deepseek", "oddgqa"]
 RESULTS = Path(os.environ.get("ROCMDOCTOR_PLAN_ENGINE_RESULTS", "/tmp/rocmdoctor-plan-engine.json"))
 
@@ -73,9 +73,8 @@ def planned(arch: str, model: Path, max_model_len: int, kv_bytes: int = KV_BYTES
     )
 
 
-def engine_args(max_model_len: int, blocks: int | None = None) -> list[str]:
-    override = ["--num-gpu-blocks-override", str(blocks)] if blocks else []
-    return ["--max-model-len", str(max_model_len), "--max-num-batched-tokens", "2048", *override]
+def engine_args(max_model_len: int) -> list[str]:
+    return ["--max-model-len", str(max_model_len), "--max-num-batched-tokens", "2048"]
 
 
 ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
@@ -115,34 +114,34 @@ def test_plan_matches_vllm_on_five_architectures(tmp_path: Path):
                 "plan_largest_len": plan.max_model_len,
             }
         )
-    # A KV cache too small for one 512-token request: the plan says it does not fit; vLLM must refuse
-    # the start and estimate the same largest --max-model-len as the plan.
-    for arch, blocks in REFUSAL_BLOCKS.items():
-        model = tmp_path / arch
-        layout_bytes = kv_layout(
-            planned(arch, model, MAX_MODEL_LEN).shape, settings_for(arch)
-        ).bytes_per_block
-        kv_bytes = blocks * layout_bytes
-        plan = planned(arch, model, MAX_MODEL_LEN, kv_bytes)
-        assert plan.fits is False and 0 < (plan.max_model_len or 0) < MAX_MODEL_LEN
-        log = tmp_path / f"{arch}-refused.log"
-        with (
-            pytest.raises(EngineStartError),
-            start_engine(
-                model,
-                log_path=log,
-                extra_args=engine_args(MAX_MODEL_LEN, kv_bytes),
-                env=ENV,
-                startup_timeout=240,
-            ),
-        ):
-            pass
-        refused = REFUSED.search(log.read_text(errors="replace"))
-        assert refused, f"{arch}: vLLM did not refuse a KV cache of {blocks} blocks; see {log}"
-        assert int(refused[1]) == plan.max_model_len, arch
-        row = next(r for r in rows if r["arch"] == arch)
-        row["refusal_kv_bytes"], row["plan_largest_len_refused"] = kv_bytes, plan.max_model_len
-        row["vllm_estimated_len"] = int(refused[1])
+    RESULTS.write_text(json.dumps(rows, indent=2) + "\n")
+    # A context the plan says does not fit in the 1 GiB: the qwen3 model with a 1M-token context;
+    # vLLM must refuse to start and estimate the same largest --max-model-len as the plan.
+    model = tmp_path / "qwen3-long"
+    shutil.copytree(tmp_path / "qwen3", model)
+    config = json.loads((model / "config.json").read_text())
+    config["max_position_embeddings"] = LONG_CONTEXT
+    (model / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    plan = planned("qwen3", model, LONG_CONTEXT)
+    assert plan.fits is False and 0 < (plan.max_model_len or 0) < LONG_CONTEXT
+    log = tmp_path / "qwen3-long.log"
+    with (
+        pytest.raises(EngineStartError),
+        start_engine(model, log_path=log, extra_args=engine_args(LONG_CONTEXT), env=ENV, startup_timeout=300),
+    ):
+        pass
+    refused = REFUSED.search(log.read_text(errors="replace"))
+    assert refused, f"vLLM did not refuse --max-model-len {LONG_CONTEXT} for lack of KV cache; see {log}"
+    assert int(refused[1]) == plan.max_model_len
+    rows.append(
+        {
+            "arch": "qwen3",
+            "refused_len": LONG_CONTEXT,
+            "plan_largest_len": plan.max_model_len,
+            "vllm_estimated_len": int(refused[1]),
+            "verified": "CPU engine refusal",
+        }
+    )
     RESULTS.write_text(json.dumps(rows, indent=2) + "\n")
 
 
