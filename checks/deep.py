@@ -270,7 +270,7 @@ def gpu_runtime(ctx: Context) -> Result:
             "The bundle's vLLM and torch do not match (ABI): reinstall it with `rocmdoctor install`.",
             **details,
         )
-    loaded = sorted(((report.get("extensions") or {}).get("modules") or {}))
+    loaded = sorted((report.get("extensions") or {}).get("modules") or {})
     extensions = f"; {', '.join(loaded)} load" if loaded else ""
     if run.failed_stage == "extensions":
         return failed(

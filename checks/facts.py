@@ -504,10 +504,25 @@ def meminfo(ctx: Context) -> dict[str, int]:
     return ctx.memo("facts.meminfo", read)
 
 
+def memory_pool(gpu: GpuNode) -> str:
+    """The pool the HIP runtime reports as the GPU's memory: "vram" or "gtt".
+
+    A dGPU has its VRAM. An APU reports the larger of its BIOS carve-out and its GTT: with the
+    usual small carve-out that is GTT, but a large "VRAM" setting becomes the device's whole memory
+    (public captures: ROCm/TheRock#894 total_memory=98304MB on a 96 GiB carve-out; vLLM's "Free
+    memory on device (23.19/64.0 GiB)" on a 64 GiB one, kyuz0/amd-strix-halo-vllm-toolboxes#81)."""
+    if not gpu.apu:
+        return "vram"
+    if gpu.vram_total is not None and gpu.gtt_total is not None and gpu.vram_total > gpu.gtt_total:
+        return "vram"
+    return "gtt"
+
+
 def usable_memory(ctx: Context, gpu: GpuNode) -> tuple[int | None, int | None]:
-    """(total, free) as the HIP runtime reports them: VRAM on a dGPU; on an APU the GTT pool,
-    whose free part is also bounded by what the kernel can still hand out (MemAvailable)."""
-    if gpu.apu:
+    """(total, free) as the HIP runtime reports them: VRAM on a dGPU (and on an APU whose carve-out
+    is larger than GTT); otherwise an APU's GTT pool, whose free part is also bounded by what the
+    kernel can still hand out (MemAvailable)."""
+    if memory_pool(gpu) == "gtt":
         if gpu.gtt_total is None:
             return None, None
         available = meminfo(ctx).get("MemAvailable")

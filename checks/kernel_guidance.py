@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..model import SCHEMA_VERSION
 from .memory_guidance import PAGES_PER_GIB
 
 # The checks whose findings this guidance answers (their prerequisites come along).
@@ -218,7 +219,7 @@ def guidance(distro: dict[str, Any], kernel: str | None, findings: dict[str, Fin
     else:
         headline = f"Nothing needs fixing: kernel {kernel} is fine for the GPU(s) found."
     return {
-        "schema_version": 1,
+        "schema_version": SCHEMA_VERSION,
         "distro": {
             "id": distro.get("id") or None,
             "version": distro.get("version") or None,

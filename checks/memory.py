@@ -8,7 +8,17 @@ from ..memory_rule import MIN_USEFUL_UTILIZATION, recommended
 from ..model import Result, Severity, failed, passed, skipped, warned
 from ..registry import Context
 from . import check
-from .facts import GPU_READS, MEMINFO, MEMINFO_READS, GpuNode, gpus, meminfo, partition_of, usable_memory
+from .facts import (
+    GPU_READS,
+    MEMINFO,
+    MEMINFO_READS,
+    GpuNode,
+    gpus,
+    meminfo,
+    memory_pool,
+    partition_of,
+    usable_memory,
+)
 from .memory_guidance import carveout_advice, serving_nodes, ttm_matters
 
 GIB = 1 << 30
@@ -29,7 +39,7 @@ def gib(value: int | None) -> str:
 
 def unread_paths(ctx: Context, gpu: GpuNode) -> list[str]:
     """The files whose absence leaves this GPU's pool (VRAM, or an APU's GTT) unknown."""
-    if gpu.apu:
+    if memory_pool(gpu) == "gtt":
         paths = [p for p in gpu.memory_unread if "gtt" in p or p.endswith("mem_info_*")]
         if "MemAvailable" not in meminfo(ctx):
             paths.append(f"{MEMINFO} (MemAvailable)")
@@ -43,7 +53,7 @@ def gpu_pool(ctx: Context, gpu: GpuNode) -> dict[str, Any]:
     row: dict[str, Any] = {
         "node": gpu.node,
         "gfx": gpu.gfx,
-        "pool": "gtt" if gpu.apu else "vram",
+        "pool": memory_pool(gpu),
         "total_bytes": total,
         "free_bytes": free,
         "vram_total": gpu.vram_total,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 GIB = 1 << 30
 PAGES_PER_GIB = 262144  # 4 KiB pages
@@ -23,11 +23,17 @@ LARGE_CARVEOUT = 8 << 30
 
 
 class Node(Protocol):
-    apu: bool | None
-    family: str | None
+    @property
+    def apu(self) -> bool | None: ...
+
+    @property
+    def family(self) -> str | None: ...
 
 
-def serving_nodes(nodes: Sequence[Node]) -> list[Node]:
+NodeT = TypeVar("NodeT", bound=Node)
+
+
+def serving_nodes(nodes: Sequence[NodeT]) -> list[NodeT]:
     """The GPU nodes vLLM will run on: those with a bundle family, discrete ones first (a supported dGPU
     beside an iGPU is the one the unit pins); all nodes when none has a bundle."""
     supported = [n for n in nodes if n.family]
@@ -37,7 +43,7 @@ def serving_nodes(nodes: Sequence[Node]) -> list[Node]:
     return discrete or supported
 
 
-def ttm_matters(nodes: Sequence[Node]) -> bool:
+def ttm_matters(nodes: Sequence[NodeT]) -> bool:
     """The TTM limit bounds unified memory: it matters only when the GPU vLLM will use is an APU."""
     return any(n.apu for n in serving_nodes(nodes))
 

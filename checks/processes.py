@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from ..model import Probe, Result, Severity, passed, warned
 from ..registry import Context
+from ..sensitive import redact_argv
 from . import check
 from .facts import sentence
 
@@ -18,7 +19,6 @@ PROC_READS = (
     "/proc/net/tcp6",
 )
 TCP_LISTEN = "0A"
-SECRET_FLAGS = ("key", "token", "password", "secret")
 GPU_DEVICES = ("/dev/kfd",)
 
 
@@ -47,16 +47,9 @@ class Proc:
 
 
 def redact(cmdline: str) -> str:
-    """A command line fit for a report: values of --api-key and the like replaced."""
-    words = cmdline.split(" ")
-    for i, word in enumerate(words):
-        flag, eq, _ = word.partition("=")
-        if flag.startswith("-") and any(s in flag.lower() for s in SECRET_FLAGS):
-            if eq:
-                words[i] = f"{flag}=***"
-            elif i + 1 < len(words):
-                words[i + 1] = "***"
-    return " ".join(words)
+    """A command line fit for a report (rocmdoctor.sensitive's rules); `cmdline` is /proc's NUL-separated
+    argv, so a value holding spaces is redacted whole."""
+    return " ".join(redact_argv(cmdline.rstrip("\x00").split("\x00"))).strip()
 
 
 def read_proc(ctx: Context, pid: int) -> Proc | None:
@@ -64,7 +57,8 @@ def read_proc(ctx: Context, pid: int) -> Proc | None:
     if not comm.ok:
         return None
     cmd = ctx.host.read_text(f"/proc/{pid}/cmdline", limit=4096)
-    cmdline = cmd.value.replace("\x00", " ").strip() if cmd.ok else ""
+    # Redacted as it is read, from the argv (a space-joined line loses where a value ends).
+    cmdline = redact(cmd.value) if cmd.ok else ""
     ppid = None
     status = ctx.host.read_text(f"/proc/{pid}/status", limit=16384)
     if status.ok:
@@ -123,7 +117,7 @@ def processes_orphans(ctx: Context) -> Result:
             {
                 "pid": p.pid,
                 "comm": p.comm,
-                "cmdline": redact(p.cmdline)[:200],
+                "cmdline": p.cmdline[:200],
                 "ppid": p.ppid,
                 "kfd_fds": p.gpu_fds,
                 "vllm": p.is_vllm,

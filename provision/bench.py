@@ -5,6 +5,10 @@ own definitions (`vllm bench serve`): TTFT = first chunk with choices - send; IT
 chunks; E2EL = last content chunk - send; TPOT = (E2EL - TTFT) / (output tokens - 1). Output tokens
 are the server's own `usage.completion_tokens`, and their total is checked against the growth of
 `vllm:generation_tokens_total` over the run.
+
+`--timeout` bounds every request from connect to the last byte of its stream (not only each
+silence), and an answer of the wrong shape or size ends the run: a server that answers something
+else than the OpenAI API cannot be measured.
 """
 
 from __future__ import annotations
@@ -13,14 +17,14 @@ import asyncio
 import math
 import statistics
 import time
-from itertools import pairwise
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
-from .. import __version__
-from . import openai_client as oc
-from . import prometheus
-from .smoke import LOG_HINT
+from rocmdoctor import __version__
+from rocmdoctor.model import SCHEMA_VERSION
+from rocmdoctor.provision import openai_client as oc
+from rocmdoctor.provision.smoke import LOG_HINT
 
 SEED_TEXT = (
     "The server answers every request in order, streams one chunk per token and measures "
@@ -30,7 +34,7 @@ PERCENTILES = (50, 90, 99)
 # The knee: the smallest concurrency that reaches this share of the best throughput measured.
 KNEE_SHARE = 0.9
 # Errors that every later request would repeat: stop the run instead of waiting them out.
-FATAL_KINDS = (oc.UNREACHABLE, oc.TIMEOUT, oc.UNAUTHORIZED, oc.MODEL_NOT_FOUND)
+FATAL_KINDS = (oc.UNREACHABLE, oc.TIMEOUT, oc.UNAUTHORIZED, oc.MODEL_NOT_FOUND, oc.BAD_RESPONSE)
 COUNTER = "vllm:generation_tokens_total"
 METRICS_SETTLE_S = 5.0
 
@@ -141,10 +145,10 @@ def summarize_level(concurrency: int, results: list[RequestResult], duration_s: 
         "output_tokens_per_s": round(output_tokens / duration_s, 3),
         "requests_per_s": round(len(done) / duration_s, 4),
         "speedup": None,  # filled in once the sequential level is known
-        "ttft_ms": distribution_ms([r.ttft_s for r in done]),
+        "ttft_ms": distribution_ms([r.ttft_s for r in done if r.ttft_s is not None]),
         "tpot_ms": distribution_ms([t for r in done if (t := r.tpot_s) is not None]),
         "itl_ms": distribution_ms([gap for r in done for gap in r.itl_s]),
-        "e2el_ms": distribution_ms([r.e2el_s for r in done]),
+        "e2el_ms": distribution_ms([r.e2el_s for r in done if r.e2el_s is not None]),
         "errors": errors[:5],
     }
 
@@ -192,12 +196,11 @@ async def _prompt_ids(
     """Exactly `prompt_tokens` token ids per request, a different rotation each so prefix caching
     cannot skip the prefill; None when the server has no /tokenize (then words are sent)."""
     try:
-        answer = await client.post_json("/tokenize", {"model": model, "prompt": SEED_TEXT})
+        ids = await client.tokenize({"model": model, "prompt": SEED_TEXT})
     except oc.ServerError as exc:
         if exc.kind in FATAL_KINDS and exc.kind != oc.MODEL_NOT_FOUND:
             raise BenchAborted(exc) from None
         return None
-    ids = answer.get("tokens") if isinstance(answer, dict) else None
     if not ids:
         return None
     return [[ids[(i + k) % len(ids)] for k in range(prompt_tokens)] for i in range(count)]
@@ -209,12 +212,17 @@ def _prompt_words(prompt_tokens: int, count: int) -> list[str]:
 
 
 async def _generation_counter(client: oc.Client, model: str) -> float | None:
+    """None when the server has no /metrics (an HTTP error) or no such counter. A /metrics that stalls,
+    is too large, is not Prometheus text or holds a counter that is not a count (NaN, infinite,
+    negative) raises ServerError: the server's accounting cannot be trusted."""
     try:
-        samples = prometheus.parse((await client.request("GET", "/metrics")).decode(errors="replace"))
-    except (oc.ServerError, prometheus.MetricsFormatError):
+        samples = await client.metrics()
+    except oc.ServerError as exc:
+        if exc.kind != oc.HTTP:
+            raise
         return None
-    value = prometheus.counter_sum(samples, COUNTER, model_name=model)
-    return value if value is not None else prometheus.counter_sum(samples, COUNTER)
+    value = oc.counter(samples, COUNTER, model_name=model)
+    return value if value is not None else oc.counter(samples, COUNTER)
 
 
 async def _cross_check(client: oc.Client, model: str, before: float | None, counted: int) -> dict[str, Any]:
@@ -248,10 +256,9 @@ async def _cross_check(client: oc.Client, model: str, before: float | None, coun
 
 async def resolve_model(client: oc.Client, wanted: str) -> str:
     try:
-        listing = await client.get_json("/v1/models")
+        served = await client.models()
     except oc.ServerError as exc:
         raise BenchAborted(exc) from None
-    served = [m.get("id") for m in (listing.get("data") or []) if isinstance(m, dict)]
     if wanted == "auto" and served:
         return served[0]
     if wanted not in served:
@@ -264,7 +271,7 @@ async def resolve_model(client: oc.Client, wanted: str) -> str:
 async def _still_serving(client: oc.Client) -> None:
     """After failed requests: raise BenchAborted if the server is gone, so the run stops there."""
     try:
-        await client.request("GET", "/health")
+        await client.health()
     except oc.ServerError as exc:
         if exc.kind == oc.UNREACHABLE or exc.status == 503:
             raise BenchAborted(
@@ -283,6 +290,12 @@ def abort_remedy(error: oc.ServerError, api_key_given: bool) -> str:
         return "use --model auto, or restart vLLM with --served-model-name set to the name you pass"
     if error.kind == oc.TIMEOUT:
         return f"the server stopped answering: {LOG_HINT}; raise --timeout if it is only slow"
+    if error.kind == oc.BAD_RESPONSE:
+        return (
+            "the answer does not have the shape or size the OpenAI API defines: check that --url points "
+            "at vLLM's OpenAI-compatible server (not a proxy that rewrites answers); `rocmdoctor smoke` "
+            "shows which endpoint"
+        )
     if error.kind in (oc.HTTP, oc.STREAM_CUT, oc.BAD_RESPONSE):
         return (
             "the server cannot serve a streamed completion: run `rocmdoctor smoke` to see which step "
@@ -298,49 +311,56 @@ async def run_levels(options: BenchOptions) -> dict[str, Any]:
     async with oc.open_client(server, connections=max(levels)) as client:
         model = await resolve_model(client, options.model)
         ids = await _prompt_ids(client, model, options.prompt_tokens, options.requests)
-        prompts: list[Any] = (
-            ids if ids is not None else _prompt_words(options.prompt_tokens, options.requests)
-        )
-        bodies = [
-            {
-                "model": model,
-                "prompt": p,
-                "max_tokens": options.max_tokens,
-                "ignore_eos": True,
-                "temperature": 0,
-            }
-            for p in prompts
-        ]
-        # A warm-up round at the highest concurrency: a fresh engine pays for every new batch shape
-        # once (kernel selection, allocator growth), which would otherwise land in the measured levels.
-        warm_up = await run_level(client, bodies[: max(levels)], max(levels))
-        if warm_up["failures"]:
-            raise BenchAborted(oc.ServerError(oc.HTTP, f"the warm-up request failed: {warm_up['errors'][0]}"))
-        before = await _generation_counter(client, model)
-        results: list[dict[str, Any]] = []
-        aborted = None
         try:
-            for concurrency in levels:
-                results.append(await run_level(client, bodies, concurrency))
-                if results[-1]["failures"]:
-                    await _still_serving(client)
-        except BenchAborted as exc:
-            aborted = {
-                "kind": exc.error.kind,
-                "message": str(exc.error),
-                "at_concurrency": concurrency,
-                "remedy": abort_remedy(exc.error, options.api_key is not None),
-            }
-        counted = sum(lv["output_tokens"] for lv in results)
-        if aborted:
-            cross_check = {
-                "status": "skipped",
-                "counted_tokens": counted,
-                "server_tokens": None,
-                "detail": "the run was aborted",
-            }
-        else:
-            cross_check = await _cross_check(client, model, before, counted)
+            return await _measure(client, options, levels, model, ids)
+        except oc.ServerError as exc:  # the /metrics counter read around the levels
+            raise BenchAborted(exc) from None
+
+
+async def _measure(
+    client: oc.Client, options: BenchOptions, levels: list[int], model: str, ids: list[list[int]] | None
+) -> dict[str, Any]:
+    prompts: list[Any] = ids if ids is not None else _prompt_words(options.prompt_tokens, options.requests)
+    bodies = [
+        {
+            "model": model,
+            "prompt": p,
+            "max_tokens": options.max_tokens,
+            "ignore_eos": True,
+            "temperature": 0,
+        }
+        for p in prompts
+    ]
+    # A warm-up round at the highest concurrency: a fresh engine pays for every new batch shape
+    # once (kernel selection, allocator growth), which would otherwise land in the measured levels.
+    warm_up = await run_level(client, bodies[: max(levels)], max(levels))
+    if warm_up["failures"]:
+        raise BenchAborted(oc.ServerError(oc.HTTP, f"the warm-up request failed: {warm_up['errors'][0]}"))
+    before = await _generation_counter(client, model)
+    results: list[dict[str, Any]] = []
+    aborted = None
+    try:
+        for concurrency in levels:
+            results.append(await run_level(client, bodies, concurrency))
+            if results[-1]["failures"]:
+                await _still_serving(client)
+    except BenchAborted as exc:
+        aborted = {
+            "kind": exc.error.kind,
+            "message": str(exc.error),
+            "at_concurrency": concurrency,
+            "remedy": abort_remedy(exc.error, options.api_key is not None),
+        }
+    counted = sum(lv["output_tokens"] for lv in results)
+    if aborted:
+        cross_check = {
+            "status": "skipped",
+            "counted_tokens": counted,
+            "server_tokens": None,
+            "detail": "the run was aborted",
+        }
+    else:
+        cross_check = await _cross_check(client, model, before, counted)
     return {
         "model": model,
         "prompt_kind": "token_ids" if ids is not None else "words",
@@ -359,7 +379,7 @@ def build_report(options: BenchOptions, run: dict[str, Any]) -> dict[str, Any]:
     ok = failures == 0 and not run["aborted"] and run["cross_check"]["status"] != "mismatch"
     measured = any(lv["output_tokens_per_s"] > 0 for lv in levels)
     return {
-        "schema_version": 1,
+        "schema_version": SCHEMA_VERSION,
         "tool": "rocmdoctor",
         "version": __version__,
         "command": "bench",

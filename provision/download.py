@@ -3,7 +3,12 @@
 Each part downloads into `<dest>/<name>.partial` and becomes `<dest>/<name>` only once its sha256
 matches. A retry first re-hashes what is on disk, then asks for the rest with `Range` + `If-Range`
 (the ETag of the first answer); a `200` restarts the part, a `206` must start where we are.
-Connect and read timeouts are always set, retries are bounded with exponential backoff.
+Connect and read timeouts are always set, retries are bounded with exponential backoff, and a
+minimum-throughput rule over a window ends a connection that trickles (a slow mirror still works).
+
+Download directories may be shared (`--download-dir /tmp`): a directory someone else can write is
+refused unless it is sticky, every file is opened with O_NOFOLLOW (new ones with O_EXCL) and must be
+a regular file owned by us; a link there is never followed.
 
 A `PartFile` publishes how many bytes are safely in the file, so extraction can follow the download
 (see `PartStream`) instead of waiting for it.
@@ -15,7 +20,9 @@ import errno
 import hashlib
 import io
 import os
+import stat
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +43,8 @@ class DownloadOptions:
     retries: int = 5
     backoff_s: float = 0.5
     max_backoff_s: float = 8.0
+    min_rate_bps: float = 16 * 1024  # below this over `rate_window_s`, the connection is dropped
+    rate_window_s: float = 30.0
 
 
 class DownloadError(RuntimeError):
@@ -64,11 +73,101 @@ class _Retryable(Exception):
     pass
 
 
+class UnsafeDirectory(ValueError):
+    """A download directory that someone else could plant files in; the message says what to do."""
+
+
+_OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
+
+
+def secure_dir(path: Path) -> Path:
+    """Create `path` (mode 0700) where missing and refuse it where another user could write into it
+    or into a directory above it, unless that directory is sticky (like /tmp). Returns the path."""
+    path = Path(os.path.abspath(path))
+    uid = os.geteuid()
+    for ancestor in reversed(path.parents):
+        try:
+            st = os.stat(ancestor)
+        except FileNotFoundError:
+            break
+        if st.st_uid not in (0, uid):
+            raise UnsafeDirectory(
+                f"{ancestor} (on the way to the download directory {path}) belongs to uid {st.st_uid}, "
+                "who could swap what is below it; pick a --download-dir that only you (or root) own"
+            )
+        if st.st_mode & _OTHERS_WRITE and not st.st_mode & stat.S_ISVTX:
+            raise UnsafeDirectory(
+                f"{ancestor} (on the way to the download directory {path}) can be written by other "
+                f"users (mode {stat.S_IMODE(st.st_mode):o}) and is not sticky: anyone could plant a link "
+                f"there. `chmod go-w {ancestor}` or pick another --download-dir"
+            )
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise UnsafeDirectory(
+            f"{path} is {'a symbolic link' if stat.S_ISLNK(st.st_mode) else 'not a directory'}; "
+            "rocmdoctor never follows a link in a download directory: remove it and rerun"
+        )
+    if st.st_uid != uid:
+        raise UnsafeDirectory(
+            f"the download directory {path} belongs to uid {st.st_uid}, not to this user ({uid}): "
+            "someone else made it. Remove it, or pick another --download-dir"
+        )
+    if st.st_mode & _OTHERS_WRITE and not st.st_mode & stat.S_ISVTX:
+        raise UnsafeDirectory(
+            f"the download directory {path} can be written by other users (mode "
+            f"{stat.S_IMODE(st.st_mode):o}) and is not sticky: anyone could plant a link there. "
+            f"`chmod go-w {path}` or pick another --download-dir"
+        )
+    return path
+
+
+def open_owned(path: Path, flags: int, name: str = "") -> int:
+    """Open a file in a download directory: never through a link, only a regular file of ours."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise DownloadError(
+                name or path.name,
+                f"{path} is a symbolic link; rocmdoctor never follows a link in a download directory "
+                "(someone may have planted it): remove it and rerun",
+            ) from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        os.close(fd)
+        what = "not a regular file" if not stat.S_ISREG(st.st_mode) else f"owned by uid {st.st_uid}"
+        raise DownloadError(
+            name or path.name, f"{path} is {what}; it was not made by rocmdoctor: remove it and rerun"
+        )
+    os.set_blocking(fd, True)
+    return fd
+
+
+def lexists(path: Path) -> bool:
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def sha256_file(
-    path: Path, digest: hashlib._Hash | None = None, on_bytes: ProgressFn | None = None
+    path: Path,
+    digest: hashlib._Hash | None = None,
+    on_bytes: ProgressFn | None = None,
+    owned: bool = True,
 ) -> hashlib._Hash:
+    """`owned`: the file sits in a download directory (no link followed, ours only); a mirror's
+    files are the user's own input and may be links."""
     digest = digest or hashlib.sha256()
-    with open(path, "rb", buffering=0) as fh:
+    opener = open_owned(path, os.O_RDONLY) if owned else os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    with open(opener, "rb", buffering=0) as fh:
         buf = bytearray(CHUNK)
         view = memoryview(buf)
         while n := fh.readinto(buf):
@@ -88,6 +187,7 @@ class PartFile:
     done: bool = False
     error: BaseException | None = None
     generation: int = 0  # bumped when the file restarts from 0
+    owned: bool = True  # in a download directory (see open_owned); False for a mirror's file
     cond: threading.Condition = field(default_factory=threading.Condition)
 
     def publish(
@@ -121,7 +221,8 @@ def _check_digest(part: PartFile, digest: hashlib._Hash) -> None:
 
 
 def verify_local(part: PartFile, source: Path, on_bytes: ProgressFn | None = None) -> None:
-    """A part already on disk (a mirror directory, an earlier download): hash it in place."""
+    """A part in a mirror directory: hash it in place."""
+    part.owned = False
     part.publish(path=source)
     try:
         size = source.stat().st_size
@@ -131,20 +232,44 @@ def verify_local(part: PartFile, source: Path, on_bytes: ProgressFn | None = Non
                 f"{source} is {size} bytes, the lock says {part.asset.size}; "
                 "refill the mirror with `rocmdoctor bundle fetch --to DIR`",
             )
-        seen = 0
-
-        def advance(n: int) -> None:
-            nonlocal seen
-            seen += n
-            part.publish(written=seen)
-            if on_bytes:
-                on_bytes(n)
-
-        _check_digest(part, sha256_file(source, on_bytes=advance))
+        _check_digest(part, _hash_published(part, source, on_bytes, owned=False))
         part.publish(done=True)
     except BaseException as exc:
         part.publish(error=exc)
         raise
+
+
+def _hash_published(part: PartFile, path: Path, on_bytes: ProgressFn | None, owned: bool) -> hashlib._Hash:
+    seen = 0
+
+    def advance(n: int) -> None:
+        nonlocal seen
+        seen += n
+        part.publish(written=seen)
+        if on_bytes:
+            on_bytes(n)
+
+    return sha256_file(path, on_bytes=advance, owned=owned)
+
+
+def _finished_matches(part: PartFile, final: Path, on_bytes: ProgressFn | None) -> bool:
+    """A finished part from an earlier run. One of an earlier build of the same tag (another size
+    or digest) is deleted, so the caller fetches it again, instead of blocking every rerun."""
+    part.publish(path=final)
+    fd = open_owned(final, os.O_RDONLY, part.asset.name)  # a planted link or foreign file: refused
+    size = os.fstat(fd).st_size
+    os.close(fd)
+    if size == part.asset.size and (
+        _hash_published(part, final, on_bytes, owned=True).hexdigest() == part.asset.hexdigest
+    ):
+        return True
+    with part.cond:
+        final.unlink()
+        part.path = final.with_name(final.name + ".partial")
+        part.written = 0
+        part.generation += 1
+        part.cond.notify_all()
+    return False
 
 
 class Downloader:
@@ -162,15 +287,17 @@ class Downloader:
             self._local.session = requests.Session()
         return self._local.session
 
-    def fetch(self, part: PartFile, url: str, dest_dir: Path) -> None:
-        """Download `part` from `url` into `dest_dir/<name>`; raises DownloadError, publishes progress."""
+    def fetch(self, part: PartFile, url: str, dest_dir: Path) -> bool:
+        """Download `part` from `url` into `dest_dir/<name>`; raises DownloadError, publishes progress.
+        False when a finished file from an earlier run was already right."""
         final = dest_dir / part.asset.name
         try:
-            if final.exists():
-                verify_local(part, final, self.on_bytes)
-                return
+            if lexists(final) and _finished_matches(part, final, self.on_bytes):
+                part.publish(done=True)
+                return False
             self._fetch(part, url, final)
             part.publish(done=True)
+            return True
         except OSError as exc:
             error = DownloadError(part.asset.name, _os_message(exc, dest_dir))
             part.publish(error=error)
@@ -192,7 +319,7 @@ class Downloader:
             except _Retryable as exc:
                 attempt += 1
                 if attempt > opts.retries:
-                    have = staging.stat().st_size if staging.exists() else 0
+                    have = os.lstat(staging).st_size if lexists(staging) else 0
                     raise DownloadError(
                         part.asset.name,
                         f"gave up after {attempt} attempts: {exc}. {have} bytes "
@@ -202,7 +329,10 @@ class Downloader:
                     raise DownloadCancelled(part.asset.name) from None
         try:
             _check_digest(part, digest)
-        except DigestMismatch:
+        except DigestMismatch as exc:
+            # Published before the file goes: a reader that opens the part now sees this error,
+            # never "No such file" (the first error is the one reported).
+            part.publish(error=exc)
             staging.unlink(missing_ok=True)
             etag_file.unlink(missing_ok=True)
             raise
@@ -214,7 +344,7 @@ class Downloader:
     def _attempt(self, part: PartFile, url: str, staging: Path, etag_file: Path) -> hashlib._Hash:
         """One request; returns the digest of the complete file or raises _Retryable."""
         asset, opts = part.asset, self.options
-        have = staging.stat().st_size if staging.exists() else 0
+        have = os.lstat(staging).st_size if lexists(staging) else 0
         if have > asset.size:
             staging.unlink()
             have = 0
@@ -223,7 +353,7 @@ class Downloader:
         # killed run, and a cut connection drops whatever was in flight.
         digest = sha256_file(staging) if have else hashlib.sha256()
         part.publish(written=have)
-        etag = etag_file.read_text().strip() if have and etag_file.exists() else None
+        etag = _read_etag(etag_file, asset.name) if have else None
         headers = {"Accept": "application/octet-stream"}
         if have:
             headers["Range"] = f"bytes={have}-"
@@ -236,9 +366,9 @@ class Downloader:
         except requests.Timeout:
             raise _Retryable(
                 f"no answer from {url} within {opts.connect_timeout_s:g}s/{opts.read_timeout_s:g}s"
-            )
+            ) from None
         except requests.ConnectionError as exc:
-            raise _Retryable(f"cannot connect to {url}: {_short(exc)}")
+            raise _Retryable(f"cannot connect to {url}: {_short(exc)}") from None
         with response:
             status = response.status_code
             if status == 416 and have:
@@ -272,11 +402,18 @@ class Downloader:
             else:
                 raise DownloadError(asset.name, f"unexpected HTTP {status} from {url}")
             if response.headers.get("ETag"):
-                etag_file.write_text(response.headers["ETag"])
-            with open(staging, mode, buffering=0) as fh:
-                while block := self._read_block(response, have):
+                _write_etag(etag_file, response.headers["ETag"], asset.name)
+            if mode == "wb":
+                staging.unlink(missing_ok=True)
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+            else:
+                flags = os.O_WRONLY | os.O_APPEND
+            rate = _Throughput(url, opts)
+            with open(open_owned(staging, flags, asset.name), "wb", buffering=0) as fh:
+                while block := self._read_block(response, have, url):
                     if self._cancelled.is_set():
                         raise DownloadCancelled(asset.name)
+                    rate.add(len(block))
                     if have + len(block) > asset.size:
                         raise DownloadError(
                             asset.name,
@@ -292,17 +429,57 @@ class Downloader:
             raise _Retryable(f"the server ended the body at {have} of {asset.size} bytes")
         return digest
 
-    def _read_block(self, response: requests.Response, have: int) -> bytes:
+    def _read_block(self, response: requests.Response, have: int, url: str = "") -> bytes:
         """Whatever has arrived, up to CHUNK (read1): a cut connection loses only bytes in flight, so a
         resume starts close to where the cut happened."""
         try:
             return response.raw.read1(CHUNK)
         except (urllib3.exceptions.ReadTimeoutError, TimeoutError):
             raise _Retryable(
-                f"the server stalled: no data for {self.options.read_timeout_s:g}s at byte {have}"
-            )
+                f"{url or 'the server'} stalled: no data for {self.options.read_timeout_s:g}s at byte {have}"
+            ) from None
         except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise _Retryable(f"connection lost at byte {have}: {_short(exc)}")
+            raise _Retryable(f"connection lost at byte {have}: {_short(exc)}") from None
+
+
+class _Throughput:
+    """The minimum-throughput rule: every `rate_window_s`, the bytes of that window must reach
+    `min_rate_bps` on average, or the connection is dropped (and retried) naming URL and rate."""
+
+    def __init__(self, url: str, options: DownloadOptions) -> None:
+        self.url, self.options = url, options
+        self.window_start = time.monotonic()
+        self.window_bytes = 0
+
+    def add(self, n: int) -> None:
+        self.window_bytes += n
+        elapsed = time.monotonic() - self.window_start
+        if elapsed < self.options.rate_window_s:
+            return
+        rate = self.window_bytes / elapsed
+        if rate < self.options.min_rate_bps:
+            raise _Retryable(
+                f"{self.url} delivered {self.window_bytes} bytes in {elapsed:.1f}s ({rate:.0f} B/s), "
+                f"below the minimum {self.options.min_rate_bps:.0f} B/s (a stalled or trickling server; "
+                "--min-rate lowers the bar for a slow mirror)"
+            )
+        self.window_start, self.window_bytes = time.monotonic(), 0
+
+
+ETAG_LIMIT = 1024
+
+
+def _read_etag(path: Path, name: str) -> str | None:
+    if not lexists(path):
+        return None
+    with open(open_owned(path, os.O_RDONLY, name), "rb") as fh:
+        return fh.read(ETAG_LIMIT).decode("ascii", errors="replace").strip() or None
+
+
+def _write_etag(path: Path, etag: str, name: str) -> None:
+    path.unlink(missing_ok=True)
+    with open(open_owned(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, name), "wb") as fh:
+        fh.write(etag[:ETAG_LIMIT].encode("ascii", errors="replace"))
 
 
 def _short(exc: BaseException) -> str:
@@ -340,7 +517,7 @@ class PartStream(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def readinto(self, buffer) -> int:  # type: ignore[override]
+    def readinto(self, buffer) -> int:
         while self._index < len(self.parts):
             part = self.parts[self._index]
             with part.cond:
@@ -360,7 +537,12 @@ class PartStream(io.RawIOBase):
                         break
                     part.cond.wait(self.poll_s)
                 if self._fh is None:
-                    self._fh = open(part.path, "rb", buffering=0)  # noqa: SIM115 - kept open across reads
+                    fd = (
+                        open_owned(part.path, os.O_RDONLY, part.asset.name)
+                        if part.owned
+                        else os.open(part.path, os.O_RDONLY | os.O_CLOEXEC)
+                    )
+                    self._fh = open(fd, "rb", buffering=0)  # noqa: SIM115 - kept open across reads
                 available = part.written - self._pos
             if available <= 0:  # the part is done and fully read
                 self._fh.close()

@@ -1,13 +1,23 @@
 """Client for the GitHub releases API (or any server speaking it: GitHub Enterprise, a mirror, the tests').
 
-Only `GET /repos/<owner>/<repo>/releases/tags/<tag>` is used; its `assets[]` carry `name`, `size`,
-`digest` ("sha256:<hex>", null on assets older than 2025-06) and `browser_download_url`.
+Two calls: `GET /repos/<owner>/<repo>/releases/tags/<tag>` (one release) and
+`GET /repos/<owner>/<repo>/releases?per_page=100&page=N` (the list, newest first). A release carries
+`tag_name`, `draft`, `prerelease` and `assets[]` with `name`, `size`, `digest` ("sha256:<hex>", null on
+assets older than 2025-06) and `browser_download_url`.
+
+Every call has connect and read timeouts, a total deadline (a server that trickles one byte a second
+still ends) and a body cap: an answer larger than a release list can be is refused, not buffered.
 """
 
 from __future__ import annotations
 
+import json
 import os
-from dataclasses import dataclass
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
 
 import requests
 
@@ -15,6 +25,10 @@ from .manifest import Asset, ManifestError, check_asset_name, order_parts, parse
 
 DEFAULT_API_URL = "https://api.github.com"
 API_ENV = "ROCMDOCTOR_GITHUB_API"
+# A page of 100 releases with long notes is a few MB on GitHub; 16 MiB is far beyond any real answer.
+BODY_LIMIT = 16 << 20
+MAX_PAGES = 10  # 1000 releases: the newest of every family is on the first page in practice
+QUALIFICATION_REPORT = "qualification-report-{tag}.json"  # attached to releases that passed
 
 
 class ReleaseError(RuntimeError):
@@ -22,14 +36,38 @@ class ReleaseError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class ApiOptions:
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 30.0
+    deadline_s: float = 60.0  # for the whole call (every page of a list), not per read
+
+
+@dataclass(frozen=True)
 class Release:
     repo: str
     tag: str
     parts: tuple[Asset, ...]  # in archive order; digest may be None
+    prerelease: bool = False
+    has_qualification_report: bool = False
+
+    @property
+    def undigested(self) -> list[str]:
+        return [a.name for a in self.parts if a.digest is None]
+
+
+@dataclass
+class ReleaseList:
+    releases: list[Release] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # "tag: why" for releases that cannot be used
 
 
 def api_url(explicit: str | None) -> str:
     return (explicit or os.environ.get(API_ENV) or DEFAULT_API_URL).rstrip("/")
+
+
+def download_url(repo: str, tag: str, name: str) -> str:
+    """github.com's download address; tag and name percent-encoded ('+' in nightly tags)."""
+    return f"https://github.com/{repo}/releases/download/{quote(tag, safe='')}/{quote(name, safe='')}"
 
 
 def is_bundle_asset(name: str, tag: str) -> bool:
@@ -37,58 +75,169 @@ def is_bundle_asset(name: str, tag: str) -> bool:
     return name.startswith(base) and name.endswith(".tar.gz")
 
 
-def fetch_release(repo: str, tag: str, base_url: str, timeout: tuple[float, float] = (10.0, 30.0)) -> Release:
-    url = f"{base_url}/repos/{repo}/releases/tags/{tag}"
-    headers = {"Accept": "application/vnd.github+json", "X-GitHub-Api-Version": "2022-11-28"}
+def _headers() -> dict[str, str]:
+    headers = {
+        "Accept": "application/vnd.github+json",
+        "X-GitHub-Api-Version": "2022-11-28",
+        "Accept-Encoding": "identity",  # the cap counts the bytes we parse
+    }
     token = os.environ.get("GITHUB_TOKEN") or os.environ.get("GH_TOKEN")
     if token:
         headers["Authorization"] = f"Bearer {token}"
+    return headers
+
+
+def _unreachable(base_url: str, why: str) -> ReleaseError:
+    return ReleaseError(
+        f"cannot reach the release API at {base_url}: {why}; check the network, or point "
+        f"--api-url/{API_ENV} at a reachable mirror, or install from --mirror"
+    )
+
+
+def _get_json_now(url: str, base_url: str, options: ApiOptions, deadline: float, box: dict[str, Any]) -> Any:
+    remaining = max(0.1, deadline - time.monotonic())
+    timeout = (min(options.connect_timeout_s, remaining), min(options.read_timeout_s, remaining))
     try:
-        response = requests.get(url, headers=headers, timeout=timeout)
+        response = requests.get(url, headers=_headers(), timeout=timeout, stream=True)
+    except requests.Timeout:
+        raise _unreachable(
+            base_url, f"no answer within {timeout[0]:g}s (connect) / {timeout[1]:g}s (read)"
+        ) from None
     except requests.RequestException as exc:
-        raise ReleaseError(
-            f"cannot reach the release API at {base_url}: {exc}; check the network, or point "
-            f"--api-url/{API_ENV} at a reachable mirror, or install from --mirror"
-        ) from None
-    if response.status_code == 404:
-        raise ReleaseError(f"release {tag} not found in {repo} ({url}); check --tag and --repo")
-    if response.status_code in (403, 429):
-        raise ReleaseError(
-            f"the release API refused the request ({response.status_code}, rate limit?); "
-            "set GITHUB_TOKEN or retry later"
-        )
-    if response.status_code != 200:
-        raise ReleaseError(f"the release API answered {response.status_code} for {url}; retry later")
+        raise _unreachable(base_url, str(exc)[:300]) from None
+    box["response"] = response
+    with response:
+        status = response.status_code
+        if status == 404:
+            return None
+        if status in (403, 429):
+            raise ReleaseError(
+                f"the release API refused the request ({status}, rate limit?); set GITHUB_TOKEN or retry later"
+            )
+        if status != 200:
+            raise ReleaseError(f"the release API answered {status} for {url}; retry later")
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            if time.monotonic() > deadline:
+                raise ReleaseError("deadline")  # replaced by the caller's message
+            try:
+                block = response.raw.read1(1 << 16)
+            except Exception as exc:
+                raise _unreachable(base_url, f"the answer from {url} broke off ({str(exc)[:200]})") from None
+            if not block:
+                break
+            size += len(block)
+            if size > BODY_LIMIT:
+                raise ReleaseError(
+                    f"{url} sent more than {BODY_LIMIT >> 20} MiB; that is no release answer. "
+                    "Is --api-url a GitHub API?"
+                )
+            chunks.append(block)
     try:
-        doc = response.json()
-        raw_assets = doc["assets"]
-        if not isinstance(raw_assets, list):
-            raise TypeError("assets is not a list")
-    except (ValueError, KeyError, TypeError) as exc:
+        return json.loads(b"".join(chunks))
+    except ValueError as exc:
+        raise ReleaseError(f"{url} did not return JSON ({exc}); is --api-url a GitHub API?") from None
+
+
+def _get_json(url: str, base_url: str, options: ApiOptions, deadline: float) -> Any:
+    """GET `url` and parse its JSON (None on 404), ending by `deadline` whatever the server does."""
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def work() -> None:
+        try:
+            box["value"] = _get_json_now(url, base_url, options, deadline, box)
+        except BaseException as exc:
+            box["error"] = exc
+        finally:
+            done.set()
+
+    worker = threading.Thread(target=work, name="release-api", daemon=True)
+    worker.start()
+    if not done.wait(max(0.0, deadline - time.monotonic())) or (
+        isinstance(box.get("error"), ReleaseError) and str(box["error"]) == "deadline"
+    ):
+        response = box.get("response")
+        if response is not None:
+            response.close()  # wakes the worker; it is a daemon thread either way
         raise ReleaseError(
-            f"{url} did not return a release object ({exc}); is --api-url a GitHub API?"
-        ) from None
+            f"the release API at {base_url} did not finish answering {url} within the "
+            f"{options.deadline_s:g}s deadline (a stalled or trickling server); retry later, raise "
+            "--api-deadline, or install from --mirror"
+        )
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+def _parse_release(doc: Any, repo: str, tag: str, where: str) -> Release:
+    if not isinstance(doc, dict) or not isinstance(doc.get("assets"), list):
+        raise ReleaseError(f"{where} did not return a release object; is --api-url a GitHub API?")
     found = []
-    for index, raw in enumerate(raw_assets):
-        if not isinstance(raw, dict) or not is_bundle_asset(str(raw.get("name", "")), tag):
+    names = set()
+    for index, raw in enumerate(doc["assets"]):
+        if not isinstance(raw, dict):
+            continue
+        name = raw.get("name")
+        if isinstance(name, str):
+            names.add(name)
+        if not isinstance(name, str) or not is_bundle_asset(name, tag):
             continue
         try:
             asset = parse_asset(
-                {k: raw.get(k) for k in ("name", "size", "digest")},
-                f"{url}: assets[{index}]",
-                digest_required=False,
+                {k: raw.get(k) for k in ("name", "size", "digest")}, f"{where}: assets[{index}]", False
             )
-            check_asset_name(asset.name, tag, f"{url}: assets[{index}]")  # names become file names
+            check_asset_name(asset.name, tag, f"{where}: assets[{index}]")  # names become file names
         except ManifestError as exc:
             raise ReleaseError(str(exc)) from None
-        download = raw.get("browser_download_url")
-        found.append(
-            Asset(asset.name, asset.size, asset.digest, download if isinstance(download, str) else None)
-        )
+        url = raw.get("browser_download_url")
+        url = url if isinstance(url, str) and url.startswith(("http://", "https://")) else None
+        found.append(Asset(asset.name, asset.size, asset.digest, url))
     if not found:
         raise ReleaseError(f"release {tag} in {repo} has no {tag}-x64 tarball assets")
     try:
-        parts = order_parts(found, url)
+        parts = order_parts(found, where)
     except ManifestError as exc:
         raise ReleaseError(str(exc)) from None
-    return Release(repo, tag, parts)
+    return Release(
+        repo,
+        tag,
+        parts,
+        prerelease=doc.get("prerelease") is True,
+        has_qualification_report=QUALIFICATION_REPORT.format(tag=tag) in names,
+    )
+
+
+def fetch_release(repo: str, tag: str, base_url: str, options: ApiOptions | None = None) -> Release:
+    options = options or ApiOptions()
+    url = f"{base_url}/repos/{repo}/releases/tags/{quote(tag, safe='')}"
+    doc = _get_json(url, base_url, options, time.monotonic() + options.deadline_s)
+    if doc is None:
+        raise ReleaseError(f"release {tag} not found in {repo} ({url}); check --tag and --repo")
+    return _parse_release(doc, repo, tag, url)
+
+
+def list_releases(repo: str, base_url: str, options: ApiOptions | None = None) -> ReleaseList:
+    """Every published (non-draft) release with bundle assets; one deadline for all pages."""
+    options = options or ApiOptions()
+    deadline = time.monotonic() + options.deadline_s
+    found = ReleaseList()
+    for page in range(1, MAX_PAGES + 1):
+        url = f"{base_url}/repos/{repo}/releases?per_page=100&page={page}"
+        doc = _get_json(url, base_url, options, deadline)
+        if doc is None:
+            raise ReleaseError(f"no releases of {repo} at {url}; check --repo and --api-url")
+        if not isinstance(doc, list):
+            raise ReleaseError(f"{url} did not return a release list; is --api-url a GitHub API?")
+        for raw in doc:
+            tag = raw.get("tag_name") if isinstance(raw, dict) else None
+            if not isinstance(tag, str) or raw.get("draft") is True:
+                continue
+            try:
+                found.releases.append(_parse_release(raw, repo, tag, f"{url}: {tag}"))
+            except ReleaseError as exc:
+                found.skipped.append(f"{tag}: {exc}")
+        if len(doc) < 100:
+            break
+    return found

@@ -7,7 +7,8 @@ Layout under <prefix>:
     current -> bundles/<tag>       switched atomically (symlink to a temp name, then os.replace);
                                    a live tag is replaced by swapping trees (RENAME_EXCHANGE)
     previous -> bundles/<tag>      what `rollback` returns to
-    .install.lock                  flock: one install at a time
+    .install.lock                  flock: one install at a time (also held by rollback and prune)
+    lock.json                      the pins this prefix installs (digests trusted on first use land here)
 
 Every failure leaves `current` as it was and raises InstallError with what to do next.
 """
@@ -28,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import fsync_dir, write_atomic
+from ..model import SCHEMA_VERSION
+from ..safe_tar import NoSpaceLeft, human
 from .download import (
     DownloadCancelled,
     Downloader,
@@ -37,18 +40,27 @@ from .download import (
     PartStream,
     StreamCancelled,
     StreamRestarted,
+    lexists,
+    open_owned,
+    secure_dir,
     verify_local,
 )
 from .extract import ArchiveError, UnsafeArchive, extract_stream, fix_exec_bits
-from .manifest import Asset
+from .manifest import Asset, Lock, LockEntry, ManifestError, check_tag, parse_lock, read_pin_file, with_entry
 
 ProgressFn = Callable[[int], None]
 METADATA = ".rocmdoctor-bundle.json"
+METADATA_LIMIT = 1 << 20
 VALIDATE_TIMEOUT_S = 120
+PREFIX_LOCK = "lock.json"
 
 
 class InstallError(RuntimeError):
     """An install step failed; the message ends with what to do next. `current` is unchanged."""
+
+
+class UnsafeBundle(InstallError):
+    """The verified parts hold an archive that breaks the member rule: bad input from its publisher."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +86,8 @@ class InstallPlan:
     extractor: str = "auto"  # auto | tar | python, see extract.extract_stream
     on_download: ProgressFn | None = None
     on_extract: ProgressFn | None = None
+    pins: LockEntry | None = None  # digests trusted on first use: recorded in <prefix>/lock.json
+    check: bool = False  # dry run: report what would change, write nothing
 
     @property
     def total_bytes(self) -> int:
@@ -90,9 +104,15 @@ class InstallResult:
     family: str
     path: str
     downloaded_bytes: int = 0
+    check: bool = False
+    pins_recorded: str | None = None  # the lock file the release's digests were written to
+    notes: list[str] = field(default_factory=list)
+    older_bundles: list[dict[str, Any]] = field(default_factory=list)  # neither current nor previous
+    older_bundles_bytes: int = 0
+    diff: dict[str, Any] = field(default_factory=dict)  # Ansible-style {"before": ..., "after": ...}
 
     def to_json(self) -> dict[str, Any]:
-        return {"schema_version": 1, **asdict(self)}
+        return {"schema_version": SCHEMA_VERSION, **asdict(self)}
 
 
 class Layout:
@@ -118,10 +138,14 @@ class Layout:
         return self._target_tag(self.previous)
 
     def metadata(self, tag: str) -> dict[str, Any] | None:
+        """The bundle's metadata; None when it is missing or not a JSON object (an incomplete bundle)."""
+        from ..rootfs import read_regular as read_regular_file
+
         try:
-            return json.loads((self.bundles / tag / METADATA).read_text())
+            doc = json.loads(read_regular_file(self.bundles / tag / METADATA, METADATA_LIMIT))
         except (OSError, ValueError):
             return None
+        return doc if isinstance(doc, dict) else None
 
     def installed(self) -> list[dict[str, Any]]:
         if not self.bundles.is_dir():
@@ -151,10 +175,13 @@ class _Held:
     fd: int
 
 
-def _lock(layout: Layout) -> _Held:
+def _lock(layout: Layout, create: bool = True) -> _Held:
+    if not create and not layout.prefix.is_dir():
+        raise InstallError(f"{layout.prefix} does not exist: nothing is installed there (check --prefix)")
     try:
-        layout.prefix.mkdir(parents=True, exist_ok=True)
-        fd = os.open(layout.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        if create:
+            layout.prefix.mkdir(parents=True, exist_ok=True)
+        fd = os.open(layout.lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     except OSError as exc:
         raise InstallError(
             f"cannot use {layout.prefix}: {exc.strerror or exc}; pick a writable --prefix (or run as root)"
@@ -191,7 +218,8 @@ def recover(layout: Layout) -> None:
     if not layout.bundles.is_dir():
         return
     for entry in layout.bundles.iterdir():
-        if entry.name.endswith(".partial"):
+        # .partial: a killed extraction; .<tag>.prune-<pid>: a killed prune (finish it)
+        if entry.name.endswith(".partial") or (entry.name.startswith(".") and ".prune-" in entry.name):
             shutil.rmtree(entry, ignore_errors=True)
         elif entry.name.startswith(".") and ".old-" in entry.name:
             original = layout.bundles / entry.name[1:].rsplit(".old-", 1)[0]
@@ -210,22 +238,32 @@ def _matches(meta: dict[str, Any] | None, plan: InstallPlan) -> bool:
     return [(a.get("name"), a.get("digest")) for a in meta.get("assets", [])] == want
 
 
+class InvalidRequest(ValueError):
+    """Bad input to install/rollback/prune (a path where a name belongs, a missing prefix): exit 2."""
+
+
 def install(plan: InstallPlan) -> InstallResult:
     layout = Layout(plan.prefix)
+    if plan.check:
+        return _dry_run(layout, plan)
     held = _lock(layout)
     try:
         recover(layout)
-        current = layout.current_tag()
-        if not plan.force and current == plan.tag and _matches(layout.metadata(plan.tag), plan):
-            return _result(layout, plan, False, f"{plan.tag} is already current")
-        if not plan.force and _matches(layout.metadata(plan.tag), plan):
+        before = layout.current_tag()
+        if not plan.force and before == plan.tag and _matches(layout.metadata(plan.tag), plan):
+            result = _result(layout, plan, False, f"{plan.tag} is already current")
+        elif not plan.force and _matches(layout.metadata(plan.tag), plan):
             _activate(layout, plan.tag)
-            return _result(layout, plan, True, f"switched to the installed {plan.tag}")
-        downloaded = _install_tree(layout, plan)
-        _activate(layout, plan.tag)
-        shutil.rmtree(_staging(layout, plan), ignore_errors=True)
-        result = _result(layout, plan, True, f"installed {plan.tag}")
-        result.downloaded_bytes = downloaded
+            result = _result(layout, plan, True, f"switched to the installed {plan.tag}")
+        else:
+            downloaded = _install_tree(layout, plan)
+            _activate(layout, plan.tag)
+            shutil.rmtree(_staging(layout, plan), ignore_errors=True)
+            result = _result(layout, plan, True, f"installed {plan.tag}")
+            result.downloaded_bytes = downloaded
+        _record_pins(layout, plan, result)
+        _describe_older(layout, result)
+        result.diff = {"before": {"current": before}, "after": {"current": result.current}}
         return result
     except OSError as exc:
         raise InstallError(_os_failure(exc, layout)) from None
@@ -233,9 +271,115 @@ def install(plan: InstallPlan) -> InstallResult:
         _unlock(held)
 
 
+def _dry_run(layout: Layout, plan: InstallPlan) -> InstallResult:
+    """What `install` would do, touching nothing (not even creating the prefix)."""
+    before = layout.current_tag()
+    meta = layout.metadata(plan.tag) if layout.bundles.is_dir() else None
+    if not plan.force and before == plan.tag and _matches(meta, plan):
+        result = _result(layout, plan, False, f"{plan.tag} is already current")
+    elif not plan.force and _matches(meta, plan):
+        result = _result(layout, plan, True, f"would switch to the installed {plan.tag}")
+    else:
+        result = _result(
+            layout,
+            plan,
+            True,
+            f"would fetch {plan.total_bytes} bytes in {len(plan.sources)} part(s) and install {plan.tag}",
+        )
+    result.check = True
+    if plan.pins is not None and _pins_differ(layout, plan.pins):
+        result.changed = True
+        result.msg += f"; would record the release's digests in {layout.prefix / PREFIX_LOCK}"
+    _describe_older(layout, result)
+    result.diff = {"before": {"current": before}, "after": {"current": plan.tag}}
+    return result
+
+
+def _prefix_lock(layout: Layout) -> Lock | None:
+    path = layout.prefix / PREFIX_LOCK
+    if not lexists(path):
+        return None
+    return parse_lock(read_pin_file(path), str(path))
+
+
+def _same_pins(a: LockEntry, b: LockEntry) -> bool:
+    return (a.tag, a.pinned, [(x.name, x.size, x.digest) for x in a.assets]) == (
+        b.tag,
+        b.pinned,
+        [(x.name, x.size, x.digest) for x in b.assets],
+    )
+
+
+def _pins_differ(layout: Layout, pins: LockEntry) -> bool:
+    try:
+        lock = _prefix_lock(layout)
+    except ManifestError:
+        return True
+    entry = lock.families.get(pins.family) if lock else None
+    return entry is None or not _same_pins(entry, pins)
+
+
+def _record_pins(layout: Layout, plan: InstallPlan, result: InstallResult) -> None:
+    """Trust on first use: the digests the release published, verified by this install, become the
+    prefix's pins, so the next install (and --frozen) use them without asking the API."""
+    if plan.pins is None:
+        return
+    path = layout.prefix / PREFIX_LOCK
+    try:
+        lock = _prefix_lock(layout) or Lock(plan.repo, {}, str(path))
+    except ManifestError as exc:
+        result.notes.append(f"the digests were not recorded: {exc}; fix or remove {path}")
+        return
+    entry = lock.families.get(plan.pins.family)
+    if entry is not None and _same_pins(entry, plan.pins):
+        return
+    write_json_atomic(path, with_entry(lock, plan.pins).to_json())
+    result.changed = True
+    result.pins_recorded = str(path)
+    result.msg += (
+        f"; recorded the sha256 digests the release publishes for its {len(plan.pins.assets)} part(s) "
+        f"in {path} (trusted on first use: review them; --frozen refuses releases the lock does not pin)"
+    )
+
+
+def tree_bytes(root: Path) -> int:
+    """Disk space a tree holds (allocated blocks; hard links counted once; links never followed)."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            try:
+                st = os.lstat(os.path.join(dirpath, name))
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) in seen:
+                continue
+            seen.add((st.st_dev, st.st_ino))
+            total += st.st_blocks * 512
+    return total
+
+
+def _describe_older(layout: Layout, result: InstallResult) -> None:
+    keep = {layout.current_tag(), layout.previous_tag(), result.tag}
+    older = [
+        {"tag": b["tag"], "bytes": tree_bytes(Path(b["path"]))}
+        for b in layout.installed()
+        if b["tag"] not in keep
+    ]
+    result.older_bundles = older
+    result.older_bundles_bytes = sum(b["bytes"] for b in older)
+    if older:
+        result.notes.append(
+            f"{len(older)} older bundle(s) hold {human(result.older_bundles_bytes)}; "
+            "`rocmdoctor bundle prune` (or install --prune) removes them"
+        )
+
+
 def _os_failure(exc: OSError, layout: Layout) -> str:
     import errno
 
+    if isinstance(exc, NoSpaceLeft):
+        return f"{exc}; the previous bundle is still active. Free space (or choose another --prefix) and rerun"
     if exc.errno == errno.ENOSPC:
         return (
             f"no space left on the device holding {layout.prefix}; the previous bundle is still active. "
@@ -264,8 +408,7 @@ class _Fetches:
     """The parts' downloads (or local verifications), running beside the extraction."""
 
     def __init__(self, layout: Layout, plan: InstallPlan) -> None:
-        self.dest = _staging(layout, plan)
-        self.dest.mkdir(parents=True, exist_ok=True)
+        self.dest = secure_dir(_staging(layout, plan))
         self.counted = 0
         self._count_lock = threading.Lock()
         self.downloader = Downloader(plan.download, self._on_bytes)
@@ -275,7 +418,8 @@ class _Fetches:
             max_workers=min(4, len(self.parts)), thread_name_prefix="fetch"
         )
         self.futures = [
-            self.pool.submit(self._one, part, source) for part, source in zip(self.parts, plan.sources)
+            self.pool.submit(self._one, part, source)
+            for part, source in zip(self.parts, plan.sources, strict=True)
         ]
 
     def _on_bytes(self, n: int) -> None:
@@ -332,16 +476,21 @@ def _install_tree(layout: Layout, plan: InstallPlan) -> int:
             # A corrupt archive is usually a corrupt download: let the parts finish so the error
             # names the part whose digest is wrong rather than tar's symptom.
             fetches.wait()
-            raise InstallError(
+            raise UnsafeBundle(
                 f"{exc}. Nothing was activated; the previous bundle is still active. "
                 "Report this bundle to its publisher"
             ) from None
+        except OSError:
+            # A part file that vanished or was refused under the reader is a symptom: the download's
+            # own error (a digest mismatch, a planted link) came first and is the one reported.
+            fetches.wait()
+            raise
         fetches.wait()  # every digest verified before the tree can become visible
         root = _validate(partial, plan)
         write_json_atomic(
             root / METADATA,
             {
-                "schema_version": 1,
+                "schema_version": SCHEMA_VERSION,
                 "tag": plan.tag,
                 "family": plan.family,
                 "repo": plan.repo,
@@ -391,7 +540,7 @@ def _validate(partial: Path, plan: InstallPlan) -> Path:
         commands.append([str(python), "-m", "compileall", "-q", "-j0", *map(str, root.glob("lib/python3.*"))])
     for command in commands:
         try:
-            done = subprocess.run(  # noqa: PLW1510 - the exit status is judged below
+            done = subprocess.run(
                 command, capture_output=True, text=True, timeout=VALIDATE_TIMEOUT_S, stdin=subprocess.DEVNULL
             )
         except (OSError, subprocess.TimeoutExpired) as exc:
@@ -450,11 +599,38 @@ def _activate(layout: Layout, tag: str) -> None:
     _point(layout.current, f"bundles/{tag}")
 
 
-def rollback(prefix: Path, to: str | None = None) -> InstallResult:
-    layout = Layout(prefix)
-    held = _lock(layout)
+def bundle_name(layout: Layout, given: str, option: str = "--to") -> str:
+    """A bundle named by the user: a tag, or a path whose parent is <prefix>/bundles; nothing else
+    (a `current` pointing anywhere else would dangle or escape the prefix)."""
+    name = given
+    if "/" in given:
+        path = Path(os.path.normpath(os.path.abspath(given)))
+        if path.parent != Path(os.path.normpath(os.path.abspath(layout.bundles))):
+            raise InvalidRequest(
+                f"{option} {given}: not a bundle under {layout.bundles}; pass a tag that "
+                "`rocmdoctor bundles` lists"
+            )
+        name = path.name
     try:
-        recover(layout)
+        check_tag(name, name.rsplit("-", 1)[-1], option)
+    except ManifestError:
+        raise InvalidRequest(
+            f"{option} {given!r} is not a bundle tag (vllm<ver>-rocm<ver>-<family>); "
+            "`rocmdoctor bundles` lists what is installed"
+        ) from None
+    return name
+
+
+def rollback(prefix: Path, to: str | None = None, check: bool = False) -> InstallResult:
+    layout = Layout(prefix)
+    if not layout.prefix.is_dir():
+        raise InvalidRequest(f"{prefix} does not exist: nothing is installed there (check --prefix)")
+    if to is not None:
+        to = bundle_name(layout, to)
+    held = None if check else _lock(layout, create=False)
+    try:
+        if not check:
+            recover(layout)
         current = layout.current_tag()
         target = to or layout.previous_tag()
         if target is None:
@@ -462,9 +638,9 @@ def rollback(prefix: Path, to: str | None = None) -> InstallResult:
                 f"no previous bundle under {prefix} to roll back to; `rocmdoctor bundles` "
                 "lists what is installed"
             )
-        if not (layout.bundles / target / METADATA).is_file():
+        if layout.metadata(target) is None:  # missing, or not a JSON object
             raise InstallError(
-                f"{target} is not a complete bundle under {layout.bundles}; "
+                f"{target} is not a complete bundle under {layout.bundles} (no valid {METADATA}); "
                 "`rocmdoctor bundles` lists what is installed"
             )
         family = (layout.metadata(target) or {}).get("family") or ""
@@ -478,6 +654,18 @@ def rollback(prefix: Path, to: str | None = None) -> InstallResult:
                 family,
                 str(layout.bundles / target),
             )
+        if check:
+            return InstallResult(
+                True,
+                f"would switch from {current} to {target}",
+                target,
+                current,
+                layout.previous_tag(),
+                family,
+                str(layout.bundles / target),
+                check=True,
+                diff={"before": {"current": current}, "after": {"current": target}},
+            )
         _activate(layout, target)
         return InstallResult(
             True,
@@ -487,26 +675,178 @@ def rollback(prefix: Path, to: str | None = None) -> InstallResult:
             layout.previous_tag(),
             family,
             str(layout.bundles / target),
+            diff={"before": {"current": current}, "after": {"current": target}},
         )
     finally:
-        _unlock(held)
+        if held is not None:
+            _unlock(held)
 
 
 def fetch_to(
     sources: list[Source], dest: Path, options: DownloadOptions, on_bytes: ProgressFn | None = None
 ) -> Iterator[tuple[Asset, bool]]:
-    """Fill a mirror directory: yields (asset, downloaded?) per part; parts already there are verified."""
-    dest.mkdir(parents=True, exist_ok=True)
+    """Fill a mirror directory: yields (asset, downloaded?) per part; parts already there are verified,
+    and a part of an earlier build of the same tag is replaced."""
+    dest = secure_dir(dest)
     downloader = Downloader(options, on_bytes)
     for source in sources:
         part = PartFile(source.asset, dest / source.asset.name)
-        existed = (dest / source.asset.name).exists()
+        final = dest / source.asset.name
         if source.local is not None:
             verify_local(part, source.local, on_bytes)
-            if source.local.resolve() != (dest / source.asset.name).resolve():
-                shutil.copyfile(source.local, dest / f"{source.asset.name}.partial")
-                os.replace(dest / f"{source.asset.name}.partial", dest / source.asset.name)
+            new = not lexists(final) or not os.path.samefile(source.local, final)
+            if new:
+                _copy_owned(source.local, final, source.asset.name)
         else:
-            downloader.fetch(part, source.url or "", dest)
+            new = downloader.fetch(part, source.url or "", dest)
         (dest / f"{source.asset.name}.etag").unlink(missing_ok=True)
-        yield source.asset, not existed
+        yield source.asset, new
+
+
+def _copy_owned(source: Path, final: Path, name: str) -> None:
+    staging = final.with_name(final.name + ".partial")
+    staging.unlink(missing_ok=True)
+    with (
+        open(source, "rb") as src,
+        open(open_owned(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL, name), "wb") as out,
+    ):
+        shutil.copyfileobj(src, out, 1 << 20)
+    os.replace(staging, final)
+
+
+@dataclass
+class PruneResult:
+    changed: bool
+    msg: str
+    prefix: str
+    check: bool
+    keep: int
+    kept: list[str]
+    removed: list[dict[str, Any]]  # {"tag", "bytes"}
+    freed_bytes: int
+    refused: list[dict[str, Any]]  # {"tag", "users"}: in use by a running process
+    diff: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.refused)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema_version": SCHEMA_VERSION, **asdict(self), "failed": self.failed}
+
+
+def _keep_list(layout: Layout, keep: int) -> list[str]:
+    """current, then previous, then the newest others, until `keep` bundles are kept."""
+    installed = layout.installed()
+    order = [layout.current_tag(), layout.previous_tag()]
+    newest = sorted(installed, key=lambda b: (b["installed_at"] or "", b["tag"]), reverse=True)
+    order += [b["tag"] for b in newest]
+    kept: list[str] = []
+    present = {b["tag"] for b in installed}
+    for tag in order:
+        if tag and tag in present and tag not in kept and (len(kept) < keep or tag == layout.current_tag()):
+            kept.append(tag)
+    return kept
+
+
+def bundles_in_use(layout: Layout, tags: list[str], host: Any) -> dict[str, list[str]]:
+    """Which of `tags` a running process uses: its executable, working directory, command line or a
+    mapped file lies in the bundle (through bundles/<tag>, its real path, or current/previous)."""
+    roots: dict[str, set[str]] = {}
+    for tag in tags:
+        path = layout.bundles / tag
+        roots[tag] = {str(path), os.path.realpath(path)}
+    for link in (layout.current, layout.previous):
+        target = layout._target_tag(link)
+        if target in roots:
+            roots[target].add(str(link))
+    users: dict[str, list[str]] = {}
+    me = os.getpid()
+    for pid in host.pids():
+        if pid == me:
+            continue
+        texts: list[str] = []
+        for name in ("exe", "cwd"):
+            read = host.readlink(f"/proc/{pid}/{name}")
+            if read.ok:
+                texts.append(str(read.value).removesuffix(" (deleted)"))
+        cmdline = host.read_text(f"/proc/{pid}/cmdline", limit=1 << 16)
+        if cmdline.ok:
+            texts += str(cmdline.value).split("\0")
+        maps = host.read_text(f"/proc/{pid}/maps", limit=16 << 20)
+        if maps.ok:
+            texts += [
+                f[5] for f in (line.split(None, 5) for line in str(maps.value).splitlines()) if len(f) == 6
+            ]
+        for tag, names in roots.items():
+            if any(t == n or (n + "/") in t for t in texts for n in names):
+                comm = host.read_text(f"/proc/{pid}/comm", limit=256)
+                users.setdefault(tag, []).append(f"pid {pid} ({str(comm.value).strip() if comm.ok else '?'})")
+    return users
+
+
+def prune(prefix: Path, keep: int, host: Any, check: bool = False) -> PruneResult:
+    """Remove bundles other than current, previous and the newest up to `keep`; never one that a
+    running process uses. `check`: report what would go, remove nothing."""
+    layout = Layout(prefix)
+    if keep < 1:
+        raise InvalidRequest(f"--keep {keep}: keep at least 1 (the current bundle)")
+    if not layout.prefix.is_dir():
+        raise InvalidRequest(f"{prefix} does not exist: nothing is installed there (check --prefix)")
+    held = None if check else _lock(layout, create=False)
+    try:
+        if not check:
+            recover(layout)
+        kept = _keep_list(layout, keep)
+        doomed = [b["tag"] for b in layout.installed() if b["tag"] not in kept]
+        in_use = bundles_in_use(layout, doomed, host) if doomed else {}
+        removed, refused = [], []
+        for tag in doomed:
+            if tag in in_use:
+                refused.append({"tag": tag, "users": in_use[tag]})
+                continue
+            size = tree_bytes(layout.bundles / tag)
+            if not check:
+                _remove_bundle(layout, tag)
+            removed.append({"tag": tag, "bytes": size})
+        if not check and layout.previous_tag() in [r["tag"] for r in removed]:
+            layout.previous.unlink()
+        freed = sum(r["bytes"] for r in removed)
+        verb = "would remove" if check else "removed"
+        msg = (
+            f"{verb} {len(removed)} bundle(s), {'would free' if check else 'freed'} {human(freed)}; "
+            f"kept {', '.join(kept) or 'nothing'}"
+        )
+        if refused:
+            msg += "; refused " + "; ".join(
+                f"{r['tag']} (in use by {', '.join(r['users'])})" for r in refused
+            )
+            msg += ": stop what runs from it (or roll back to it) and rerun"
+        return PruneResult(
+            changed=bool(removed),
+            msg=msg,
+            prefix=str(prefix),
+            check=check,
+            keep=keep,
+            kept=kept,
+            removed=removed,
+            freed_bytes=freed,
+            refused=refused,
+            diff={
+                "before": {"bundles": kept + doomed},
+                "after": {"bundles": kept + [r["tag"] for r in refused]},
+            },
+        )
+    finally:
+        if held is not None:
+            _unlock(held)
+
+
+def _remove_bundle(layout: Layout, tag: str) -> None:
+    """Out of sight in one rename (a killed run leaves `.<tag>.prune-<pid>`, which recover removes),
+    then deleted, with its staged downloads."""
+    aside = layout.bundles / f".{tag}.prune-{os.getpid()}"
+    os.replace(layout.bundles / tag, aside)
+    fsync_dir(layout.bundles)
+    shutil.rmtree(aside)
+    shutil.rmtree(layout.downloads / tag, ignore_errors=True)

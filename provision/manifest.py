@@ -12,24 +12,36 @@ manifest.toml:
 lock.json:
     {"schema_version": 1, "repo": "...", "families": {"gfx1151": {"tag": "...", "pinned": true,
      "assets": [{"name": "...", "size": 123, "digest": "sha256:<64 hex>", "url": "optional"}]}}}
-A family with "pinned": false has no verified digests yet: install refuses it until `rocmdoctor bundle lock`.
+A family with "pinned": false has no verified digests yet. Install then takes the digests GitHub
+publishes for the release it picks (trust on first use) and records them in `<prefix>/lock.json`;
+`--frozen` refuses instead. A lock may pin another tag than the manifest's: the manifest's tag is the
+reviewed default (`install --pinned`), the lock is what this prefix installs.
+
+Release tags: `vllm<PEP 440 version>-rocm<ver>-<family>` (`vllm-omni<ver>-...` for the omni variant);
+stable tags carry plain versions, nightly ones dev/pre versions with a local part
+(`vllm0.25.2.dev0+rocm7.15.0a20260724.g752a3a504.d20260724-rocm7.15.0-gfx1151`).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 1
+from packaging.version import InvalidVersion, Version
+
+from ..model import SCHEMA_VERSION
+
 CHANNELS = ("stable", "nightly")
 DEFAULT_REPO = "lemonade-sdk/vllm-rocm"
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 REPO_PATTERN = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
 _PART = re.compile(r"\.part(\d{2})-of-(\d{2})\.tar\.gz$")
+PIN_FILE_LIMIT = 4 << 20  # a lock or manifest is a few kB; anything this large is not one
 
 
 class ManifestError(ValueError):
@@ -92,12 +104,17 @@ class Lock:
         }
 
 
+def with_entry(lock: Lock, entry: LockEntry, source: str | None = None) -> Lock:
+    """A copy of `lock` that pins `entry` for its family."""
+    return Lock(lock.repo, {**lock.families, entry.family: entry}, source or lock.source)
+
+
 def _load_toml(text: str, where: str) -> dict[str, Any]:
     try:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10
         try:
-            import tomli as tomllib  # type: ignore[no-redef]
+            import tomli as tomllib  # type: ignore[no-redef,import-not-found,unused-ignore]
         except ModuleNotFoundError:
             raise ManifestError(
                 f"{where}: reading TOML on Python 3.10 needs the 'tomli' package (pip install tomli)"
@@ -144,6 +161,47 @@ def check_tag(tag: str, family: str, where: str) -> None:
         )
 
 
+@dataclass(frozen=True)
+class ReleaseTag:
+    """What a release tag says: product (vllm | vllm-omni), version, ROCm, family, channel."""
+
+    tag: str
+    product: str
+    version: Version
+    rocm: str | None
+    family: str
+
+    @property
+    def channel(self) -> str:
+        # Stable builds strip the local part; nightlies are dev/pre releases built on ROCm nightlies.
+        v = self.version
+        return "nightly" if v.is_prerelease or v.is_devrelease or v.local is not None else "stable"
+
+
+def parse_release_tag(tag: str) -> ReleaseTag | None:
+    """Parse a release tag; None when it is not one (an unrelated release in the same repo).
+
+    Split only on '-' from the right (family, then ROCm) and hand the rest to `packaging`: the
+    version's local part may hold '+' and '.' but never '-'."""
+    if not _TAG.match(tag):
+        return None
+    head, _, family = tag.rpartition("-")
+    if not head or not family.startswith("gfx"):
+        return None
+    rocm = None
+    rest, _, last = head.rpartition("-")
+    if rest and last.startswith("rocm"):
+        head, rocm = rest, last
+    for product in ("vllm-omni", "vllm"):
+        if head.startswith(product):
+            try:
+                version = Version(head[len(product) :])
+            except InvalidVersion:
+                return None
+            return ReleaseTag(tag, product, version, rocm, family)
+    return None
+
+
 def parse_manifest(text: str, where: str = "manifest.toml") -> Manifest:
     doc = _load_toml(text, where)
     _check_schema(doc, where)
@@ -169,7 +227,7 @@ def parse_manifest(text: str, where: str = "manifest.toml") -> Manifest:
         if parts and tag is None:
             raise ManifestError(f"{at}: field 'parts' needs a 'tag'")
         for part in parts:
-            check_asset_name(part, tag, f"{at}: field 'parts'")
+            check_asset_name(part, str(tag), f"{at}: field 'parts'")
         manifest.families[family] = FamilyPin(family, tag, channel, tuple(parts))
     return manifest
 
@@ -259,19 +317,14 @@ class PinSources:
         if bundles_dir is not None:
             manifest = manifest or bundles_dir / "manifest.toml"
             lock = lock or bundles_dir / "lock.json"
-        if lock is None and prefix_lock is not None and prefix_lock.is_file():
+        if lock is None and prefix_lock is not None and os.path.lexists(prefix_lock):  # a FIFO: refused
             lock = prefix_lock
         return cls(manifest, lock)
 
     def _read(self, path: Path | None, shipped: str) -> tuple[str, str]:
         if path is None:
             return resources.files("rocmdoctor.bundles").joinpath(shipped).read_text(), f"(shipped) {shipped}"
-        try:
-            return Path(path).read_text(), str(path)
-        except FileNotFoundError:
-            raise ManifestError(f"{path}: no such file") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ManifestError(f"{path}: cannot read: {exc}") from None
+        return read_pin_file(Path(path)), str(path)
 
     def load(self) -> tuple[Manifest, Lock]:
         manifest = parse_manifest(*self._read(self.manifest, "manifest.toml"))
@@ -282,13 +335,24 @@ class PinSources:
                 continue
             where = f"{lock.source}: families.{family}"
             if entry.tag != pin.tag:
-                raise ManifestError(
-                    f"{where}: field 'tag' {entry.tag!r} differs from the manifest's {pin.tag!r}; "
-                    "run `rocmdoctor bundle lock` to refresh the lock"
-                )
+                continue  # the lock pins another release than the reviewed default: its own parts
             if pin.parts and entry.assets and tuple(a.name for a in entry.assets) != pin.parts:
                 raise ManifestError(
                     f"{where}: field 'assets' names differ from the manifest's 'parts'; "
                     "run `rocmdoctor bundle lock` to refresh the lock"
                 )
         return manifest, lock
+
+
+def read_pin_file(path: Path) -> str:
+    """A manifest or lock named by the user: bounded, never blocking (a FIFO or /dev/zero is refused)."""
+    from ..rootfs import read_regular as read_regular_file
+
+    try:
+        return read_regular_file(path, PIN_FILE_LIMIT).decode("utf-8")
+    except FileNotFoundError:
+        raise ManifestError(f"{path}: no such file") from None
+    except UnicodeDecodeError:
+        raise ManifestError(f"{path}: cannot read: not UTF-8 text") from None
+    except OSError as exc:
+        raise ManifestError(f"{path}: cannot read: {exc.strerror or exc}") from None

@@ -8,8 +8,6 @@ VLLM::EngineCore outliving its API server is what keeps GPU memory held after an
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import os
 import signal
 import socket
@@ -17,33 +15,23 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
-from typing import Callable, Mapping
 
 import psutil
 
+from ..bundle_env import bundle_env
+from . import wait_ready as readiness
 from .log_signatures import Cause, diagnose
 
 MARKER = "ROCMDOCTOR_SERVE_ID"
 STOP_GRACE_S = 30.0
 POLL_S = 1.0
 LOG_TAIL_LINES = 40
-# Inherited variables that make the bundle's Python load someone else's packages.
-DROPPED_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "VIRTUAL_ENV")
 
 
-def _readiness_module():
-    """libexec/wait-ready, the same file the systemd unit runs as ExecStartPost."""
-    path = str(resources.files(__package__).joinpath("libexec/wait-ready"))
-    loader = importlib.machinery.SourceFileLoader("rocmdoctor_wait_ready", path)
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
-    loader.exec_module(module)
-    return module
 
-
-readiness = _readiness_module()
 
 
 class Stopped(Exception):
@@ -59,9 +47,7 @@ def default_cache_base(env: Mapping[str, str]) -> Path:
 
 
 def server_env(base: Mapping[str, str], cache_root: Path, api_key: str | None, marker: str) -> dict[str, str]:
-    env = {k: v for k, v in base.items() if k not in DROPPED_ENV}
-    env.update(PYTHONNOUSERSITE="1", PYTHONUNBUFFERED="1", VLLM_CACHE_ROOT=str(cache_root),
-               VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
+    env = bundle_env(base, VLLM_CACHE_ROOT=str(cache_root))
     env[MARKER] = marker
     if api_key:
         env["VLLM_API_KEY"] = api_key
@@ -84,7 +70,7 @@ def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
         with path.open("rb") as log:
             log.seek(0, os.SEEK_END)
             log.seek(max(0, log.tell() - 64 * 1024))
-            text = log.read().decode(errors="replace")
+            text = log.read(64 * 1024).decode(errors="replace")
     except FileNotFoundError:
         return ""
     return "\n".join(text.splitlines()[-lines:])
@@ -101,10 +87,15 @@ class Outcome:
     health_seconds: float | None = None  # when /health first answered 200
 
     def to_json(self) -> dict:
-        return {"ready": self.ready, "seconds": round(self.seconds, 1), "reason": self.reason,
-                "health_seconds": None if self.health_seconds is None else round(self.health_seconds, 1),
-                "cause": self.cause.to_json() if self.cause else None, "returncode": self.returncode,
-                "log_tail": self.log_tail}
+        return {
+            "ready": self.ready,
+            "seconds": round(self.seconds, 1),
+            "reason": self.reason,
+            "health_seconds": None if self.health_seconds is None else round(self.health_seconds, 1),
+            "cause": self.cause.to_json() if self.cause else None,
+            "returncode": self.returncode,
+            "log_tail": self.log_tail,
+        }
 
 
 @dataclass
@@ -127,9 +118,14 @@ class Server:
         with self.log_path.open("wb") as log:
             # Own session = own process group: one killpg reaches the API server and EngineCore, and
             # the terminal's Ctrl-C reaches only us, so the stop is ours to sequence.
-            self.process = subprocess.Popen([str(self.executable), *self.argv], stdin=subprocess.DEVNULL,
-                                            stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                            start_new_session=True)
+            self.process = subprocess.Popen(
+                [str(self.executable), *self.argv],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                start_new_session=True,
+            )
         self.started_at = time.monotonic()
 
     def elapsed(self) -> float:
@@ -138,29 +134,46 @@ class Server:
     def failure(self, reason: str) -> Outcome:
         text = tail(self.log_path, 400)
         returncode = self.process.poll() if self.process else None
-        return Outcome(False, self.elapsed(), reason, diagnose(text, returncode),
-                       "\n".join(text.splitlines()[-LOG_TAIL_LINES:]), returncode)
+        return Outcome(
+            False,
+            self.elapsed(),
+            reason,
+            diagnose(text, returncode),
+            "\n".join(text.splitlines()[-LOG_TAIL_LINES:]),
+            returncode,
+        )
 
-    def wait_ready(self, timeout_s: float, progress: Callable[[float, str], None] = lambda s, line: None) -> Outcome:
+    def wait_ready(
+        self, timeout_s: float, progress: Callable[[float, str], None] = lambda s, line: None
+    ) -> Outcome:
         assert self.process is not None
         key = self.env.get("VLLM_API_KEY")
-        while self.elapsed() < timeout_s:
+        # Every request ends by the deadline, so a server that trickles its answers cannot hold us.
+        while (left := timeout_s - self.elapsed()) > 0:
             if self.process.poll() is not None:
                 return self.failure(f"the server exited with status {self.process.returncode} while loading")
-            if readiness.healthy(self.base_url):
+            if readiness.healthy(self.base_url, left):
                 health_s = self.elapsed()
-                problem = readiness.completion(self.base_url, self.served_name, key)
+                left = timeout_s - self.elapsed()
+                if left <= 0:
+                    break
+                problem = readiness.completion(
+                    self.base_url, self.served_name, key, min(left, readiness.COMPLETION_TIMEOUT_S)
+                )
                 if problem is None:
                     return Outcome(True, self.elapsed(), health_seconds=health_s)
                 # Give a dying engine a moment so its traceback is in the log we diagnose.
-                time.sleep(2)
-                outcome = self.failure(f"/health answered 200 but a completion with {self.served_name!r} "
-                                       f"failed: {problem}")
+                time.sleep(min(2.0, max(0.0, timeout_s - self.elapsed())))
+                outcome = self.failure(
+                    f"/health answered 200 but a completion with {self.served_name!r} failed: {problem}"
+                )
                 outcome.health_seconds = health_s
                 return outcome
             progress(self.elapsed(), tail(self.log_path, 1))
-            time.sleep(POLL_S)
-        return self.failure(f"not ready after {timeout_s:.0f} s (raise --timeout for a cold JIT or a large model)")
+            time.sleep(max(0.0, min(POLL_S, timeout_s - self.elapsed())))
+        return self.failure(
+            f"not ready after {timeout_s:.0f} s (raise --timeout for a cold JIT or a large model)"
+        )
 
     def wait_exit(self) -> int:
         assert self.process is not None
@@ -207,11 +220,15 @@ class Server:
         return [p.pid for p in self.leftovers()]
 
 
-class SignalsToStop:
-    """While active, the first SIGTERM or SIGINT raises Stopped in the main thread; later ones are
-    ignored so that a second Ctrl-C cannot interrupt the stop (which ends in SIGKILL anyway)."""
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
-    def __enter__(self) -> "SignalsToStop":
+
+class SignalsToStop:
+    """While active, the first SIGTERM, SIGINT or SIGHUP (terminal closed) raises Stopped in the main
+    thread; later ones are ignored so that a second Ctrl-C cannot interrupt the stop (which ends in
+    SIGKILL anyway)."""
+
+    def __enter__(self) -> SignalsToStop:
         self.received = False
 
         def handler(signum, frame):
@@ -219,7 +236,7 @@ class SignalsToStop:
                 self.received = True
                 raise Stopped(signum)
 
-        self.previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+        self.previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
         return self
 
     def __exit__(self, *exc) -> None:

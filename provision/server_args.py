@@ -7,11 +7,14 @@ why `--gpu-memory-utilization 0.87` and not vLLM's default 0.92.
 
 from __future__ import annotations
 
+import re
 import shlex
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
 
 from ..memory_rule import MIN_USEFUL_UTILIZATION, recommended, requested_bytes
+from ..params import host_problem, name_problem
+from ..vllm_flags import FLAGS, VLLM_VERSION
 
 GIB = 1 << 30
 DEFAULT_HOST = "127.0.0.1"
@@ -23,7 +26,9 @@ DEFAULT_PORT = 8000
 MAX_NUM_SEQS_BY_CLASS = {"unified": 10, "discrete": 256, "discrete-large": 1024}
 LARGE_DEVICE_BYTES = 70 * GIB
 
-# Flags rocmdoctor computes, with the option the user sets them through instead.
+# Flags rocmdoctor computes, with the option the user sets them through instead. A pass-through word
+# that vLLM could read as one of these (any spelling: --por, --port=1, -tp, --max_num_seqs) is refused:
+# readiness would poll the computed port while vLLM listens on another.
 COMPUTED_FLAGS = {
     "--model": "--model",
     "--served-model-name": "--served-model-name",
@@ -34,10 +39,23 @@ COMPUTED_FLAGS = {
     "--max-num-seqs": "--max-num-seqs",
     "--tensor-parallel-size": "--tensor-parallel-size",
 }
-# vLLM's short spellings of the same flags.
-FLAG_ALIASES = {"-tp": "--tensor-parallel-size"}
+# Flags that are never passed through, with what to do instead.
+REFUSED_FLAGS = {
+    "--api-key": "a key on the command line is visible to every user in the process list and in the unit "
+    "file; write the key to a file (mode 0600) and pass --api-key-file FILE (vLLM reads VLLM_API_KEY)",
+    "--hf-token": "a token on the command line is visible to every user in the process list and in the unit "
+    "file; give the server HF_TOKEN in its environment (or log in as its user with `hf auth login`)",
+    "--config": "a vLLM config file can set the port, host, model and key behind rocmdoctor's back; pass "
+    "those settings as rocmdoctor options and the rest after --",
+    "--uds": "the server would listen on a Unix socket while readiness polls host:port",
+    "--headless": "a headless server has no API for readiness to poll",
+    "--help": "it prints vLLM's help and exits; run `<prefix>/current/bin/vllm-server --help` instead",
+}
 # With an explicit KV cache size vLLM ignores --gpu-memory-utilization; computing it is moot.
 UTILIZATION_REPLACED_BY = ("--kv-cache-memory-bytes",)
+# The value is written with two decimals: anything below 0.01 would reach vLLM as 0.00.
+MIN_SETTABLE_UTILIZATION = 0.01
+NEGATIVE_NUMBER = re.compile(r"-\d+(\.\d*)?([eE][+-]?\d+)?")
 
 
 class ArgumentError(ValueError):
@@ -123,34 +141,114 @@ def parse_extra(extra: str | Iterable[str]) -> list[str]:
     return list(extra)
 
 
-def _flag_name(token: str) -> str | None:
-    """The canonical long flag a token sets ('--max_num_seqs=4' -> '--max-num-seqs'), or None."""
-    if not token.startswith("-") or token == "-" or token == "--":
-        return None
-    name = token.split("=", 1)[0]
-    if name in FLAG_ALIASES:
-        return FLAG_ALIASES[name]
-    if name.startswith("--"):
-        # vLLM's FlexibleArgumentParser accepts underscores for dashes.
-        return "--" + name[2:].replace("_", "-")
-    return name
+def flag_meanings(token: str) -> set[str]:
+    """Every vLLM flag (its long name) that vLLM's parser could read `token` as; empty for a value.
+
+    vLLM's FlexibleArgumentParser rewrites `_` to `-` in long names and reads `--name.key value` as
+    `--name '{"key": value}'` and `-O3` as `--optimization-level 3`; then argparse (allow_abbrev) matches
+    an exact option, `--flag=value`, any prefix of long options, a short option with its value attached
+    (`-qfp8`) and any prefix of multi-letter short options (`-t` for `-tp`). Several candidates make vLLM
+    refuse the word as ambiguous; they are all returned, so a caller can refuse any that is dangerous.
+    """
+    if not token.startswith("-") or token in ("-", "--") or NEGATIVE_NUMBER.fullmatch(token):
+        return set()
+    if token.startswith("-O") and not token.startswith("--"):
+        return {FLAGS["--optimization-level"][0]}
+    name = token.split("=", 1)[0].split(".", 1)[0]
+    if token.startswith("--"):
+        name = "--" + name[2:].replace("_", "-")
+    if name in FLAGS:
+        return {FLAGS[name][0]}
+    if token.startswith("--"):
+        candidates = [option for option in FLAGS if option.startswith(name)]
+    else:
+        # argparse matches single-dash words whole ("-a=1" is no prefix of "-ac"); a dotted key reaches it
+        # without its value.
+        seen = name if "." in token.split("=", 1)[0] else token
+        candidates = [option for option in FLAGS if not option.startswith("--") and option.startswith(seen)]
+        if seen[:2] in FLAGS:
+            candidates.append(seen[:2])
+    return {FLAGS[option][0] for option in candidates}
+
+
+@dataclass
+class ExtraCheck:
+    flags: list[str]  # long names of the vLLM flags the words set
+    notes: list[str]
+
+
+def inspect_extra(extra: Sequence[str]) -> ExtraCheck:
+    """Refuse secrets on the command line, flags rocmdoctor computes and words vLLM would take as the model.
+
+    Every word is classified with vLLM's own rules (flag_meanings); a word that could mean a refused or
+    computed flag is refused even when vLLM would also find it ambiguous. A flag unknown to the vLLM
+    version the list comes from is passed with a note (a newer bundle may know it).
+    """
+    problems: list[str] = []
+    flags: list[str] = []
+    notes: list[str] = []
+    takes = 0  # how many following words the last flag may still take as its value (-1: any number)
+    for token in extra:
+        shown = token.split("=", 1)[0]  # never echo a value: it may be the secret
+        if token == "--":
+            raise ArgumentError(
+                "a second `--` among the vLLM arguments: vLLM would read every word after it "
+                "as the model; remove it"
+            )
+        meanings = flag_meanings(token)
+        if not meanings:
+            # argparse reads an unmatched "-word" as an option, unless it is a number or holds a space.
+            if (
+                token.startswith("-")
+                and token != "-"
+                and not NEGATIVE_NUMBER.fullmatch(token)
+                and " " not in token
+            ):
+                notes.append(
+                    f"{shown} is not a flag of vLLM {VLLM_VERSION} (rocmdoctor's list); vLLM may refuse it"
+                )
+                takes = -1
+            elif takes == 0:
+                problems.append(
+                    f"{token!r} is not the value of any flag, so vLLM would read it as the model "
+                    "to serve; rocmdoctor sets the model with --model (quote values that hold "
+                    "spaces, and check the flag before it)"
+                )
+            elif takes > 0:
+                takes -= 1
+            continue
+        for flag in sorted(meanings):
+            spelled = shown if shown == flag else f"{shown} (vLLM reads it as {flag})"
+            if flag in REFUSED_FLAGS:
+                raise ArgumentError(f"{spelled} is refused: {REFUSED_FLAGS[flag]}")
+            if flag in COMPUTED_FLAGS:
+                problems.append(
+                    f"{spelled} is computed by rocmdoctor; set it with rocmdoctor's {COMPUTED_FLAGS[flag]}"
+                )
+        if len(meanings) > 1:
+            notes.append(
+                f"{shown} is ambiguous for vLLM ({', '.join(sorted(meanings))}); vLLM will refuse it"
+            )
+            takes = -1
+            continue
+        flag = next(iter(meanings))
+        flags.append(flag)
+        name = token.split("=", 1)[0]
+        attached = "=" in token or (
+            not token.startswith("--")
+            and len(name) > 2
+            and name not in FLAGS
+            and not any(option.startswith(name) for option in FLAGS)
+        )
+        takes = 0 if attached else FLAGS[flag][1]  # -qfp8, -O3, --dtype=half carry their value
+    if problems:
+        raise ArgumentError("; ".join(problems))
+    return ExtraCheck(flags, notes)
 
 
 def check_extra(extra: Sequence[str]) -> list[str]:
-    """Refuse secrets on the command line and flags that rocmdoctor computes."""
-    problems = []
-    for token in extra:
-        flag = _flag_name(token)
-        if flag == "--api-key":
-            raise ArgumentError(
-                "--api-key on the command line is visible to every user in the process list and the unit; "
-                "write the key to a file (mode 0600) and pass --api-key-file FILE (vLLM reads VLLM_API_KEY)"
-            )
-        if flag in COMPUTED_FLAGS:
-            problems.append(f"{flag} is computed by rocmdoctor; set it with rocmdoctor's {COMPUTED_FLAGS[flag]}")
-    if problems:
-        raise ArgumentError("; ".join(problems))
-    return [flag for flag in map(_flag_name, extra) if flag]
+    """The long names of the vLLM flags among `extra`; ArgumentError for what must not be passed."""
+    return inspect_extra(extra).flags
 
 
 def default_served_name(model: str) -> str:
@@ -183,9 +281,12 @@ def tensor_parallel_group(pools: Sequence[GpuPool], size: int | None) -> list[Gp
     same = [p for p in pools if p.family == family]
     if len(same) < size:
         others = sorted({p.family for p in pools} - {family})
-        found = f"{len(same)} {family} GPU(s)" + (f" (and {', '.join(others)}, which cannot share the group)"
-                                                   if others else "")
-        raise ArgumentError(f"--tensor-parallel-size {size} needs {size} GPUs of one family; this host has {found}")
+        found = f"{len(same)} {family} GPU(s)" + (
+            f" (and {', '.join(others)}, which cannot share the group)" if others else ""
+        )
+        raise ArgumentError(
+            f"--tensor-parallel-size {size} needs {size} GPUs of one family; this host has {found}"
+        )
     return same[:size]
 
 
@@ -193,20 +294,25 @@ def utilization_for(group: Sequence[GpuPool]) -> tuple[float, str]:
     """The largest value every GPU in the group passes vLLM's startup rule with, and why."""
     unknown = [p.name for p in group if not p.total or p.free is None]
     if unknown:
-        raise ArgumentError(f"the memory of {', '.join(unknown)} cannot be read (rocmdoctor check says why); "
-                            "pass --gpu-memory-utilization to choose it yourself")
-    worst = min(group, key=lambda p: recommended(p.total, p.free))
-    util = recommended(worst.total, worst.free)
+        raise ArgumentError(
+            f"the memory of {', '.join(unknown)} cannot be read (rocmdoctor check says why); "
+            "pass --gpu-memory-utilization to choose it yourself"
+        )
+    sized = [(p, int(p.total or 0), int(p.free or 0)) for p in group]  # both known: checked above
+    worst, total, free = min(sized, key=lambda row: recommended(row[1], row[2]))
+    util = recommended(total, free)
     pool_word = "unified pool" if worst.unified else "VRAM"
     if util < MIN_USEFUL_UTILIZATION:
         raise ArgumentError(
-            f"{worst.name}: only {_gib(worst.free)} of {_gib(worst.total)} {pool_word} is free; vLLM cannot start "
-            "with so little. Stop the processes holding GPU memory (rocmdoctor check lists them)"
+            f"{worst.name}: only {_gib(free)} of {_gib(total)} {pool_word} is free; "
+            "vLLM cannot start with so little. Stop the processes holding GPU memory (rocmdoctor check lists them)"
             + (" or give the GPU a larger GTT pool (rocmdoctor fix-kernel)" if worst.unified else "")
         )
-    reason = (f"vLLM needs ceil(total x util) <= free at startup: {worst.name} {pool_word} "
-              f"{_gib(worst.free)} free of {_gib(worst.total)}, 1 GiB kept as margin "
-              f"-> {util:.2f} asks {_gib(requested_bytes(worst.total, util))}")
+    reason = (
+        f"vLLM needs ceil(total x util) <= free at startup: {worst.name} {pool_word} "
+        f"{_gib(free)} free of {_gib(total)}, 1 GiB kept as margin "
+        f"-> {util:.2f} asks {_gib(requested_bytes(total, util))}"
+    )
     return util, reason
 
 
@@ -214,40 +320,63 @@ def resolve(choices: Choices, pools: Sequence[GpuPool]) -> ServerArgs:
     """The full command line for `<prefix>/current/bin/vllm-server`."""
     if not choices.model:
         raise ArgumentError("no model given: pass --model (a Hugging Face id or a local directory)")
+    for option, value in (("--model", choices.model), ("--served-model-name", choices.served_model_name)):
+        problem = None if value is None else name_problem(value)
+        if problem:
+            raise ArgumentError(f"{option} {value!r}: {problem}")
+    host_error = host_problem(choices.host)
+    if host_error:
+        raise ArgumentError(f"--host {choices.host!r}: {host_error}")
     if not 0 < choices.port < 65536:
         raise ArgumentError(f"--port must be between 1 and 65535, not {choices.port}")
     extra = parse_extra(choices.extra)
-    extra_flags = check_extra(extra)
-    notes: list[str] = []
+    inspected = inspect_extra(extra)
+    extra_flags = inspected.flags
+    notes: list[str] = list(inspected.notes)
     served = choices.served_model_name or default_served_name(choices.model)
     settings = [
         Setting("--model", choices.model, "your choice"),
-        Setting("--served-model-name", served,
-                "your choice" if choices.served_model_name else "default: the directory name or the HF id"),
-        Setting("--host", choices.host,
-                "loopback only: put a TLS proxy in front to expose it" if choices.host == DEFAULT_HOST
-                else "your choice"),
+        Setting(
+            "--served-model-name",
+            served,
+            "your choice" if choices.served_model_name else "default: the directory name or the HF id",
+        ),
+        Setting(
+            "--host",
+            choices.host,
+            "loopback only: put a TLS proxy in front to expose it"
+            if choices.host == DEFAULT_HOST
+            else "your choice",
+        ),
         Setting("--port", str(choices.port), "your choice" if choices.port != DEFAULT_PORT else "default"),
     ]
     group = tensor_parallel_group(pools, choices.tensor_parallel_size)
     if choices.gpu_memory_utilization is not None:
         util = choices.gpu_memory_utilization
-        if not 0 < util <= 1:
-            raise ArgumentError(f"--gpu-memory-utilization must be in (0, 1], not {util}")
+        if not MIN_SETTABLE_UTILIZATION <= util <= 1:  # also false for NaN
+            raise ArgumentError(
+                f"--gpu-memory-utilization must be from {MIN_SETTABLE_UTILIZATION} to 1, not {util}"
+            )
         settings.append(Setting("--gpu-memory-utilization", f"{util:.2f}", "your choice"))
         for pool in group:
             if pool.total and pool.free is not None and pool.free < requested_bytes(pool.total, util):
-                notes.append(f"{pool.name}: {util:.2f} asks {_gib(requested_bytes(pool.total, util))} but only "
-                             f"{_gib(pool.free)} is free; vLLM will refuse to start")
+                notes.append(
+                    f"{pool.name}: {util:.2f} asks {_gib(requested_bytes(pool.total, util))} but only "
+                    f"{_gib(pool.free)} is free; vLLM will refuse to start"
+                )
     elif any(flag in UTILIZATION_REPLACED_BY for flag in extra_flags):
-        notes.append("--kv-cache-memory-bytes given: vLLM sizes the KV cache from it and ignores "
-                     "--gpu-memory-utilization")
+        notes.append(
+            "--kv-cache-memory-bytes given: vLLM sizes the KV cache from it and ignores "
+            "--gpu-memory-utilization"
+        )
     elif group:
         util, reason = utilization_for(group)
         settings.append(Setting("--gpu-memory-utilization", f"{util:.2f}", reason))
     else:
-        raise ArgumentError("no AMD GPU found, so the memory vLLM may use cannot be computed; run "
-                            "`rocmdoctor check`, or pass --gpu-memory-utilization to choose it yourself")
+        raise ArgumentError(
+            "no AMD GPU found, so the memory vLLM may use cannot be computed; run "
+            "`rocmdoctor check`, or pass --gpu-memory-utilization to choose it yourself"
+        )
     if choices.max_model_len is not None:
         if choices.max_model_len < 1:
             raise ArgumentError(f"--max-model-len must be positive, not {choices.max_model_len}")
@@ -258,19 +387,13 @@ def resolve(choices: Choices, pools: Sequence[GpuPool]) -> ServerArgs:
         settings.append(Setting("--max-num-seqs", str(choices.max_num_seqs), "your choice"))
     elif group:
         cls = memory_class(group[0])
-        settings.append(Setting("--max-num-seqs", str(MAX_NUM_SEQS_BY_CLASS[cls]), f"default for {cls} memory"))
+        settings.append(
+            Setting("--max-num-seqs", str(MAX_NUM_SEQS_BY_CLASS[cls]), f"default for {cls} memory")
+        )
     if len(group) > 1:
-        settings.append(Setting("--tensor-parallel-size", str(len(group)),
-                                f"your choice: {len(group)} {group[0].family} GPUs"))
+        settings.append(
+            Setting(
+                "--tensor-parallel-size", str(len(group)), f"your choice: {len(group)} {group[0].family} GPUs"
+            )
+        )
     return ServerArgs(settings, extra, notes)
-
-
-def pools_from_facts(ctx) -> list[GpuPool]:
-    """The GPUs the diagnosis found, each with the pool vLLM will size from (an APU's GTT pool)."""
-    from ..checks import facts
-
-    pools = []
-    for gpu in facts.gpus(ctx):
-        total, free = facts.usable_memory(ctx, gpu)
-        pools.append(GpuPool(f"node {gpu.node} ({gpu.gfx})", gpu.family or gpu.gfx, total, free, bool(gpu.apu)))
-    return pools

@@ -2,6 +2,9 @@
 
 A green /health is not enough (an engine can die after start, a served name can differ, a proxy can
 cut streams), so every step sends real requests and a failure names its likely cause.
+
+`--timeout` is the whole run's deadline: every request ends by it (connect to last byte), and the
+steps it leaves no time for are skipped, so the command ends by then however the server behaves.
 """
 
 from __future__ import annotations
@@ -12,10 +15,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import __version__
-from ..model import Result, Status, exit_code, failed, passed, skipped, warned
-from . import openai_client as oc
-from . import prometheus
+from rocmdoctor import __version__
+from rocmdoctor.model import SCHEMA_VERSION, Result, Status, exit_code, failed, passed, skipped, warned
+from rocmdoctor.provision import openai_client as oc
+from rocmdoctor.provision import openai_schema as schema
+from rocmdoctor.provision import prometheus
 
 MAX_TOKENS = 16
 PROMPT = "The server answers the prompt"
@@ -53,6 +57,7 @@ class _State:
     model: str | None = None
     served: list[str] = field(default_factory=list)
     baseline: list[prometheus.Sample] | None = None
+    baseline_error: oc.ServerError | None = None
     completion_text: str | None = None
     chat_tokens: int | None = None
     requests_ok: int = 0
@@ -70,7 +75,7 @@ class StepFailed(Exception):
 async def _health_now(client: oc.Client) -> str:
     """'ok', 'dead' (503: engine died) or 'gone' (nothing answers), to name the cause of a failure."""
     try:
-        await client.request("GET", "/health")
+        await client.health()
         return "ok"
     except oc.ServerError as exc:
         return "dead" if exc.status == 503 else "gone"
@@ -98,11 +103,15 @@ async def explain(state: _State, exc: oc.ServerError) -> Result:
     if exc.kind == oc.TIMEOUT:
         state.stop_reason = "the server stopped answering"
         return failed(
-            f"{exc}: the server accepts connections but does not answer",
+            f"{exc}: the server accepts connections but does not finish answering",
             f"it may be stuck or overloaded: {LOG_HINT}; raise --timeout if it is only slow",
         )
     if exc.kind == oc.BAD_RESPONSE:
-        return failed(str(exc), "check that --url points at vLLM's OpenAI-compatible server")
+        return failed(
+            str(exc),
+            "the answer does not have the shape or size the OpenAI API defines: check that --url points "
+            f"at vLLM's OpenAI-compatible server (not a proxy that rewrites answers); {LOG_HINT}",
+        )
     health = await _health_now(state.client)
     if health == "gone":
         state.stop_reason = "the server is gone"
@@ -129,29 +138,16 @@ async def explain(state: _State, exc: oc.ServerError) -> Result:
     )
 
 
-def _usage_tokens(path: str, answer: dict[str, Any]) -> int:
-    usage = answer.get("usage") or {}
-    tokens = usage.get("completion_tokens")
-    if not isinstance(tokens, int) or tokens <= 0:
+def _usage_tokens(path: str, answer: schema.Completion) -> int:
+    tokens = answer.usage.completion_tokens if answer.usage else None
+    if not tokens:
         raise StepFailed(
             failed(
-                f"{path} returned no usage.completion_tokens (usage={usage})",
+                f"{path} returned no usage.completion_tokens (usage={answer.usage})",
                 "check that --url points at vLLM's OpenAI-compatible server",
             )
         )
     return tokens
-
-
-def _first_choice(path: str, answer: dict[str, Any]) -> dict[str, Any]:
-    choices = answer.get("choices") if isinstance(answer, dict) else None
-    if not choices:
-        raise StepFailed(
-            failed(
-                f"{path} answered without choices: {str(answer)[:200]}",
-                "check that --url points at vLLM's OpenAI-compatible server",
-            )
-        )
-    return choices[0]
 
 
 def _non_empty(path: str, text: str | None) -> str:
@@ -188,7 +184,7 @@ def _chat_body(state: _State) -> dict[str, Any]:
 
 async def step_health(state: _State) -> Result:
     try:
-        await state.client.request("GET", "/health")
+        await state.client.health()
     except oc.ServerError as exc:
         if exc.kind == oc.UNREACHABLE:
             state.stop_reason = "nothing answers"
@@ -205,8 +201,7 @@ async def step_health(state: _State) -> Result:
 
 
 async def step_models(state: _State) -> Result:
-    listing = await state.client.get_json("/v1/models")
-    state.served = [m.get("id") for m in (listing.get("data") or []) if isinstance(m, dict)]
+    state.served = await state.client.models()
     if not state.served:
         return failed(
             "/v1/models lists no model", "check that --url points at vLLM's OpenAI-compatible server"
@@ -226,17 +221,15 @@ async def step_models(state: _State) -> Result:
     return passed(f"serves {wanted!r}", served=state.served)
 
 
-async def _read_metrics(client: oc.Client) -> list[prometheus.Sample]:
-    return prometheus.parse((await client.request("GET", "/metrics")).decode(errors="replace"))
-
-
 async def step_completion(state: _State) -> Result:
     try:
-        state.baseline = await _read_metrics(state.client)
-    except (oc.ServerError, prometheus.MetricsFormatError):
-        state.baseline = None  # the metrics step reports it
-    answer = await state.client.post_json("/v1/completions", _completion_body(state))
-    text = _non_empty("/v1/completions", _first_choice("/v1/completions", answer).get("text"))
+        state.baseline = await state.client.metrics()
+    except oc.ServerError as exc:
+        if exc.kind == oc.TIMEOUT:
+            raise  # a stalled server: the step fails on it rather than wait again for the completion
+        state.baseline, state.baseline_error = None, exc  # the metrics step reports it
+    answer = await state.client.completion("/v1/completions", _completion_body(state))
+    text = _non_empty("/v1/completions", answer.text)
     tokens = _usage_tokens("/v1/completions", answer)
     state.completion_text = text
     state.requests_ok += 1
@@ -245,9 +238,8 @@ async def step_completion(state: _State) -> Result:
 
 
 async def step_chat(state: _State) -> Result:
-    answer = await state.client.post_json("/v1/chat/completions", _chat_body(state))
-    message = _first_choice("/v1/chat/completions", answer).get("message") or {}
-    text = _non_empty("/v1/chat/completions", message.get("content"))
+    answer = await state.client.completion("/v1/chat/completions", _chat_body(state))
+    text = _non_empty("/v1/chat/completions", answer.text)
     tokens = _usage_tokens("/v1/chat/completions", answer)
     state.chat_tokens = tokens
     state.requests_ok += 1
@@ -282,8 +274,8 @@ async def step_chat_stream(state: _State) -> Result:
 
 
 async def step_determinism(state: _State) -> Result:
-    answer = await state.client.post_json("/v1/completions", _completion_body(state))
-    text = _first_choice("/v1/completions", answer).get("text")
+    answer = await state.client.completion("/v1/completions", _completion_body(state))
+    text = answer.text
     state.requests_ok += 1
     state.tokens_generated += _usage_tokens("/v1/completions", answer)
     if state.completion_text is None:
@@ -300,19 +292,18 @@ async def step_determinism(state: _State) -> Result:
 
 
 def _metric_growth(state: _State, now: list[prometheus.Sample], name: str) -> float | None:
-    labels = (
-        {"model_name": state.model}
-        if prometheus.counter_sum(now, name, model_name=state.model) is not None
-        else {}
-    )
-    after = prometheus.counter_sum(now, name, **labels)
-    before = prometheus.counter_sum(state.baseline or [], name, **labels)
+    model = state.model or ""
+    labels = {"model_name": model} if oc.counter(now, name, model_name=model) is not None else {}
+    after = oc.counter(now, name, **labels)
+    before = oc.counter(state.baseline or [], name, **labels)
     if after is None or before is None:
         return None
     return after - before
 
 
 async def step_metrics(state: _State) -> Result:
+    if state.baseline is None and state.baseline_error and state.baseline_error.kind == oc.BAD_RESPONSE:
+        raise state.baseline_error  # an answer too large or not Prometheus text: a failure, not a gap
     if state.baseline is None:
         return warned(
             "/metrics could not be read or parsed before the requests",
@@ -323,14 +314,18 @@ async def step_metrics(state: _State) -> Result:
         "vllm:generation_tokens_total": state.tokens_generated,
     }
     deadline = time.monotonic() + METRICS_SETTLE_S
+    if state.client.server.deadline is not None:
+        deadline = min(deadline, state.client.server.deadline - 0.5)
     while True:
-        now = await _read_metrics(state.client)
-        growth = {name: _metric_growth(state, now, name) for name in expected}
-        if any(g is None for g in growth.values()):
+        now = await state.client.metrics()
+        measured = {name: _metric_growth(state, now, name) for name in expected}
+        missing = [name for name, grown in measured.items() if grown is None]
+        if missing:
             return warned(
-                f"/metrics lacks {[n for n, g in growth.items() if g is None]}",
+                f"/metrics lacks {missing}",
                 "start vLLM without --disable-log-stats so it counts requests and tokens",
             )
+        growth = {name: grown or 0.0 for name, grown in measured.items()}
         if all(growth[n] >= expected[n] for n in expected) or time.monotonic() > deadline:
             break
         await asyncio.sleep(0.2)
@@ -353,8 +348,7 @@ async def step_metrics(state: _State) -> Result:
 
 
 async def step_version(state: _State) -> Result:
-    document = await state.client.get_json("/version")
-    version = document.get("version") if isinstance(document, dict) else None
+    version = await state.client.version()
     if not version:
         return warned("/version gives no version", "check that --url points at a vLLM server")
     return passed(f"vLLM {version}", version=version)
@@ -396,7 +390,8 @@ async def run_steps(options: SmokeOptions) -> tuple[list[Step], str | None]:
     """Every step in order, each timed; returns the steps and the model they used."""
     steps: list[Step] = []
     status: dict[str, Status] = {}
-    async with oc.open_client(oc.Server(options.url, options.api_key, options.timeout_s)) as client:
+    deadline = time.monotonic() + options.timeout_s
+    async with oc.open_client(oc.Server(options.url, options.api_key, options.timeout_s, deadline)) as client:
         state = _State(client, options)
         for step_id, title, fn in STEPS:
             blocker = next(
@@ -405,6 +400,8 @@ async def run_steps(options: SmokeOptions) -> tuple[list[Step], str | None]:
             started = time.perf_counter()
             if state.stop_reason:
                 result = skipped(state.stop_reason)
+            elif time.monotonic() >= deadline:
+                result = skipped(f"the --timeout of {options.timeout_s:g} s is spent")
             elif blocker:
                 result = skipped(f"needs the {blocker!r} step")
             else:
@@ -417,7 +414,7 @@ async def run_steps(options: SmokeOptions) -> tuple[list[Step], str | None]:
 def build_report(options: SmokeOptions, steps: list[Step], model: str | None) -> dict[str, Any]:
     statuses = [s.result.status for s in steps]
     return {
-        "schema_version": 1,
+        "schema_version": SCHEMA_VERSION,
         "tool": "rocmdoctor",
         "version": __version__,
         "command": "smoke",

@@ -1,34 +1,64 @@
-"""Fast extraction: `pigz -dc | <vet> | tar -x`, where <vet> is this module reading every tar header
-before GNU tar may see it.
+"""The processes of extraction: `pigz -dc` (or `gzip -dc`) and GNU tar, with the vetter between them.
 
-The relay parses each header (ustar, GNU long names, pax `path`/`linkpath`/`size`), applies the same
-rules as the Python extractor (no absolute names, no `..`, no links leaving the tree, only regular
-files, directories and links, no setuid/setgid) and forwards a block to tar only once every header
-in it has passed. Symlinks are resolved against the archive's own symlinks (tar lags behind us, so
-the disk cannot be asked). GNU tar adds its own guards (it also refuses `..` and strips a leading
-`/`). Anything the parser does not understand is refused, never passed through.
+    parts -> [feed thread] -> pigz -dc -> [this process: TarScanner] -> tar -x -C <dest>
+
+The scanner (`rocmdoctor.safe_tar`, the rule shared with the Python extractor and the snapshot
+unpacker) parses every header in the one buffer that is then written to tar: the bytes vetted are
+the bytes extracted, and a chunk goes to tar only after every header in it passed. Headers are
+accepted only in the canonical form GNU tar reads exactly as the scanner does, so tar cannot see a
+member the scanner did not.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
+import io
 import os
-import re
 import shutil
-import stat
 import subprocess
+import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, cast
 
-from .extract import BUFFER, ArchiveError, UnsafeArchive
+from rocmdoctor.safe_tar import BUFFER, ArchiveError, Limits, MemberRule, Readable, TarScanner, UnsafeArchive
 
-if TYPE_CHECKING:
-    from .extract import Gunzip
+ProgressFn = Callable[[int], None]
+# A bundle's tree: deep Python packages, but no path deeper than this, and no special limits on size
+# (the parts are digest-pinned; disk space is checked by the install).
+BUNDLE_LIMITS = Limits(depth=64)
+FEED_BUFFER = 128 << 10
+SPLICE_MIN = 64 << 10  # member data at least this long goes pipe to pipe
+PIPE_SIZE = 1 << 20
+F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 
-BLOCK = 512
-_REGULAR = (b"0", b"\0", b"7")
-_HARD, _SYM = b"1", b"2"
-_PAX_RECORD = re.compile(rb"(\d+) ")
+__all__ = [
+    "ArchiveError",
+    "Gunzip",
+    "HeaderVetter",
+    "UnsafeArchive",
+    "bundle_rule",
+    "gnu_tar",
+    "relay_extract",
+]
+
+
+def bundle_rule() -> MemberRule:
+    return MemberRule(BUNDLE_LIMITS, what="the bundle")
+
+
+class HeaderVetter(TarScanner):
+    """The scanner with the bundle rule and no sink: what stands in front of GNU tar."""
+
+    def __init__(self) -> None:
+        super().__init__(bundle_rule())
+
+
+def _pipe(stream: IO[bytes] | None) -> IO[bytes]:
+    if stream is None:
+        raise RuntimeError("subprocess started without the pipe asked for")
+    return stream
 
 
 def gnu_tar() -> str | None:
@@ -44,185 +74,135 @@ def gnu_tar() -> str | None:
     return found if "GNU tar" in version else None
 
 
-def _number(field: bytes, what: str) -> int:
-    if field[:1] and field[0] & 0x80:  # GNU base-256
-        value = int.from_bytes(field[1:], "big")
-        return -value if field[0] & 0x40 else value
-    text = field.split(b"\0", 1)[0].strip()
-    try:
-        return int(text, 8) if text else 0
-    except ValueError:
-        raise ArchiveError(f"the bundle archive has a corrupt header ({what} field {text!r})") from None
+def decompressor() -> list[str] | None:
+    for tool in ("pigz", "gzip"):
+        found = shutil.which(tool)
+        if found:
+            return [found, "-dc"]
+    return None
 
 
-def _text(field: bytes) -> str:
-    return field.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+class Counting(io.RawIOBase):
+    """Counts the compressed bytes read (for progress, and for the disk-full estimate)."""
 
+    def __init__(self, raw: Readable, on_bytes: ProgressFn | None) -> None:
+        self.raw, self.on_bytes = raw, on_bytes
+        self.count = 0
 
-def _pax(data: bytes) -> dict[str, str]:
-    records: dict[str, str] = {}
-    pos = 0
-    while pos < len(data) and data[pos : pos + 1] != b"\0":
-        match = _PAX_RECORD.match(data, pos)
-        if not match:
-            raise ArchiveError("the bundle archive has a corrupt pax header")
-        length = int(match.group(1))
-        record = data[match.end() : pos + length]
-        if length <= 0 or not record.endswith(b"\n") or b"=" not in record:
-            raise ArchiveError("the bundle archive has a corrupt pax header")
-        key, value = record[:-1].split(b"=", 1)
-        records[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
-        pos += length
-    return records
-
-
-class _SymlinkMap:
-    """The archive's symlinks, to resolve paths the way the finished tree will."""
-
-    def __init__(self) -> None:
-        self.links: dict[str, str] = {}
-
-    def inside(self, path: str) -> bool:
-        """True if `path` (relative to the tree) resolves inside the tree."""
-        stack: list[str] = []
-        todo = [c for c in path.split("/") if c]
-        hops = 0
-        while todo:
-            part = todo.pop(0)
-            if part == ".":
-                continue
-            if part == "..":
-                if not stack:
-                    return False
-                stack.pop()
-                continue
-            stack.append(part)
-            target = self.links.get("/".join(stack))
-            if target is not None:
-                hops += 1
-                if hops > 40 or target.startswith("/"):
-                    return False
-                stack.pop()
-                todo = [c for c in target.split("/") if c] + todo
+    def readable(self) -> bool:
         return True
 
+    def readinto(self, buffer) -> int:
+        n = self.raw.readinto(buffer) or 0
+        if n:
+            self.accepted(n)
+        return n
 
-class HeaderVetter:
-    """Feed it the decompressed tar stream in order; it raises before an unsafe member gets through."""
+    def accepted(self, n: int) -> None:
+        self.count += n
+        if self.on_bytes:
+            self.on_bytes(n)
 
-    def __init__(self) -> None:
-        self._header = bytearray()
-        self._skip = 0  # data bytes (incl. padding) of the current member still to pass
-        self._collect: bytearray | None = None  # data of a pax / GNU long-name header being read
-        self._collect_kind = b""
-        self._collect_size = 0
-        self._long_name: str | None = None
-        self._long_link: str | None = None
-        self._pax: dict[str, str] = {}
-        self.ended = False
-        self.symlinks = _SymlinkMap()
-        self.members = 0
 
-    def feed(self, data: memoryview) -> int:
-        """Vet `data`; returns how many of its bytes belong to the archive (up to its end marker)."""
-        pos, size = 0, len(data)
-        while pos < size and not self.ended:
-            if self._skip:
-                take = min(self._skip, size - pos)
-                if self._collect is not None:
-                    self._collect += data[pos : pos + take]
-                self._skip -= take
-                pos += take
-                if not self._skip and self._collect is not None:
-                    self._finish_collect()
-                continue
-            take = min(BLOCK - len(self._header), size - pos)
-            self._header += data[pos : pos + take]
-            pos += take
-            if len(self._header) == BLOCK:
-                header, self._header = bytes(self._header), bytearray()
-                self._on_header(header)
-        return pos
+class Gunzip:
+    """A `pigz -dc` (or `gzip -dc`) process fed from `stream` by a thread; the caller reads `.stdout`.
 
-    def _finish_collect(self) -> None:
-        data, kind = bytes(self._collect or b""), self._collect_kind
-        self._collect = None
-        if kind == b"x":
-            self._pax.update(_pax(data[: self._collect_size]))
-        elif kind == b"g":
-            if {"path", "linkpath"} & set(_pax(data[: self._collect_size])):
-                raise UnsafeArchive("(global pax header)", "sets a path for every member")
-        elif kind == b"L":
-            self._long_name = data[: self._collect_size].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-        elif kind == b"K":
-            self._long_link = data[: self._collect_size].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+    Errors of the stream (a failed download) are kept and re-raised by `check()` in the caller's
+    thread, ahead of the truncated-archive symptom they cause."""
 
-    def _on_header(self, header: bytes) -> None:
-        if header == bytes(BLOCK):
-            self.ended = True  # tar's end-of-archive marker; what follows is padding
+    def __init__(self, command: list[str], stream: Readable) -> None:
+        self.proc = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        self.stdin, self._stderr = _pipe(self.proc.stdin), _pipe(self.proc.stderr)
+        self.stdout = cast(io.BufferedReader, _pipe(self.proc.stdout))  # bufsize -1: buffered
+        self.stream = stream
+        self._raw: Readable = stream.raw if isinstance(stream, Counting) else stream
+        self.errors: list[BaseException] = []
+        self.stderr = ""
+        self._stopping = False
+        self._thread = threading.Thread(target=self._feed, name="gunzip-feed", daemon=True)
+        self._thread.start()
+
+    def _feed(self) -> None:
+        # Small writes, counted once gunzip took them: the count then lags the decompressed output by
+        # little more than the pipes, which keeps the disk-full estimate close.
+        buf = bytearray(FEED_BUFFER)
+        view = memoryview(buf)
+        counting = self.stream if isinstance(self.stream, Counting) else None
+        try:
+            while n := self._raw.readinto(buf):
+                self.stdin.write(view[:n])
+                if counting is not None:
+                    counting.accepted(n)
+        except BrokenPipeError:
+            pass  # the reader stopped; its own error explains why
+        except BaseException as exc:
+            if not self._stopping:
+                self.errors.append(exc)
+        finally:
+            try:
+                self.stdin.close()
+            except BrokenPipeError:
+                pass
+
+    def close(self, failed: bool) -> None:
+        if self.proc.returncode is not None:
             return
-        stored = _number(header[148:156], "checksum")
-        unsigned = sum(header[:148]) + 256 + sum(header[156:])
-        signed = unsigned - 2 * sum(b for b in header[:148] + header[156:] if b > 127)
-        if stored not in (unsigned, signed):
-            raise ArchiveError("the bundle archive has a header with a bad checksum (corrupt download?)")
-        kind = header[156:157] or b"0"
-        size = _number(header[124:136], "size")
-        if kind in (b"x", b"g", b"L", b"K"):
-            if size > (1 << 20):
-                raise UnsafeArchive("(extended header)", f"is implausibly large ({size} bytes)")
-            self._collect, self._collect_kind, self._collect_size = bytearray(), kind, size
-            self._skip = -(-size // BLOCK) * BLOCK
-            if not self._skip:
-                self._finish_collect()
-            return
-        name = _text(header[0:100])
-        if header[257:263] == b"ustar\x00" and header[345:500].strip(b"\0"):
-            name = _text(header[345:500]) + "/" + name
-        linkname = _text(header[157:257])
-        name = self._pax.get("path", self._long_name or name)
-        linkname = self._pax.get("linkpath", self._long_link or linkname)
-        if "size" in self._pax:
-            size = int(self._pax["size"])
-        sparse = any(k.startswith("GNU.sparse") for k in self._pax)
-        self._pax, self._long_name, self._long_link = {}, None, None
-        mode = _number(header[100:108], "mode")
-        self._check(name, kind, linkname, mode, sparse)
-        self.members += 1
-        self._skip = -(-size // BLOCK) * BLOCK if kind in _REGULAR else 0
+        if failed and self._thread.is_alive():  # the reader failed first: stop feeding
+            self._stopping = True
+            cancel = getattr(self._raw, "cancel", None)
+            if cancel:
+                cancel()
+        if failed:
+            self.proc.kill()
+        self._thread.join()
+        self.stdout.close()
+        self.stderr = self._stderr.read(1 << 16).decode(errors="replace").strip()
+        self._stderr.close()
+        self.proc.wait()
 
-    def _check(self, name: str, kind: bytes, linkname: str, mode: int, sparse: bool) -> None:
-        if not name or "\0" in name:
-            raise UnsafeArchive(name, "has an empty name")
-        if name.startswith("/"):
-            raise UnsafeArchive(name, "has an absolute path")
-        clean = name.rstrip("/")
-        if ".." in clean.split("/"):
-            raise UnsafeArchive(name, "contains '..'")
-        if kind not in (*_REGULAR, _HARD, _SYM, b"5") or sparse:
-            raise UnsafeArchive(
-                name, f"is a device node, FIFO or other special file (type {kind.decode(errors='replace')!r})"
+    def check(self) -> None:
+        if self.errors:
+            raise self.errors[0]
+        if self.proc.returncode and self.proc.returncode > 0:  # < 0: we killed it
+            raise ArchiveError(
+                f"the bundle is not a valid gzip stream ({self.stderr or f'exit {self.proc.returncode}'})"
             )
-        if mode & (stat.S_ISUID | stat.S_ISGID):
-            raise UnsafeArchive(name, "has the setuid or setgid bit")
-        # a later member with the same name replaces an earlier symlink
-        self.symlinks.links.pop(os.path.normpath(clean), None)
-        if kind == _SYM:
-            if linkname.startswith("/"):
-                raise UnsafeArchive(name, f"is a symlink to the absolute path {linkname!r}")
-            parent = os.path.dirname(clean)
-            if not self.symlinks.inside(parent) or not self.symlinks.inside(f"{parent}/{linkname}"):
-                raise UnsafeArchive(name, f"is a symlink leaving the bundle ({linkname!r})")
-            self.symlinks.links[os.path.normpath(clean)] = linkname
-        elif kind == _HARD:
-            if linkname.startswith("/") or ".." in linkname.split("/") or not self.symlinks.inside(linkname):
-                raise UnsafeArchive(name, f"is a hard link leaving the bundle ({linkname!r})")
-        elif not self.symlinks.inside(os.path.dirname(clean)):
-            raise UnsafeArchive(name, "would be written through a symlink leaving the bundle")
 
 
-def relay_extract(gunzip: Gunzip, dest: Path, tar: str) -> None:
-    """The plain tar from `gunzip` -> HeaderVetter -> GNU tar -x into `dest`."""
+def _disk_full(tar_err: str, dest: Path) -> bool:
+    """GNU tar says "No space left" for a failed open but only "Wrote only N of M bytes" for a short
+    write; the latter counts as disk full when the filesystem has (almost) nothing left."""
+    if "No space left" in tar_err or "Disk quota exceeded" in tar_err:
+        return True
+    try:
+        st = os.statvfs(dest)
+    except OSError:
+        return False
+    return "Wrote only" in tar_err and st.f_bavail * st.f_frsize < (1 << 20)
+
+
+def _grow_pipe(fd: int) -> None:
+    try:
+        fcntl.fcntl(fd, F_SETPIPE_SZ, PIPE_SIZE)
+    except OSError:
+        pass  # a smaller pipe only costs more system calls
+
+
+def _write_all(fd: int, view: memoryview) -> None:
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def relay_extract(gunzip: Gunzip, dest: Path, tar: str, vetter: TarScanner | None = None) -> TarScanner:
+    """The plain tar from `gunzip` -> vetter -> GNU tar -x into `dest`; returns the vetter.
+
+    Headers (and small members) are read into one buffer, vetted, and that buffer is written to tar.
+    The data of a large member is moved from gunzip's pipe to tar's with splice(2), after its header
+    was vetted and for exactly the byte count the header declared: no copy through this process, and
+    the bytes tar receives are still exactly the stream the vetter walks."""
+    vetter = vetter or HeaderVetter()
     untar = subprocess.Popen(
         [
             tar,
@@ -238,38 +218,69 @@ def relay_extract(gunzip: Gunzip, dest: Path, tar: str) -> None:
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
+        bufsize=0,  # unbuffered: splice and write go to the same pipe, in order
+        env={**os.environ, "LC_ALL": "C"},  # names pass byte for byte (no charset conversion)
     )
-    vetter = HeaderVetter()
-    finished = False
+    source = cast(io.FileIO, gunzip.stdout.raw)  # never the buffered reader: splice reads the same fd
+    stdin, stderr = _pipe(untar.stdin), _pipe(untar.stderr)
+    fd_in, fd_out = source.fileno(), stdin.fileno()
+    _grow_pipe(fd_in)
+    _grow_pipe(fd_out)
+    splice = getattr(os, "splice", None)
+    finished = tar_gone = False
     try:
         buf = bytearray(BUFFER)
         view = memoryview(buf)
-        while n := gunzip.stdout.readinto(buf):
-            if vetter.ended:
-                continue  # padding after the end marker: drained so gunzip can verify the stream
-            used = vetter.feed(view[:n])
-            try:
-                untar.stdin.write(view[:used])
-            except BrokenPipeError:
+        while True:
+            left = vetter.splicable
+            if splice is not None and left >= SPLICE_MIN and not tar_gone:
+                try:
+                    moved = splice(fd_in, fd_out, min(left, 1 << 30))
+                except BrokenPipeError:
+                    tar_gone = True  # tar failed (disk full?); its stderr says why
+                    break
+                except OSError as exc:
+                    if exc.errno not in (errno.EINVAL, errno.ENOSYS):
+                        raise
+                    splice = None  # not a pipe here: copy instead
+                    continue
+                if not moved:
+                    break  # gunzip ended inside a member: finish() says truncated
+                vetter.skip_data(moved)
+                continue
+            n = source.readinto(buf)
+            if not n:
                 break
-            if vetter.ended:
-                untar.stdin.close()
-        finished = True
+            used = vetter.feed(view[:n])  # raises before a chunk with a refused header reaches tar
+            if used and not tar_gone:
+                try:
+                    _write_all(fd_out, view[:used])
+                except BrokenPipeError:
+                    tar_gone = True
+                    break
+            if vetter.ended and not stdin.closed:
+                stdin.close()
+        finished = not tar_gone
     finally:
-        if not finished:
+        if not finished and not tar_gone:
             untar.kill()
         gunzip.close(failed=not finished)
         try:
-            untar.stdin.close()
+            stdin.close()
         except BrokenPipeError:
             pass
-        tar_err = untar.stderr.read().decode(errors="replace").strip()
-        untar.stderr.close()
+        tar_err = stderr.read(1 << 16).decode(errors="replace").strip()
+        stderr.close()
         untar.wait()
-    gunzip.check()
-    if not vetter.ended:
-        raise ArchiveError("the bundle archive is truncated (no end-of-archive marker)")
     if untar.returncode != 0:
-        if "No space left" in tar_err:
+        if _disk_full(tar_err, dest):
             raise OSError(errno.ENOSPC, "No space left on device", str(dest))
-        raise ArchiveError(f"tar could not extract the bundle ({tar_err or f'exit {untar.returncode}'})")
+        gunzip.check()
+        if not vetter.ended:
+            vetter.finish()  # the archive ended early: say so rather than tar's symptom
+        raise ArchiveError(
+            f"tar could not extract the bundle ({tar_err[-2000:] or f'exit {untar.returncode}'})"
+        )
+    gunzip.check()
+    vetter.finish()
+    return vetter

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import difflib
 import re
-import subprocess
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from ..atomic import write_atomic
+from ..bundle_env import BUNDLE_SETTINGS
+from ..host_writes import HostWriter, WriteRefused
+from ..params import MAX_DURATION_S, prefix_problem, service_user_problem
 from ..registry import DEFAULT_PREFIX
+from ..sensitive import KeyFileError
+from ..sensitive import read_api_key as read_key_file
 from .server_args import ServerArgs
 
 UNIT_NAME = "vllm.service"
@@ -27,7 +30,10 @@ DEFAULT_LOAD_TIMEOUT_S = 1800
 # Groups that own /dev/kfd and /dev/dri/renderD* on ROCm hosts. Minimal Debian has no `render`
 # (udev creates it with the GPU), and a missing group fails the unit with status 216/GROUP.
 DEVICE_GROUPS = ("render", "video")
-API_KEY_PATTERN = re.compile(r"[A-Za-z0-9._~+/=-]{8,512}")
+# A key the server is started with: long enough not to be guessed (the reader's rule, with this minimum).
+MIN_SERVER_KEY_LENGTH = 8
+# uids that must not run the server whatever they are called: root, and nobody (65534).
+FORBIDDEN_UIDS = {0: "root", 65534: "nobody"}
 PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
 
 
@@ -42,6 +48,12 @@ class ServiceLayout:
     prefix: str = DEFAULT_PREFIX
     unit_dir: str = UNIT_DIR
     env_file: str = ENV_FILE
+
+    def __post_init__(self) -> None:
+        # The prefix is the first word of ExecStart=: "+/opt/rd" would run vLLM as root, unsandboxed.
+        problem = prefix_problem(self.prefix)
+        if problem:
+            raise UnitError(f"--prefix {self.prefix!r}: {problem}")
 
     @property
     def server(self) -> str:
@@ -89,8 +101,12 @@ class WriteReport:
         return bool(self.accounts) or any(f.changed for f in self.files)
 
     def to_json(self) -> dict:
-        return {"changed": self.changed, "files": [f.to_json() for f in self.files],
-                "accounts_created": self.accounts, "daemon_reload": self.daemon_reload}
+        return {
+            "changed": self.changed,
+            "files": [f.to_json() for f in self.files],
+            "accounts_created": self.accounts,
+            "daemon_reload": self.daemon_reload,
+        }
 
 
 def systemd_quote(word: str) -> str:
@@ -117,28 +133,37 @@ def readiness_url(args: ServerArgs) -> str:
 
 
 def read_api_key(path: Path) -> str:
+    """The key the server is started with (the one reader's rule, at least MIN_SERVER_KEY_LENGTH long)."""
     try:
-        key = path.read_text().strip()
-    except OSError as exc:
-        raise UnitError(f"cannot read the API key file {path}: {exc.strerror}") from None
-    if not API_KEY_PATTERN.fullmatch(key):
-        raise UnitError(f"{path} must hold one key of 8-512 characters from A-Z a-z 0-9 . _ ~ + / = - "
-                        "(e.g. `openssl rand -hex 32 > FILE`)")
-    return key
+        return read_key_file(path, min_length=MIN_SERVER_KEY_LENGTH)
+    except KeyFileError as exc:
+        raise UnitError(str(exc)) from None
 
 
-def render_unit(args: ServerArgs, layout: ServiceLayout, user: str, timeout_s: int = DEFAULT_LOAD_TIMEOUT_S) -> str:
-    if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", user):
-        raise UnitError(f"--user {user!r} is not a valid system user name (lower case, digits, - and _)")
+def _environment_line(settings: dict[str, str]) -> str:
+    return " ".join(f"{name}={value}" for name, value in settings.items())
+
+
+def render_unit(
+    args: ServerArgs, layout: ServiceLayout, user: str, timeout_s: int = DEFAULT_LOAD_TIMEOUT_S
+) -> str:
+    problem = service_user_problem(user)
+    if problem:
+        raise UnitError(f"--user {user!r}: {problem}")
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int) or not 1 <= timeout_s <= MAX_DURATION_S:
+        # TimeoutStartSec must be a real bound: never negative, huge or missing.
+        raise UnitError(f"--timeout {timeout_s!r}: give whole seconds from 1 to {MAX_DURATION_S}")
     values = {
         "unit_name": UNIT_NAME,
         "description": args.served_model_name.replace("%", "%%"),
         "user": user,
         "state_name": STATE_NAME,
+        "bundle_environment": _environment_line(BUNDLE_SETTINGS),
         "env_file": layout.env_file,
         "exec_start": command_line([layout.server, *args.argv()]),
-        "exec_start_post": command_line([layout.python, layout.wait_ready, readiness_url(args),
-                                         args.served_model_name, str(timeout_s)]),
+        "exec_start_post": command_line(
+            [layout.python, layout.wait_ready, readiness_url(args), args.served_model_name, str(timeout_s)]
+        ),
         # The readiness wait gives up first, so its message (not systemd's timeout) is in the journal.
         "timeout_start_s": str(timeout_s + 60),
     }
@@ -154,11 +179,17 @@ def render_env(api_key: str | None) -> str:
 
 
 def wait_ready_script() -> str:
-    return resources.files(__package__).joinpath("libexec/wait-ready").read_text()
+    # The module itself, standard library only: the bundle's python runs it as ExecStartPost.
+    return resources.files(__package__).joinpath("wait_ready.py").read_text()
 
 
-def file_specs(args: ServerArgs, layout: ServiceLayout, user: str, api_key: str | None,
-               timeout_s: int = DEFAULT_LOAD_TIMEOUT_S) -> list[FileSpec]:
+def file_specs(
+    args: ServerArgs,
+    layout: ServiceLayout,
+    user: str,
+    api_key: str | None,
+    timeout_s: int = DEFAULT_LOAD_TIMEOUT_S,
+) -> list[FileSpec]:
     return [
         FileSpec(layout.unit_path, render_unit(args, layout, user, timeout_s), 0o644),
         FileSpec(layout.env_file, render_env(api_key), 0o600, secret=True),
@@ -166,66 +197,63 @@ def file_specs(args: ServerArgs, layout: ServiceLayout, user: str, api_key: str 
     ]
 
 
-def _under(root: Path, host_path: str) -> Path:
-    return root / host_path.lstrip("/")
-
-
 def apply_file(root: Path, spec: FileSpec, check: bool = False) -> FileChange:
-    real = _under(root, spec.path)
-    try:
-        old = real.read_text()
-        old_mode = real.stat().st_mode & 0o7777
-    except FileNotFoundError:
-        old, old_mode = None, None
+    """Make root/spec.path hold spec.content with spec.mode; inside a foreign root no link is followed."""
+    writer = HostWriter(root)
+    raw = writer.read_current(spec.path)
+    old_mode = writer.current_mode(spec.path)
+    old = raw.decode(errors="replace") if raw is not None else None
     if old == spec.content:
         if old_mode != spec.mode:
             if not check:
-                real.chmod(spec.mode)
+                writer.chmod(spec.path, spec.mode)
             return FileChange(spec.path, True, f"mode {old_mode:04o} -> {spec.mode:04o}")
         return FileChange(spec.path, False)
     if spec.secret:
         diff = f"{spec.path}: content changed (secret, not shown)"
     else:
-        diff = "".join(difflib.unified_diff((old or "").splitlines(True), spec.content.splitlines(True),
-                                            fromfile=spec.path if old is not None else "/dev/null",
-                                            tofile=spec.path))
+        diff = "".join(
+            difflib.unified_diff(
+                (old or "").splitlines(True),
+                spec.content.splitlines(True),
+                fromfile=spec.path if old is not None else "/dev/null",
+                tofile=spec.path,
+            )
+        )
     if not check:
-        write_atomic(real, spec.content, spec.mode)
+        writer.write_file(spec.path, spec.content.encode(), spec.mode)
     return FileChange(spec.path, True, diff)
 
 
-def _names(root: Path, db: str) -> set[str]:
-    try:
-        lines = _under(root, f"/etc/{db}").read_text().splitlines()
-    except FileNotFoundError:
-        return set()
-    return {line.split(":", 1)[0] for line in lines if line and not line.startswith("#")}
-
-
 def ensure_accounts(root: Path, user: str, check: bool = False) -> list[str]:
-    """The service user (system account, own group, no login) and the device groups, if missing."""
-    root_args = [] if root == Path("/") else ["--root", str(root)]
+    """The service user (system account, own group, no login) and the device groups, if missing.
+
+    On a foreign root the account files are edited by rocmdoctor itself (nothing from the tree runs)."""
+    writer = HostWriter(root)
+    uid = writer.uid_of(user)
+    if uid in FORBIDDEN_UIDS:
+        raise UnitError(
+            f"--user {user} has uid {uid} ({FORBIDDEN_UIDS[uid]}) in {root}/etc/passwd; "
+            "the server must run as a dedicated unprivileged account such as vllm"
+        )
     created = []
     for group in DEVICE_GROUPS:
-        if group not in _names(root, "group"):
+        if group not in writer.group_names():
             if not check:
-                _run(["groupadd", *root_args, "--system", group])
+                writer.add_group(group)
             created.append(f"group {group}")
-    if user not in _names(root, "passwd"):
+    if uid is None:
         if not check:
-            _run(["useradd", *root_args, "--system", "--user-group", "--home-dir", f"/var/lib/{STATE_NAME}",
-                  "--no-create-home", "--shell", "/usr/sbin/nologin", "--comment", "vLLM server", user])
+            writer.add_system_user(user, f"/var/lib/{STATE_NAME}", "/usr/sbin/nologin", "vLLM server")
         created.append(f"user {user}")
     return created
 
 
-def _run(argv: list[str]) -> None:
+def _run(root: Path, argv: list[str]) -> None:
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-    except FileNotFoundError:
-        raise UnitError(f"{argv[0]} is not installed (package passwd); create the account yourself") from None
-    if done.returncode != 0:
-        raise UnitError(f"{' '.join(argv)} failed: {done.stderr.strip()}")
+        HostWriter(root).run(argv)
+    except WriteRefused as exc:
+        raise UnitError(str(exc)) from None
 
 
 def systemd_running(root: Path) -> bool:
@@ -236,14 +264,17 @@ def systemd_running(root: Path) -> bool:
 def write(root: Path, specs: list[FileSpec], user: str, check: bool = False) -> WriteReport:
     """Make the host match `specs`; with `check`, only report what would change (Ansible's --check)."""
     report = WriteReport()
-    report.accounts = ensure_accounts(root, user, check)
-    report.files = [apply_file(root, spec, check) for spec in specs]
+    try:
+        report.accounts = ensure_accounts(root, user, check)
+        report.files = [apply_file(root, spec, check) for spec in specs]
+    except WriteRefused as exc:
+        raise UnitError(str(exc)) from None
     unit_changed = any(f.changed and f.path.endswith(".service") for f in report.files)
     if unit_changed:
         if check:
             report.daemon_reload = "would run"
         elif systemd_running(root):
-            _run(["systemctl", "daemon-reload"])
+            _run(root, ["systemctl", "daemon-reload"])
             report.daemon_reload = "done"
         else:
             report.daemon_reload = "skipped: systemd is not running here"

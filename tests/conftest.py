@@ -7,7 +7,6 @@ engine, sshd, systemd-nspawn) must run there, so a skip would hide that they did
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,20 +15,10 @@ REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"
 HOSTS = FIXTURES / "hosts"
 
-# tests/harness is importable as `harness` from every test module and plugin.
-sys.path.insert(0, str(REPO / "tests"))
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    """Every module in tests/plugins/ is a pytest plugin (shared fixtures for real components)."""
-    import importlib.util
-
-    for path in sorted((REPO / "tests" / "plugins").glob("*.py")):
-        spec = importlib.util.spec_from_file_location(f"rocmdoctor_test_plugins.{path.stem}", path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # dataclasses and pickling look their module up by name
-        spec.loader.exec_module(module)
-        config.pluginmanager.register(module, f"rocmdoctor-{path.stem}")
+# Shared fixtures for real components (tests/ is on the path through pyproject's `pythonpath`, so
+# `harness` and `plugins` import from every test module). tests/test_conftest_plugins.py checks that
+# every module in tests/plugins/ is named here.
+pytest_plugins = ["plugins.engine", "plugins.fleet", "plugins.install", "plugins.serve", "plugins.smoke"]
 
 
 # Fixtures that start or need the real vLLM CPU engine: a test using one is an `engine` test, so

@@ -15,6 +15,7 @@ EXPECTED = {
     "strix-halo-nocwsr-dkms": ({1}, set()),
     "strix-halo-clean": ({1}, set()),
     "strix-halo-default-ttm": ({1}, set()),
+    "strix-halo-carveout": ({1}, set()),
     "strix-point": ({1}, set()),
     "rx7900xtx-no-render": (set(), {1}),
     "r9700": (set(), {1}),

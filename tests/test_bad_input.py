@@ -10,11 +10,11 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from harness.hosts import FIXTURE_IDS, fixture_root, run_cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from rocmdoctor.checks import host_facts, load_registry
 
+from harness.hosts import FIXTURE_IDS, fixture_root, run_cli
+from rocmdoctor.checks import host_facts, load_registry
 from rocmdoctor.host import Host
 from rocmdoctor.model import Status
 from rocmdoctor.registry import Context

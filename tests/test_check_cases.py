@@ -130,8 +130,11 @@ def test_strix_halo_with_a_96_gib_carve_out_is_still_an_apu(host_copy):
     (gpu,) = gpus(Context(Host(root), Options()))
     assert (gpu.apu, gpu.apu_basis) == (True, "gfx1151 exists only as an integrated GPU")
     assert (gpu.vram_total, gpu.gtt_total) == (96 << 30, 63968 << 20)
+    # The runtime reports the larger pool as the device's memory: here the 96 GiB carve-out, whose
+    # use this capture lacks, so the verdict names that file instead of sizing the 62.5 GiB GTT.
     result = run(root, "memory.gpu")
-    assert result.details["pool"] == "gtt" and result.details["total_bytes"] == 63968 << 20
+    assert result.status is Status.WARN and "VRAM" in result.summary
+    assert "mem_info_vram_used" in result.summary
 
 
 def test_a_partition_whose_bank_lost_used_memory_names_the_file(host_copy):

@@ -11,7 +11,7 @@ import os
 import jsonschema
 import pytest
 
-from harness.hosts import FIXTURE_IDS, check_json, fixture_root, normalize
+from harness.hosts import FIXTURE_IDS, check_json, fixture_root, normalize, run_cli
 from rocmdoctor.model import Status, exit_code
 from rocmdoctor.report import load_schema
 
@@ -68,6 +68,9 @@ EXPECTED_VERDICTS = {
         )
     },
     "strix-halo-default-ttm": {"memory.ttm": "warn", "kernel.cwsr": "pass"},
+    # 96 GiB BIOS carve-out, default GTT of half the 31 GiB left to Linux: an APU all the same, and the TTM
+    # limit is the default one.
+    "strix-halo-carveout": {"gpu.arch": "pass", "memory.ttm": "warn", "kernel.cwsr": "pass"},
     "strix-point": {"access.devices": "warn", "memory.ttm": "warn", "gpu.arch": "pass"},
     "rx7900xtx-no-render": {"access.devices": "fail", "kernel.cwsr": "pass"},
     "r9700": {"kernel.cwsr": "pass", "gpu.arch": "pass"},
@@ -142,3 +145,35 @@ def test_a_supported_dgpu_beside_an_unsupported_igpu_is_told_to_hide_the_igpu():
     assert "ROCR_VISIBLE_DEVICES" in arch["remedy"] and arch["details"]["unsupported"] == ["gfx1033"]
     (memory,) = [c for c in golden["checks"] if c["id"] == "memory.gpu"]
     assert [row["gfx"] for row in memory["details"]["gpus"]] == ["gfx1100"]  # the iGPU does not size vLLM
+
+
+def test_carveout_host_reports_the_96_gib_carveout_and_the_small_gtt():
+    # bogdanr/fono's `ai-framework`: mem_info_vram_total 103079215104, dmesg "15934M of GTT memory ready."
+    golden = json.loads((fixture_root("strix-halo-carveout") / "expected.json").read_text())
+    (gpu,) = golden["host"]["gpus"]
+    assert (gpu["gfx"], gpu["apu"], gpu["vram_total"], gpu["gtt_total"]) == (
+        "gfx1151",
+        True,
+        96 << 30,
+        15934 << 20,
+    )
+    by_id = {c["id"]: c for c in golden["checks"]}
+    (row,) = by_id["memory.gpu"]["details"]["gpus"]
+    assert (row["vram_total"], row["gtt_total"]) == (96 << 30, 15934 << 20)
+    ttm = by_id["memory.ttm"]["details"]
+    # What Linux has left beside the carve-out: 31.1 GiB, twice the default GTT.
+    assert (ttm["mem_total"], ttm["gtt_total"], ttm["pages_limit"]) == (2 * (15934 << 20), 15934 << 20, {})
+    # The finding this host exists to show: told that a small carve-out plus the TTM limit gives more.
+    assert by_id["memory.ttm"]["status"] == "warn"
+    assert ttm["carveout"]["carveout_bytes"] == 96 << 30
+    assert ttm["carveout"]["reach_after_bytes"] > ttm["carveout"]["reach_now_bytes"] == 96 << 30
+    assert "512 MB" in by_id["memory.ttm"]["remedy"]
+
+
+def test_fix_kernel_on_the_carveout_host_shrinks_the_carveout_before_raising_ttm():
+    done = run_cli("--no-color", "fix-kernel", root=fixture_root("strix-halo-carveout"))
+    # Exit 1: there are steps (docs/fix-kernel.md).
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    shrink = done.stdout.index("Shrink the BIOS carve-out to 512 MB")
+    raise_ttm = done.stdout.index("options ttm pages_limit=")
+    assert shrink < raise_ttm

@@ -51,3 +51,17 @@ def test_unknown_option_is_an_error_not_a_suggestion_of_a_global():
     proc = rocmdoctor("check", "--rooot", FIXTURE)
     assert proc.returncode == 2
     assert "No such option" in proc.stderr
+
+
+@pytest.mark.parametrize("short, long", [("install", "install"), ("rollback", "rollback"), ("bundles", "list")])
+def test_bundle_group_holds_every_bundle_command_and_the_short_forms_stay(short, long):
+    top = rocmdoctor(short, "--help")
+    grouped = rocmdoctor("bundle", long, "--help")
+    assert top.returncode == grouped.returncode == 0
+    assert top.stdout.split("Options:", 1)[1] == grouped.stdout.split("Options:", 1)[1]
+
+
+def test_global_options_after_a_grouped_subcommand(tmp_path):
+    listed = rocmdoctor("bundle", "list", "--prefix", str(tmp_path / "none"), "--json", "--root", FIXTURE)
+    assert listed.returncode == 0, listed.stderr
+    assert not (tmp_path / "none").exists()

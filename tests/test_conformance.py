@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
+
 import rocmdoctor.checks as checks_pkg
 from harness.hosts import FIXTURE_IDS, fixture_root
 from rocmdoctor.checks import HELPER_MODULES, MODULES, load_registry
-
 from rocmdoctor.host import Host
 from rocmdoctor.registry import Context, run_isolated
 
@@ -64,7 +64,7 @@ def test_modules_tuple_lists_every_check_module():
 def covered(path: str, pattern: str) -> bool:
     """`path` is `pattern` or one of the directories leading to it (one segment per wildcard)."""
     parts, pat = [p for p in path.split("/") if p], [p for p in pattern.split("/") if p]
-    return len(parts) <= len(pat) and all(fnmatch.fnmatchcase(a, b) for a, b in zip(parts, pat))
+    return len(parts) <= len(pat) and all(fnmatch.fnmatchcase(a, b) for a, b in zip(parts, pat, strict=False))
 
 
 @pytest.mark.parametrize("fixture_id", FIXTURE_IDS)

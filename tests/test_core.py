@@ -140,9 +140,8 @@ def test_atomic_write_keeps_the_old_file_when_the_writer_fails(tmp_path):
     target = tmp_path / "vllm.env"
     write_atomic(target, "OLD=1\n", 0o600)
     assert target.read_text() == "OLD=1\n" and (target.stat().st_mode & 0o777) == 0o600
-    with pytest.raises(RuntimeError):
-        with atomic_file(target, 0o600) as out:
-            out.write(b"NEW=")
-            raise RuntimeError("disk went away")
+    with pytest.raises(RuntimeError), atomic_file(target, 0o600) as out:
+        out.write(b"NEW=")
+        raise RuntimeError("disk went away")
     assert target.read_text() == "OLD=1\n"
     assert [p.name for p in tmp_path.iterdir()] == ["vllm.env"]

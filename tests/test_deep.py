@@ -17,13 +17,13 @@ import time
 from pathlib import Path
 
 import pytest
-from harness.deep import GIB, RX_7900_XTX_NAME, STRIX_HALO, fake_rocm_python, rocm_gpu, shell_python
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from harness.deep import GIB, RX_7900_XTX_NAME, STRIX_HALO, fake_rocm_python, rocm_gpu, shell_python
+from rocmdoctor import memory_rule
 from rocmdoctor.checks import load_registry
 from rocmdoctor.checks.deep import find_peak
-
-from rocmdoctor import memory_rule
 from rocmdoctor.deep_probe import probe_environment, probe_path
 from rocmdoctor.host import Host
 from rocmdoctor.model import Status

@@ -1,4 +1,4 @@
-"""The write seam on a foreign root: writes stay inside it, accounts are added by our own code, nothing runs."""
+"""The write seam on a foreign root: no link followed, accounts added by our own code, nothing executed."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rocmdoctor.host_writes import HostWriter, WriteRefused
+from rocmdoctor.host_writes import HostWriter, WriteRefused, is_live
 
 
 @pytest.fixture
@@ -15,44 +15,41 @@ def tree(tmp_path: Path) -> Path:
     root = tmp_path / "root"
     (root / "etc").mkdir(parents=True)
     (root / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/bash\n")
-    (root / "etc" / "group").write_text("root:x:0:\nrender:x:992:\nvideo:x:44:alice\n")
+    (root / "etc" / "group").write_text("root:x:0:\nrender:x:992:\n")
+    (root / "etc" / "shadow").write_text("root:*:19000:0:99999:7:::\n")
+    (root / "etc" / "login.defs").write_text("SYS_UID_MIN 201\nSYS_UID_MAX 299\nSYS_GID_MIN 201\nSYS_GID_MAX 299\n")
     return root
 
 
-def test_files_and_links_stay_inside_the_root(tree, tmp_path):
+def test_a_link_on_the_way_is_refused_not_followed(tree, tmp_path):
     outside = tmp_path / "outside"
     outside.mkdir()
-    (tree / "etc" / "systemd").symlink_to(outside)  # absolute link out of the tree
-    writer = HostWriter(tree)
-    writer.write_file("/etc/systemd/system/vllm.service", b"[Unit]\n")
+    (tree / "etc" / "systemd").symlink_to(outside)
+    with pytest.raises(WriteRefused, match="refusing to follow"):
+        HostWriter(tree).write_file("/etc/systemd/system/vllm.service", b"[Unit]\n")
     assert list(outside.iterdir()) == []
-    # the link was resolved as inside a chroot: the file lands under root + the link's target
-    assert (tree / str(outside).lstrip("/") / "system" / "vllm.service").read_bytes() == b"[Unit]\n"
 
 
-def test_a_planted_link_at_the_target_is_replaced_not_written_through(tree, tmp_path):
+def test_a_planted_link_at_the_target_is_neither_read_nor_written_through(tree, tmp_path):
     victim = tmp_path / "victim"
     victim.write_text("precious\n")
     (tree / "etc" / "unit").symlink_to(victim)
     writer = HostWriter(tree)
     with pytest.raises(WriteRefused):
-        writer.read_current("/etc/unit")  # a link is never read through
-    writer.write_file("/etc/unit", b"new\n")
+        writer.read_current("/etc/unit")
+    writer.write_file("/etc/unit", b"new\n", 0o600)  # the rename replaces the link itself
     assert victim.read_text() == "precious\n"
-    assert not (tree / "etc" / "unit").is_symlink() and (tree / "etc" / "unit").read_bytes() == b"new\n"
+    assert (tree / "etc" / "unit").read_bytes() == b"new\n" and writer.current_mode("/etc/unit") == 0o600
 
 
-def test_accounts_are_added_by_editing_the_tree(tree):
+def test_accounts_are_added_by_editing_the_tree_in_the_system_range(tree):
     writer = HostWriter(tree)
-    assert writer.ensure_user("vllm", "/var/lib/vllm", ("render", "video")) is True
-    passwd = (tree / "etc" / "passwd").read_text().splitlines()
-    group = (tree / "etc" / "group").read_text().splitlines()
-    vllm = next(line for line in passwd if line.startswith("vllm:")).split(":")
-    assert vllm[5:] == ["/var/lib/vllm", "/usr/sbin/nologin"] and 100 <= int(vllm[2]) < 1000
-    assert f"vllm:x:{vllm[3]}:" in group
-    assert "render:x:992:vllm" in group and "video:x:44:alice,vllm" in group
-    assert writer.ensure_user("vllm", "/var/lib/vllm", ("render",)) is False  # idempotent
-    assert writer.ensure_group("render") is False
+    writer.add_system_user("vllm", "/var/lib/vllm", "/usr/sbin/nologin", "vLLM server")
+    vllm = next(x for x in (tree / "etc/passwd").read_text().splitlines() if x.startswith("vllm:")).split(":")
+    assert 201 <= int(vllm[2]) <= 299 and vllm[5:] == ["/var/lib/vllm", "/usr/sbin/nologin"]
+    assert f"vllm:x:{vllm[3]}:" in (tree / "etc/group").read_text()
+    assert (tree / "etc/shadow").read_text().splitlines()[-1].startswith("vllm:!:")
+    assert writer.uid_of("vllm") == int(vllm[2]) and "vllm" in writer.group_names()
 
 
 def test_nothing_is_executed_for_a_tree(tree):
@@ -63,11 +60,16 @@ def test_nothing_is_executed_for_a_tree(tree):
     tool.chmod(0o755)
     with pytest.raises(WriteRefused, match="nothing is executed"):
         HostWriter(tree).run(["useradd", "x"])
-    HostWriter(tree).ensure_user("svc", "/var/lib/svc", ())
+    HostWriter(tree).add_system_user("svc", "/var/lib/svc", "/usr/sbin/nologin", "svc")
     assert not marker.exists()
 
 
-def test_a_link_loop_is_refused(tree):
-    os.symlink("loop", tree / "loop")
-    with pytest.raises(WriteRefused, match="symbolic links"):
-        HostWriter(tree).write_file("/loop/x", b"")
+def test_symlinks_are_swapped_atomically_inside_the_tree(tree):
+    writer = HostWriter(tree)
+    writer.symlink("/opt/rd/current", "bundles/a")
+    writer.symlink("/opt/rd/current", "bundles/b")
+    assert os.readlink(tree / "opt/rd/current") == "bundles/b"
+
+
+def test_the_live_root_is_recognised_by_identity_not_by_spelling(tmp_path):
+    assert is_live(Path("/")) and is_live(Path("/.")) and not is_live(tmp_path)

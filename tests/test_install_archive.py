@@ -39,7 +39,7 @@ def _cases(outside: str) -> dict[str, tuple[dict, str]]:
                 "here": _member("here", tarfile.SYMTYPE, "."),
                 "here/up": _member("here/up", tarfile.SYMTYPE, "../escaped"),
             },
-            "symlink leaving the bundle",
+            "through a symlink",
         ),
         "symlink-dotdot-through-link": (
             {"here": _member("here", tarfile.SYMTYPE, "."), "up": _member("up", tarfile.SYMTYPE, "here/..")},
@@ -122,15 +122,19 @@ def test_interpreter_that_does_not_run_is_not_activated(install_lab):
 
 
 @pytest.mark.parametrize("case", sorted(_cases("/x")))
-def test_own_member_check_refuses_without_tarfiles_filter(tmp_path, case):
-    """Our check alone (the target's Python may predate the data-filter fixes) refuses every case."""
-    from rocmdoctor.provision.extract import UnsafeArchive, check_member
+def test_the_shared_rule_refuses_without_touching_a_disk(tmp_path, case):
+    """The scanner alone (no tarfile, no realpath, nothing on disk) refuses every case."""
+    import io
 
-    dest = tmp_path / "tree"
-    (dest / "lib").mkdir(parents=True)
-    (dest / "here").symlink_to(".")
-    extra, _ = _cases(str(tmp_path / "outside"))[case]
-    members = [spec[0] if isinstance(spec, tuple) else spec for spec in extra.values()]
-    with pytest.raises(UnsafeArchive):
-        for member in members:
-            check_member(member, str(dest))
+    from rocmdoctor.provision.tarpipe import HeaderVetter
+    from rocmdoctor.safe_tar import UnsafeArchive
+
+    extra, message = _cases(str(tmp_path / "outside"))[case]
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for spec in extra.values():
+            info, data = spec if isinstance(spec, tuple) else (spec, b"")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data) if data else None)
+    with pytest.raises(UnsafeArchive, match=message.replace("(", r"\(").replace(")", r"\)")):
+        HeaderVetter().feed(memoryview(out.getvalue()))

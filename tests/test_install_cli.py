@@ -100,12 +100,17 @@ def test_shipped_pins_are_valid_and_unpinned_install_says_run_bundle_lock(instal
     assert manifest.families["gfx942"].tag == "vllm0.19.1-rocm7.13.0-gfx942"
     assert all(not entry.pinned and not entry.assets for entry in lock.families.values())
     _refused(
-        install_lab.cli("install", "--family", "gfx1151", "--prefix", str(install_lab.prefix)),
+        install_lab.cli("install", "--family", "gfx1151", "--prefix", str(install_lab.prefix), "--frozen"),
         "no pinned digests",
-        "rocmdoctor bundle lock --family gfx1151",
+        f"rocmdoctor bundle lock --family gfx1151 --prefix {install_lab.prefix}",
+    )
+    _refused(  # not frozen: the newest stable release, of which this server has none
+        install_lab.cli("install", "--family", "gfx1151", "--prefix", str(install_lab.prefix)),
+        "no stable release for gfx1151",
+        "bundles --available",
     )
     _refused(
-        install_lab.cli("install", "--family", "gfx950", "--prefix", str(install_lab.prefix)),
+        install_lab.cli("install", "--family", "gfx950", "--prefix", str(install_lab.prefix), "--pinned"),
         "no release of gfx950 is pinned",
         "--tag",
     )

@@ -7,6 +7,7 @@ import json
 import subprocess
 
 import pytest
+
 from harness.release_server import Fault
 
 OLD = "vllm0.1.0-rocm7.0.0-gfx1151"

@@ -58,6 +58,10 @@ def test_rollback_switches_back_and_forth_and_bundles_lists_them(install_lab):
 
 
 def test_rollback_without_previous_says_what_to_do(install_lab):
+    missing = install_lab.cli("rollback", "--prefix", str(install_lab.prefix))
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+    assert not install_lab.prefix.exists()  # a typo in --prefix creates nothing
+    install_lab.prefix.mkdir()
     proc = install_lab.cli("rollback", "--prefix", str(install_lab.prefix))
     assert proc.returncode == 1
     assert "no previous bundle" in proc.stderr and "rocmdoctor bundles" in proc.stderr
@@ -135,8 +139,8 @@ def test_bundle_lock_pins_from_the_api_and_install_uses_it(install_lab):
             }
         )
     )
-    unpinned = install_lab.install("gfx1151")
-    assert unpinned.returncode == 2 and "rocmdoctor bundle lock" in unpinned.stderr
+    unpinned = install_lab.install("gfx1151", "--frozen")
+    assert unpinned.returncode == 2 and "rocmdoctor bundle lock --family gfx1151" in unpinned.stderr
 
     locked = install_lab.cli("bundle", "lock", "--bundles-dir", str(pins), "--json")
     doc = _json(locked)

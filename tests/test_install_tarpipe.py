@@ -6,6 +6,7 @@ import io
 import tarfile
 
 import pytest
+
 from rocmdoctor.provision.extract import ArchiveError, UnsafeArchive
 from rocmdoctor.provision.tarpipe import HeaderVetter
 

@@ -103,6 +103,24 @@ def test_no_import_cycles():
             visit(node)
 
 
+def top_level_folder_imports(path: Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names = [node.module]
+        found += [n for n in names if n.split(".")[0] in ("checks", "provision")]
+    return found
+
+
+@pytest.mark.parametrize("module", sorted(GRAPH))
+def test_the_folders_are_never_imported_as_top_level_packages(module):
+    """`import checks` would load checks/ a second time under another name and register every check twice."""
+    assert top_level_folder_imports(modules()[module]) == []
+
+
 def test_the_rule_sees_a_violation(tmp_path):
     """The scanner itself: a provision module importing checks is caught (relative and absolute)."""
     bad = tmp_path / "bad.py"
@@ -110,3 +128,5 @@ def test_the_rule_sees_a_violation(tmp_path):
     found = imports("rocmdoctor.provision.bad", bad)
     assert {"rocmdoctor.checks", "rocmdoctor.checks.facts", "rocmdoctor.checks.gpu"} <= found
     assert any(layer(t) == "checks" for t in found)
+    bad.write_text("import checks.gpu\nfrom provision import unit\nfrom . import gpu\n")
+    assert top_level_folder_imports(bad) == ["checks.gpu", "provision"]

@@ -52,7 +52,7 @@ def test_package_data_is_in_the_wheel(wheel_names):
         f"rocmdoctor/bundles/{n}" for n in sources("bundles", "*.toml") + sources("bundles", "*.json")
     ]
     expected += [f"rocmdoctor/provision/templates/{n}" for n in sources("provision/templates", "*")]
-    expected += [f"rocmdoctor/provision/libexec/{n}" for n in sources("provision/libexec", "*")]
+    # The readiness gate is a module of the package; `unit` writes its source to <prefix>/libexec.
+    expected += ["rocmdoctor/provision/wait_ready.py"]
     assert "rocmdoctor/schema/check-report.schema.json" in expected
-    assert "rocmdoctor/provision/libexec/wait-ready" in expected
     assert sorted(set(expected) - wheel_names) == []

@@ -9,10 +9,10 @@ import pytest
 from harness.hosts import fixture_root
 from rocmdoctor.checks import load_registry
 from rocmdoctor.checks.facts import gpus, partition_of, physical_gpus, usable_memory
+from rocmdoctor.commands.host_pools import pools_from_facts
 from rocmdoctor.host import Host
 from rocmdoctor.memory_rule import recommended
 from rocmdoctor.model import Status
-from rocmdoctor.provision.server_args import pools_from_facts
 from rocmdoctor.registry import Context, Options
 
 GIB = 1 << 30

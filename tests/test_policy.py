@@ -8,12 +8,11 @@ import sys
 
 import pytest
 
+from conftest import HOSTS
 from rocmdoctor.checks import load_registry
 from rocmdoctor.model import Action, Result, Severity, Status, failed, passed, warned
 from rocmdoctor.policy import blocked_actions, blocking
 from rocmdoctor.registry import CheckSpec, Outcome
-
-from conftest import HOSTS
 
 
 def outcome(check_id: str, result: Result, severity=Severity.BLOCKING, blocks=None) -> Outcome:

@@ -38,14 +38,43 @@ class ServeRun:
         key_file = tmp / "api-key"
         key_file.write_text(API_KEY + "\n")
         self.log_file = tmp / "serve.log"
-        argv = [sys.executable, "-m", "rocmdoctor", "serve", "--json", "--prefix", str(prefix),
-                "--model", str(model), "--served-model-name", "tiny", "--port", str(self.port),
-                "--gpu-memory-utilization", "0.5", "--max-model-len", "512", "--max-num-seqs", "4",
-                "--api-key-file", str(key_file), "--timeout", "400", "--cache-dir", str(tmp / "vllm-cache"),
-                "--log-file", str(self.log_file), *extra, "--", *ENGINE_ARGS]
+        argv = [
+            sys.executable,
+            "-m",
+            "rocmdoctor",
+            "serve",
+            "--json",
+            "--prefix",
+            str(prefix),
+            "--model",
+            str(model),
+            "--served-model-name",
+            "tiny",
+            "--port",
+            str(self.port),
+            "--gpu-memory-utilization",
+            "0.5",
+            "--max-model-len",
+            "512",
+            "--max-num-seqs",
+            "4",
+            "--api-key-file",
+            str(key_file),
+            "--timeout",
+            "400",
+            "--cache-dir",
+            str(tmp / "vllm-cache"),
+            "--log-file",
+            str(self.log_file),
+            *extra,
+            "--",
+            *ENGINE_ARGS,
+        ]
         # A stray PYTHONPATH must not reach the bundle's interpreter.
         env = {**os.environ, **ENGINE_ENV, "PYTHONPATH": str(tmp / "shadowing-packages")}
-        self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+        self.process = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True
+        )
         self.selector = selectors.DefaultSelector()
         self.selector.register(self.process.stdout, selectors.EVENT_READ)
 
@@ -77,7 +106,7 @@ class ServeRun:
         assert self.finish() == 0
         assert_all_gone(engine)
 
-    def __enter__(self) -> "ServeRun":
+    def __enter__(self) -> ServeRun:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -102,7 +131,9 @@ def assert_all_gone(processes: list[psutil.Process]) -> None:
     assert alive == [], f"engine processes left behind: {alive}"
 
 
-def test_serve_installed_bundle_until_ready_then_sigterm_leaves_nothing(installed_prefix, tiny_model, tmp_path):
+def test_serve_installed_bundle_until_ready_then_sigterm_leaves_nothing(
+    installed_prefix, tiny_model, tmp_path
+):
     with ServeRun(installed_prefix, tiny_model, tmp_path) as run:
         ready = run.next_event(420)
         assert ready["event"] == "ready", ready
@@ -122,7 +153,9 @@ def test_serve_installed_bundle_until_ready_then_sigterm_leaves_nothing(installe
         run.stop_cleanly(signal.SIGTERM, engine)
 
 
-def test_healthy_but_crashing_engine_is_not_ready_and_names_the_cause(installed_prefix, crashing_model, tmp_path):
+def test_healthy_but_crashing_engine_is_not_ready_and_names_the_cause(
+    installed_prefix, crashing_model, tmp_path
+):
     with ServeRun(installed_prefix, crashing_model, tmp_path) as run:
         failed = run.next_event(420)
         assert failed["event"] == "failed" and failed["ready"] is False
@@ -147,9 +180,19 @@ def test_ctrl_c_while_engine_core_loads_leaves_no_engine(installed_prefix, tiny_
 
 
 def test_missing_bundle_and_busy_port_are_refused(tmp_path, tiny_model):
-    base = [sys.executable, "-m", "rocmdoctor", "serve", "--model", str(tiny_model),
-            "--gpu-memory-utilization", "0.5"]
-    done = subprocess.run(base + ["--prefix", str(tmp_path / "none")], capture_output=True, text=True, timeout=60)
+    base = [
+        sys.executable,
+        "-m",
+        "rocmdoctor",
+        "serve",
+        "--model",
+        str(tiny_model),
+        "--gpu-memory-utilization",
+        "0.5",
+    ]
+    done = subprocess.run(
+        base + ["--prefix", str(tmp_path / "none")], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 2 and "install a bundle first" in done.stderr
 
     prefix = tmp_path / "opt"
@@ -162,6 +205,7 @@ def test_missing_bundle_and_busy_port_are_refused(tmp_path, tiny_model):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        done = subprocess.run(base + ["--prefix", str(prefix), "--port", str(port)], capture_output=True,
-                              text=True, timeout=60)
+        done = subprocess.run(
+            base + ["--prefix", str(prefix), "--port", str(port)], capture_output=True, text=True, timeout=60
+        )
     assert done.returncode == 2 and f"port {port} on 127.0.0.1 is already in use" in done.stderr

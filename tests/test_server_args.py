@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from rocmdoctor.memory_rule import DEFAULT_MARGIN_BYTES
 from rocmdoctor.provision.server_args import (
@@ -48,19 +49,33 @@ def test_unified_pool_gets_small_max_num_seqs_and_discrete_keeps_vllm_defaults()
     assert apu.value("--max-num-seqs") == "10"
     assert resolve(Choices(model="m"), [pool(24, 23)]).value("--max-num-seqs") == "256"
     assert resolve(Choices(model="m"), [pool(192, 190)]).value("--max-num-seqs") == "1024"
-    assert resolve(Choices(model="m", max_num_seqs=4), [pool(64, 60, unified=True)]).value("--max-num-seqs") == "4"
+    assert (
+        resolve(Choices(model="m", max_num_seqs=4), [pool(64, 60, unified=True)]).value("--max-num-seqs")
+        == "4"
+    )
 
 
 def test_defaults_bind_loopback_and_name_the_model_after_its_directory():
     args = resolve(Choices(model="/srv/models/Qwen3-4B/"), [pool(24, 23)])
-    assert args.argv()[:8] == ["--model", "/srv/models/Qwen3-4B/", "--served-model-name", "Qwen3-4B",
-                               "--host", "127.0.0.1", "--port", "8000"]
+    assert args.argv()[:8] == [
+        "--model",
+        "/srv/models/Qwen3-4B/",
+        "--served-model-name",
+        "Qwen3-4B",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8000",
+    ]
     assert resolve(Choices(model="Qwen/Qwen3-4B"), [pool(24, 23)]).served_model_name == "Qwen/Qwen3-4B"
 
 
 def test_tensor_parallel_uses_same_family_and_the_tightest_gpu():
-    pools = [pool(192, 190, family="gfx942", name="a"), pool(192, 100, family="gfx942", name="b"),
-             pool(16, 15, family="gfx1100", name="c")]
+    pools = [
+        pool(192, 190, family="gfx942", name="a"),
+        pool(192, 100, family="gfx942", name="b"),
+        pool(16, 15, family="gfx1100", name="c"),
+    ]
     args = resolve(Choices(model="m", tensor_parallel_size=2), pools)
     assert args.value("--tensor-parallel-size") == "2"
     assert math.ceil(192 * GIB * util_of(args)) <= 100 * GIB - DEFAULT_MARGIN_BYTES
@@ -78,8 +93,9 @@ def test_extra_arguments_are_argv_never_shell():
         parse_extra("--chat-template 'unbalanced")
 
 
-@pytest.mark.parametrize("token", ["--max-num-seqs=4", "--max_num_seqs", "-tp", "--gpu-memory-utilization",
-                                   "--host", "--port=9"])
+@pytest.mark.parametrize(
+    "token", ["--max-num-seqs=4", "--max_num_seqs", "-tp", "--gpu-memory-utilization", "--host", "--port=9"]
+)
 def test_extra_arguments_that_rocmdoctor_computes_are_reported(token):
     with pytest.raises(ArgumentError, match="computed by rocmdoctor"):
         resolve(Choices(model="m", extra=[token, "1"]), [pool(24, 23)])
@@ -115,14 +131,17 @@ def test_almost_full_gpu_is_refused_with_what_to_do():
         resolve(Choices(model="m"), [pool(64, 1.5, unified=True)])
 
 
-@pytest.mark.parametrize("choices, message", [
-    (Choices(model=""), "no model"),
-    (Choices(model="m", port=0), "--port"),
-    (Choices(model="m", gpu_memory_utilization=1.5), "gpu-memory-utilization"),
-    (Choices(model="m", max_model_len=0), "--max-model-len"),
-    (Choices(model="m", max_num_seqs=0), "--max-num-seqs"),
-    (Choices(model="m", tensor_parallel_size=0), "--tensor-parallel-size"),
-])
+@pytest.mark.parametrize(
+    "choices, message",
+    [
+        (Choices(model=""), "no model"),
+        (Choices(model="m", port=0), "--port"),
+        (Choices(model="m", gpu_memory_utilization=1.5), "gpu-memory-utilization"),
+        (Choices(model="m", max_model_len=0), "--max-model-len"),
+        (Choices(model="m", max_num_seqs=0), "--max-num-seqs"),
+        (Choices(model="m", tensor_parallel_size=0), "--tensor-parallel-size"),
+    ],
+)
 def test_bad_choices_are_explained(choices, message):
     with pytest.raises(ArgumentError, match=message):
         resolve(choices, [pool(24, 23), pool(24, 23)])

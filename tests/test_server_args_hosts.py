@@ -9,14 +9,21 @@ import pytest
 
 from harness.hosts import FIXTURE_IDS, fixture_root, run_cli
 from rocmdoctor.checks import facts
+from rocmdoctor.commands.host_pools import pools_from_facts
 from rocmdoctor.host import Host
 from rocmdoctor.memory_rule import DEFAULT_MARGIN_BYTES
-from rocmdoctor.provision.server_args import ArgumentError, Choices, pools_from_facts, resolve
+from rocmdoctor.provision.server_args import ArgumentError, Choices, resolve
 from rocmdoctor.registry import Context, Options
 
 APUS = ("strix-halo-nocwsr-dkms", "strix-halo-clean", "strix-halo-default-ttm", "strix-point")
 # What the captures lack: the used-VRAM counters (and for two of them the VRAM size itself).
-UNREADABLE_MEMORY = ("rx7900xtx-no-render", "r9700", "mi300x")
+UNREADABLE_MEMORY = (
+    "rx7900xtx-no-render", "r9700", "mi300x", "mi300x-cpx", "mi350x", "rx7900xtx-beside-igpu", "r9700-beside-nvidia",
+)
+# Partitions sized from their own KFD memory bank; an APU whose BIOS carve-out is its memory; no AMD GPU.
+PARTITIONED = ("mi308x-cpx",)
+CARVE_OUT = ("strix-halo-carveout",)
+NO_GPU = ("no-amd-gpu", "wsl")
 
 
 def context(fixture_id: str) -> Context:
@@ -24,7 +31,28 @@ def context(fixture_id: str) -> Context:
 
 
 def test_every_fixture_is_covered():
-    assert set(APUS + UNREADABLE_MEMORY + ("no-amd-gpu",)) == set(FIXTURE_IDS)
+    assert set(APUS + UNREADABLE_MEMORY + PARTITIONED + CARVE_OUT + NO_GPU) == set(FIXTURE_IDS)
+
+
+def test_cpx_partitions_are_sized_from_their_own_bank_not_the_whole_gpu():
+    ctx = context("mi308x-cpx")
+    pools = pools_from_facts(ctx)
+    assert len(pools) == 32 and all(not p.unified for p in pools)
+    # 4 partitions share one GPU's memory: each pool is about a quarter (its own bank), never the whole GPU's.
+    assert all(47 << 30 < (p.total or 0) <= 48 << 30 for p in pools)
+    args = resolve(Choices(model="m"), pools)
+    util = float(args.value("--gpu-memory-utilization"))
+    first = pools[0]  # one server runs on the first device; `rocmdoctor instances` sizes each one
+    assert math.ceil(first.total * util) <= (first.free or 0) - DEFAULT_MARGIN_BYTES
+    assert math.ceil(first.total * (util + 0.01)) > (first.free or 0) - DEFAULT_MARGIN_BYTES
+
+
+def test_a_large_carve_out_is_sized_as_the_runtime_reports_it():
+    """96 GiB of BIOS VRAM: the runtime reports it as the device's memory; its use is not captured."""
+    (pool,) = pools_from_facts(context("strix-halo-carveout"))
+    assert pool.total == 96 << 30 and pool.free is None
+    with pytest.raises(ArgumentError, match="cannot be read.*--gpu-memory-utilization"):
+        resolve(Choices(model="m"), [pool])
 
 
 @pytest.mark.parametrize("fixture_id", APUS)
@@ -67,7 +95,7 @@ def test_tensor_parallel_beyond_the_gpus_present_is_refused():
 def test_unit_on_a_fixture_root_prints_the_computed_arguments():
     done = run_cli("unit", "--model", "/srv/models/Qwen3-4B", root=fixture_root("strix-point"))
     assert done.returncode == 0, done.stderr
-    exec_start = next(l for l in done.stdout.splitlines() if l.startswith("ExecStart="))
+    exec_start = next(x for x in done.stdout.splitlines() if x.startswith("ExecStart="))
     assert "--gpu-memory-utilization 0.69 --max-num-seqs 10" in exec_start
     refused = run_cli("unit", "--model", "m", root=fixture_root("no-amd-gpu"))
     assert refused.returncode == 2 and "no AMD GPU found" in refused.stderr

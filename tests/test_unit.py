@@ -36,11 +36,19 @@ def fake_prefix(base: Path) -> Path:
 
 def rendered_unit(tmp_path: Path, *argv: str) -> Path:
     prefix = fake_prefix(tmp_path)
-    done = rocmdoctor("unit", "--model", "/srv/models/tiny", "--gpu-memory-utilization", "0.8",
-                      "--prefix", str(prefix), *argv)
+    done = rocmdoctor(
+        "unit",
+        "--model",
+        "/srv/models/tiny",
+        "--gpu-memory-utilization",
+        "0.8",
+        "--prefix",
+        str(prefix),
+        *argv,
+    )
     assert done.returncode == 0, done.stderr
     (prefix / "libexec").mkdir()
-    shutil.copy(Path(__file__).parents[1] / "provision" / "libexec" / "wait-ready", prefix / "libexec")
+    shutil.copy(Path(__file__).parents[1] / "provision" / "wait_ready.py", prefix / "libexec")
     path = tmp_path / "vllm.service"
     path.write_text(done.stdout)
     return path
@@ -56,7 +64,9 @@ UNIT_VARIANTS = [
 @pytest.mark.parametrize("argv", UNIT_VARIANTS)
 def test_rendered_unit_passes_systemd_analyze_verify_silently(tmp_path, argv):
     path = rendered_unit(tmp_path, *argv)
-    done = subprocess.run(["systemd-analyze", "verify", str(path)], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        ["systemd-analyze", "verify", str(path)], capture_output=True, text=True, timeout=60
+    )
     # verify exits 0 on unknown keys and unparsable values: any output at all is a failure.
     assert (done.returncode, done.stdout + done.stderr) == (0, "")
 
@@ -64,8 +74,12 @@ def test_rendered_unit_passes_systemd_analyze_verify_silently(tmp_path, argv):
 @pytest.mark.parametrize("argv", UNIT_VARIANTS[:2])
 def test_rendered_unit_exposure_is_at_most_3_5(tmp_path, argv):
     path = rendered_unit(tmp_path, *argv)
-    done = subprocess.run(["systemd-analyze", "security", "--offline=yes", str(path)],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        ["systemd-analyze", "security", "--offline=yes", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     level = re.search(r"Overall exposure level for vllm.service: ([\d.]+)", done.stdout)
     assert level, done.stdout + done.stderr
     assert float(level.group(1)) <= MAX_EXPOSURE
@@ -73,17 +87,28 @@ def test_rendered_unit_exposure_is_at_most_3_5(tmp_path, argv):
 
 def test_unit_carries_the_hardening_the_gpu_needs(tmp_path):
     text = rendered_unit(tmp_path).read_text()
-    for line in ("SupplementaryGroups=render video", "DeviceAllow=/dev/kfd rw", "DeviceAllow=char-drm rw",
-                 "PrivateDevices=no", "ProtectSystem=strict", "KillMode=control-group", "Restart=on-failure",
-                 "StartLimitBurst=5", "TimeoutStartSec=1860", "EnvironmentFile=-/etc/rocmdoctor/vllm.env"):
+    for line in (
+        "SupplementaryGroups=render video",
+        "DeviceAllow=/dev/kfd rw",
+        "DeviceAllow=char-drm rw",
+        "PrivateDevices=no",
+        "ProtectSystem=strict",
+        "KillMode=control-group",
+        "Restart=on-failure",
+        "StartLimitBurst=5",
+        "TimeoutStartSec=1860",
+        "EnvironmentFile=-/etc/rocmdoctor/vllm.env",
+    ):
         assert line in text.splitlines(), line
     assert "PYTHONNOUSERSITE=1" in text and "PYTHONPATH" not in text
     assert "MemoryDenyWriteExecute" not in text.replace("# No MemoryDenyWriteExecute", "")
 
 
 def test_exec_words_are_quoted_for_systemd():
-    assert command_line(["/a b/x", "100%", "$HOME", 'say "hi"', "plain"]) == \
-        '"/a b/x" 100%% $$HOME "say \\"hi\\"" plain'
+    assert (
+        command_line(["/a b/x", "100%", "$HOME", 'say "hi"', "plain"])
+        == '"/a b/x" 100%% $$HOME "say \\"hi\\"" plain'
+    )
     with pytest.raises(UnitError, match="control characters"):
         command_line(["tiny\nExecStartPre=/bin/sh"])
 
@@ -96,13 +121,24 @@ def account_root(tmp_path: Path) -> Path:
         shutil.copy2(Path("/etc") / name, root / "etc" / name)
     # Minimal Debian has no `render` group: take it out so --write must create it.
     group = root / "etc" / "group"
-    group.write_text("".join(l for l in group.read_text().splitlines(True) if not l.startswith("render:")))
+    group.write_text(
+        "".join(line for line in group.read_text().splitlines(True) if not line.startswith("render:"))
+    )
     return root
 
 
 def write_unit(root: Path, *argv: str) -> dict:
-    done = rocmdoctor("unit", "--write", "--json", "--model", "/srv/models/tiny", "--gpu-memory-utilization",
-                      "0.8", *argv, root=root)
+    done = rocmdoctor(
+        "unit",
+        "--write",
+        "--json",
+        "--model",
+        "/srv/models/tiny",
+        "--gpu-memory-utilization",
+        "0.8",
+        *argv,
+        root=root,
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -148,19 +184,25 @@ def test_write_text_output_shows_the_diff_and_changed(tmp_path):
     root = account_root(tmp_path)
     first = rocmdoctor("unit", "--write", "--model", "m", "--gpu-memory-utilization", "0.8", root=root)
     assert first.returncode == 0, first.stderr
-    assert "changed /etc/systemd/system/vllm.service" in first.stdout and "+KillMode=control-group" in first.stdout
+    assert (
+        "changed /etc/systemd/system/vllm.service" in first.stdout
+        and "+KillMode=control-group" in first.stdout
+    )
     assert first.stdout.rstrip().endswith("changed=true")
     again = rocmdoctor("unit", "--write", "--model", "m", "--gpu-memory-utilization", "0.8", root=root)
     assert again.stdout.rstrip().endswith("changed=false") and "+KillMode" not in again.stdout
 
 
-@pytest.mark.parametrize("argv, message", [
-    (("--user", "Root Admin"), "not a valid system user name"),
-    (("--api-key-file", "/nonexistent/key"), "cannot read the API key file"),
-    (("--", "--api-key", "x"), "--api-key-file"),
-    (("--", "--port", "1"), "computed by rocmdoctor"),
-    (("--vllm-args", "--chat-template 'open"), "check the quotes"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (("--user", "Root Admin"), "not a valid system user name"),
+        (("--api-key-file", "/nonexistent/key"), "/nonexistent/key: no such file"),
+        (("--", "--api-key", "x"), "--api-key-file"),
+        (("--", "--port", "1"), "computed by rocmdoctor"),
+        (("--vllm-args", "--chat-template 'open"), "check the quotes"),
+    ],
+)
 def test_bad_input_is_refused_without_writing(tmp_path, argv, message):
     root = account_root(tmp_path)
     done = rocmdoctor("unit", "--write", "--model", "m", "--gpu-memory-utilization", "0.8", *argv, root=root)
@@ -172,26 +214,38 @@ def test_bad_input_is_refused_without_writing(tmp_path, argv, message):
 def test_api_key_with_spaces_is_refused(tmp_path):
     key_file = tmp_path / "key"
     key_file.write_text("two words here\n")
-    done = rocmdoctor("unit", "--model", "m", "--gpu-memory-utilization", "0.8", "--api-key-file", str(key_file))
+    done = rocmdoctor(
+        "unit", "--model", "m", "--gpu-memory-utilization", "0.8", "--api-key-file", str(key_file)
+    )
     assert done.returncode == 2 and "openssl rand -hex 32" in done.stderr
 
 
-WAIT_READY = Path(__file__).parents[1] / "provision" / "libexec" / "wait-ready"
+WAIT_READY = Path(__file__).parents[1] / "provision" / "wait_ready.py"
 
 
 def test_wait_ready_ends_when_the_server_process_is_gone():
     exited = subprocess.Popen(["true"])
     exited.wait()
     started = time.monotonic()
-    done = subprocess.run([sys.executable, str(WAIT_READY), "http://127.0.0.1:9", "tiny", "60"],
-                          capture_output=True, text=True, timeout=60, env={"MAINPID": str(exited.pid)})
+    done = subprocess.run(
+        [sys.executable, str(WAIT_READY), "http://127.0.0.1:9", "tiny", "60"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"MAINPID": str(exited.pid)},
+    )
     assert done.returncode == 1 and f"pid {exited.pid}) exited while loading" in done.stderr
     assert time.monotonic() - started < 10
 
 
 def test_wait_ready_gives_up_after_its_timeout():
-    done = subprocess.run([sys.executable, str(WAIT_READY), "http://127.0.0.1:9", "tiny", "1"],
-                          capture_output=True, text=True, timeout=60, env={})
+    done = subprocess.run(
+        [sys.executable, str(WAIT_READY), "http://127.0.0.1:9", "tiny", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={},
+    )
     assert done.returncode == 1 and "not ready after 1 s" in done.stderr
 
 

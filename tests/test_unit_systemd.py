@@ -124,7 +124,7 @@ def test_unit_runs_restarts_and_stops_under_systemd(machine, bundle_mirror):
     status = machine.run(["cat", f"/proc/{main_pid}/status"]).stdout
     groups = {line.split(":")[0]: line.split(":")[2] for line in
               machine.run(["getent", "group", "render", "video"]).stdout.splitlines()}
-    proc_groups = next(l for l in status.splitlines() if l.startswith("Groups:")).split()[1:]
+    proc_groups = next(x for x in status.splitlines() if x.startswith("Groups:")).split()[1:]
     assert set(groups.values()) <= set(proc_groups)
     assert "NoNewPrivs:\t1" in status
 

@@ -20,8 +20,8 @@ from . import __version__
 # name -> "module:attribute" (relative to rocmdoctor.commands)
 COMMANDS: dict[str, str] = {
     "check": "check:check",
-    "fix-kernel": "check:fix_kernel",
-    "snapshot": "check:snapshot",
+    "fix-kernel": "fix_kernel:fix_kernel",
+    "snapshot": "snapshot:snapshot",
     "install": "bundle:install",
     "rollback": "bundle:rollback",
     "bundles": "bundle:bundles",
@@ -29,7 +29,7 @@ COMMANDS: dict[str, str] = {
     "unit": "serve:unit",
     "serve": "serve:serve",
     "smoke": "smoke:smoke",
-    "bench": "smoke:bench",
+    "bench": "bench:bench",
     "plan": "plan:plan",
 }
 
@@ -169,7 +169,7 @@ def main() -> None:
     except KeyboardInterrupt:
         click.echo("rocmdoctor: interrupted", err=True)
         sys.exit(130)
-    except Exception as exc:  # noqa: BLE001 - the last line of defence: no tracebacks for users
+    except Exception as exc:
         if os.environ.get("ROCMDOCTOR_DEBUG"):
             raise
         click.echo(

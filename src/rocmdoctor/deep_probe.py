@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from importlib import resources
-from typing import Mapping
 
-# What `serve` gives the bundle's interpreter: nothing from ~/.local, nothing from PYTHONPATH, so
-# the probe sees the bundle's own torch and vLLM and not whatever the caller's shell had around.
-DROPPED_VARIABLES = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE")
+from .bundle_env import bundle_env
 
 
 def probe_path() -> str:
@@ -16,6 +14,5 @@ def probe_path() -> str:
 
 
 def probe_environment(env: Mapping[str, str]) -> dict[str, str]:
-    clean = {name: value for name, value in env.items() if name not in DROPPED_VARIABLES}
-    clean["PYTHONNOUSERSITE"] = "1"
-    return clean
+    """The bundle's environment (bundle_env), as `serve` and the unit give it."""
+    return bundle_env(env)

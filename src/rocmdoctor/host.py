@@ -17,14 +17,15 @@ import fnmatch
 import json
 import os
 import re
+import signal
 import stat as stat_mod
 import subprocess
-import signal
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from .rootfs import read_regular, resolve_inside
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 import fnmatch
 import time
 import traceback
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from .host import Host
 from .model import Action, Probe, Result, Severity, Status
@@ -198,7 +199,7 @@ def run_isolated(spec: CheckSpec, ctx: Context) -> Result:
         if not isinstance(result, Result):
             raise TypeError(f"{spec.id} returned {type(result).__name__}, not Result")
         return result
-    except Exception as exc:  # noqa: BLE001 - a broken check must not break the report
+    except Exception as exc:
         return Result(
             Status.ERROR,
             f"rocmdoctor could not evaluate this check: {type(exc).__name__}: {exc}",

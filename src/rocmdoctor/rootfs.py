@@ -12,18 +12,19 @@ non-blocking, regular files only (a FIFO, /dev/zero or a directory is refused at
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 
 MAX_LINK_HOPS = 40
 
 
-class NotRegularFile(ValueError):
-    """The path is a FIFO, a device, a directory or a socket where a plain file belongs."""
+class NotRegularFile(OSError):
+    """The path is a FIFO, a device, a directory or a socket where a plain file belongs (EINVAL)."""
 
 
-class FileTooLarge(ValueError):
-    """The file is larger than what may legitimately be there."""
+class FileTooLarge(OSError):
+    """The file is larger than what may legitimately be there (EFBIG)."""
 
 
 def _join(root: str, parts: list[str]) -> str:
@@ -79,14 +80,15 @@ def _type_name(mode: int) -> str:
 def read_regular(path: str | os.PathLike[str], limit: int, follow_links: bool = True) -> bytes:
     """The bytes of a regular file of at most `limit` bytes; never blocks, never reads more than limit+1.
 
-    Raises NotRegularFile, FileTooLarge, or OSError (missing, denied, a link with follow_links=False).
+    Raises OSError whose strerror says why: NotRegularFile, FileTooLarge, or the open's own (missing,
+    denied, a link with follow_links=False).
     """
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW)
     fd = os.open(path, flags)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise NotRegularFile(f"{path} is a {_type_name(st.st_mode)}, not a regular file")
+            raise NotRegularFile(errno.EINVAL, f"not a regular file (a {_type_name(st.st_mode)})", os.fspath(path))
         chunks: list[bytes] = []
         size = 0
         while size <= limit:
@@ -96,7 +98,7 @@ def read_regular(path: str | os.PathLike[str], limit: int, follow_links: bool = 
             chunks.append(chunk)
             size += len(chunk)
         if size > limit:
-            raise FileTooLarge(f"{path} is larger than {limit} bytes")
+            raise FileTooLarge(errno.EFBIG, f"larger than {limit} bytes", os.fspath(path))
         return b"".join(chunks)
     finally:
         os.close(fd)

@@ -9,20 +9,35 @@ command line is kept only when the check reports that process (with secret flags
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import re
 import tarfile
 import tempfile
+import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .atomic import atomic_file
-from .host import ENV_FILE, IDENTITY_FILE, META_DIR, STAT_FILE, Host, ReadState
+from .host import DEFAULT_READ_LIMIT, ENV_FILE, IDENTITY_FILE, META_DIR, STAT_FILE, Host, ReadState
 from .registry import CheckSpec, Context
+from .safe_tar import (
+    ArchiveError,
+    Limits,
+    MemberRule,
+    Readable,
+    UnsafeArchive,
+    extract_tar,
+    is_no_space,
+    no_space,
+)
+from .sensitive import redact_cmdline, redact_env
 
 PASSWD, GROUP = "/etc/passwd", "/etc/group"
+MEMBER_LIMIT = DEFAULT_READ_LIMIT  # a snapshot file is at most what one read of the Host returns
 MODULE_FILE = re.compile(r"\.ko(\.[a-z]+)?$")
 
 
@@ -100,11 +115,9 @@ def _capture(host: Host, snap: Snapshot, path: str, redact: Callable[[str], str]
                 snap.stat[path]["acl"] = acl.value
     elif st is not None and st.type == "dir":
         snap.dirs.add(path)
-    elif st is not None and st.type == "link" and (path.startswith("/proc/") or path.endswith("/driver")):
+    elif st is not None and st.type == "link" and _link_replays(host, path):
         # fd links, and a device's driver link (its name is the driver: gpu.mixed_vendor)
-        target = host.readlink(path)
-        if target.ok:
-            snap.links[path] = target.value
+        snap.links[path] = host.readlink(path).value
     elif MODULE_FILE.search(path):
         snap.files[path] = b""  # checks test that a module file exists; its bytes stay out
     else:
@@ -114,8 +127,15 @@ def _capture(host: Host, snap: Snapshot, path: str, redact: Callable[[str], str]
         elif raw.ok:
             text = raw.value
             if path.endswith("/cmdline"):
-                text = redact(text.replace("\x00", " ")).replace(" ", "\x00")
-            snap.files[path] = text.encode()
+                text = redact_cmdline(text)
+            # A binary file read as text grows (U+FFFD is 3 bytes): keep what replay accepts.
+            snap.files[path] = text.encode()[:MEMBER_LIMIT]
+
+
+def _link_replays(host: Host, path: str) -> bool:
+    """Keep a link as a link only where replay accepts one; any other link is captured by content."""
+    target = host.readlink(path)
+    return target.ok and replay_keeps_link(path.lstrip("/").encode(), str(target.value).encode())
 
 
 def collect(ctx: Context, specs: list[CheckSpec], facts: CaptureFacts) -> Snapshot:
@@ -124,9 +144,12 @@ def collect(ctx: Context, specs: list[CheckSpec], facts: CaptureFacts) -> Snapsh
     users = snapshot_users(ctx)
     for pattern in dict.fromkeys(p for spec in specs for p in spec.reads):
         for path in host.glob(pattern):
-            if path.startswith("/proc/") and path.endswith("/cmdline"):
-                if int(path.split("/")[2]) not in facts.reported_pids:
-                    continue
+            if (
+                path.startswith("/proc/")
+                and path.endswith("/cmdline")
+                and int(path.split("/")[2]) not in facts.reported_pids
+            ):
+                continue
             _capture(host, snap, path, facts.redact)
     device_gids = {entry["gid"] for entry in snap.stat.values() if "gid" in entry}
     if PASSWD in snap.files:
@@ -142,7 +165,7 @@ def collect(ctx: Context, specs: list[CheckSpec], facts: CaptureFacts) -> Snapsh
     identity = host.identity()
     snap.identity = identity.to_json() if identity else None
     names = sorted({n for spec in specs for n in spec.env})
-    snap.env = {n: host.env[n] for n in names if n in host.env}
+    snap.env = redact_env({n: host.env[n] for n in names if n in host.env})
     return snap
 
 
@@ -187,35 +210,62 @@ def snapshot(ctx: Context, specs: list[CheckSpec], facts: CaptureFacts, out: Pat
     return snap
 
 
-# Only these members may be symlinks: /proc/<pid>/fd/<n> links whose text names what a process
-# holds open. The Host reads their text and never follows links out of the root.
-_FD_LINK = re.compile(r"^proc/\d+/fd/\d+$")
+# A snapshot member is at most what a capture reads of one file (host.read_text's limit); the other
+# caps bound what a crafted archive can make us write before the first check runs.
+SNAPSHOT_LIMITS = Limits(member_size=MEMBER_LIMIT, members=200_000, total=256 << 20, depth=32)
+
+
+def replay_keeps_link(path: bytes, target: bytes) -> bool:
+    """The links a snapshot may hold, as text only: under proc/ (what a process holds open), with an
+    absolute target or a single name (`socket:[123]`), and a PCI device's `driver` link under sys/
+    (its last name is the driver). The Host reads their text and resolves paths inside the root;
+    nothing is ever extracted below one. Any other link is captured by its content instead."""
+    if not target or b"\0" in target or b"\n" in target:
+        return False
+    if path.startswith(b"sys/") and path.endswith(b"/driver"):
+        return True
+    if not path.startswith(b"proc/"):
+        return False
+    return target.startswith(b"/") or (b"/" not in target and target not in (b".", b".."))
 
 
 class SnapshotError(ValueError):
     """The archive given to --root is not a readable, safe snapshot."""
 
 
-def _replay_filter(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
-    if member.issym() and _FD_LINK.match(member.name):
-        return member.replace(mode=0o777, uid=0, gid=0, uname="", gname="", deep=False)
-    return tarfile.data_filter(member, dest)
+def _open_plain(raw: io.BufferedReader) -> Readable:
+    """The tar stream of a .tar.gz (or of a plain .tar)."""
+    magic = raw.peek(2)[:2]
+    return gzip.GzipFile(fileobj=raw, mode="rb") if magic == b"\x1f\x8b" else raw
 
 
 def unpack(archive: Path) -> Path:
-    """Extract a snapshot archive into a private temporary directory removed at exit."""
+    """Extract a snapshot archive into a private temporary directory removed at exit.
+
+    The same rule and writer as bundle extraction (`safe_tar`), with a snapshot's limits: every
+    member's size, the count, the total and the depth are checked on its header, before its bytes."""
     import atexit
     import shutil
 
     dest = Path(tempfile.mkdtemp(prefix="rocmdoctor-replay-"))
     atexit.register(shutil.rmtree, dest, ignore_errors=True)
+    rule = MemberRule(SNAPSHOT_LIMITS, opaque_link=replay_keeps_link, what="a snapshot")
     try:
-        with tarfile.open(archive, mode="r:*") as tar:
-            tar.extractall(dest, filter=_replay_filter)
-    except tarfile.FilterError as exc:
-        raise SnapshotError(f"{archive}: refusing unsafe member {exc.tarinfo.name!r} ({exc})") from None
-    except (tarfile.TarError, EOFError, OSError) as exc:
+        with open(archive, "rb") as raw:
+            extract_tar(_open_plain(raw), dest, rule)
+    except UnsafeArchive as exc:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise SnapshotError(f"{archive}: refusing unsafe member {exc.member!r}: {exc.reason}") from None
+    except OSError as exc:
+        shutil.rmtree(dest, ignore_errors=True)
+        if is_no_space(exc):
+            raise SnapshotError(f"{archive}: {no_space(dest.parent, 0, rule.total)}") from None
+        if isinstance(exc, gzip.BadGzipFile):
+            raise SnapshotError(f"{archive} is not a readable snapshot archive ({exc})") from None
+        raise SnapshotError(f"{archive} could not be read ({exc.strerror or exc})") from None
+    except (ArchiveError, EOFError, zlib.error) as exc:
+        shutil.rmtree(dest, ignore_errors=True)
         raise SnapshotError(f"{archive} is not a readable snapshot archive ({exc})") from None
-    if not (dest / META_DIR).is_dir():
+    if not (dest / META_DIR).is_dir() or (dest / META_DIR).is_symlink():
         raise SnapshotError(f"{archive} has no {META_DIR}/ folder: not made by `rocmdoctor snapshot`")
     return dest

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness.engine import make_tiny_model, start_engine  # noqa: E402
+from harness.engine import make_tiny_model, start_engine
 
 
 def completion_s(base_url: str, model: str) -> float:

@@ -18,9 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.bundles import REPO, vllm_test_bundle, write_pins  # noqa: E402
-from harness.fleet import SshFleet, host_root, run_playbook  # noqa: E402
-from harness.release_server import ReleaseServer  # noqa: E402
+from harness.bundles import REPO, vllm_test_bundle, write_pins
+from harness.fleet import SshFleet, host_root, run_playbook
+from harness.release_server import ReleaseServer
 
 FAMILY, TAG = "gfx1151", "vllm0.32.0-rocm7.0.0-gfx1151"
 

@@ -27,8 +27,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from harness.bundles import write_pins
-from harness.release_server import ReleaseServer
+from harness.bundles import write_pins  # noqa: E402 - after the path set-up above
+from harness.release_server import ReleaseServer  # noqa: E402
 
 TAG = "vllm0.0.0-rocm0.0.0-gfx1151"
 PY_FILES = 49_800
@@ -136,8 +136,9 @@ def build() -> tuple[list[Path], dict]:
     assets = CACHE / "assets"
     assets.mkdir(parents=True)
     whole = assets / "whole.tar.gz"
-    # GNU tar + pigz, like the release workflow's `tar -czf` (pigz only to build faster)
-    subprocess.run(f"tar -C {tree} -cf - . | pigz -6 > {whole}", shell=True, check=True)
+    # GNU tar + pigz, like the release workflow's `tar -czf` (pigz only to build faster; gzip where absent)
+    compressor = "pigz" if shutil.which("pigz") else "gzip"
+    subprocess.run(f"tar -C {tree} -cf - . | {compressor} -6 > {whole}", shell=True, check=True)
     size = whole.stat().st_size
     half = (size + 1) // 2
     base = f"{TAG}-x64"

@@ -21,9 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.bundles import vllm_test_bundle, write_pins  # noqa: E402
-from harness.engine import free_port, make_tiny_model  # noqa: E402
-from harness.served_bundle import ENGINE_ENV, TEST_FAMILY, TEST_TAG, install_argv  # noqa: E402
+from harness.bundles import vllm_test_bundle, write_pins
+from harness.engine import free_port, make_tiny_model
+from harness.served_bundle import ENGINE_ENV, TEST_FAMILY, TEST_TAG, install_argv
 
 
 def serve_once(prefix: Path, model: Path, cache: Path, log: Path, extra: list[str]) -> tuple[float, float, float]:

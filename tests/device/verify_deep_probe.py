@@ -22,9 +22,9 @@ import sys
 from pathlib import Path
 
 import torch
-from rocmdoctor.checks.deep import find_peak
 
 from rocmdoctor import memory_rule
+from rocmdoctor.checks.deep import find_peak
 from rocmdoctor.deep_probe import probe_environment, probe_path
 
 STEP = 0.02

@@ -283,7 +283,7 @@ class PlaybookRun:
     def recap(self) -> dict[str, dict[str, int]]:
         """PLAY RECAP per host: {"host": {"ok": n, "changed": n, "unreachable": n, "failed": n, "skipped": n}}."""
         keys = ("ok", "changed", "unreachable", "failed", "skipped")
-        return {m.group(1): dict(zip(keys, map(int, m.groups()[1:]))) for m in _RECAP.finditer(self.stdout)}
+        return {m.group(1): dict(zip(keys, map(int, m.groups()[1:]), strict=True)) for m in _RECAP.finditer(self.stdout)}
 
 
 def run_playbook(fleet: SshFleet, inventory: Path, *args: str, timeout: float = 1200) -> PlaybookRun:

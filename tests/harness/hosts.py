@@ -15,6 +15,7 @@ FIXTURE_IDS = (
     "strix-halo-nocwsr-dkms",
     "strix-halo-clean",
     "strix-halo-default-ttm",
+    "strix-halo-carveout",
     "strix-point",
     "rx7900xtx-no-render",
     "r9700",

@@ -17,9 +17,9 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import psutil
 
@@ -135,7 +135,7 @@ def boot(name: str, netns: str | None = None, binds: Sequence[Bind] = (), log_di
         deadline = time.monotonic() + timeout
         while True:
             try:
-                machine.leader
+                _ = machine.leader  # raises until the machine has a leader
                 break
             except (BootError, psutil.Error):
                 if process.poll() is not None or time.monotonic() > deadline:

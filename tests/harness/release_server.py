@@ -1,9 +1,11 @@
 """A stand-in for the GitHub releases API and its asset downloads, over real loopback HTTP.
 
 It speaks the parts of the protocol rocmdoctor relies on: `GET /repos/<owner>/<repo>/releases/tags/<tag>`
-(JSON with `assets[]` carrying `name`, `size`, `digest`, `browser_download_url`), asset downloads at
-`/<owner>/<repo>/releases/download/<tag>/<name>` and a flat mirror at `/mirror/<name>`, with `Range`,
-`If-Range` and `ETag`. Every request is logged; faults are injected per asset name:
+and `GET /repos/<owner>/<repo>/releases?per_page=N&page=P` (newest first; `tag_name`, `draft`,
+`prerelease`, `assets[]` carrying `name`, `size`, `digest`, `browser_download_url` with the tag and name
+percent-encoded as GitHub does), asset downloads at `/<owner>/<repo>/releases/download/<tag>/<name>` and a
+flat mirror at `/mirror/<name>`, with `Range`, `If-Range` and `ETag`. Every request is logged; faults are
+injected per asset name, and for the API as a whole (`api_fault`: "hang", "trickle", "huge"):
 
     with ReleaseServer() as server:
         server.add_release("lemonade-sdk/vllm-rocm", tag, assets)     # assets: (name, path|bytes[, digest])
@@ -24,7 +26,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import parse_qs, quote, unquote
 
 CHUNK = 1 << 20
 _RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")
@@ -37,7 +39,10 @@ class Fault:
     kind: "cut" (close the connection after `after` body bytes), "corrupt" (flip the byte at `offset`),
     "status" (answer `status`, e.g. 404 or 500), "stall" (send `after` body bytes, then nothing for
     `seconds`), "short" (serve only the first `length` bytes, as if the file were that long),
-    "norange" (ignore Range and answer 200 with the whole file, like a server without range support).
+    "norange" (ignore Range and answer 200 with the whole file, like a server without range support),
+    "trickle" (send `after` bytes, then one byte every `seconds`: never stalls, never gets anywhere).
+    For the API (`ReleaseServer.api_fault`): "hang" (read the request, answer nothing for `seconds`),
+    "trickle" (headers, then one body byte every `seconds`), "huge" (a body that never ends).
     `times`: how many requests it affects (None: all of them).
     """
 
@@ -58,6 +63,15 @@ class LogEntry:
     range: str | None
     if_range: str | None
     body_bytes: int
+    raw_path: str = ""  # as sent, before percent-decoding
+
+
+@dataclass
+class _Release:
+    tag: str
+    assets: list[_Asset]
+    prerelease: bool = False
+    draft: bool = False
 
 
 @dataclass
@@ -97,12 +111,13 @@ def _sha256_of(source: Path | bytes) -> str:
 
 @dataclass
 class _State:
-    releases: dict[tuple[str, str], list[_Asset]] = field(default_factory=dict)
+    releases: dict[tuple[str, str], Any] = field(default_factory=dict)  # -> _Release, newest added last
     by_path: dict[str, _Asset] = field(default_factory=dict)
     faults: dict[str, list[Fault]] = field(default_factory=dict)
     log: list[LogEntry] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     stopping: threading.Event = field(default_factory=threading.Event)
+    api_fault: Fault | None = None
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -128,6 +143,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.headers.get("Range"),
             self.headers.get("If-Range"),
             body_bytes,
+            self.path,
         )
         with state.lock:
             state.log.append(entry)
@@ -154,32 +170,79 @@ class _Handler(BaseHTTPRequestHandler):
                     return fault
         return None
 
+    def _release_doc(self, repo: str, release: _Release) -> dict[str, Any]:
+        base = f"{self.server.base_url}/{repo}/releases/download/{quote(release.tag, safe='')}"
+        return {
+            "tag_name": release.tag,
+            "draft": release.draft,
+            "prerelease": release.prerelease,
+            "assets": [
+                {
+                    "name": a.name,
+                    "size": a.size,
+                    "digest": a.digest,
+                    "browser_download_url": f"{base}/{quote(a.name, safe='')}",
+                }
+                for a in release.assets
+            ],
+        }
+
+    def _api(self, doc: Any, head: bool) -> None:
+        fault = self.server.state.api_fault
+        if fault is None or head:
+            self._simple(200, json.dumps(doc).encode(), head=head)
+            return
+        if fault.kind == "hang":
+            self._record(0)
+            self.server.state.stopping.wait(fault.seconds)
+            self._drop_connection()
+            return
+        body = json.dumps(doc).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body) if fault.kind == "trickle" else 1 << 40))
+        self._record(200)
+        self.end_headers()
+        try:
+            if fault.kind == "trickle":
+                for i in range(len(body)):
+                    if self.server.state.stopping.wait(fault.seconds):
+                        break
+                    self.wfile.write(body[i : i + 1])
+                    self.wfile.flush()
+            else:  # huge: whitespace forever (valid JSON would follow, if anyone waited)
+                block = b" " * CHUNK
+                while not self.server.state.stopping.is_set():
+                    self.wfile.write(block)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        self._drop_connection()
+
     def _serve(self, head: bool) -> None:
         state = self.server.state
-        path = unquote(self.path.split("?", 1)[0])
+        path, _, query = self.path.partition("?")
+        path = unquote(path)
         match = re.fullmatch(r"/repos/([^/]+/[^/]+)/releases/tags/(.+)", path)
         if match:
-            assets = state.releases.get((match.group(1), match.group(2)))
-            if assets is None:
+            release = state.releases.get((match.group(1), match.group(2)))
+            if release is None or release.draft:
                 body = json.dumps(
                     {"message": "Not Found", "documentation_url": "https://docs.github.com/rest"}
                 )
                 self._simple(404, body.encode(), head=head)
                 return
-            doc = {
-                "tag_name": match.group(2),
-                "assets": [
-                    {
-                        "name": a.name,
-                        "size": a.size,
-                        "digest": a.digest,
-                        "browser_download_url": self.server.base_url + f"/{match.group(1)}/releases/download/"
-                        f"{match.group(2)}/{a.name}",
-                    }
-                    for a in assets
-                ],
-            }
-            self._simple(200, json.dumps(doc).encode(), head=head)
+            self._api(self._release_doc(match.group(1), release), head)
+            return
+        match = re.fullmatch(r"/repos/([^/]+/[^/]+)/releases", path)
+        if match:
+            params = parse_qs(query)
+            per_page = min(100, int(params.get("per_page", ["30"])[0]))
+            page = int(params.get("page", ["1"])[0])
+            with state.lock:
+                mine = [r for (repo, _), r in state.releases.items() if repo == match.group(1)]
+            mine.reverse()  # newest first, like GitHub
+            chosen = mine[(page - 1) * per_page : page * per_page]
+            self._api([self._release_doc(match.group(1), r) for r in chosen], head)
             return
         asset = state.by_path.get(path)
         if asset is None:
@@ -231,6 +294,16 @@ class _Handler(BaseHTTPRequestHandler):
                 ):
                     pos = fault.offset - start - sent
                     block = block[:pos] + bytes([block[pos] ^ 0xFF]) + block[pos + 1 :]
+                if fault and fault.kind == "trickle" and sent + len(block) >= fault.after:
+                    self.wfile.write(block[: max(0, fault.after - sent)])
+                    pos = start + max(sent, fault.after)
+                    for byte in asset.read(pos, end):
+                        for i in range(len(byte)):
+                            if self.server.state.stopping.wait(fault.seconds):
+                                raise BrokenPipeError
+                            self.wfile.write(byte[i : i + 1])
+                            self.wfile.flush()
+                    return
                 if fault and fault.kind in ("cut", "stall") and sent + len(block) >= fault.after:
                     head_of_block = block[: max(0, fault.after - sent)]
                     entry.body_bytes = sent + len(head_of_block)
@@ -285,8 +358,28 @@ class ReleaseServer:
         with self._server.state.lock:
             return list(self._server.state.log)
 
-    def add_release(self, repo: str, tag: str, assets: Iterable[tuple], with_digests: bool = True) -> None:
-        """assets: (name, path or bytes) or (name, path or bytes, digest-or-None) tuples."""
+    @property
+    def api_fault(self) -> Fault | None:
+        return self._server.state.api_fault
+
+    @api_fault.setter
+    def api_fault(self, fault: Fault | None) -> None:
+        self._server.state.api_fault = fault
+
+    def api_requests(self) -> list[LogEntry]:
+        return [e for e in self.log if e.path.startswith("/repos/")]
+
+    def add_release(
+        self,
+        repo: str,
+        tag: str,
+        assets: Iterable[tuple],
+        with_digests: bool = True,
+        prerelease: bool = False,
+        draft: bool = False,
+    ) -> None:
+        """assets: (name, path or bytes) or (name, path or bytes, digest-or-None) tuples. Releases
+        added later are newer (listed first)."""
         state = self._server.state
         entries = []
         for item in assets:
@@ -298,7 +391,9 @@ class ReleaseServer:
             entries.append(asset)
             state.by_path[f"/{repo}/releases/download/{tag}/{name}"] = asset
             state.by_path[f"/mirror/{name}"] = asset
-        state.releases[(repo, tag)] = entries
+        with state.lock:
+            state.releases.pop((repo, tag), None)  # a rebuild under the same tag is the newest again
+            state.releases[(repo, tag)] = _Release(tag, entries, prerelease, draft)
 
     def inject(self, name: str, fault: Fault) -> None:
         with self._server.state.lock:
@@ -334,7 +429,7 @@ class ReleaseServer:
         if self._thread:
             self._thread.join(timeout=5)
 
-    def __enter__(self) -> ReleaseServer:  # noqa: PYI034 - Self needs 3.11
+    def __enter__(self) -> ReleaseServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

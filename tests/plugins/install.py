@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from harness.bundles import BuiltBundle, FileSpec, build_bundle, write_pins
 from harness.release_server import ReleaseServer
 
@@ -50,12 +51,27 @@ class InstallLab:
         part_size: int = 64 * 1024,
         publish: bool = True,
         digests: bool = True,
+        prerelease: bool = False,
     ) -> BuiltBundle:
         built = build_bundle(self.root / "assets" / tag, tag, bundle_files(tag, extra, payload), part_size)
         if publish:
             assets = built.release_assets() if digests else [(a.name, a.path, None) for a in built.assets]
-            self.server.add_release(REPO, tag, assets)
+            self.server.add_release(REPO, tag, assets, prerelease=prerelease)
         return built
+
+    def listed_only(self, tag: str, prerelease: bool = False, draft: bool = False) -> None:
+        """A release the list shows but nobody should install (its one asset is no tarball)."""
+        self.server.add_release(
+            REPO,
+            tag,
+            [(f"{tag}-x64.tar.gz", f"not a bundle: {tag}".encode())],
+            prerelease=prerelease,
+            draft=draft,
+        )
+
+    def shipped(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        """`rocmdoctor install` with the shipped manifest and lock, as a new user runs it."""
+        return self.cli("install", "--prefix", str(self.prefix), *FAST, *args, timeout=timeout)
 
     def pin(self, family: str, built: BuiltBundle) -> Path:
         write_pins(self.pins, {family: built}, base_url=self.server.mirror_url)
@@ -65,7 +81,7 @@ class InstallLab:
         return {**os.environ, "ROCMDOCTOR_GITHUB_API": self.server.api_url}
 
     def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run(  # noqa: PLW1510 - callers assert on returncode
+        return subprocess.run(
             [sys.executable, "-m", "rocmdoctor", *args],
             capture_output=True,
             text=True,

@@ -1,6 +1,6 @@
 """`rocmdoctor install`, `rollback`, `bundles` and `bundle lock|fetch`: the vllm-rocm bundle on this host.
 
-Output mirrors Ansible: `--json` prints {"schema_version": 1, "changed": ..., "msg": ..., ...} on stdout
+Output mirrors Ansible: `--json` prints {"schema_version": SCHEMA_VERSION, "changed": ..., "msg": ..., ...} on stdout
 (with "failed": true on failure), so a playbook can use `changed_when`/`failed_when` on it.
 """
 
@@ -15,6 +15,8 @@ from typing import Any
 
 import click
 
+from .. import params
+from ..model import SCHEMA_VERSION, envelope
 from ..registry import DEFAULT_PREFIX
 from .common import App, UserError, emit_json, pass_app
 
@@ -33,7 +35,8 @@ class Failed(click.ClickException):
 def _prefix_option(fn: Callable) -> Callable:
     return click.option(
         "--prefix",
-        type=click.Path(file_okay=False, path_type=Path),
+        type=params.Prefix(path_type=Path),
+        callback=params.refuse_empty_env,
         default=DEFAULT_PREFIX,
         envvar="ROCMDOCTOR_PREFIX",
         show_default=True,
@@ -47,7 +50,7 @@ def _pin_options(fn: Callable) -> Callable:
         [
             click.option(
                 "--bundles-dir",
-                type=click.Path(file_okay=False, path_type=Path),
+                type=params.NonEmptyPath(file_okay=False, path_type=Path),
                 envvar="ROCMDOCTOR_BUNDLES",
                 help="Directory with manifest.toml and lock.json to use instead of the shipped ones. "
                 "[env: ROCMDOCTOR_BUNDLES]",
@@ -55,13 +58,13 @@ def _pin_options(fn: Callable) -> Callable:
             click.option(
                 "--manifest",
                 "manifest_file",
-                type=click.Path(dir_okay=False, path_type=Path),
+                type=params.NonEmptyPath(dir_okay=False, path_type=Path),
                 help="manifest.toml to use (overrides --bundles-dir).",
             ),
             click.option(
                 "--lock",
                 "lock_file",
-                type=click.Path(dir_okay=False, path_type=Path),
+                type=params.NonEmptyPath(dir_okay=False, path_type=Path),
                 help="lock.json to use (default: <prefix>/lock.json if present, else the shipped one).",
             ),
             click.option(
@@ -81,18 +84,65 @@ def _pin_options(fn: Callable) -> Callable:
     return fn
 
 
-def _download_options(fn: Callable) -> Callable:
+def _api_options(fn: Callable) -> Callable:
     for decorator in reversed(
         [
-            click.option("--connect-timeout", default=10.0, show_default=True, help="Seconds to connect."),
             click.option(
-                "--read-timeout", default=30.0, show_default=True, help="Seconds without data before a retry."
+                "--connect-timeout",
+                default=10.0,
+                show_default=True,
+                type=params.Duration(max_s=600),
+                help="Seconds to connect (release API and downloads).",
             ),
-            click.option("--retries", default=5, show_default=True, help="Retries per part (with backoff)."),
+            click.option(
+                "--read-timeout",
+                default=30.0,
+                show_default=True,
+                type=params.Duration(max_s=3600),
+                help="Seconds without data before a retry (release API and downloads).",
+            ),
+            click.option(
+                "--api-deadline",
+                default=60.0,
+                show_default=True,
+                type=params.Duration(max_s=3600),
+                help="Seconds for a whole release API answer, however slowly it trickles.",
+            ),
         ]
     ):
         fn = decorator(fn)
     return fn
+
+
+def _download_options(fn: Callable) -> Callable:
+    for decorator in reversed(
+        [
+            click.option(
+                "--retries",
+                type=params.Count(0, 100),
+                default=5,
+                show_default=True,
+                help="Retries per part (with backoff).",
+            ),
+            click.option(
+                "--min-rate",
+                default=16384.0,
+                show_default=True,
+                type=params.Rate(),
+                help="Bytes/s a download must average over --rate-window, or it is retried (a stalled "
+                "or trickling server fails; a slow mirror still works).",
+            ),
+            click.option(
+                "--rate-window",
+                default=30.0,
+                show_default=True,
+                type=params.Duration(max_s=3600),
+                help="Seconds over which --min-rate is measured.",
+            ),
+        ]
+    ):
+        fn = decorator(fn)
+    return _api_options(fn)
 
 
 def _download_settings(kwargs: dict[str, Any]) -> Any:
@@ -102,6 +152,18 @@ def _download_settings(kwargs: dict[str, Any]) -> Any:
         connect_timeout_s=kwargs["connect_timeout"],
         read_timeout_s=kwargs["read_timeout"],
         retries=kwargs["retries"],
+        min_rate_bps=kwargs["min_rate"],
+        rate_window_s=kwargs["rate_window"],
+    )
+
+
+def _api_settings(kwargs: dict[str, Any]) -> Any:
+    from ..provision.github_release import ApiOptions
+
+    return ApiOptions(
+        connect_timeout_s=kwargs["connect_timeout"],
+        read_timeout_s=kwargs["read_timeout"],
+        deadline_s=kwargs["api_deadline"],
     )
 
 
@@ -127,19 +189,19 @@ def _load_pins(kwargs: dict[str, Any], prefix: Path) -> tuple[Any, Any, Any]:
 @contextlib.contextmanager
 def _failures(as_json: bool) -> Iterator[None]:
     """Turn the provisioning errors into exit codes and messages (and JSON with failed: true)."""
-    from ..provision.download import DownloadError
-    from ..provision.install import InstallError
+    from ..provision.download import DownloadError, UnsafeDirectory
+    from ..provision.install import InstallError, InvalidRequest, UnsafeBundle
     from ..provision.manifest import ManifestError
     from ..provision.plan import PlanError
 
     def report(message: str, exc_type: type[click.ClickException]) -> click.ClickException:
         if as_json:
-            emit_json({"schema_version": 1, "changed": False, "failed": True, "msg": message})
+            emit_json(envelope(changed=False, failed=True, msg=message))
         return exc_type(message)
 
     try:
         yield
-    except (PlanError, ManifestError) as exc:
+    except (PlanError, ManifestError, UnsafeDirectory, InvalidRequest, UnsafeBundle) as exc:
         raise report(str(exc), UserError) from None
     except UserError as exc:
         raise report(exc.format_message(), UserError) from None
@@ -215,6 +277,53 @@ def _emit(result: dict[str, Any], as_json: bool, line: str) -> None:
         click.echo(line)
 
 
+def _selection_options(fn: Callable) -> Callable:
+    """Which release: the shared vocabulary of install, bundle lock and bundle fetch."""
+    for decorator in reversed(
+        [
+            click.option(
+                "--channel",
+                type=click.Choice(["stable", "nightly"]),
+                default=None,
+                help="Newest release of this channel for the family, preferring qualified ones "
+                "(default when the lock pins nothing: the manifest's channel, stable).",
+            ),
+            click.option(
+                "--tag", default=None, help="This exact release; digests from the lock or the release API."
+            ),
+            click.option("--pinned", is_flag=True, help="The manifest's reviewed release for the family."),
+            click.option(
+                "--frozen",
+                is_flag=True,
+                help="Refuse any release the lock does not pin (no digests trusted on first use).",
+            ),
+        ]
+    ):
+        fn = decorator(fn)
+    return fn
+
+
+def _request(
+    family: str, manifest: Any, lock: Any, kwargs: dict[str, Any], prefix: Path, mirror: str | None = None
+) -> Any:
+    """The plan.Request for one family from the selection options."""
+    from ..provision.plan import Request
+
+    channel, tag, pinned, frozen = kwargs["channel"], kwargs["tag"], kwargs["pinned"], kwargs["frozen"]
+    if sum(bool(x) for x in (channel, tag, pinned)) > 1:
+        raise UserError("pass at most one of --channel, --tag and --pinned")
+    common = {"version": kwargs.get("version"), "frozen": frozen, "mirror": mirror, "prefix": prefix}
+    if tag:
+        return Request(family, mode="tag", tag=tag, **common)
+    if pinned:
+        return Request(family, mode="pinned", **common)
+    entry = lock.families.get(family)
+    if not channel and (frozen or (entry is not None and entry.pinned and entry.assets)):
+        return Request(family, mode="lock", **common)
+    default = manifest.families[family].channel if family in manifest.families else "stable"
+    return Request(family, mode="channel", channel=channel or default, **common)
+
+
 @click.command()
 @click.option(
     "--family",
@@ -222,10 +331,8 @@ def _emit(result: dict[str, Any], as_json: bool, line: str) -> None:
     show_default=True,
     help="GPU family (gfx1151, gfx1150, gfx110X, gfx120X, gfx942, gfx950) or auto: from this host.",
 )
-@click.option("--version", "version", default=None, help="vLLM version the pins must match (e.g. 0.20.1).")
-@click.option(
-    "--tag", default=None, help="Install this exact release; parts and digests from the release API."
-)
+@click.option("--version", "version", default=None, help="vLLM version the release must have (e.g. 0.20.1).")
+@_selection_options
 @_prefix_option
 @click.option(
     "--mirror",
@@ -240,9 +347,10 @@ def _emit(result: dict[str, Any], as_json: bool, line: str) -> None:
 )
 @click.option(
     "--download-dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=params.NonEmptyPath(file_okay=False, path_type=Path),
     default=None,
-    help="Stage downloaded parts here (default <prefix>/bundles/.downloads; kept there for resuming).",
+    help="Stage downloaded parts here (default <prefix>/bundles/.downloads; kept there for resuming). "
+    "Refused if another user can write it, unless it is sticky.",
 )
 @click.option("--precompile", is_flag=True, help="Compile the bundle's Python bytecode after extraction.")
 @click.option(
@@ -254,67 +362,96 @@ def _emit(result: dict[str, Any], as_json: bool, line: str) -> None:
     help="tar: GNU tar behind rocmdoctor's header checks (fast); python: tarfile with the data "
     "filter; auto: tar when GNU tar and pigz/gzip exist. [env: ROCMDOCTOR_EXTRACTOR]",
 )
+@click.option(
+    "--prune", "prune_after", is_flag=True, help="Then remove bundles other than current and previous."
+)
+@click.option("--check", is_flag=True, help="Dry run: say what would change, write nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print an Ansible-style JSON result on stdout.")
 @pass_app
 def install(
     app: App,
     family: str,
-    version: str | None,
-    tag: str | None,
     prefix: Path,
     mirror: str | None,
     force: bool,
     precompile: bool,
     extractor: str,
     download_dir: Path | None,
+    prune_after: bool,
+    check: bool,
     as_json: bool,
     **kwargs: Any,
 ) -> None:
-    """Fetch, verify and activate the vllm-rocm bundle for this GPU family."""
+    """Fetch, verify and activate the vllm-rocm bundle for this GPU family.
+
+    Without --channel/--tag/--pinned: the release the lock pins for the family, else the newest of the
+    manifest's channel (stable), whose published digests are then recorded in <prefix>/lock.json."""
     from ..provision.github_release import api_url
     from ..provision.install import InstallPlan
     from ..provision.install import install as run_install
-    from ..provision.plan import family_from_tag, pinned_sources, release_sources, resolve_family
+    from ..provision.plan import choose_release, family_from_tag, resolve_family
 
+    prune_doc = None
     with _failures(as_json):
         _, manifest, lock = _load_pins(kwargs, prefix)
         if mirror and not mirror.startswith(("http://", "https://")) and not Path(mirror).is_dir():
             raise UserError(f"--mirror {mirror}: not a directory or http(s) URL")
         warnings: list[str] = []
+        tag = kwargs["tag"]
         if tag:
             chosen = family_from_tag(tag)
             if family not in ("auto", chosen):
                 raise UserError(f"--tag {tag} is for {chosen}, not --family {family}")
-            sources = release_sources(tag, manifest.repo, api_url(kwargs["api_url"]), lock, mirror)
+        elif family == "auto":
+            chosen, warnings = _auto_family(app, prefix, force, manifest)
         else:
-            if family == "auto":
-                chosen, warnings = _auto_family(app, prefix, force, manifest)
-            else:
-                chosen = resolve_family(family, manifest)
-            tag, sources = pinned_sources(manifest, lock, chosen, version, mirror)
+            chosen = resolve_family(family, manifest)
+        request = _request(chosen, manifest, lock, kwargs, prefix, mirror)
+        choice = choose_release(request, manifest, lock, api_url(kwargs["api_url"]), _api_settings(kwargs))
         plan = InstallPlan(
             prefix=prefix,
             family=chosen,
-            tag=tag,
+            tag=choice.tag,
             repo=manifest.repo,
-            sources=sources,
+            sources=choice.sources,
             force=force,
             precompile=precompile,
             download=_download_settings(kwargs),
             extractor=extractor,
             download_dir=download_dir,
+            pins=choice.lock_entry if choice.trusted_on_first_use else None,
+            check=check,
         )
-        with _progress(not as_json, plan.total_bytes) as (on_download, on_extract):
+        with _progress(not as_json and not check, plan.total_bytes) as (on_download, on_extract):
             plan.on_download, plan.on_extract = on_download, on_extract
             result = run_install(plan)
+        result.notes[:0] = choice.notes
+        if prune_after:
+            prune_doc = _run_prune(prefix, 2, check)
     doc = result.to_json()
+    doc["qualified"] = choice.qualified
+    doc["trusted_on_first_use"] = choice.trusted_on_first_use
     if warnings:
         doc["forced_past"] = warnings
-    _emit(
-        doc,
-        as_json,
-        f"{'changed' if result.changed else 'ok'}: {result.msg} ({prefix}/current -> {result.current})",
-    )
+    if prune_doc is not None:
+        doc["prune"] = prune_doc.to_json()
+        doc["changed"] = doc["changed"] or prune_doc.changed
+        doc["failed"] = prune_doc.failed
+    lines = [f"{'changed' if doc['changed'] else 'ok'}: {result.msg} ({prefix}/current -> {result.current})"]
+    lines += [f"  note: {n}" for n in result.notes]
+    if prune_doc is not None:
+        lines.append(f"  prune: {prune_doc.msg}")
+    _emit(doc, as_json, "\n".join(lines))
+    if prune_doc is not None and prune_doc.failed:
+        sys.exit(1)
+
+
+def _run_prune(prefix: Path, keep: int, check: bool) -> Any:
+    from ..host import Host
+    from ..provision.install import prune
+
+    # Processes are this machine's, whatever --root the diagnosis reads.
+    return prune(prefix, keep, Host(Path("/")), check=check)
 
 
 @click.command()
@@ -322,29 +459,43 @@ def install(
 @click.option(
     "--to", "to", default=None, metavar="TAG", help="Switch to this installed bundle (default: previous)."
 )
+@click.option("--check", is_flag=True, help="Dry run: say what would change, write nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print an Ansible-style JSON result on stdout.")
-def rollback(prefix: Path, to: str | None, as_json: bool) -> None:
+def rollback(prefix: Path, to: str | None, check: bool, as_json: bool) -> None:
     """Switch `current` back to the previous bundle (or --to TAG)."""
     from ..provision.install import rollback as run_rollback
 
     with _failures(as_json):
-        result = run_rollback(prefix, to)
+        result = run_rollback(prefix, to, check=check)
     _emit(result.to_json(), as_json, f"{'changed' if result.changed else 'ok'}: {result.msg}")
 
 
 @click.command()
 @_prefix_option
+@click.option(
+    "--available",
+    is_flag=True,
+    help="List what the release server offers for this host's family (or --family), "
+    "marked installed/current.",
+)
+@click.option("--family", default="auto", show_default=True, help="With --available: the GPU family.")
+@_pin_options
+@_api_options
 @click.option("--json", "as_json", is_flag=True, help="Print the list as JSON on stdout.")
-def bundles(prefix: Path, as_json: bool) -> None:
-    """List installed bundles and which one is current."""
+@pass_app
+def bundles(app: App, prefix: Path, available: bool, family: str, as_json: bool, **kwargs: Any) -> None:
+    """List installed bundles and which one is current (--available: what the release server offers)."""
     from ..provision.install import Layout
 
-    layout = Layout(prefix)
+    layout = Layout(prefix)  # reads only: a missing prefix lists nothing and is not created
     found = layout.installed()
+    if available:
+        _available(app, layout, found, family, as_json, kwargs)
+        return
     if as_json:
         emit_json(
             {
-                "schema_version": 1,
+                "schema_version": SCHEMA_VERSION,
                 "prefix": str(prefix),
                 "current": layout.current_tag(),
                 "previous": layout.previous_tag(),
@@ -362,9 +513,47 @@ def bundles(prefix: Path, as_json: bool) -> None:
         )
 
 
+def _available(app: App, layout: Any, found: list[dict], family: str, as_json: bool, kwargs: dict) -> None:
+    from ..provision.github_release import api_url
+    from ..provision.plan import available, resolve_family
+
+    with _failures(as_json):
+        _, manifest, lock = _load_pins(kwargs, layout.prefix)
+        chosen = (
+            _auto_family(app, layout.prefix, True, manifest)[0]
+            if family == "auto"
+            else resolve_family(family, manifest)
+        )
+        rows, skipped = available(chosen, manifest, lock, api_url(kwargs["api_url"]), _api_settings(kwargs))
+    installed = {b["tag"]: b for b in found}
+    for row in rows:
+        row["installed"] = row["tag"] in installed
+        row["current"] = row["tag"] == layout.current_tag()
+    if as_json:
+        emit_json(
+            {
+                "schema_version": SCHEMA_VERSION,
+                "family": chosen,
+                "repo": manifest.repo,
+                "current": layout.current_tag(),
+                "available": rows,
+                "skipped": skipped,
+            }
+        )
+        return
+    if not rows:
+        click.echo(f"the release server offers no {chosen} bundle for {manifest.repo}")
+    for row in rows:
+        mark = "*" if row["current"] else ("i" if row["installed"] else " ")
+        flags = [row["channel"], "qualified" if row["qualified"] else "not qualified"]
+        flags += [f for f, on in (("pinned", row["pinned"]), ("reviewed", row["reviewed_default"])) if on]
+        flags += [] if row["digests"] else ["NO DIGESTS"]
+        click.echo(f"{mark} {row['tag']:<60} {', '.join(flags)}")
+
+
 @click.group()
 def bundle() -> None:
-    """Maintain the pins (lock) and mirrors of the vllm-rocm bundles."""
+    """The vllm-rocm bundles: install, rollback, list, lock (pins), fetch (mirrors), prune."""
 
 
 def _families(requested: tuple[str, ...], manifest: Any) -> list[str]:
@@ -375,40 +564,74 @@ def _families(requested: tuple[str, ...], manifest: Any) -> list[str]:
 
 @bundle.command("lock")
 @click.option("--family", "families", multiple=True, help="Families to pin (default: all in the manifest).")
+@click.option(
+    "--channel",
+    type=click.Choice(["stable", "nightly"]),
+    default=None,
+    help="Pin the newest release of this channel (default: the manifest's channel per family).",
+)
+@click.option("--tag", default=None, help="Pin this exact release (its family only).")
+@click.option("--pinned", is_flag=True, help="Pin the manifest's reviewed tag of each family.")
 @_prefix_option
 @_pin_options
+@_api_options
 @click.option(
     "--out",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=params.NonEmptyPath(dir_okay=False, path_type=Path),
     default=None,
     help="Where to write the lock (default: --lock, <bundles-dir>/lock.json, else <prefix>/lock.json).",
 )
+@click.option("--check", is_flag=True, help="Dry run: say what would change, write nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print an Ansible-style JSON result on stdout.")
-def lock(families: tuple[str, ...], prefix: Path, out: Path | None, as_json: bool, **kwargs: Any) -> None:
+def lock(
+    families: tuple[str, ...], prefix: Path, out: Path | None, check: bool, as_json: bool, **kwargs: Any
+) -> None:
     """Refresh the lock file (part names, sizes, sha256 digests) from the release API."""
     from ..provision.github_release import api_url
     from ..provision.install import write_json_atomic
-    from ..provision.plan import refresh_lock
+    from ..provision.plan import family_from_tag, refresh_lock
 
     with _failures(as_json):
         sources, manifest, current = _load_pins(kwargs, prefix)
         target = out or sources.lock or prefix / "lock.json"
+        if kwargs["tag"]:
+            chosen = [family_from_tag(kwargs["tag"])]
+            if families and list(families) != chosen:
+                raise UserError(
+                    f"--tag {kwargs['tag']} is for {chosen[0]}, not --family {', '.join(families)}"
+                )
+        else:
+            chosen = _families(families, manifest)
+        requests_ = [
+            _request(f, manifest, current, {**kwargs, "frozen": False, "version": None}, prefix)
+            for f in chosen
+        ]
+        # `bundle lock` always asks the API: a family the lock pins is re-read on its channel.
+        requests_ = [
+            r
+            if r.mode != "lock"
+            else type(r)(**{**vars(r), "mode": "channel", "channel": _channel_of(manifest, r.family)})
+            for r in requests_
+        ]
         updated, report = refresh_lock(
-            manifest, current, _families(families, manifest), api_url(kwargs["api_url"])
+            manifest, current, requests_, api_url(kwargs["api_url"]), _api_settings(kwargs)
         )
         changed = any(r.get("changed") for r in report)
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(target, updated.to_json())
-        except OSError as exc:
-            raise Failed(f"cannot write {target}: {exc.strerror or exc}; pass --out FILE") from None
+        if changed and not check:
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                write_json_atomic(target, updated.to_json())
+            except OSError as exc:
+                raise Failed(f"cannot write {target}: {exc.strerror or exc}; pass --out FILE") from None
     failed = [r for r in report if not r["pinned"]]
+    verb = "would pin" if check else "pinned"
     doc = {
-        "schema_version": 1,
+        "schema_version": SCHEMA_VERSION,
         "changed": changed,
+        "check": check,
         "failed": bool(failed),
         "lock": str(target),
-        "msg": f"pinned {len(report) - len(failed)} of {len(report)} families into {target}",
+        "msg": f"{verb} {len(report) - len(failed)} of {len(report)} families into {target}",
         "families": report,
     }
     if as_json:
@@ -421,50 +644,74 @@ def lock(families: tuple[str, ...], prefix: Path, out: Path | None, as_json: boo
         sys.exit(1)
 
 
+def _channel_of(manifest: Any, family: str) -> str:
+    return manifest.families[family].channel if family in manifest.families else "stable"
+
+
 @bundle.command("fetch")
 @click.option(
     "--to",
     "dest",
     required=True,
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Mirror directory to fill (flat file names, usable with install --mirror).",
+    type=params.NonEmptyPath(file_okay=False, path_type=Path),
+    help="Mirror directory to fill (flat file names, usable with install --mirror). Refused if another "
+    "user can write it, unless it is sticky.",
 )
 @click.option("--family", "families", multiple=True, help="Families to fetch (default: every pinned one).")
-@click.option(
-    "--tag", default=None, help="Fetch this exact release (parts and digests from the release API)."
-)
+@_selection_options
 @click.option("--mirror", default=None, help="Fetch from this directory or base URL instead of GitHub.")
 @_prefix_option
 @_pin_options
 @_download_options
+@click.option("--check", is_flag=True, help="Dry run: say which parts would be fetched, write nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print an Ansible-style JSON result on stdout.")
 def fetch(
     dest: Path,
     families: tuple[str, ...],
-    tag: str | None,
     mirror: str | None,
     prefix: Path,
+    check: bool,
     as_json: bool,
     **kwargs: Any,
 ) -> None:
     """Download and verify bundle parts into a mirror directory (idempotent)."""
+    from ..provision.download import lexists
     from ..provision.github_release import api_url
     from ..provision.install import fetch_to
-    from ..provision.plan import pinned_sources, release_sources
+    from ..provision.plan import choose_release, family_from_tag
 
     with _failures(as_json):
         _, manifest, lock_doc = _load_pins(kwargs, prefix)
-        if tag:
-            sources = release_sources(tag, manifest.repo, api_url(kwargs["api_url"]), lock_doc, mirror)
+        if kwargs["tag"]:
+            chosen = [family_from_tag(kwargs["tag"])]
+        elif families:
+            chosen = _families(families, manifest)
+        elif kwargs["channel"] or kwargs["pinned"]:
+            chosen = sorted(manifest.families)
         else:
-            chosen = (
-                _families(families, manifest)
-                if families
-                else sorted(f for f, e in lock_doc.families.items() if e.pinned and f in manifest.families)
-            )
+            chosen = sorted(f for f, e in lock_doc.families.items() if e.pinned and f in manifest.families)
             if not chosen:
-                raise UserError("no family is pinned in the lock; run `rocmdoctor bundle lock` first")
-            sources = [s for f in chosen for s in pinned_sources(manifest, lock_doc, f, None, mirror)[1]]
+                raise UserError(
+                    "no family is pinned in the lock; pass --family F (newest stable), or run "
+                    "`rocmdoctor bundle lock` first"
+                )
+        sources = []
+        for f in chosen:
+            request = _request(f, manifest, lock_doc, kwargs, prefix, mirror)
+            api = api_url(kwargs["api_url"])
+            sources += choose_release(request, manifest, lock_doc, api, _api_settings(kwargs)).sources
+        if check:
+            missing = [s.asset.name for s in sources if not lexists(dest / s.asset.name)]
+            doc = {
+                "schema_version": SCHEMA_VERSION,
+                "changed": bool(missing),
+                "check": True,
+                "msg": f"would fetch {len(missing)} part(s) and verify {len(sources) - len(missing)} in {dest}",
+                "fetched": missing,
+                "mirror": str(dest),
+            }
+            _emit(doc, as_json, str(doc["msg"]))
+            return
         with _progress(not as_json, sum(s.asset.size for s in sources), extracting=False) as (on_bytes, _):
             fetched = [
                 (asset.name, new)
@@ -472,11 +719,38 @@ def fetch(
             ]
     new = [name for name, was_new in fetched if was_new]
     doc = {
-        "schema_version": 1,
+        "schema_version": SCHEMA_VERSION,
         "changed": bool(new),
         "msg": f"{len(new)} part(s) fetched, "
         f"{len(fetched) - len(new)} already present and verified in {dest}",
         "fetched": new,
         "mirror": str(dest),
     }
-    _emit(doc, as_json, doc["msg"])
+    _emit(doc, as_json, str(doc["msg"]))
+
+
+@bundle.command("prune")
+@_prefix_option
+@click.option(
+    "--keep",
+    type=click.IntRange(1, 1000),
+    default=2,
+    show_default=True,
+    help="Bundles to keep: current, then previous, then the newest others.",
+)
+@click.option("--check", is_flag=True, help="Dry run: say what would be removed, remove nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print an Ansible-style JSON result on stdout.")
+def prune(prefix: Path, keep: int, check: bool, as_json: bool) -> None:
+    """Remove old bundles (keeps current and previous); refuses one a running process uses."""
+    with _failures(as_json):
+        result = _run_prune(prefix, keep, check)
+    _emit(result.to_json(), as_json, f"{'changed' if result.changed else 'ok'}: {result.msg}")
+    if result.failed:
+        sys.exit(1)
+
+
+# One group for everything that handles bundles; the top-level `install`, `rollback` and `bundles`
+# stay as the documented short forms of `bundle install`, `bundle rollback` and `bundle list`.
+bundle.add_command(install, "install")
+bundle.add_command(rollback, "rollback")
+bundle.add_command(bundles, "list")

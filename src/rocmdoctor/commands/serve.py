@@ -6,44 +6,55 @@ import functools
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import click
 
+from .. import params
 from ..registry import DEFAULT_PREFIX
 from .common import App, UserError, emit_json, pass_app
 
 
 def server_options(fn: Callable) -> Callable:
-    """The options `unit` and `serve` share, in the order --help shows them."""
+    """The options `unit` and `serve` share, in the order --help shows them. vLLM's own arguments go after
+    `--` (VllmPassThrough hands them over as `extra`)."""
     options = [
-        click.option("--model", required=True, help="Hugging Face id or local model directory."),
-        click.option("--served-model-name", default=None, help="Name clients ask for (default: the model's last path part)."),
-        click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on."),
-        click.option("--port", default=8000, show_default=True, type=int, help="Port to listen on."),
-        click.option("--gpu-memory-utilization", type=float, default=None,
-                     help="Override the value computed from the free memory of the GPU (or APU pool)."),
-        click.option("--max-model-len", type=int, default=None, help="Context length (default: the model's)."),
-        click.option("--max-num-seqs", type=int, default=None,
+        click.option("--model", required=True, type=params.ModelName(),
+                     help="Hugging Face id or local model directory."),
+        click.option("--served-model-name", default=None, type=params.ModelName(),
+                     help="Name clients ask for (default: the model's last path part)."),
+        click.option("--host", default="127.0.0.1", show_default=True, type=params.HostName(),
+                     help="Address to listen on."),
+        click.option("--port", default=8000, show_default=True, type=params.Port(),
+                     help="Port to listen on."),
+        click.option("--gpu-memory-utilization", type=params.Fraction(0.01), default=None,
+                     help="Override the value computed from the free memory of the GPU (or APU pool): "
+                     "0.01-1."),
+        click.option("--max-model-len", type=params.Count(1, 1 << 24), default=None,
+                     help="Context length (default: the model's)."),
+        click.option("--max-num-seqs", type=params.Count(1, 1 << 16), default=None,
                      help="Concurrent sequences (default: 10 on a unified-memory APU, vLLM's otherwise)."),
-        click.option("--tensor-parallel-size", type=int, default=None,
+        click.option("--tensor-parallel-size", type=params.Count(1, 64), default=None,
                      help="Spread the model over this many GPUs of one family."),
-        click.option("--api-key-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+        click.option("--api-key-file", type=params.NonEmptyPath(dir_okay=False, path_type=Path), default=None,
+                     callback=params.key_file(min_length=8),
                      help="File holding the API key clients must send (never pass --api-key itself)."),
         click.option("--vllm-args", default="", metavar="TEXT",
                      help="More vLLM arguments as one string, split like a shell would (never run by one)."),
         click.option("--prefix", default=DEFAULT_PREFIX, envvar="ROCMDOCTOR_PREFIX", show_default=True,
+                     type=params.Prefix(), callback=params.refuse_empty_env,
                      help="Where `rocmdoctor install` put the bundles. [env: ROCMDOCTOR_PREFIX]"),
         click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout."),
-        click.argument("extra", nargs=-1, type=click.UNPROCESSED),
     ]
     return functools.reduce(lambda f, option: option(f), reversed(options), fn)
 
 
 def resolve_args(app: App, opts: dict[str, Any]):
-    from ..provision.server_args import ArgumentError, Choices, parse_extra, pools_from_facts, resolve
+    from ..provision.server_args import ArgumentError, Choices, parse_extra, resolve
     from ..registry import Context, Options
+    from .host_pools import pools_from_facts
 
     try:
         extra = parse_extra(opts["vllm_args"]) + list(opts["extra"])
@@ -58,6 +69,7 @@ def resolve_args(app: App, opts: dict[str, Any]):
 
 
 def api_key(opts: dict[str, Any]) -> str | None:
+    """The key the server is started with: the one reader (provision.unit.read_api_key's minimum length)."""
     from ..provision.unit import UnitError, read_api_key
 
     if opts["api_key_file"] is None:
@@ -77,11 +89,12 @@ def show_settings(args, stream=sys.stderr) -> None:
         print(f"  note: {note}", file=stream)
 
 
-@click.command(context_settings={"ignore_unknown_options": True})
+@click.command(cls=params.VllmPassThrough)
 @click.option("--write", is_flag=True, help="Write the unit, its env file and readiness script (else print the unit).")
 @click.option("--check", "check_only", is_flag=True, help="With --write: show what would change, change nothing.")
-@click.option("--user", default="vllm", show_default=True, help="Service account (created with its groups if missing).")
-@click.option("--timeout", "timeout_s", default=1800, show_default=True, type=int,
+@click.option("--user", default="vllm", show_default=True, type=params.ServiceUser(),
+              help="Service account (created with its groups if missing; never root or nobody).")
+@click.option("--timeout", "timeout_s", default=1800, show_default=True, type=params.Duration(whole=True),
               help="Seconds systemd waits for the model to load and answer a completion.")
 @server_options
 @pass_app
@@ -90,7 +103,8 @@ def unit(app: App, write: bool, check_only: bool, user: str, timeout_s: int, **o
 
     Extra vLLM arguments go after `--`: rocmdoctor unit --model M -- --enforce-eager
     """
-    from ..provision.unit import ServiceLayout, UnitError, file_specs, write as write_files
+    from ..provision.unit import ServiceLayout, UnitError, file_specs
+    from ..provision.unit import write as write_files
 
     args = resolve_args(app, opts)
     try:
@@ -123,12 +137,12 @@ def unit(app: App, write: bool, check_only: bool, user: str, timeout_s: int, **o
     click.echo(f"changed={str(report.changed).lower()}")
 
 
-@click.command(context_settings={"ignore_unknown_options": True})
-@click.option("--timeout", "timeout_s", default=1800, show_default=True, type=float,
+@click.command(cls=params.VllmPassThrough)
+@click.option("--timeout", "timeout_s", default=1800, show_default=True, type=params.Duration(),
               help="Seconds to wait for the model to load and answer a completion (cold JIT takes minutes).")
-@click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+@click.option("--cache-dir", type=params.NonEmptyPath(file_okay=False, path_type=Path), default=None,
               help="VLLM_CACHE_ROOT: compile and JIT caches that make the next start fast [default: ~/.cache/vllm].")
-@click.option("--log-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--log-file", type=params.NonEmptyPath(dir_okay=False, path_type=Path), default=None,
               help="Server log [default: ~/.cache/rocmdoctor/serve-PORT.log].")
 @server_options
 @pass_app
@@ -139,8 +153,16 @@ def serve(app: App, timeout_s: float, cache_dir: Path | None, log_file: Path | N
 
     Exit 0 after a clean stop; 1 when the server did not become ready, died, or left a process behind.
     """
-    from ..provision.serve import (Server, Stopped, SignalsToStop, ProgressLine, default_cache_base,
-                                   new_marker, port_in_use, server_env)
+    from ..provision.serve import (
+        ProgressLine,
+        Server,
+        SignalsToStop,
+        Stopped,
+        default_cache_base,
+        new_marker,
+        port_in_use,
+        server_env,
+    )
     from ..provision.unit import ServiceLayout, readiness_url
 
     args = resolve_args(app, opts)
@@ -161,11 +183,17 @@ def serve(app: App, timeout_s: float, cache_dir: Path | None, log_file: Path | N
     show_settings(args)
     with SignalsToStop():
         try:
-            try:
-                server.start()
-            except OSError as exc:
-                raise UserError(f"cannot start {executable} (log {server.log_path}): "
-                                f"{exc.strerror or exc}") from None
+            server.start()
+        except OSError as exc:
+            raise UserError(f"cannot start {executable} (log {server.log_path}): "
+                            f"{exc.strerror or exc}") from None
+        except Stopped:
+            events.stopped(server.stop(), reason="interrupted while starting")
+            sys.exit(1)
+        # From here on every way out stops the server's whole process group and says so: a readiness
+        # test that fails oddly, an error of our own, a signal. Only SystemExit passes through, and
+        # every path that raises it has stopped the server first.
+        try:
             progress = ProgressLine(args.served_model_name)
             outcome = server.wait_ready(timeout_s, progress)
             progress.finish()
@@ -185,6 +213,18 @@ def serve(app: App, timeout_s: float, cache_dir: Path | None, log_file: Path | N
             left = server.stop()
             events.stopped(left, reason=f"{stop}")
             sys.exit(1 if left else 0)
+        except SystemExit:
+            raise
+        except BaseException as exc:
+            try:
+                left = server.stop()
+            except Stopped:  # the one signal honoured arrived during this stop: finish it
+                left = server.stop()
+            try:
+                events.stopped(left, reason=f"rocmdoctor failed: {type(exc).__name__}: {exc}")
+            except Exception:
+                print(f"stopped the server after an error of rocmdoctor ({exc}); left: {left}", file=sys.stderr)
+            raise
 
 
 class Events:

@@ -1,4 +1,4 @@
-"""`rocmdoctor smoke` and `rocmdoctor bench`: prove the served model works, and measure concurrency."""
+"""`rocmdoctor smoke`: prove the served model works (and the options `bench` shares with it)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,14 @@ from typing import Any
 
 import click
 
+from .. import params
 from .common import App, UserError, emit_json, pass_app
 
 PLOT_SUFFIXES = (".png", ".svg")
 
 
 def _url(value: str) -> str:
-    from ..provision.openai_client import normalize_url
+    from rocmdoctor.provision.openai_client import normalize_url
 
     try:
         return normalize_url(value)
@@ -23,23 +24,15 @@ def _url(value: str) -> str:
 
 
 def _api_key(path: Path | None) -> str | None:
-    """The first line of the key file; the key never appears on the command line (visible in ps)."""
+    """The key in the file (the one reader: regular file, bounded, one key); never on the command line."""
     if path is None:
         return None
+    from ..sensitive import KeyFileError, read_api_key
+
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(
-            f"--api-key-file {path}: no such file; write the key vLLM was started with into it"
-        ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(
-            f"--api-key-file {path}: cannot read it ({getattr(exc, 'strerror', None) or exc})"
-        ) from None
-    key = next((line.strip() for line in text.splitlines() if line.strip()), "")
-    if not key:
-        raise UserError(f"--api-key-file {path} is empty; put the key vLLM was started with in it")
-    return key
+        return read_api_key(path)
+    except KeyFileError as exc:
+        raise UserError(f"{exc}; write the key vLLM was started with into it") from None
 
 
 def _concurrency(value: str) -> tuple[int, ...]:
@@ -74,13 +67,14 @@ def _common_options(fn: Any) -> Any:
     fn = click.option(
         "--timeout",
         "timeout_s",
-        type=click.FloatRange(min=0.1),
+        type=params.Duration(max_s=24 * 3600),
         default=None,
         help="Seconds of silence from the server before a request fails (smoke: 30, bench: 60).",
     )(fn)
     fn = click.option(
         "--api-key-file",
-        type=click.Path(path_type=Path, dir_okay=False),
+        type=params.NonEmptyPath(path_type=Path, dir_okay=False),
+        callback=params.key_file(),
         default=None,
         help="File holding the server's API key (vLLM --api-key).",
     )(fn)
@@ -111,116 +105,16 @@ def smoke(
 
     Exit 0: every step passed (warnings allowed); 1: a step failed; 2: bad input or nothing answers.
     """
-    from ..provision.smoke import SmokeOptions, run_smoke
+    from rocmdoctor.provision.smoke import SmokeOptions, run_smoke
 
     options = SmokeOptions(_url(url), model, _api_key(api_key_file), timeout_s or 30.0)
     report = run_smoke(options)
     if as_json:
         emit_json(report)
     else:
-        from ..console import make_console
+        from rocmdoctor.console import make_console
+
         from .smoke_render import render_smoke
 
         render_smoke(report, make_console(no_color=app.no_color), app.verbose)
-    sys.exit(report["exit_code"])
-
-
-@click.command()
-@_common_options
-@click.option(
-    "--concurrency",
-    "concurrency_list",
-    default="1,2,4,8,16",
-    show_default=True,
-    help="Concurrency levels, comma-separated; 1 (sequential) is always run.",
-)
-@click.option(
-    "--requests",
-    type=click.IntRange(min=1),
-    default=32,
-    show_default=True,
-    help="Requests sent at every level (at least the largest concurrency).",
-)
-@click.option(
-    "--prompt-tokens",
-    type=click.IntRange(min=1),
-    default=128,
-    show_default=True,
-    help="Prompt length in tokens (exact where the server has /tokenize, as vLLM does).",
-)
-@click.option(
-    "--max-tokens",
-    type=click.IntRange(min=2),
-    default=128,
-    show_default=True,
-    help="Output tokens per request (sent with ignore_eos, so every answer has this length).",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the versioned JSON report on stdout.")
-@click.option(
-    "--plot",
-    "plot",
-    type=click.Path(path_type=Path, dir_okay=False),
-    default=None,
-    help="Write throughput and latency against concurrency to FILE.png or FILE.svg.",
-)
-@pass_app
-def bench(
-    app: App,
-    url: str,
-    model: str,
-    api_key_file: Path | None,
-    timeout_s: float | None,
-    concurrency_list: str,
-    requests: int,
-    prompt_tokens: int,
-    max_tokens: int,
-    as_json: bool,
-    plot: Path | None,
-) -> None:
-    """Measure what concurrency buys: tokens/s, speedup, TTFT/TPOT/ITL/E2EL, and the knee.
-
-    Exit 0: every request succeeded and the token count matches the server's; 1: failures or a
-    mismatch; 2: bad input or nothing answers.
-    """
-    from ..provision import openai_client as oc
-    from ..provision.bench import BenchAborted, BenchOptions, abort_remedy, run_bench
-
-    levels = _concurrency(concurrency_list)
-    if requests < max(levels):
-        raise UserError(
-            f"--requests {requests} is smaller than the largest --concurrency {max(levels)}: "
-            "every level sends the same requests, so send at least that many"
-        )
-    options = BenchOptions(
-        _url(url),
-        model,
-        _api_key(api_key_file),
-        timeout_s or 60.0,
-        levels,
-        requests,
-        prompt_tokens,
-        max_tokens,
-    )
-    plot_path = _plot_path(plot)
-    try:
-        report = run_bench(options)
-    except BenchAborted as exc:
-        remedy = abort_remedy(exc.error, options.api_key is not None)
-        if exc.error.kind == oc.UNREACHABLE:
-            raise UserError(
-                f"{exc.error}; start the server (`rocmdoctor serve`) or point --url at it"
-            ) from None
-        click.echo(f"rocmdoctor: bench could not start: {exc.error}\n  → {remedy}", err=True)
-        sys.exit(1)
-    if plot_path is not None:
-        from .bench_plot import write_plot
-
-        write_plot(report, plot_path)
-    if as_json:
-        emit_json(report)
-    else:
-        from ..console import make_console
-        from .smoke_render import render_bench
-
-        render_bench(report, make_console(no_color=app.no_color), plot_path)
     sys.exit(report["exit_code"])

@@ -1,0 +1,117 @@
+"""`rocmdoctor bench`: measure what concurrency buys, and where the knee is."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from .. import params
+from .common import App, UserError, emit_json, pass_app
+from .smoke import _api_key, _common_options, _concurrency, _plot_path, _url
+
+
+@click.command()
+@_common_options
+@click.option(
+    "--concurrency",
+    "concurrency_list",
+    type=params.CountList(1, 1024),
+    default="1,2,4,8,16",
+    show_default=True,
+    help="Concurrency levels, comma-separated; 1 (sequential) is always run.",
+)
+@click.option(
+    "--requests",
+    type=params.Count(1, 100_000),
+    callback=params.product_limit(("requests", "prompt_tokens"), 1 << 24, "prompt tokens"),
+    default=32,
+    show_default=True,
+    help="Requests sent at every level (at least the largest concurrency).",
+)
+@click.option(
+    "--prompt-tokens",
+    type=params.Count(1, 1 << 20),
+    callback=params.product_limit(("requests", "prompt_tokens"), 1 << 24, "prompt tokens"),
+    default=128,
+    show_default=True,
+    help="Prompt length in tokens (exact where the server has /tokenize, as vLLM does).",
+)
+@click.option(
+    "--max-tokens",
+    type=params.Count(2, 1 << 20),
+    default=128,
+    show_default=True,
+    help="Output tokens per request (sent with ignore_eos, so every answer has this length).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the versioned JSON report on stdout.")
+@click.option(
+    "--plot",
+    "plot",
+    type=params.NonEmptyPath(path_type=Path, dir_okay=False),
+    default=None,
+    help="Write throughput and latency against concurrency to FILE.png or FILE.svg.",
+)
+@pass_app
+def bench(
+    app: App,
+    url: str,
+    model: str,
+    api_key_file: Path | None,
+    timeout_s: float | None,
+    concurrency_list: str,
+    requests: int,
+    prompt_tokens: int,
+    max_tokens: int,
+    as_json: bool,
+    plot: Path | None,
+) -> None:
+    """Measure what concurrency buys: tokens/s, speedup, TTFT/TPOT/ITL/E2EL, and the knee.
+
+    Exit 0: every request succeeded and the token count matches the server's; 1: failures or a
+    mismatch; 2: bad input or nothing answers.
+    """
+    from rocmdoctor.provision import openai_client as oc
+    from rocmdoctor.provision.bench import BenchAborted, BenchOptions, abort_remedy, run_bench
+
+    levels = _concurrency(concurrency_list)
+    if requests < max(levels):
+        raise UserError(
+            f"--requests {requests} is smaller than the largest --concurrency {max(levels)}: "
+            "every level sends the same requests, so send at least that many"
+        )
+    options = BenchOptions(
+        _url(url),
+        model,
+        _api_key(api_key_file),
+        timeout_s or 60.0,
+        levels,
+        requests,
+        prompt_tokens,
+        max_tokens,
+    )
+    plot_path = _plot_path(plot)
+    try:
+        report = run_bench(options)
+    except BenchAborted as exc:
+        remedy = abort_remedy(exc.error, options.api_key is not None)
+        if exc.error.kind == oc.UNREACHABLE:
+            raise UserError(
+                f"{exc.error}; start the server (`rocmdoctor serve`) or point --url at it"
+            ) from None
+        click.echo(f"rocmdoctor: bench stopped: {exc.error}\n  → {remedy}", err=True)
+        sys.exit(1)
+    if plot_path is not None:
+        from .bench_plot import write_plot
+
+        write_plot(report, plot_path)
+    if as_json:
+        emit_json(report)
+    else:
+        from rocmdoctor.console import make_console
+
+        from .bench_render import render_bench
+
+        render_bench(report, make_console(no_color=app.no_color), plot_path)
+    sys.exit(report["exit_code"])
