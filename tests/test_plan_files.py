@@ -279,3 +279,29 @@ def test_weights_bytes_offline_for_check_never_asks_the_network(tmp_path: Path):
     assert weights_bytes_offline(str(write_dir(tmp_path / "d", tiny_files()))) == EXPECTED_WEIGHTS
     assert weights_bytes_offline("org/not-cached", env=env) is None
     assert weights_bytes_offline("not an id") is None
+
+
+def test_cli_on_a_host_with_a_gpu_uses_the_free_memory_rule(tmp_path: Path):
+    root = Path(__file__).parent / "fixtures" / "hosts" / "strix-halo-clean"
+    write_dir(tmp_path / "m", tiny_files())
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rocmdoctor",
+            "--root",
+            str(root),
+            "plan",
+            "--model",
+            str(tmp_path / "m"),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["memory_source"].startswith("host: node") and doc["gpu_memory_utilization"] > 0
+    assert doc["kv_cache_tokens"] > 0 and doc["fits"] is True

@@ -49,13 +49,10 @@ def parse_size(text: str, option: str) -> int:
 def host_memory(app: App, tp: int, utilization: float | None):
     """(Memory, None) from this host's GPUs by the free-memory rule, or (None, why not)."""
     from rocmdoctor.model_plan import Memory
-    from rocmdoctor.provision.server_args import (
-        ArgumentError,
-        pools_from_facts,
-        tensor_parallel_group,
-        utilization_for,
-    )
+    from rocmdoctor.provision.server_args import ArgumentError, tensor_parallel_group, utilization_for
     from rocmdoctor.registry import Context, Options
+
+    from .host_pools import pools_from_facts
 
     try:
         pools = pools_from_facts(Context(app.host(), Options()))
