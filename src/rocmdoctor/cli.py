@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "smoke": "smoke:smoke",
     "bench": "bench:bench",
     "instances": "rack:instances",
+    "plan": "plan:plan",
 }
 
 

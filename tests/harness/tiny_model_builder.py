@@ -1,8 +1,13 @@
-"""Write a tiny random-weight Llama model directory: config.json plus a byte-level BPE tokenizer.
+"""Write a tiny random-weight model directory: config.json plus a byte-level BPE tokenizer.
 
 Run with the vLLM venv's interpreter (transformers and tokenizers live there, not in the project
-venv): `python tiny_model_builder.py OUT_DIR HEAD_DIM`. No weights are written: the engine serves
+venv): `python tiny_model_builder.py OUT_DIR HEAD_DIM [ARCH]`. No weights are written: the engine serves
 it with `--load-format dummy`. Everything is offline and deterministic.
+
+ARCH (default `llama`) picks one of the attention layouts `rocmdoctor plan` must get right:
+llama (GQA 4:2), qwen3 (explicit head_dim unlike hidden/heads), gemma3 (sliding-window layers with
+one global layer in six), deepseek (MLA latent cache) and oddgqa (6 query heads over 2 KV heads:
+an odd factor of 3).
 """
 
 from __future__ import annotations
@@ -47,7 +52,91 @@ def training_corpus() -> list[str]:
     return lines
 
 
-def build(out: Path, head_dim: int) -> None:
+def arch_config(arch: str, head_dim: int) -> dict:
+    """The architecture-specific part of config.json (the common fields come from build())."""
+    if arch == "llama":
+        return {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_size": HIDDEN_SIZE,
+            "num_attention_heads": HEADS,
+            "num_key_value_heads": KV_HEADS,
+            "head_dim": head_dim,
+            "num_hidden_layers": LAYERS,
+            "max_position_embeddings": MAX_POSITIONS,
+        }
+    if arch == "qwen3":
+        # head_dim 64 with hidden 128 over 4 heads: hidden/heads (32) would be wrong
+        return {
+            "architectures": ["Qwen3ForCausalLM"],
+            "model_type": "qwen3",
+            "hidden_size": 128,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": head_dim,
+            "num_hidden_layers": 3,
+            "max_position_embeddings": 4096,
+            "use_sliding_window": False,
+            "sliding_window": None,
+        }
+    if arch == "gemma3":
+        # 6 layers, Gemma 3's pattern: 5 sliding (window 128) then 1 global
+        return {
+            "architectures": ["Gemma3ForCausalLM"],
+            "model_type": "gemma3_text",
+            "hidden_size": 128,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": head_dim,
+            "num_hidden_layers": 6,
+            "max_position_embeddings": 4096,
+            "sliding_window": 128,
+            "sliding_window_pattern": 6,
+            "query_pre_attn_scalar": head_dim,
+            "hidden_activation": "gelu_pytorch_tanh",
+            "rope_local_base_freq": 10000.0,
+        }
+    if arch == "deepseek":
+        # MLA with DeepSeek-V3's latent sizes; no MoE (every layer dense)
+        return {
+            "architectures": ["DeepseekV3ForCausalLM"],
+            "model_type": "deepseek_v3",
+            "hidden_size": 256,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+            "num_hidden_layers": 2,
+            "kv_lora_rank": 512,
+            "qk_rope_head_dim": 64,
+            "qk_nope_head_dim": 128,
+            "v_head_dim": 128,
+            "q_lora_rank": None,
+            "n_routed_experts": 4,
+            "n_shared_experts": 1,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 64,
+            "first_k_dense_replace": 2,
+            "moe_layer_freq": 1,
+            "n_group": 1,
+            "topk_group": 1,
+            "max_position_embeddings": 4096,
+            "rope_scaling": None,
+        }
+    if arch == "oddgqa":
+        return {
+            "architectures": ["MistralForCausalLM"],
+            "model_type": "mistral",
+            "hidden_size": 6 * head_dim,
+            "num_attention_heads": 6,
+            "num_key_value_heads": 2,
+            "head_dim": head_dim,
+            "num_hidden_layers": 3,
+            "max_position_embeddings": 4096,
+            "sliding_window": None,
+        }
+    raise SystemExit(f"unknown architecture {arch!r}")
+
+
+def build(out: Path, head_dim: int, arch: str = "llama") -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -64,19 +153,13 @@ def build(out: Path, head_dim: int) -> None:
     fast.chat_template = CHAT_TEMPLATE
     out.mkdir(parents=True, exist_ok=True)
     fast.save_pretrained(str(out))
+    specific = arch_config(arch, head_dim)
     config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": HIDDEN_SIZE,
-        "intermediate_size": 2 * HIDDEN_SIZE,
-        "num_attention_heads": HEADS,
-        "num_key_value_heads": KV_HEADS,
-        "head_dim": head_dim,
-        "num_hidden_layers": LAYERS,
+        **specific,
+        "intermediate_size": 2 * specific["hidden_size"],
         # Exactly the tokenizer's size: a larger vocabulary lets random weights pick ids that
         # decode to nothing.
         "vocab_size": len(fast),
-        "max_position_embeddings": MAX_POSITIONS,
         "rms_norm_eps": 1e-5,
         "rope_theta": 10000.0,
         "hidden_act": "silu",
@@ -90,4 +173,4 @@ def build(out: Path, head_dim: int) -> None:
 
 
 if __name__ == "__main__":
-    build(Path(sys.argv[1]), int(sys.argv[2]))
+    build(Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else "llama")

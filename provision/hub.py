@@ -1,0 +1,237 @@
+"""A model's config.json and safetensors headers from the Hugging Face Hub, by HTTP range requests.
+
+Endpoints (huggingface_hub's own): `GET {endpoint}/api/models/{id}/revision/{rev}` lists the files;
+`GET {endpoint}/{id}/resolve/{rev}/{file}` serves one (redirecting to a CDN for large files), with
+`Range: bytes=a-b` honoured. Per shard we ask for bytes 0-7 (the header length N), then 8..8+N-1:
+the header and never a weight byte. A server that ignores Range is read only up to what we asked.
+Every request shares one total deadline; every body is capped.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote
+
+from rocmdoctor.model_files import (
+    CONFIG_FILE,
+    INDEX_FILE,
+    MAX_CONFIG_BYTES,
+    MAX_INDEX_BYTES,
+    ModelFiles,
+    ModelFilesError,
+    header_length,
+    looks_like_hub_id,
+    parse_header,
+    shard_names,
+)
+from rocmdoctor.provision.bounded_http import BodyTooSlow, read_body
+
+DEFAULT_ENDPOINT = "https://huggingface.co"
+DEFAULT_DEADLINE_S = 60.0
+MAX_LISTING_BYTES = 16 << 20
+
+
+class HubError(ModelFilesError):
+    """The Hub could not give us the files; the message says why and what to do."""
+
+
+def hub_token(env: Mapping[str, str] = os.environ) -> str | None:
+    """The user's token the way huggingface_hub finds it: HF_TOKEN, then the token file."""
+    for key in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+        if env.get(key, "").strip():
+            return env[key].strip()
+    path = env.get("HF_TOKEN_PATH") or str(
+        Path(env.get("HF_HOME") or Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "huggingface")
+        / "token"
+    )
+    try:
+        with open(Path(path).expanduser(), encoding="utf-8", errors="replace") as stream:
+            token = stream.read(4096).strip()
+    except OSError:
+        return None
+    return token or None
+
+
+@dataclass
+class Deadline:
+    seconds: float
+
+    def __post_init__(self) -> None:
+        self.end = time.monotonic() + self.seconds
+
+    def remaining(self, what: str) -> float:
+        left = self.end - time.monotonic()
+        if left <= 0:
+            raise HubError(
+                f"the Hub did not answer within {self.seconds:.0f} s (while fetching {what}); "
+                "retry, or use a local directory / the cache (--offline)"
+            )
+        return left
+
+
+class HubClient:
+    def __init__(
+        self,
+        model_id: str,
+        revision: str = "main",
+        *,
+        endpoint: str | None = None,
+        token: str | None = None,
+        deadline_s: float = DEFAULT_DEADLINE_S,
+        session=None,
+    ) -> None:
+        import requests
+
+        if not looks_like_hub_id(model_id):
+            raise HubError(f"{model_id!r} is not a Hugging Face model id (org/name)")
+        self.model_id = model_id
+        self.revision = revision
+        self.endpoint = (endpoint or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+        self.token = token
+        self.deadline = Deadline(deadline_s)
+        self.session = session or requests.Session()
+        self.bytes_read = 0
+
+    def _url(self, filename: str) -> str:
+        return f"{self.endpoint}/{self.model_id}/resolve/{quote(self.revision, safe='')}/{quote(filename)}"
+
+    def _get(self, url: str, what: str, limit: int, byte_range: tuple[int, int] | None = None) -> bytes:
+        import requests
+        import urllib3
+
+        headers = {"User-Agent": "rocmdoctor-plan"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        if byte_range:
+            headers["Range"] = f"bytes={byte_range[0]}-{byte_range[1]}"
+        timeout = min(10.0, self.deadline.remaining(what))
+        try:
+            with self.session.get(
+                url, headers=headers, stream=True, timeout=(timeout, timeout), allow_redirects=True
+            ) as response:
+                self._raise_for(response.status_code, what)
+                # A server that ignores Range answers 200 from byte 0: read up to the range's end only.
+                skip = byte_range[0] if byte_range and response.status_code == 200 else 0
+                want = skip + limit + (0 if byte_range else 1)
+                body = read_body(response, want, self.deadline.end)
+                self.bytes_read += len(body)
+                body = body[skip:]
+        except BodyTooSlow:
+            raise HubError(
+                f"the Hub did not send {what} within {self.deadline.seconds:.0f} s; retry, or use a "
+                "local directory / the cache"
+            ) from None
+        except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
+            raise HubError(f"cannot fetch {what} from {self.endpoint}: {type(exc).__name__}: {exc}") from None
+        if byte_range is None and len(body) > limit:
+            raise HubError(f"{what} is larger than {limit} bytes; refusing to read it")
+        return body[:limit]
+
+    def _raise_for(self, status: int, what: str) -> None:
+        if status in (200, 206):
+            return
+        page = f"{self.endpoint}/{self.model_id}"
+        if status in (401, 403):
+            how = (
+                "your token (HF_TOKEN or `huggingface-cli login`) was refused: it may lack access"
+                if self.token
+                else "no token was sent: set HF_TOKEN or run `huggingface-cli login`"
+            )
+            raise HubError(
+                f"{self.model_id} is gated or private (HTTP {status} for {what}): accept its license at "
+                f"{page} and make sure {how}"
+            )
+        if status == 404:
+            raise HubError(
+                f"{what} not found on the Hub (HTTP 404): check the model id {self.model_id!r} "
+                f"and --revision {self.revision!r}"
+            )
+        raise HubError(f"the Hub answered HTTP {status} for {what}")
+
+    def listing(self) -> list[str]:
+        import json
+
+        url = f"{self.endpoint}/api/models/{self.model_id}/revision/{quote(self.revision, safe='')}"
+        body = self._get(url, f"the file list of {self.model_id}", MAX_LISTING_BYTES)
+        try:
+            info = json.loads(body)
+            return [s["rfilename"] for s in info.get("siblings", []) if isinstance(s.get("rfilename"), str)]
+        except (ValueError, AttributeError, TypeError, KeyError):
+            raise HubError(f"the Hub's file list of {self.model_id} is not the JSON it should be") from None
+
+    def json_file(self, filename: str, limit: int) -> dict:
+        import json
+
+        body = self._get(self._url(filename), filename, limit)
+        try:
+            value = json.loads(body)
+        except ValueError:
+            raise HubError(f"{filename} of {self.model_id} is not valid JSON") from None
+        if not isinstance(value, dict):
+            raise HubError(f"{filename} of {self.model_id} is not a JSON object")
+        return value
+
+    def header(self, filename: str) -> dict:
+        url = self._url(filename)
+        first = self._get(url, f"{filename} (header length)", 8, (0, 7))
+        length = header_length(first, filename)
+        blob = self._get(url, f"{filename} (header)", length, (8, 8 + length - 1))
+        if len(blob) != length:
+            raise HubError(f"{filename}: the Hub sent {len(blob)} header bytes of {length}")
+        return parse_header(blob, filename)
+
+
+def fetch_model(
+    model_id: str,
+    revision: str = "main",
+    *,
+    endpoint: str | None = None,
+    env: Mapping[str, str] = os.environ,
+    deadline_s: float = DEFAULT_DEADLINE_S,
+) -> ModelFiles:
+    """config.json and every shard's safetensors header of `model_id`, from the Hub."""
+    client = HubClient(model_id, revision, endpoint=endpoint, token=hub_token(env), deadline_s=deadline_s)
+    names = client.listing()
+    if CONFIG_FILE not in names:
+        raise HubError(
+            f"{model_id} has no config.json on the Hub (revision {revision!r}); not a transformers model"
+        )
+    files = ModelFiles(
+        "Hugging Face Hub", f"{client.endpoint}/{model_id}", client.json_file(CONFIG_FILE, MAX_CONFIG_BYTES)
+    )
+    if INDEX_FILE in names:
+        shards = shard_names(client.json_file(INDEX_FILE, MAX_INDEX_BYTES), INDEX_FILE)
+    else:
+        shards = sorted(n for n in names if n.endswith(".safetensors") and "/" not in n)
+    if not shards:
+        files.weights_note = f"{model_id} has no safetensors weights on the Hub: the weights' size is unknown"
+    for shard in shards:
+        files.headers.append(client.header(shard))
+    files.bytes_read = client.bytes_read
+    return files
+
+
+def load_model(
+    model: str,
+    revision: str = "main",
+    *,
+    offline: bool = False,
+    env: Mapping[str, str] = os.environ,
+    deadline_s: float = DEFAULT_DEADLINE_S,
+) -> ModelFiles:
+    """A local directory, else the Hugging Face cache, else (unless `offline`) the Hub."""
+    from rocmdoctor.model_files import local_model
+
+    files = local_model(model, revision, env)
+    if files is not None:
+        return files
+    if offline:
+        raise HubError(
+            f"{model} is not in the Hugging Face cache and --offline forbids the Hub; download it "
+            f"(huggingface-cli download {model} config.json) or drop --offline"
+        )
+    return fetch_model(model, revision, env=env, deadline_s=deadline_s)

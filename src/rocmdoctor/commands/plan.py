@@ -1,0 +1,278 @@
+"""`rocmdoctor plan`: will this model fit, before the first load; `plan --url`: a running server's memory."""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import Any
+
+import click
+
+from rocmdoctor.model import EXIT_FAILURES, EXIT_OK
+
+from .common import App, UserError, emit_json, pass_app
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "K": 1000,
+    "KB": 1000,
+    "KIB": 1 << 10,
+    "KI": 1 << 10,
+    "M": 10**6,
+    "MB": 10**6,
+    "MIB": 1 << 20,
+    "MI": 1 << 20,
+    "G": 10**9,
+    "GB": 10**9,
+    "GIB": 1 << 30,
+    "GI": 1 << 30,
+    "T": 10**12,
+    "TB": 10**12,
+    "TIB": 1 << 40,
+    "TI": 1 << 40,
+}
+
+
+def parse_size(text: str, option: str) -> int:
+    """'96GiB', '80GB', '1073741824' -> bytes; a clear error for anything else."""
+    match = _SIZE.match(text or "")
+    if not match:
+        raise UserError(f"{option} {text!r} is not a size: write e.g. 96GiB, 80GB or a number of bytes")
+    value = float(match.group(1)) * _UNITS[(match.group(2) or "").upper()]
+    if value < 1:
+        raise UserError(f"{option} must be positive, not {text!r}")
+    return int(value)
+
+
+def host_memory(app: App, tp: int, utilization: float | None):
+    """(Memory, None) from this host's GPUs by the free-memory rule, or (None, why not)."""
+    from rocmdoctor.model_plan import Memory
+    from rocmdoctor.provision.server_args import ArgumentError, tensor_parallel_group, utilization_for
+    from rocmdoctor.registry import Context, Options
+
+    from .host_pools import pools_from_facts
+
+    try:
+        pools = pools_from_facts(Context(app.host(), Options()))
+    except UserError:
+        raise
+    except Exception as exc:
+        return None, f"this host's GPUs could not be read ({type(exc).__name__}: {exc}); pass --memory"
+    if not pools:
+        return None, "no AMD GPU found on this host: pass --memory (per GPU) to plan for one"
+    try:
+        group = tensor_parallel_group(pools, tp)
+        if utilization is None:
+            utilization, _ = utilization_for(group)
+    except ArgumentError as exc:
+        return None, f"{exc}; or pass --memory"
+    worst = min(group, key=lambda p: p.total or 0)
+    if not worst.total:
+        return None, f"the memory of {worst.name} cannot be read: pass --memory"
+    return Memory(worst.total, utilization, f"host: {worst.name}"), None
+
+
+def load_model_files(model: str, revision: str, offline: bool):
+    from rocmdoctor.model_files import ModelFilesError
+    from rocmdoctor.provision.hub import load_model
+
+    try:
+        return load_model(model, revision, offline=offline)
+    except ModelFilesError as exc:
+        raise UserError(str(exc)) from None
+
+
+def render(plan) -> None:
+    gib = 1 << 30
+    out = sys.stdout
+    shape = plan.shape
+
+    def line(label: str, value: Any) -> None:
+        print(f"  {label:<22} {value}", file=out)
+
+    print(f"{plan.model}: {shape.architecture}, {len(shape.layers)} layers, {shape.dtype}", file=out)
+    if plan.weights_bytes is None:
+        line("weights", f"unknown ({plan.weights_source})")
+    else:
+        line("weights", f"{plan.weights_bytes / gib:.2f} GiB ({plan.weights_bytes} B, {plan.weights_source})")
+    line(
+        "KV per token per GPU",
+        f"{plan.kv_bytes_per_token} B at "
+        f"{plan.settings.kv_cache_dtype if plan.settings.kv_cache_dtype != 'auto' else shape.dtype}, "
+        f"TP {plan.settings.tensor_parallel_size}",
+    )
+    for note in shape.notes:
+        line("note", note)
+    if plan.kv_cache_bytes is None:
+        line("host figures", f"none: {plan.memory_null_reason}")
+        return
+    line(
+        "KV cache",
+        f"{plan.kv_cache_bytes / gib:.2f} GiB = {plan.kv_cache_tokens} tokens "
+        f"({plan.max_concurrency:.2f}x {plan.max_model_len_requested} tokens)",
+    )
+    line("largest max-model-len", plan.max_model_len)
+    line("max-num-seqs", f"{plan.max_num_seqs} (at {plan.typical_len} tokens each)")
+    verdict = "FITS" if plan.fits else "DOES NOT FIT"
+    print(f"{verdict} at --max-model-len {plan.max_model_len_requested}", file=out)
+    for reason in plan.reasons:
+        print(f"  - {reason}", file=out)
+    for i, remedy in enumerate(plan.remedies, 1):
+        print(
+            f"  {i}. {remedy.action}: {remedy.flag} -> {remedy.figure}{'' if remedy.fits else ' (still short)'}",
+            file=out,
+        )
+
+
+def render_diagnosis(diagnosis) -> None:
+    print(
+        f"{diagnosis.url}: {diagnosis.verdict} ({diagnosis.samples} samples over {diagnosis.window_s:.0f} s)"
+    )
+    for finding in diagnosis.findings:
+        print(f"  - {finding}")
+    for change in diagnosis.changes:
+        print(f"  change: {change['flag']}  ({change['why']})")
+
+
+@click.command()
+@click.option(
+    "--model", default=None, help="Local model directory or Hugging Face id (cache first, then the Hub)."
+)
+@click.option("--revision", default="main", show_default=True, help="Hub branch, tag or commit.")
+@click.option("--offline", is_flag=True, help="Never ask the Hub: local directory or the HF cache only.")
+@click.option("--max-model-len", type=int, default=None, help="Context to plan for (default: the model's).")
+@click.option(
+    "--tensor-parallel-size", "tp", type=int, default=1, show_default=True, help="GPUs in the group."
+)
+@click.option(
+    "--kv-cache-dtype",
+    default="auto",
+    show_default=True,
+    type=click.Choice(["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"]),
+)
+@click.option(
+    "--memory", default=None, metavar="SIZE", help="Memory per GPU (e.g. 96GiB) instead of this host's."
+)
+@click.option(
+    "--gpu-memory-utilization",
+    "utilization",
+    type=float,
+    default=None,
+    help="Share of --memory vLLM takes (default: vLLM's 0.92; on this host: the free-memory rule).",
+)
+@click.option(
+    "--kv-cache-memory",
+    default=None,
+    metavar="SIZE",
+    help="KV cache bytes per GPU, as vLLM's --kv-cache-memory-bytes (weights then do not count).",
+)
+@click.option("--block-size", type=int, default=16, show_default=True, help="vLLM's --block-size.")
+@click.option(
+    "--max-num-batched-tokens",
+    type=int,
+    default=2048,
+    show_default=True,
+    help="vLLM's --max-num-batched-tokens (sizes a sliding window's blocks and the activations).",
+)
+@click.option(
+    "--typical-len", type=int, default=None, help="Tokens per sequence --max-num-seqs is sized for."
+)
+@click.option("--url", default=None, help="Diagnose the running vLLM server at this URL from its /metrics.")
+@click.option(
+    "--window",
+    "window_s",
+    type=float,
+    default=10.0,
+    show_default=True,
+    help="With --url: seconds to sample /metrics.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout.")
+@pass_app
+def plan(
+    app: App,
+    model: str | None,
+    revision: str,
+    offline: bool,
+    max_model_len: int | None,
+    tp: int,
+    kv_cache_dtype: str,
+    memory: str | None,
+    utilization: float | None,
+    kv_cache_memory: str | None,
+    block_size: int,
+    max_num_batched_tokens: int,
+    typical_len: int | None,
+    url: str | None,
+    window_s: float,
+    as_json: bool,
+) -> None:
+    """Will MODEL fit? Weights, KV cache, the longest context and the concurrency, before the first load.
+
+    Exit 0 when it fits (or nothing host-dependent could be judged), 1 when it does not, 2 on bad input.
+    With --url, read a running server's /metrics and say what to change.
+    """
+    from rocmdoctor.report import SCHEMA_VERSION
+
+    if url:
+        from rocmdoctor.provision.server_memory import MetricsError, diagnose_url
+
+        try:
+            diagnosis = diagnose_url(url, window_s)
+        except MetricsError as exc:
+            raise UserError(str(exc)) from None
+        emit_json(diagnosis.to_json(SCHEMA_VERSION)) if as_json else render_diagnosis(diagnosis)
+        sys.exit(EXIT_FAILURES if diagnosis.verdict == "preempting" else EXIT_OK)
+    if not model:
+        raise UserError("pass --model DIR|HF_ID to plan a model, or --url URL to diagnose a running server")
+    for name, value in (
+        ("--tensor-parallel-size", tp),
+        ("--block-size", block_size),
+        ("--max-num-batched-tokens", max_num_batched_tokens),
+    ):
+        if value < 1:
+            raise UserError(f"{name} must be 1 or more, not {value}")
+    if utilization is not None and not 0 < utilization <= 1:
+        raise UserError(f"--gpu-memory-utilization must be in (0, 1], not {utilization}")
+    from rocmdoctor.model_plan import (
+        DEFAULT_GPU_MEMORY_UTILIZATION,
+        ConfigError,
+        EngineSettings,
+        Memory,
+        plan_from_files,
+    )
+
+    files = load_model_files(model, revision, offline)
+    null_reason = None
+    if kv_cache_memory is not None:
+        budget = Memory(0, 1.0, "--kv-cache-memory", parse_size(kv_cache_memory, "--kv-cache-memory"))
+    elif memory is not None:
+        budget = Memory(
+            parse_size(memory, "--memory"), utilization or DEFAULT_GPU_MEMORY_UTILIZATION, "--memory"
+        )
+    else:
+        budget, null_reason = host_memory(app, tp, utilization)
+    settings = EngineSettings(
+        tensor_parallel_size=tp,
+        kv_cache_dtype=kv_cache_dtype,
+        block_size=block_size,
+        max_num_batched_tokens=max_num_batched_tokens,
+    )
+    try:
+        result = plan_from_files(
+            files,
+            budget,
+            settings=settings,
+            max_model_len=max_model_len,
+            typical_len=typical_len,
+            memory_null_reason=null_reason,
+            model=model,
+        )
+    except ConfigError as exc:
+        raise UserError(f"{files.location}: {exc}") from None
+    if as_json:
+        emit_json(result.to_json(SCHEMA_VERSION))
+    else:
+        render(result)
+    sys.exit(EXIT_FAILURES if result.fits is False else EXIT_OK)
