@@ -35,7 +35,7 @@ def settings_from_plan(
         return out
     if not plan.max_model_len:
         remedies = "; ".join(f"{r.action} ({r.flag}: {r.figure})" for r in plan.remedies) or "a larger GPU"
-        out.refusal = f"{plan.model} cannot start here: {' '.join(plan.reasons)}. Try: {remedies}"
+        out.refusal = f"{plan.model} cannot start here: {'; '.join(plan.reasons)}. Try: {remedies}"
         return out
     if user_max_model_len is None and not plan.fits:
         out.settings.append(
@@ -49,7 +49,7 @@ def settings_from_plan(
     elif user_max_model_len is not None and not plan.fits:
         remedies = "; ".join(f"{r.action} ({r.flag})" for r in plan.remedies)
         out.refusal = (
-            f"--max-model-len {user_max_model_len} does not fit: {' '.join(plan.reasons)}. Try: {remedies}"
+            f"--max-model-len {user_max_model_len} does not fit: {'; '.join(plan.reasons)}. Try: {remedies}"
         )
         return out
     if user_max_num_seqs is None and plan.max_num_seqs:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from ..memory_rule import MIN_USEFUL_UTILIZATION, recommended, requested_bytes
 from ..params import host_problem, name_problem
 from ..vllm_flags import FLAGS, VLLM_VERSION
+from .plan_settings import PlannedSettings
 
 GIB = 1 << 30
 DEFAULT_HOST = "127.0.0.1"
@@ -377,6 +378,10 @@ def resolve(choices: Choices, pools: Sequence[GpuPool]) -> ServerArgs:
             "no AMD GPU found, so the memory vLLM may use cannot be computed; run "
             "`rocmdoctor check`, or pass --gpu-memory-utilization to choose it yourself"
         )
+    planned = model_plan_settings(choices, group, settings, extra, notes)
+    if planned is not None:
+        settings.extend(Setting(flag, value, why) for flag, value, why in planned.settings)
+        notes.extend(planned.notes)
     if choices.max_model_len is not None:
         if choices.max_model_len < 1:
             raise ArgumentError(f"--max-model-len must be positive, not {choices.max_model_len}")
@@ -385,7 +390,7 @@ def resolve(choices: Choices, pools: Sequence[GpuPool]) -> ServerArgs:
         if choices.max_num_seqs < 1:
             raise ArgumentError(f"--max-num-seqs must be positive, not {choices.max_num_seqs}")
         settings.append(Setting("--max-num-seqs", str(choices.max_num_seqs), "your choice"))
-    elif group:
+    elif group and not any(s.flag == "--max-num-seqs" for s in settings):
         cls = memory_class(group[0])
         settings.append(
             Setting("--max-num-seqs", str(MAX_NUM_SEQS_BY_CLASS[cls]), f"default for {cls} memory")
@@ -397,3 +402,52 @@ def resolve(choices: Choices, pools: Sequence[GpuPool]) -> ServerArgs:
             )
         )
     return ServerArgs(settings, extra, notes)
+
+
+def model_plan_settings(
+    choices: Choices,
+    group: Sequence[GpuPool],
+    settings: list[Setting],
+    extra: Sequence[str],
+    notes: list[str],
+) -> PlannedSettings | None:
+    """--max-model-len and --max-num-seqs from the model's memory plan (rocmdoctor plan), or a refusal
+    with the plan when the model cannot start. Offline only: the files must be on this host (a local
+    directory or the Hugging Face cache); otherwise a note says why there is no plan."""
+    from ..model_files import ModelFilesError
+    from ..model_plan import ConfigError
+    from .plan_settings import plan_for_server, settings_from_plan
+
+    util = next((float(s.value) for s in settings if s.flag == "--gpu-memory-utilization"), None)
+    sized = [p for p in group if p.total]
+    if util is None or not sized:
+        return None
+    tightest = min(sized, key=lambda p: p.total or 0)
+    kv_dtype = next((w.split("=", 1)[1] for w in extra if w.startswith("--kv-cache-dtype=")), None)
+    if kv_dtype is None and "--kv-cache-dtype" in extra:
+        at = list(extra).index("--kv-cache-dtype")
+        kv_dtype = extra[at + 1] if at + 1 < len(extra) else None
+    try:
+        plan = plan_for_server(
+            choices.model,
+            total_bytes=int(tightest.total or 0),
+            utilization=util,
+            pool_name=tightest.name,
+            tensor_parallel_size=max(1, len(group)),
+            kv_cache_dtype="fp8" if kv_dtype and kv_dtype.startswith("fp8") else "auto",
+            max_model_len=choices.max_model_len,
+            offline=True,
+        )
+    except (ModelFilesError, ConfigError, OSError) as exc:
+        notes.append(f"no memory plan for the model ({exc}); --max-model-len is vLLM's own")
+        return None
+    cls = memory_class(group[0])
+    planned = settings_from_plan(
+        plan,
+        user_max_model_len=choices.max_model_len,
+        user_max_num_seqs=choices.max_num_seqs,
+        max_num_seqs_cap=MAX_NUM_SEQS_BY_CLASS[cls],
+    )
+    if planned.refusal:
+        raise ArgumentError(planned.refusal + " (rocmdoctor plan --model ... shows the whole plan)")
+    return planned

@@ -157,7 +157,7 @@ UNIT = ("unit", "--model", "m", "--gpu-memory-utilization", "0.8")
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (("--instances", "per-gpu"), "rocmdoctor unit does not know it"),
+        (("--layoutz", "per-gpu"), "rocmdoctor unit does not know it"),
         (("--enforce-eager",), "--enforce-eager is vLLM's, and vLLM's own arguments go after `--`"),
         (("stray",), "unexpected extra argument"),
         (("--", "--api-ke", "SECRET"), "--api-key-file"),

@@ -99,3 +99,53 @@ def test_unit_on_a_fixture_root_prints_the_computed_arguments():
     assert "--gpu-memory-utilization 0.69 --max-num-seqs 10" in exec_start
     refused = run_cli("unit", "--model", "m", root=fixture_root("no-amd-gpu"))
     assert refused.returncode == 2 and "no AMD GPU found" in refused.stderr
+
+
+def llama_8b_dir(tmp_path) -> str:
+    """Llama 3.1 8B's real config with a header-only safetensors file of its real size (bf16)."""
+    import json
+    import shutil
+    import struct
+
+    from conftest import FIXTURES
+
+    model = tmp_path / "Llama-3.1-8B-Instruct"
+    model.mkdir()
+    shutil.copy(FIXTURES / "model_configs/llama-3.1-8b-instruct/config.json", model / "config.json")
+    rows = 8_030_261_248 // 4096  # 8.03 B parameters as one bf16 tensor: only the header is read
+    header = {"w": {"dtype": "BF16", "shape": [rows, 4096], "data_offsets": [0, rows * 4096 * 2]}}
+    blob = json.dumps(header).encode()
+    (model / "model.safetensors").write_bytes(struct.pack("<Q", len(blob)) + blob)
+    return str(model)
+
+
+def test_unit_sets_the_sequences_from_the_model_plan(tmp_path):
+    done = run_cli("unit", "--model", llama_8b_dir(tmp_path), "--json", root=fixture_root("strix-halo-clean"))
+    assert done.returncode == 0, done.stderr
+    import json
+
+    settings = {s["flag"]: s for s in json.loads(done.stdout)["server_args"]["settings"]}
+    seqs = settings["--max-num-seqs"]
+    assert seqs["value"] == "10" and "fit in the KV cache" in seqs["reason"]  # the APU class caps it at 10
+    assert "--max-model-len" not in settings  # the model's own 131072 tokens fit
+
+
+def test_unit_refuses_a_model_that_cannot_start_here_with_the_plan(tmp_path):
+    done = run_cli("unit", "--model", llama_8b_dir(tmp_path), root=fixture_root("strix-point"))
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "cannot start here" in done.stderr and "rocmdoctor plan" in done.stderr
+
+
+def test_unit_refuses_a_context_that_does_not_fit(tmp_path):
+    done = run_cli("unit", "--model", llama_8b_dir(tmp_path), "--max-model-len", "131072",
+                   "--gpu-memory-utilization", "0.3", root=fixture_root("strix-halo-clean"))
+    assert done.returncode == 2 and "--max-model-len 131072 does not fit" in done.stderr, done.stderr
+
+
+def test_check_counts_the_models_weights_for_disk_space(tmp_path):
+    import json
+
+    done = run_cli("check", "--model", llama_8b_dir(tmp_path), "--only", "disk.space", "--json",
+                   root=fixture_root("strix-halo-clean"))
+    (disk,) = [c for c in json.loads(done.stdout)["checks"] if c["id"] == "disk.space"]
+    assert "weights 16.1 GB" in disk["summary"]  # exact from the header: 8,030,261,248 bf16 parameters

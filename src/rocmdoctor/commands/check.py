@@ -33,6 +33,9 @@ def check_context(app: App, user: str | None, port: int, prefix: str, python: st
 @click.option("--prefix", default=DEFAULT_PREFIX, envvar="ROCMDOCTOR_PREFIX", show_default=True,
               type=params.Prefix(), callback=params.refuse_empty_env,
               help="Where bundles are installed. [env: ROCMDOCTOR_PREFIX]")
+@click.option("--model", default=None, type=params.ModelName(),
+              help="A local model directory or a Hugging Face id in the cache: disk.space counts its weights "
+              "(exact, from the safetensors headers; no download).")
 @click.option("--deep", is_flag=True, help="Also probe the GPU through the bundle's own PyTorch (slow).")
 @click.option("--python", "python", default=None, metavar="PATH", type=params.NonEmptyPath(dir_okay=False),
               help="Interpreter for --deep (default: <prefix>/current/bin/python3).")
@@ -41,7 +44,7 @@ def check_context(app: App, user: str | None, port: int, prefix: str, python: st
               help="How long the --deep probe may take before it is killed (default 180).")
 @pass_app
 def check(app: App, as_json: bool, only: tuple[str, ...], skip: tuple[str, ...], list_checks: bool,
-          user: str | None, port: int, prefix: str, deep: bool, python: str | None,
+          user: str | None, port: int, prefix: str, model: str | None, deep: bool, python: str | None,
           deep_timeout: float | None) -> None:
     """Diagnose this host for vLLM on ROCm. Exit 0: no failure; 1: a failure; 2: could not run."""
     from ..checks import host_facts, load_registry
@@ -64,6 +67,10 @@ def check(app: App, as_json: bool, only: tuple[str, ...], skip: tuple[str, ...],
     except SelectionError as exc:
         raise UserError(str(exc)) from None
     ctx = check_context(app, user, port, prefix, python, deep_timeout)
+    if model is not None:
+        from ..model_files import weights_bytes_offline
+
+        ctx.options.model_bytes = weights_bytes_offline(model, env=ctx.host.env) or 0
     outcomes = registry.run(ctx, specs)
     report = build_report(str(ctx.host.root), host_facts(ctx), outcomes)
     if as_json:
