@@ -101,6 +101,8 @@ class ServerArgs:
     settings: list[Setting]
     extra: list[str]
     notes: list[str] = field(default_factory=list)
+    # Set for the server besides the bundle's own settings: ROCR_VISIBLE_DEVICES pins its GPUs.
+    environment: dict[str, str] = field(default_factory=dict)
 
     @property
     def served_model_name(self) -> str:
@@ -128,6 +130,7 @@ class ServerArgs:
             "argv": self.argv(),
             "settings": [{"flag": s.flag, "value": s.value, "reason": s.reason} for s in self.settings],
             "extra": list(self.extra),
+            "environment": dict(self.environment),
             "notes": list(self.notes),
         }
 

@@ -158,7 +158,7 @@ def render_unit(
         "description": args.served_model_name.replace("%", "%%"),
         "user": user,
         "state_name": STATE_NAME,
-        "bundle_environment": _environment_line(BUNDLE_SETTINGS),
+        "bundle_environment": _environment_line({**BUNDLE_SETTINGS, **args.environment}),
         "env_file": layout.env_file,
         "exec_start": command_line([layout.server, *args.argv()]),
         "exec_start_post": command_line(

@@ -149,3 +149,22 @@ def test_check_counts_the_models_weights_for_disk_space(tmp_path):
                    root=fixture_root("strix-halo-clean"))
     (disk,) = [c for c in json.loads(done.stdout)["checks"] if c["id"] == "disk.space"]
     assert "weights 16.1 GB" in disk["summary"]  # exact from the header: 8,030,261,248 bf16 parameters
+
+
+@pytest.mark.parametrize(
+    "fixture_id, extra, pinned",
+    [
+        ("rx7900xtx-beside-igpu", ("--gpu-memory-utilization", "0.9"), "0"),  # the Van Gogh iGPU hidden
+        ("mi308x-cpx", ("--tensor-parallel-size", "4"), "0,1,2,3"),  # one GPU's four CPX partitions
+        ("strix-halo-clean", (), None),  # one GPU: nothing to hide
+    ],
+)
+def test_unit_pins_the_gpus_it_is_sized_for(fixture_id, extra, pinned):
+    import json
+
+    done = run_cli("unit", "--model", "m", *extra, "--json", root=fixture_root(fixture_id))
+    assert done.returncode == 0, done.stderr
+    env = json.loads(done.stdout)["server_args"]["environment"]
+    assert env.get("ROCR_VISIBLE_DEVICES") == pinned and "HIP_VISIBLE_DEVICES" not in env
+    unit = json.loads(done.stdout)["unit"]
+    assert (f"ROCR_VISIBLE_DEVICES={pinned}" in unit) is (pinned is not None)

@@ -62,10 +62,27 @@ def resolve_args(app: App, opts: dict[str, Any]):
                           port=opts["port"], gpu_memory_utilization=opts["gpu_memory_utilization"],
                           max_model_len=opts["max_model_len"], max_num_seqs=opts["max_num_seqs"],
                           tensor_parallel_size=opts["tensor_parallel_size"], extra=extra)
-        pools = pools_from_facts(Context(app.host(), Options(prefix=opts["prefix"])))
-        return resolve(choices, pools)
+        ctx = Context(app.host(), Options(prefix=opts["prefix"]))
+        args = resolve(choices, pools_from_facts(ctx))
     except ArgumentError as exc:
         raise UserError(str(exc)) from None
+    pin_devices(ctx, args, opts["tensor_parallel_size"] or 1)
+    return args
+
+
+def pin_devices(ctx: Any, args: Any, tensor_parallel_size: int) -> None:
+    """On a host with several GPU nodes, show the server only the ones it is sized for (an unsupported
+    iGPU hidden), in ROCm's own numbering (provision.layout); HIP_VISIBLE_DEVICES is never set."""
+    from ..provision.layout import LayoutError, single_server_devices
+    from .host_devices import host_devices
+
+    devices = host_devices(ctx)
+    if len(devices) < 2:
+        return
+    try:
+        args.environment["ROCR_VISIBLE_DEVICES"] = single_server_devices(devices, tensor_parallel_size)
+    except LayoutError as exc:
+        args.notes.append(f"GPUs not pinned: {exc}")
 
 
 def api_key(opts: dict[str, Any]) -> str | None:
@@ -187,6 +204,7 @@ def serve(app: App, timeout_s: float, cache_dir: Path | None, log_file: Path | N
     cache_base = default_cache_base(os.environ)
     env = server_env(os.environ, cache_dir or Path(os.environ.get("VLLM_CACHE_ROOT") or cache_base / "vllm"),
                      api_key(opts), new_marker())
+    env.update(args.environment)
     server = Server(executable, args.argv(), readiness_url(args), args.served_model_name, env,
                     log_file or cache_base / "rocmdoctor" / f"serve-{args.port}.log")
     events = Events(opts["as_json"])
