@@ -15,7 +15,7 @@ from importlib import resources
 from typing import Any
 
 from ..families import family_for_gfx
-from ..host import Read
+from ..host import Read, ReadState
 from ..registry import Context
 
 KFD_NODES = "/sys/class/kfd/kfd/topology/nodes"
@@ -189,6 +189,18 @@ def read_properties(ctx: Context, path: str) -> dict[str, int]:
 def _read_int(ctx: Context, path: str) -> int | None:
     raw = ctx.host.read_int(path)
     return raw.value if raw.ok and raw.value >= 0 else None
+
+
+def unreadable_topology(ctx: Context) -> list[str]:
+    """KFD topology paths this user may not read: without them "no GPU" would be a lie."""
+    if ctx.host.listdir_denied(KFD_NODES):
+        return [KFD_NODES]
+    denied = []
+    for node in sorted(kfd_node_ids(ctx)):
+        path = f"{KFD_NODES}/{node}/properties"
+        if ctx.host.read_text(path).state is ReadState.DENIED:
+            denied.append(path)
+    return denied
 
 
 def kfd_node_ids(ctx: Context) -> list[int]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..families import family_names
-from ..model import Action, Result, failed, passed, warned
+from ..model import Action, Result, Status, failed, passed, warned
 from ..registry import Context
 from . import check
 from .facts import (
@@ -17,6 +17,7 @@ from .facts import (
     parse_uevent,
     physical_gpus,
     physical_summary,
+    unreadable_topology,
 )
 
 KFD_ROOT = "/sys/class/kfd"
@@ -54,6 +55,19 @@ def gpu_present(ctx: Context) -> Result:
     if found:
         names = ", ".join(f"{g.gfx} (node {g.node})" for g in found)
         return passed(f"{len(found)} AMD GPU node(s): {names}", nodes=[g.node for g in found])
+    denied = unreadable_topology(ctx)
+    if denied:
+        identity = ctx.host.identity()
+        who = identity.user if identity else "this user"
+        # The doctor could not look: an error (says nothing about the host), and every dependent skips.
+        return Result(
+            Status.ERROR,
+            f"cannot read {', '.join(denied[:3])}{' ...' if len(denied) > 3 else ''} as {who}, so whether "
+            "this host has a GPU is unknown",
+            "Run rocmdoctor as root (`sudo rocmdoctor check`), or fix the permissions that hide the KFD "
+            "topology (it is world-readable on a normal host).",
+            {"unreadable": denied},
+        )
     others = other_display_devices(ctx)
     instead = f"; found instead: {'; '.join(others)}" if others else ""
     if ctx.host.stat(WSL_DEVICE) is not None:

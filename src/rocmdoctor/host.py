@@ -341,6 +341,20 @@ class Host:
                     names.append(described[len(prefix):])
         return natural_sorted(set(names))
 
+    def listdir_denied(self, path: str) -> bool:
+        """True when `path` exists as a directory this user may not list (listdir() then gives [])."""
+        self._note(path)
+        real = self._inside(path)
+        if real is None:
+            return False
+        try:
+            os.listdir(real)
+        except PermissionError:
+            return True
+        except OSError:
+            return False
+        return False
+
     def glob(self, pattern: str) -> list[str]:
         """Host paths matching a shell pattern, one path segment per wildcard, natural order."""
         parts = [p for p in pattern.split("/") if p]

@@ -1,0 +1,47 @@
+"""When the KFD topology cannot be read, `check` says so and by whom; it never reports "no GPU".
+
+The check runs as root without the capabilities that let root read anything (CAP_DAC_OVERRIDE and
+CAP_DAC_READ_SEARCH dropped with setpriv) against a topology directory owned by another user: the
+same denial an ordinary user meets on a host whose sysfs permissions were tightened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+from conftest import HOSTS
+
+
+def test_unreadable_topology_is_an_error_naming_the_path_and_user(tmp_path):
+    root = tmp_path / "root"
+    shutil.copytree(HOSTS / "strix-halo-clean", root, symlinks=True)
+    nodes = root / "sys/class/kfd/kfd/topology/nodes"
+    os.chown(nodes, 65534, 65534)
+    nodes.chmod(0o700)
+    done = subprocess.run(
+        ["setpriv", "--bounding-set", "-dac_override,-dac_read_search",
+         sys.executable, "-m", "rocmdoctor", "--root", str(root), "check", "--json"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert "Traceback" not in done.stderr, done.stderr
+    report = json.loads(done.stdout)
+    present = next(c for c in report["checks"] if c["id"] == "gpu.present")
+    assert present["status"] == "error", present
+    assert "cannot read /sys/class/kfd/kfd/topology/nodes as" in present["summary"]
+    assert "none is a GPU" not in present["summary"] and "root" in present["remedy"]
+    arch = next(c for c in report["checks"] if c["id"] == "gpu.arch")
+    assert arch["status"] == "skip" and arch["details"]["skipped_because_of"] == "gpu.present"
+
+
+def test_a_readable_topology_is_judged_as_before(tmp_path):
+    done = subprocess.run(
+        ["setpriv", "--bounding-set", "-dac_override,-dac_read_search",
+         sys.executable, "-m", "rocmdoctor", "--root", str(HOSTS / "strix-halo-clean"), "check", "--json"],
+        capture_output=True, text=True, timeout=60,
+    )
+    present = next(c for c in json.loads(done.stdout)["checks"] if c["id"] == "gpu.present")
+    assert present["status"] == "pass"
