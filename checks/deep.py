@@ -120,7 +120,9 @@ def run_probe(ctx: Context) -> ProbeRun:
         argv = [python, probe_path(), "--margin-bytes", str(DEFAULT_MARGIN_BYTES)]
         timeout = ctx.options.deep_timeout_s
         res = ctx.host.run(
-            argv, timeout=timeout, env=probe_environment(ctx.host.env),
+            argv,
+            timeout=timeout,
+            env=probe_environment(ctx.host.env),
             program_is_users_choice=ctx.options.python is not None,
         )
         details = {

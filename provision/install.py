@@ -379,7 +379,9 @@ def _os_failure(exc: OSError, layout: Layout) -> str:
     import errno
 
     if isinstance(exc, NoSpaceLeft):
-        return f"{exc}; the previous bundle is still active. Free space (or choose another --prefix) and rerun"
+        return (
+            f"{exc}; the previous bundle is still active. Free space (or choose another --prefix) and rerun"
+        )
     if exc.errno == errno.ENOSPC:
         return (
             f"no space left on the device holding {layout.prefix}; the previous bundle is still active. "

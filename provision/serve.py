@@ -31,9 +31,6 @@ POLL_S = 1.0
 LOG_TAIL_LINES = 40
 
 
-
-
-
 class Stopped(Exception):
     """SIGTERM or SIGINT arrived; the server is to be stopped."""
 

@@ -189,8 +189,10 @@ def main(argv):
         print("not ready: interrupted", file=sys.stderr)
         return 1
     except Exception as exc:
-        print("not ready: the readiness test failed unexpectedly: %s: %s" % (type(exc).__name__, exc),
-              file=sys.stderr)
+        print(
+            "not ready: the readiness test failed unexpectedly: %s: %s" % (type(exc).__name__, exc),
+            file=sys.stderr,
+        )
         return 1
 
 

@@ -23,7 +23,9 @@ pytest_plugins = ["plugins.engine", "plugins.fleet", "plugins.install", "plugins
 
 # Fixtures that start or need the real vLLM CPU engine: a test using one is an `engine` test, so
 # `-m "not engine"` runs everything else, whatever the test module's own marks say.
-ENGINE_FIXTURES = frozenset({"vllm_engine", "vllm_engine_key_file", "tiny_model", "crashing_model", "installed_prefix"})
+ENGINE_FIXTURES = frozenset(
+    {"vllm_engine", "vllm_engine_key_file", "tiny_model", "crashing_model", "installed_prefix"}
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -153,7 +153,9 @@ def test_a_large_carve_out_is_told_that_a_small_one_plus_ttm_gives_vllm_more(hos
     device = root / "sys/devices/pci0000:00/0000:65:00.0"
     (device / "mem_info_vram_total").write_text(f"{96 << 30}\n")
     (device / "mem_info_gtt_total").write_text(f"{15 << 30}\n")
-    (root / "proc/meminfo").write_text("MemTotal: 32505856 kB\nMemFree: 20000000 kB\nMemAvailable: 30000000 kB\n")
+    (root / "proc/meminfo").write_text(
+        "MemTotal: 32505856 kB\nMemFree: 20000000 kB\nMemAvailable: 30000000 kB\n"
+    )
     result = run(root, "memory.ttm")
     assert result.status is Status.WARN
     assert "carve-out" in result.summary and "512" in result.remedy

@@ -53,7 +53,9 @@ def test_unknown_option_is_an_error_not_a_suggestion_of_a_global():
     assert "No such option" in proc.stderr
 
 
-@pytest.mark.parametrize("short, long", [("install", "install"), ("rollback", "rollback"), ("bundles", "list")])
+@pytest.mark.parametrize(
+    "short, long", [("install", "install"), ("rollback", "rollback"), ("bundles", "list")]
+)
 def test_bundle_group_holds_every_bundle_command_and_the_short_forms_stay(short, long):
     top = rocmdoctor(short, "--help")
     grouped = rocmdoctor("bundle", long, "--help")

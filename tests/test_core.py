@@ -41,9 +41,20 @@ def test_paths_never_escape_the_root(tmp_path):
 def test_device_nodes_come_from_stat_json(tmp_path):
     meta = tmp_path / ".rocmdoctor"
     meta.mkdir()
-    (meta / "stat.json").write_text(json.dumps(
-        {"/dev/kfd": {"type": "char", "mode": "0660", "uid": 0, "gid": 992, "rdev": "235:0"},
-         "/dev/dri/renderD128": {"type": "char", "mode": "0660", "uid": 0, "gid": 992, "rdev": "226:128"}}))
+    (meta / "stat.json").write_text(
+        json.dumps(
+            {
+                "/dev/kfd": {"type": "char", "mode": "0660", "uid": 0, "gid": 992, "rdev": "235:0"},
+                "/dev/dri/renderD128": {
+                    "type": "char",
+                    "mode": "0660",
+                    "uid": 0,
+                    "gid": 992,
+                    "rdev": "226:128",
+                },
+            }
+        )
+    )
     host = Host(tmp_path)
     st = host.stat("/dev/kfd")
     assert (st.type, st.mode, st.gid, st.rdev) == ("char", 0o660, 992, "235:0")
@@ -58,8 +69,13 @@ def test_glob_orders_numerically(tmp_path):
         (tmp_path / "sys" / "class" / "drm" / f"card{n}").mkdir(parents=True)
     (tmp_path / "sys" / "class" / "drm" / "card0-DP-1").mkdir()
     names = Host(tmp_path).glob("/sys/class/drm/card*")
-    assert names[:5] == ["/sys/class/drm/card0", "/sys/class/drm/card0-DP-1", "/sys/class/drm/card1",
-                         "/sys/class/drm/card2", "/sys/class/drm/card10"]
+    assert names[:5] == [
+        "/sys/class/drm/card0",
+        "/sys/class/drm/card0-DP-1",
+        "/sys/class/drm/card1",
+        "/sys/class/drm/card2",
+        "/sys/class/drm/card10",
+    ]
 
 
 def test_run_kills_a_hung_command_and_never_raises():
@@ -111,8 +127,13 @@ def test_warn_and_fail_need_a_remedy():
 
 @pytest.mark.parametrize(
     "statuses, code",
-    [([Status.PASS, Status.WARN], 0), ([Status.PASS, Status.FAIL, Status.ERROR], 1),
-     ([Status.ERROR, Status.SKIP], 2), ([Status.PASS, Status.ERROR], 0), ([], 0)],
+    [
+        ([Status.PASS, Status.WARN], 0),
+        ([Status.PASS, Status.FAIL, Status.ERROR], 1),
+        ([Status.ERROR, Status.SKIP], 2),
+        ([Status.PASS, Status.ERROR], 0),
+        ([], 0),
+    ],
 )
 def test_exit_code_contract(statuses, code):
     assert exit_code(statuses) == code

@@ -441,8 +441,18 @@ def test_cli_deep_timeout_bounds_a_hanging_probe(tmp_path):
 
     python = shell_python(tmp_path / "hang", "sleep 300")
     started = time.monotonic()
-    proc = run_cli("check", "--deep", "--only", "gpu.runtime", "--python", str(python), "--deep-timeout", "2",
-                   "--json", root=tmp_path)
+    proc = run_cli(
+        "check",
+        "--deep",
+        "--only",
+        "gpu.runtime",
+        "--python",
+        str(python),
+        "--deep-timeout",
+        "2",
+        "--json",
+        root=tmp_path,
+    )
     assert time.monotonic() - started < 20
     runtime = next(c for c in json.loads(proc.stdout)["checks"] if c["id"] == "gpu.runtime")
     assert runtime["status"] == "error" and "did not finish within 2 s" in runtime["summary"]

@@ -40,16 +40,26 @@ def runs(fleet, fleet_upstream, tiny_model):
         host = fleet.add(name, rocmdoctor_serve=name not in ("point", "fresh"))
         host_root(fixture_id, host.opt / "host-root")
         host.hostvars["rocmdoctor_root"] = "/opt/host-root"  # as the host sees its private /opt
-    inventory = fleet.write_inventory(fleet.workdir / "inventory.yml", group_vars={
-        "rocmdoctor_controller_cache": str(fleet.workdir / "controller-cache"),
-        "rocmdoctor_bundles_dir": str(fleet_upstream.pins),
-        "rocmdoctor_model": str(tiny_model),
-        "rocmdoctor_server_args": ["--served-model-name", "tiny", "--max-model-len", "512", "--max-num-seqs", "4"],
-        "rocmdoctor_vllm_extra_args": list(ENGINE_ARGS),
-        "rocmdoctor_detached_server": True,
-        "rocmdoctor_detached_environment": ENGINE_ENV,
-        "rocmdoctor_ready_timeout_s": 600,
-    })
+    inventory = fleet.write_inventory(
+        fleet.workdir / "inventory.yml",
+        group_vars={
+            "rocmdoctor_controller_cache": str(fleet.workdir / "controller-cache"),
+            "rocmdoctor_bundles_dir": str(fleet_upstream.pins),
+            "rocmdoctor_model": str(tiny_model),
+            "rocmdoctor_server_args": [
+                "--served-model-name",
+                "tiny",
+                "--max-model-len",
+                "512",
+                "--max-num-seqs",
+                "4",
+            ],
+            "rocmdoctor_vllm_extra_args": list(ENGINE_ARGS),
+            "rocmdoctor_detached_server": True,
+            "rocmdoctor_detached_environment": ENGINE_ENV,
+            "rocmdoctor_ready_timeout_s": 600,
+        },
+    )
     converge = ("--limit", ",".join(HOSTS))  # "fresh" stays unconverged for the check-mode test
     first = run_playbook(fleet, inventory, *converge)
     (fleet.workdir / "first.log").write_text(first.stdout + first.stderr)
@@ -60,15 +70,31 @@ def runs(fleet, fleet_upstream, tiny_model):
     check = run_playbook(fleet, inventory, "--check", "--diff", "--limit", ",".join(HOSTS))
     unit_text = unit.read_text()
     # Other server settings: the would-be unit is shown as a diff, nothing is written, nothing restarts.
-    other = run_playbook(fleet, inventory, "--check", "--diff", "--limit", "halo", "--tags", "preflight,service",
-                         "-e", '{"rocmdoctor_server_args": ["--served-model-name", "tiny", "--max-model-len", '
-                         '"512", "--max-num-seqs", "3"]}')
+    other = run_playbook(
+        fleet,
+        inventory,
+        "--check",
+        "--diff",
+        "--limit",
+        "halo",
+        "--tags",
+        "preflight,service",
+        "-e",
+        '{"rocmdoctor_server_args": ["--served-model-name", "tiny", "--max-model-len", '
+        '"512", "--max-num-seqs", "3"]}',
+    )
     fresh = run_playbook(fleet, inventory, "--check", "--diff", "--limit", "fresh")
     after = {p: p.stat().st_mtime_ns for p in before}
     for run in (first, second, check, other, fresh):
         print(f"run: rc={run.rc} {run.seconds:.1f} s {run.recap()}")
-    return {"first": first, "second": second, "check": check, "other": other, "fresh": fresh,
-            "untouched": before == after and unit.read_text() == unit_text}
+    return {
+        "first": first,
+        "second": second,
+        "check": check,
+        "other": other,
+        "fresh": fresh,
+        "untouched": before == after and unit.read_text() == unit_text,
+    }
 
 
 def test_first_run_serves_passing_hosts_and_skips_the_failing_one(fleet, runs):
@@ -96,8 +122,10 @@ def test_first_run_serves_passing_hosts_and_skips_the_failing_one(fleet, runs):
 
 def test_the_served_host_answers_a_completion(fleet, runs):
     halo, point = fleet.hosts[0], fleet.hosts[1]
-    probe = ("curl -sf -H 'Content-Type: application/json' http://127.0.0.1:8000/v1/completions "
-             "-d '{\"model\": \"tiny\", \"prompt\": \"Hello\", \"max_tokens\": 3}'")
+    probe = (
+        "curl -sf -H 'Content-Type: application/json' http://127.0.0.1:8000/v1/completions "
+        '-d \'{"model": "tiny", "prompt": "Hello", "max_tokens": 3}\''
+    )
     answer = fleet.ssh(halo, probe)
     assert answer.returncode == 0 and '"choices"' in answer.stdout, answer.stderr
     # point stops after the bundle phase: nothing listens there.
@@ -106,14 +134,18 @@ def test_the_served_host_answers_a_completion(fleet, runs):
 
 def test_second_run_changes_nothing(runs):
     recap = runs["second"].recap()
-    assert {host: r["changed"] for host, r in recap.items()} == {host: 0 for host in HOSTS}, runs["second"].stdout[-4000:]
+    assert {host: r["changed"] for host, r in recap.items()} == {host: 0 for host in HOSTS}, runs[
+        "second"
+    ].stdout[-4000:]
     assert recap["halo"]["failed"] == recap["point"]["failed"] == 0
 
 
 def test_check_mode_changes_nothing(runs):
     check = runs["check"]
     recap = check.recap()
-    assert {host: r["changed"] for host, r in recap.items()} == {host: 0 for host in HOSTS}, check.stdout[-4000:]
+    assert {host: r["changed"] for host, r in recap.items()} == {host: 0 for host in HOSTS}, check.stdout[
+        -4000:
+    ]
     assert recap["halo"]["failed"] == recap["point"]["failed"] == 0
     assert runs["untouched"]
 

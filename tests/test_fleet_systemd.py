@@ -31,8 +31,10 @@ NO_GPU_CHECKS = ["gpu.present", "gpu.arch", "driver.loaded", "kernel.cwsr", "mem
 
 def dropin() -> str:
     env = " ".join(f"{k}={v}" for k, v in ENGINE_ENV.items())
-    return ("[Service]\nProtectHome=tmpfs\n"
-            f"BindReadOnlyPaths={Path(sys.base_prefix)} {VLLM_VENV}\nEnvironment={env}\n")
+    return (
+        "[Service]\nProtectHome=tmpfs\n"
+        f"BindReadOnlyPaths={Path(sys.base_prefix)} {VLLM_VENV}\nEnvironment={env}\n"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -43,11 +45,16 @@ def systemd_host(tmp_path_factory, tiny_model):
     machine = boot(NAME, netns=NAME, binds=binds, log_dir=workdir)
     try:
         with SshFleet(NAME, workdir) as fleet:
-            machine.run("mkdir -p -m 0700 /root/.ssh && cat > /root/.ssh/authorized_keys",
-                        input=Path(f"{fleet.client_key}.pub").read_text())
+            machine.run(
+                "mkdir -p -m 0700 /root/.ssh && cat > /root/.ssh/authorized_keys",
+                input=Path(f"{fleet.client_key}.pub").read_text(),
+            )
             machine.run("ssh-keygen -A && systemctl start ssh")
-            machine.run("mkdir -p /etc/systemd/system/vllm.service.d && cat > "
-                        "/etc/systemd/system/vllm.service.d/50-test.conf", input=dropin())
+            machine.run(
+                "mkdir -p /etc/systemd/system/vllm.service.d && cat > "
+                "/etc/systemd/system/vllm.service.d/50-test.conf",
+                input=dropin(),
+            )
             host_key = machine.run(["cat", "/etc/ssh/ssh_host_ed25519_key.pub"]).stdout
             fleet.add_external("node", NAME, host_key)
             yield fleet, machine
@@ -57,17 +64,30 @@ def systemd_host(tmp_path_factory, tiny_model):
 
 def test_service_phase_starts_the_unit_under_systemd_and_smoke_passes(systemd_host, fleet_upstream):
     fleet, machine = systemd_host
-    inventory = fleet.write_inventory(fleet.workdir / "inventory.yml", group_vars={
-        "rocmdoctor_controller_cache": str(fleet.workdir / "controller-cache"),
-        "rocmdoctor_bundles_dir": str(fleet_upstream.pins),
-        "rocmdoctor_family": "gfx1151",
-        "rocmdoctor_preflight_ignore": NO_GPU_CHECKS,
-        "rocmdoctor_model": MODEL,
-        "rocmdoctor_server_args": ["--served-model-name", "tiny", "--gpu-memory-utilization", "0.5",
-                                   "--max-model-len", "512", "--max-num-seqs", "4", "--timeout", "600"],
-        "rocmdoctor_vllm_extra_args": list(ENGINE_ARGS),
-        "rocmdoctor_ready_timeout_s": 600,
-    })
+    inventory = fleet.write_inventory(
+        fleet.workdir / "inventory.yml",
+        group_vars={
+            "rocmdoctor_controller_cache": str(fleet.workdir / "controller-cache"),
+            "rocmdoctor_bundles_dir": str(fleet_upstream.pins),
+            "rocmdoctor_family": "gfx1151",
+            "rocmdoctor_preflight_ignore": NO_GPU_CHECKS,
+            "rocmdoctor_model": MODEL,
+            "rocmdoctor_server_args": [
+                "--served-model-name",
+                "tiny",
+                "--gpu-memory-utilization",
+                "0.5",
+                "--max-model-len",
+                "512",
+                "--max-num-seqs",
+                "4",
+                "--timeout",
+                "600",
+            ],
+            "rocmdoctor_vllm_extra_args": list(ENGINE_ARGS),
+            "rocmdoctor_ready_timeout_s": 600,
+        },
+    )
     run = run_playbook(fleet, inventory)
     (fleet.workdir / "converge.log").write_text(run.stdout + run.stderr)
     recap = run.recap()
@@ -80,4 +100,6 @@ def test_service_phase_starts_the_unit_under_systemd_and_smoke_passes(systemd_ho
 
     again = run_playbook(fleet, inventory)
     assert again.recap()["node"]["changed"] == 0, again.stdout[-4000:]
-    assert machine.run(["systemctl", "show", "-p", "NRestarts", "--value", "vllm.service"]).stdout.strip() == "0"
+    assert (
+        machine.run(["systemctl", "show", "-p", "NRestarts", "--value", "vllm.service"]).stdout.strip() == "0"
+    )

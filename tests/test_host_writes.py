@@ -17,7 +17,9 @@ def tree(tmp_path: Path) -> Path:
     (root / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/bash\n")
     (root / "etc" / "group").write_text("root:x:0:\nrender:x:992:\n")
     (root / "etc" / "shadow").write_text("root:*:19000:0:99999:7:::\n")
-    (root / "etc" / "login.defs").write_text("SYS_UID_MIN 201\nSYS_UID_MAX 299\nSYS_GID_MIN 201\nSYS_GID_MAX 299\n")
+    (root / "etc" / "login.defs").write_text(
+        "SYS_UID_MIN 201\nSYS_UID_MAX 299\nSYS_GID_MIN 201\nSYS_GID_MAX 299\n"
+    )
     return root
 
 

@@ -231,6 +231,7 @@ def test_replacing_the_live_tag_never_leaves_current_dangling(tmp_path, monkeypa
         def call(*args, **kwargs):
             seen.append((layout.current / "bin" / "vllm-server").read_text())  # raises if dangling
             return real(*args, **kwargs)
+
         return call
 
     monkeypatch.setattr(installer.os, "replace", watched(os.replace))

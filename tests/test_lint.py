@@ -31,10 +31,34 @@ def test_ruff_format_is_clean():
 
 def test_mypy_is_clean_on_the_installed_package(tmp_path):
     site = tmp_path / "site"
-    install = run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                   "--disable-pip-version-check", "--target", str(site), str(REPO)])
+    install = run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--disable-pip-version-check",
+            "--target",
+            str(site),
+            str(REPO),
+        ]
+    )
     assert install.returncode == 0, install.stderr[-4000:]
     assert (site / "rocmdoctor" / "py.typed").is_file()
-    proc = run([str(BIN / "mypy"), "--config-file", str(REPO / "pyproject.toml"), "--no-incremental",
-                "--python-executable", sys.executable, "-p", "rocmdoctor"], cwd=site)
+    proc = run(
+        [
+            str(BIN / "mypy"),
+            "--config-file",
+            str(REPO / "pyproject.toml"),
+            "--no-incremental",
+            "--python-executable",
+            sys.executable,
+            "-p",
+            "rocmdoctor",
+        ],
+        cwd=site,
+    )
     assert proc.returncode == 0, proc.stdout[-8000:] + proc.stderr[-2000:]

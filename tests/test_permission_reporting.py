@@ -23,9 +23,21 @@ def test_unreadable_topology_is_an_error_naming_the_path_and_user(tmp_path):
     os.chown(nodes, 65534, 65534)
     nodes.chmod(0o700)
     done = subprocess.run(
-        ["setpriv", "--bounding-set", "-dac_override,-dac_read_search",
-         sys.executable, "-m", "rocmdoctor", "--root", str(root), "check", "--json"],
-        capture_output=True, text=True, timeout=60,
+        [
+            "setpriv",
+            "--bounding-set",
+            "-dac_override,-dac_read_search",
+            sys.executable,
+            "-m",
+            "rocmdoctor",
+            "--root",
+            str(root),
+            "check",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert "Traceback" not in done.stderr, done.stderr
     report = json.loads(done.stdout)
@@ -39,9 +51,21 @@ def test_unreadable_topology_is_an_error_naming_the_path_and_user(tmp_path):
 
 def test_a_readable_topology_is_judged_as_before(tmp_path):
     done = subprocess.run(
-        ["setpriv", "--bounding-set", "-dac_override,-dac_read_search",
-         sys.executable, "-m", "rocmdoctor", "--root", str(HOSTS / "strix-halo-clean"), "check", "--json"],
-        capture_output=True, text=True, timeout=60,
+        [
+            "setpriv",
+            "--bounding-set",
+            "-dac_override,-dac_read_search",
+            sys.executable,
+            "-m",
+            "rocmdoctor",
+            "--root",
+            str(HOSTS / "strix-halo-clean"),
+            "check",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     present = next(c for c in json.loads(done.stdout)["checks"] if c["id"] == "gpu.present")
     assert present["status"] == "pass"

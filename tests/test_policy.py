@@ -53,7 +53,9 @@ def test_every_blocking_check_guards_serving_and_install_guards_are_declared():
 
 
 def run_json(*args: str) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "rocmdoctor", *args], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rocmdoctor", *args], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode in (0, 1), proc.stderr
     return json.loads(proc.stdout)
 

@@ -18,7 +18,13 @@ from rocmdoctor.registry import Context, Options
 APUS = ("strix-halo-nocwsr-dkms", "strix-halo-clean", "strix-halo-default-ttm", "strix-point")
 # What the captures lack: the used-VRAM counters (and for two of them the VRAM size itself).
 UNREADABLE_MEMORY = (
-    "rx7900xtx-no-render", "r9700", "mi300x", "mi300x-cpx", "mi350x", "rx7900xtx-beside-igpu", "r9700-beside-nvidia",
+    "rx7900xtx-no-render",
+    "r9700",
+    "mi300x",
+    "mi300x-cpx",
+    "mi350x",
+    "rx7900xtx-beside-igpu",
+    "r9700-beside-nvidia",
 )
 # Partitions sized from their own KFD memory bank; an APU whose BIOS carve-out is its memory; no AMD GPU.
 PARTITIONED = ("mi308x-cpx",)
@@ -88,8 +94,10 @@ def test_discrete_gpu_whose_memory_the_capture_lacks_is_not_guessed(fixture_id):
 
 def test_tensor_parallel_beyond_the_gpus_present_is_refused():
     with pytest.raises(ArgumentError, match="needs 2 GPUs of one family; this host has 1 gfx942"):
-        resolve(Choices(model="m", gpu_memory_utilization=0.9, tensor_parallel_size=2),
-                pools_from_facts(context("mi300x")))
+        resolve(
+            Choices(model="m", gpu_memory_utilization=0.9, tensor_parallel_size=2),
+            pools_from_facts(context("mi300x")),
+        )
 
 
 def test_unit_on_a_fixture_root_prints_the_computed_arguments():
@@ -137,16 +145,31 @@ def test_unit_refuses_a_model_that_cannot_start_here_with_the_plan(tmp_path):
 
 
 def test_unit_refuses_a_context_that_does_not_fit(tmp_path):
-    done = run_cli("unit", "--model", llama_8b_dir(tmp_path), "--max-model-len", "131072",
-                   "--gpu-memory-utilization", "0.3", root=fixture_root("strix-halo-clean"))
+    done = run_cli(
+        "unit",
+        "--model",
+        llama_8b_dir(tmp_path),
+        "--max-model-len",
+        "131072",
+        "--gpu-memory-utilization",
+        "0.3",
+        root=fixture_root("strix-halo-clean"),
+    )
     assert done.returncode == 2 and "--max-model-len 131072 does not fit" in done.stderr, done.stderr
 
 
 def test_check_counts_the_models_weights_for_disk_space(tmp_path):
     import json
 
-    done = run_cli("check", "--model", llama_8b_dir(tmp_path), "--only", "disk.space", "--json",
-                   root=fixture_root("strix-halo-clean"))
+    done = run_cli(
+        "check",
+        "--model",
+        llama_8b_dir(tmp_path),
+        "--only",
+        "disk.space",
+        "--json",
+        root=fixture_root("strix-halo-clean"),
+    )
     (disk,) = [c for c in json.loads(done.stdout)["checks"] if c["id"] == "disk.space"]
     assert "weights 16.1 GB" in disk["summary"]  # exact from the header: 8,030,261,248 bf16 parameters
 

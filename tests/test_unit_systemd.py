@@ -32,9 +32,11 @@ VLLM_VENV = vllm_python().parent.parent
 
 def dropin() -> str:
     env = " ".join(f"{k}={v}" for k, v in ENGINE_ENV.items())
-    return ("[Service]\nProtectHome=tmpfs\n"
-            f"BindReadOnlyPaths={Path(sys.base_prefix)} {VLLM_VENV}\n"
-            f"Environment={env}\nRestartSec=1\n")
+    return (
+        "[Service]\nProtectHome=tmpfs\n"
+        f"BindReadOnlyPaths={Path(sys.base_prefix)} {VLLM_VENV}\n"
+        f"Environment={env}\nRestartSec=1\n"
+    )
 
 
 def show(machine: Machine, prop: str) -> str:
@@ -42,14 +44,16 @@ def show(machine: Machine, prop: str) -> str:
 
 
 def completion_status(machine: Machine, key: str | None) -> int:
-    code = ("import json,sys,urllib.request,urllib.error\n"
-            "h={'Content-Type':'application/json'}\n"
-            f"k={key!r}\n"
-            "if k: h['Authorization']='Bearer '+k\n"
-            "r=urllib.request.Request('http://127.0.0.1:8000/v1/completions',"
-            "json.dumps({'model':'tiny','prompt':'Hi','max_tokens':2}).encode(),h)\n"
-            "try: print(urllib.request.urlopen(r,timeout=60).status)\n"
-            "except urllib.error.HTTPError as e: print(e.code)\n")
+    code = (
+        "import json,sys,urllib.request,urllib.error\n"
+        "h={'Content-Type':'application/json'}\n"
+        f"k={key!r}\n"
+        "if k: h['Authorization']='Bearer '+k\n"
+        "r=urllib.request.Request('http://127.0.0.1:8000/v1/completions',"
+        "json.dumps({'model':'tiny','prompt':'Hi','max_tokens':2}).encode(),h)\n"
+        "try: print(urllib.request.urlopen(r,timeout=60).status)\n"
+        "except urllib.error.HTTPError as e: print(e.code)\n"
+    )
     return int(machine.run(["python3", "-c", code]).stdout.strip())
 
 
@@ -74,8 +78,14 @@ def machine(bundle_mirror, tiny_model, tmp_path):
     mirror, pins = bundle_mirror
     # The service user must be able to read the model (the cached copy is 0700 from mkdtemp).
     tiny_model.chmod(0o755)
-    binds = [Bind(str(REPO)), Bind(str(Path(sys.base_prefix))), Bind(str(VLLM_VENV)), Bind(str(mirror)),
-             Bind(str(pins)), Bind(str(tiny_model), MODEL)]
+    binds = [
+        Bind(str(REPO)),
+        Bind(str(Path(sys.base_prefix))),
+        Bind(str(VLLM_VENV)),
+        Bind(str(mirror)),
+        Bind(str(pins)),
+        Bind(str(tiny_model), MODEL),
+    ]
     started = boot("serve-unit", netns="serve-unit", binds=binds, log_dir=tmp_path)
     yield started
     started.stop()
@@ -88,16 +98,40 @@ def test_unit_runs_restarts_and_stops_under_systemd(machine, bundle_mirror):
     machine.run(f"umask 077; echo {API_KEY} > /root/vllm.key")
 
     def write(model: str) -> dict:
-        argv = [sys.executable, "-m", "rocmdoctor", "unit", "--write", "--json", "--model", model,
-                "--served-model-name", "tiny", "--gpu-memory-utilization", "0.5", "--max-model-len", "512",
-                "--max-num-seqs", "4", "--api-key-file", "/root/vllm.key", "--timeout", "300", "--", *ENGINE_ARGS]
+        argv = [
+            sys.executable,
+            "-m",
+            "rocmdoctor",
+            "unit",
+            "--write",
+            "--json",
+            "--model",
+            model,
+            "--served-model-name",
+            "tiny",
+            "--gpu-memory-utilization",
+            "0.5",
+            "--max-model-len",
+            "512",
+            "--max-num-seqs",
+            "4",
+            "--api-key-file",
+            "/root/vllm.key",
+            "--timeout",
+            "300",
+            "--",
+            *ENGINE_ARGS,
+        ]
         return json.loads(machine.run(argv).stdout)
 
     first = write("/srv/models/missing")
     assert first["changed"] is True and first["daemon_reload"] == "done"
     assert "group render" in first["accounts_created"] and "user vllm" in first["accounts_created"]
-    machine.run("mkdir -p /etc/systemd/system/vllm.service.d && cat > /etc/systemd/system/vllm.service.d/50-test.conf"
-                " && systemctl daemon-reload", input=dropin())
+    machine.run(
+        "mkdir -p /etc/systemd/system/vllm.service.d && cat > /etc/systemd/system/vllm.service.d/50-test.conf"
+        " && systemctl daemon-reload",
+        input=dropin(),
+    )
 
     # A server that dies while loading fails the start at once, not after the 300 s readiness timeout.
     started = time.monotonic()
@@ -122,8 +156,10 @@ def test_unit_runs_restarts_and_stops_under_systemd(machine, bundle_mirror):
 
     main_pid = show(machine, "MainPID")
     status = machine.run(["cat", f"/proc/{main_pid}/status"]).stdout
-    groups = {line.split(":")[0]: line.split(":")[2] for line in
-              machine.run(["getent", "group", "render", "video"]).stdout.splitlines()}
+    groups = {
+        line.split(":")[0]: line.split(":")[2]
+        for line in machine.run(["getent", "group", "render", "video"]).stdout.splitlines()
+    }
     proc_groups = next(x for x in status.splitlines() if x.startswith("Groups:")).split()[1:]
     assert set(groups.values()) <= set(proc_groups)
     assert "NoNewPrivs:\t1" in status
@@ -133,8 +169,15 @@ def test_unit_runs_restarts_and_stops_under_systemd(machine, bundle_mirror):
     first_generation = {line.split()[0] for line in unit_processes(machine)}
     assert len(first_generation) >= 2, "expected the API server and EngineCore"
     machine.run(["kill", "-KILL", main_pid])
-    restarted = wait_for(lambda: show(machine, "ActiveState") == "active" and show(machine, "MainPID") not in
-                         ("0", main_pid) and int(show(machine, "NRestarts")) >= 1, 420, "systemd to restart the unit")
+    restarted = wait_for(
+        lambda: (
+            show(machine, "ActiveState") == "active"
+            and show(machine, "MainPID") not in ("0", main_pid)
+            and int(show(machine, "NRestarts")) >= 1
+        ),
+        420,
+        "systemd to restart the unit",
+    )
     assert restarted
     assert completion_status(machine, API_KEY) == 200
     survivors = first_generation & {line.split()[0] for line in unit_processes(machine)}
@@ -148,5 +191,7 @@ def test_unit_runs_restarts_and_stops_under_systemd(machine, bundle_mirror):
     machine.run(["systemctl", "stop", "vllm.service"], timeout=150)
     assert show(machine, "ActiveState") == "inactive"
     left = unit_processes(machine)
-    assert left == [], f"processes of the unit survived `systemctl stop`: {left}\n" + machine.run(
-        ["journalctl", "-u", "vllm.service", "--no-pager", "-n", "30"], check=False).stdout
+    assert left == [], (
+        f"processes of the unit survived `systemctl stop`: {left}\n"
+        + machine.run(["journalctl", "-u", "vllm.service", "--no-pager", "-n", "30"], check=False).stdout
+    )

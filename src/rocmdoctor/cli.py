@@ -70,15 +70,28 @@ def _global_options() -> list[click.Option]:
     """The group's options, accepted after the subcommand too (`check --root X -v`)."""
     return [
         click.Option(
-            ["--root"], type=str, default=None, expose_value=False,
-            is_eager=True, callback=_set_root, help="Same as the global --root.",
+            ["--root"],
+            type=str,
+            default=None,
+            expose_value=False,
+            is_eager=True,
+            callback=_set_root,
+            help="Same as the global --root.",
         ),
         click.Option(
-            ["-v", "--verbose"], count=True, expose_value=False, is_eager=True, callback=_add_verbose,
+            ["-v", "--verbose"],
+            count=True,
+            expose_value=False,
+            is_eager=True,
+            callback=_add_verbose,
             help="Same as the global -v.",
         ),
         click.Option(
-            ["--no-color"], is_flag=True, expose_value=False, is_eager=True, callback=_set_no_color,
+            ["--no-color"],
+            is_flag=True,
+            expose_value=False,
+            is_eager=True,
+            callback=_set_no_color,
             help="Same as the global --no-color.",
         ),
     ]
@@ -140,7 +153,9 @@ class App:
         try:
             return Host(root)
         except RootError as exc:
-            raise UserError(f"{exc}; point --root (or ROCMDOCTOR_ROOT) at a directory or a snapshot archive") from None
+            raise UserError(
+                f"{exc}; point --root (or ROCMDOCTOR_ROOT) at a directory or a snapshot archive"
+            ) from None
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -93,7 +93,12 @@ class StatInfo:
     rdev: str = ""  # "major:minor" for device nodes
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"type": self.type, "mode": f"{self.mode:04o}", "uid": self.uid, "gid": self.gid}
+        out: dict[str, Any] = {
+            "type": self.type,
+            "mode": f"{self.mode:04o}",
+            "uid": self.uid,
+            "gid": self.gid,
+        }
         if self.rdev:
             out["rdev"] = self.rdev
         return out
@@ -337,8 +342,8 @@ class Host:
             # Device nodes exist in a captured root only as stat.json entries.
             prefix = path.rstrip("/") + "/"
             for described in self._stat_meta():
-                if described.startswith(prefix) and "/" not in described[len(prefix):]:
-                    names.append(described[len(prefix):])
+                if described.startswith(prefix) and "/" not in described[len(prefix) :]:
+                    names.append(described[len(prefix) :])
         return natural_sorted(set(names))
 
     def listdir_denied(self, path: str) -> bool:
@@ -363,7 +368,9 @@ class Host:
             nxt: list[str] = []
             for base in found:
                 if any(ch in part for ch in "*?["):
-                    nxt.extend(os.path.join(base, n) for n in self.listdir(base) if fnmatch.fnmatchcase(n, part))
+                    nxt.extend(
+                        os.path.join(base, n) for n in self.listdir(base) if fnmatch.fnmatchcase(n, part)
+                    )
                 else:
                     candidate = os.path.join(base, part)
                     if self.exists(candidate):
@@ -413,7 +420,9 @@ class Host:
         rdev = ""
         if stat_mod.S_ISCHR(st.st_mode) or stat_mod.S_ISBLK(st.st_mode):
             rdev = f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"
-        return StatInfo(path, _file_type(st.st_mode), stat_mod.S_IMODE(st.st_mode), st.st_uid, st.st_gid, rdev)
+        return StatInfo(
+            path, _file_type(st.st_mode), stat_mod.S_IMODE(st.st_mode), st.st_uid, st.st_gid, rdev
+        )
 
     def acl(self, path: str) -> Read:
         """The POSIX ACL entries of `path` as getfacl writes them ("user:1000:rw-", "mask::rw-"); from
@@ -484,8 +493,13 @@ class Host:
                 include_oslevel=False,
                 root_dir=None if self.is_live else str(self.root),
             )
-            return {"id": info.id(), "version": info.version(best=True), "name": info.name(pretty=False),
-                    "like": info.like(), "codename": info.codename()}
+            return {
+                "id": info.id(),
+                "version": info.version(best=True),
+                "name": info.name(pretty=False),
+                "like": info.like(),
+                "codename": info.codename(),
+            }
         except (UnicodeDecodeError, ValueError, OSError):
             return self._os_release_lenient()
 
@@ -531,7 +545,9 @@ class Host:
             return None
         try:
             return Identity(
-                str(meta["user"]), int(meta["uid"]), int(meta["gid"]),
+                str(meta["user"]),
+                int(meta["uid"]),
+                int(meta["gid"]),
                 tuple(int(g) for g in meta.get("process_gids", [])),
             )
         except (KeyError, TypeError, ValueError):
@@ -558,7 +574,8 @@ class Host:
         another machine) unless the user named the program (`--python`): then it is their call."""
         if not self.is_live and not program_is_users_choice:
             return RunResult(
-                tuple(argv), None,
+                tuple(argv),
+                None,
                 spawn_error=f"not run: --root {self.root} is a captured tree, and nothing is executed for one",
             )
         started = time.monotonic()

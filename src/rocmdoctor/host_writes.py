@@ -383,5 +383,7 @@ class HostWriter:
     def run(self, argv: list[str]) -> None:
         """A program of the live host; refused for any other root (nothing is executed for a tree)."""
         if not self.is_live:
-            raise WriteRefused(f"not running {argv[0]} for --root {self.root}: nothing is executed for a tree")
+            raise WriteRefused(
+                f"not running {argv[0]} for --root {self.root}: nothing is executed for a tree"
+            )
         run(argv)

@@ -107,8 +107,20 @@ class Registry:
         blocks: Iterable[Action] | None = None,
     ) -> Callable[[CheckFn], CheckFn]:
         def register(fn: CheckFn) -> CheckFn:
-            self.add(CheckSpec(id, title, fn, severity, tuple(depends), tuple(reads), tuple(env), probe,
-                               default_enabled, None if blocks is None else tuple(blocks)))
+            self.add(
+                CheckSpec(
+                    id,
+                    title,
+                    fn,
+                    severity,
+                    tuple(depends),
+                    tuple(reads),
+                    tuple(env),
+                    probe,
+                    default_enabled,
+                    None if blocks is None else tuple(blocks),
+                )
+            )
             return fn
 
         return register
@@ -177,7 +189,11 @@ class Registry:
         for spec in specs:
             started = time.perf_counter()
             blocker = next(
-                (d for d in spec.depends if d in results and results[d].status not in (Status.PASS, Status.WARN)),
+                (
+                    d
+                    for d in spec.depends
+                    if d in results and results[d].status not in (Status.PASS, Status.WARN)
+                ),
                 None,
             )
             if blocker is not None:

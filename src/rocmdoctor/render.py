@@ -45,7 +45,11 @@ def render_check_report(report: dict[str, Any], console: Any, verbose: int = 0) 
     console.print(Text(header, style="bold"))
     for gpu in gpus:
         kind = "APU" if gpu.get("apu") else "dGPU"
-        console.print(Text(f"  GPU node {gpu['node']}: {gpu['gfx']} ({kind}), bundle family {gpu.get('family') or 'none'}"))
+        console.print(
+            Text(
+                f"  GPU node {gpu['node']}: {gpu['gfx']} ({kind}), bundle family {gpu.get('family') or 'none'}"
+            )
+        )
     console.print()
     for entry in report["checks"]:
         status = entry["status"]
@@ -58,8 +62,10 @@ def render_check_report(report: dict[str, Any], console: Any, verbose: int = 0) 
                 console.print(Text(f"        {remedy_line}", style="dim"))
     summary = report["summary"]
     console.print()
-    console.print(Text(
-        f"{summary['pass']} passed, {summary['warn']} warnings, {summary['fail']} failed, "
-        f"{summary['skip']} skipped, {summary['error']} errors",
-        style="bold red" if summary["fail"] else "bold",
-    ))
+    console.print(
+        Text(
+            f"{summary['pass']} passed, {summary['warn']} warnings, {summary['fail']} failed, "
+            f"{summary['skip']} skipped, {summary['error']} errors",
+            style="bold red" if summary["fail"] else "bold",
+        )
+    )

@@ -88,7 +88,9 @@ def read_regular(path: str | os.PathLike[str], limit: int, follow_links: bool = 
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise NotRegularFile(errno.EINVAL, f"not a regular file (a {_type_name(st.st_mode)})", os.fspath(path))
+            raise NotRegularFile(
+                errno.EINVAL, f"not a regular file (a {_type_name(st.st_mode)})", os.fspath(path)
+            )
         chunks: list[bytes] = []
         size = 0
         while size <= limit:

@@ -50,7 +50,9 @@ def main() -> None:
     timed(check, 2)  # warm the page cache and .pyc files
     ours, ours_cpu = timed(check, args.runs)
     load = os.getloadavg()[0]
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, load {load:.1f}")
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, load {load:.1f}"
+    )
     print(f"command: {' '.join(check)}")
     print(
         f"rocmdoctor check: median {statistics.median(ours):.3f} s wall (min {min(ours):.3f}, max {max(ours):.3f}), "
@@ -64,6 +66,7 @@ def main() -> None:
     print(f"command: {' '.join(collect)}")
     print(f"vllm.collect_env: median {statistics.median(theirs):.3f} s over {args.vllm_runs} runs")
     print(f"ratio rocmdoctor/collect_env: {statistics.median(ours) / statistics.median(theirs):.3f}")
+
 
 if __name__ == "__main__":
     main()

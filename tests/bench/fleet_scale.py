@@ -30,10 +30,13 @@ def converge(size: int, forks: int, pins: Path, workdir: Path) -> tuple[float, f
         for i in range(size):
             host = fleet.add(f"node{i:02d}", rocmdoctor_root="/opt/host-root")
             host_root("strix-halo-clean", host.opt / "host-root")
-        inventory = fleet.write_inventory(workdir / "inventory.yml", group_vars={
-            "rocmdoctor_controller_cache": str(workdir / "controller-cache"),
-            "rocmdoctor_bundles_dir": str(pins),
-        })
+        inventory = fleet.write_inventory(
+            workdir / "inventory.yml",
+            group_vars={
+                "rocmdoctor_controller_cache": str(workdir / "controller-cache"),
+                "rocmdoctor_bundles_dir": str(pins),
+            },
+        )
         times = []
         for _ in range(2):
             run = run_playbook(fleet, inventory, "--tags", "preflight,bundle", "--forks", str(forks))

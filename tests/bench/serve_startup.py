@@ -26,14 +26,42 @@ from harness.engine import free_port, make_tiny_model
 from harness.served_bundle import ENGINE_ENV, TEST_FAMILY, TEST_TAG, install_argv
 
 
-def serve_once(prefix: Path, model: Path, cache: Path, log: Path, extra: list[str]) -> tuple[float, float, float]:
-    argv = [sys.executable, "-m", "rocmdoctor", "serve", "--json", "--prefix", str(prefix), "--model", str(model),
-            "--served-model-name", "tiny", "--port", str(free_port()), "--gpu-memory-utilization", "0.5",
-            "--max-model-len", "512", "--max-num-seqs", "4", "--cache-dir", str(cache), "--log-file", str(log),
-            "--", "--load-format", "dummy", *extra]
+def serve_once(
+    prefix: Path, model: Path, cache: Path, log: Path, extra: list[str]
+) -> tuple[float, float, float]:
+    argv = [
+        sys.executable,
+        "-m",
+        "rocmdoctor",
+        "serve",
+        "--json",
+        "--prefix",
+        str(prefix),
+        "--model",
+        str(model),
+        "--served-model-name",
+        "tiny",
+        "--port",
+        str(free_port()),
+        "--gpu-memory-utilization",
+        "0.5",
+        "--max-model-len",
+        "512",
+        "--max-num-seqs",
+        "4",
+        "--cache-dir",
+        str(cache),
+        "--log-file",
+        str(log),
+        "--",
+        "--load-format",
+        "dummy",
+        *extra,
+    ]
     started = time.monotonic()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env={**os.environ, **ENGINE_ENV})
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env={**os.environ, **ENGINE_ENV}
+    )
     event = json.loads(proc.stdout.readline())
     ready_s = time.monotonic() - started
     if event["event"] != "ready":
@@ -55,15 +83,21 @@ def main() -> None:
         base = Path(tmp)
         built = vllm_test_bundle(base / "mirror", TEST_FAMILY, TEST_TAG)
         write_pins(base / "pins", {TEST_FAMILY: built})
-        subprocess.run(install_argv(base / "mirror", base / "pins", base / "opt"), check=True, capture_output=True)
+        subprocess.run(
+            install_argv(base / "mirror", base / "pins", base / "opt"), check=True, capture_output=True
+        )
         model = make_tiny_model(base / "tiny")
         for run in range(runs):
             cache = base / f"cache-{run}"
             for mode, extra in (("cold cache", []), ("warm cache", []), ("eager", ["--enforce-eager"])):
-                ready_s, completion_s, stop_s = serve_once(base / "opt", model, cache, base / f"{mode}-{run}.log",
-                                                           extra)
-                print(f"{mode:<11} ready {ready_s:6.1f} s (health -> completion {completion_s:4.1f} s)   "
-                      f"stop {stop_s:5.1f} s", flush=True)
+                ready_s, completion_s, stop_s = serve_once(
+                    base / "opt", model, cache, base / f"{mode}-{run}.log", extra
+                )
+                print(
+                    f"{mode:<11} ready {ready_s:6.1f} s (health -> completion {completion_s:4.1f} s)   "
+                    f"stop {stop_s:5.1f} s",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

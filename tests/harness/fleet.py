@@ -148,8 +148,22 @@ class SshFleet:
         mounts = "; ".join(f"mount --bind {host.dir / sub} {target}" for target, sub in PRIVATE_DIRS.items())
         script = f"set -e; hostname {netns}; {mounts}; exec {SSHD} -f {host.dir / 'sshd_config'} -E {host.dir / 'sshd.log'}"
         # sshd daemonizes: the command returns once it listens, and the daemon keeps the namespaces.
-        _run(["ip", "netns", "exec", netns, "unshare", "--mount", "--uts", "--propagation", "private",
-              "sh", "-c", script])
+        _run(
+            [
+                "ip",
+                "netns",
+                "exec",
+                netns,
+                "unshare",
+                "--mount",
+                "--uts",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                script,
+            ]
+        )
         with self.known_hosts.open("a") as kh:
             kh.write(f"{netns} {' '.join(Path(f'{self.host_key}.pub').read_text().split()[:2])}\n")
         self._wait_ready(host)
@@ -168,24 +182,26 @@ class SshFleet:
         return host
 
     def _sshd_config(self, host: FakeHost) -> str:
-        return "\n".join([
-            "Port 22",
-            "ListenAddress 127.0.0.1",
-            f"HostKey {self.host_key}",
-            f"PidFile {host.dir / 'sshd.pid'}",
-            f"AuthorizedKeysFile {self.authorized_keys}",
-            "PermitRootLogin prohibit-password",
-            "PasswordAuthentication no",
-            "KbdInteractiveAuthentication no",
-            "UsePAM no",
-            # the key files sit under the test's temporary directory, whose modes sshd would reject
-            "StrictModes no",
-            # Ansible opens many sessions at once over its multiplexed connections
-            "MaxStartups 100",
-            "MaxSessions 100",
-            "Subsystem sftp internal-sftp",
-            "",
-        ])
+        return "\n".join(
+            [
+                "Port 22",
+                "ListenAddress 127.0.0.1",
+                f"HostKey {self.host_key}",
+                f"PidFile {host.dir / 'sshd.pid'}",
+                f"AuthorizedKeysFile {self.authorized_keys}",
+                "PermitRootLogin prohibit-password",
+                "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no",
+                "UsePAM no",
+                # the key files sit under the test's temporary directory, whose modes sshd would reject
+                "StrictModes no",
+                # Ansible opens many sessions at once over its multiplexed connections
+                "MaxStartups 100",
+                "MaxSessions 100",
+                "Subsystem sftp internal-sftp",
+                "",
+            ]
+        )
 
     def _wait_ready(self, host: FakeHost, timeout_s: float = 20.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -202,22 +218,36 @@ class SshFleet:
 
     def ssh_common_args(self, host: FakeHost) -> list[str]:
         return [
-            "-o", f"UserKnownHostsFile={self.known_hosts}",
-            "-o", "StrictHostKeyChecking=yes",
-            "-o", f"ProxyCommand=ip netns exec {host.netns} nc 127.0.0.1 22",
+            "-o",
+            f"UserKnownHostsFile={self.known_hosts}",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            f"ProxyCommand=ip netns exec {host.netns} nc 127.0.0.1 22",
         ]
 
     def ssh_argv(self, host: FakeHost) -> list[str]:
-        return ["ssh", "-i", str(self.client_key), "-o", "BatchMode=yes", *self.ssh_common_args(host),
-                f"root@{host.netns}"]
+        return [
+            "ssh",
+            "-i",
+            str(self.client_key),
+            "-o",
+            "BatchMode=yes",
+            *self.ssh_common_args(host),
+            f"root@{host.netns}",
+        ]
 
     def ssh(self, host: FakeHost, command: str, timeout: float = 60) -> subprocess.CompletedProcess:
         """Run a shell command on the fake host (inside its namespaces), for assertions."""
-        return subprocess.run(self.ssh_argv(host) + [command], capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            self.ssh_argv(host) + [command], capture_output=True, text=True, timeout=timeout
+        )
 
     def connection_vars(self, host: FakeHost) -> dict:
-        common = (f"-o UserKnownHostsFile={self.known_hosts} -o StrictHostKeyChecking=yes "
-                  f'-o ProxyCommand="ip netns exec {host.netns} nc 127.0.0.1 22"')
+        common = (
+            f"-o UserKnownHostsFile={self.known_hosts} -o StrictHostKeyChecking=yes "
+            f'-o ProxyCommand="ip netns exec {host.netns} nc 127.0.0.1 22"'
+        )
         return {
             "ansible_host": host.netns,
             "ansible_user": "root",
@@ -226,8 +256,13 @@ class SshFleet:
             "ansible_python_interpreter": TARGET_PYTHON,
         }
 
-    def write_inventory(self, path: Path, group: str = "rocmdoctor_hosts", group_vars: dict | None = None,
-                        extra_hosts: dict[str, dict] | None = None) -> Path:
+    def write_inventory(
+        self,
+        path: Path,
+        group: str = "rocmdoctor_hosts",
+        group_vars: dict | None = None,
+        extra_hosts: dict[str, dict] | None = None,
+    ) -> Path:
         """A YAML inventory (JSON is YAML) with every fake host plus `extra_hosts` (name -> vars)."""
         hosts = {h.name: {**self.connection_vars(h), **h.hostvars} for h in self.hosts + self.external}
         hosts.update(extra_hosts or {})
@@ -269,8 +304,9 @@ class SshFleet:
 REPO = Path(__file__).resolve().parents[2]
 PLAYBOOKS = REPO / "playbooks"
 ANSIBLE_PLAYBOOK = Path(os.environ.get("VIRTUAL_ENV") or REPO / ".venv") / "bin" / "ansible-playbook"
-_RECAP = re.compile(r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)\s+skipped=(\d+)",
-                    re.MULTILINE)
+_RECAP = re.compile(
+    r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)\s+skipped=(\d+)", re.MULTILINE
+)
 
 
 @dataclass
@@ -283,14 +319,23 @@ class PlaybookRun:
     def recap(self) -> dict[str, dict[str, int]]:
         """PLAY RECAP per host: {"host": {"ok": n, "changed": n, "unreachable": n, "failed": n, "skipped": n}}."""
         keys = ("ok", "changed", "unreachable", "failed", "skipped")
-        return {m.group(1): dict(zip(keys, map(int, m.groups()[1:]), strict=True)) for m in _RECAP.finditer(self.stdout)}
+        return {
+            m.group(1): dict(zip(keys, map(int, m.groups()[1:]), strict=True))
+            for m in _RECAP.finditer(self.stdout)
+        }
 
 
 def run_playbook(fleet: SshFleet, inventory: Path, *args: str, timeout: float = 1200) -> PlaybookRun:
     """The real ansible-playbook on playbooks/site.yml, from playbooks/ (its ansible.cfg applies)."""
     started = time.monotonic()
-    done = subprocess.run([str(ANSIBLE_PLAYBOOK), "-i", str(inventory), "site.yml", *args], cwd=PLAYBOOKS,
-                          env=fleet.ansible_env(), capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(
+        [str(ANSIBLE_PLAYBOOK), "-i", str(inventory), "site.yml", *args],
+        cwd=PLAYBOOKS,
+        env=fleet.ansible_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     return PlaybookRun(done.returncode, done.stdout, done.stderr, time.monotonic() - started)
 
 

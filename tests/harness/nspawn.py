@@ -63,32 +63,41 @@ class Machine:
             self._leader = children[0].pid
         return self._leader
 
-    def run(self, cmd: Sequence[str] | str, timeout: float = 120.0, check: bool = True,
-            input: str | None = None) -> subprocess.CompletedProcess:
+    def run(
+        self, cmd: Sequence[str] | str, timeout: float = 120.0, check: bool = True, input: str | None = None
+    ) -> subprocess.CompletedProcess:
         """Run a command inside the container (as root, in all its namespaces); a string goes to sh -c."""
         argv = ["sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
-        done = subprocess.run(["nsenter", "--target", str(self.leader), "--all", "--", *argv],
-                              capture_output=True, text=True, timeout=timeout, input=input,
-                              env={"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                                   "LANG": "C.UTF-8"})
+        done = subprocess.run(
+            ["nsenter", "--target", str(self.leader), "--all", "--", *argv],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            input=input,
+            env={"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"},
+        )
         if check and done.returncode != 0:
             raise subprocess.CalledProcessError(done.returncode, argv, done.stdout, done.stderr)
         return done
 
     def host_run(self, argv: Sequence[str], timeout: float = 60.0) -> subprocess.CompletedProcess:
         """Run a host command inside the machine's network namespace (to reach its loopback)."""
-        return subprocess.run(["ip", "netns", "exec", self.netns, *argv], capture_output=True, text=True,
-                              timeout=timeout)
+        return subprocess.run(
+            ["ip", "netns", "exec", self.netns, *argv], capture_output=True, text=True, timeout=timeout
+        )
 
     def wait_running(self, timeout: float = BOOT_TIMEOUT_S) -> str:
         deadline = time.monotonic() + timeout
         state = ""
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise BootError(f"{self.name}: systemd-nspawn exited {self.process.returncode}:\n{self.log()}")
+                raise BootError(
+                    f"{self.name}: systemd-nspawn exited {self.process.returncode}:\n{self.log()}"
+                )
             try:
-                state = self.run(["systemctl", "is-system-running", "--wait"], timeout=timeout,
-                                 check=False).stdout.strip()
+                state = self.run(
+                    ["systemctl", "is-system-running", "--wait"], timeout=timeout, check=False
+                ).stdout.strip()
             except (BootError, psutil.Error, subprocess.TimeoutExpired):
                 state = ""
             if state in ("running", "degraded"):
@@ -111,8 +120,14 @@ class Machine:
         subprocess.run(["ip", "netns", "delete", self.netns], capture_output=True)
 
 
-def boot(name: str, netns: str | None = None, binds: Sequence[Bind] = (), log_dir: Path | None = None,
-         base: Path | None = None, timeout: float = BOOT_TIMEOUT_S) -> Machine:
+def boot(
+    name: str,
+    netns: str | None = None,
+    binds: Sequence[Bind] = (),
+    log_dir: Path | None = None,
+    base: Path | None = None,
+    timeout: float = BOOT_TIMEOUT_S,
+) -> Machine:
     """Boot a container named `name` in network namespace `netns` (created; default: the name)."""
     base = base or rootfs()
     if not (base / "usr/lib/systemd/systemd").exists():
@@ -124,12 +139,25 @@ def boot(name: str, netns: str | None = None, binds: Sequence[Bind] = (), log_di
     subprocess.run(["ip", "netns", "add", netns], check=True, capture_output=True)
     subprocess.run(["ip", "netns", "exec", netns, "ip", "link", "set", "lo", "up"], check=True)
     log_path = (log_dir or Path("/tmp")) / f"{name}.nspawn.log"
-    argv = ["systemd-nspawn", "--quiet", "-D", str(base), "--volatile=overlay", "--boot", "--register=no",
-            "--keep-unit", f"--network-namespace-path=/run/netns/{netns}", f"--machine={name}",
-            f"--hostname={name}", "--console=pipe", *(b.option() for b in binds)]
+    argv = [
+        "systemd-nspawn",
+        "--quiet",
+        "-D",
+        str(base),
+        "--volatile=overlay",
+        "--boot",
+        "--register=no",
+        "--keep-unit",
+        f"--network-namespace-path=/run/netns/{netns}",
+        f"--machine={name}",
+        f"--hostname={name}",
+        "--console=pipe",
+        *(b.option() for b in binds),
+    ]
     with log_path.open("wb") as log:
-        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
     machine = Machine(name, netns, process, log_path)
     try:
         deadline = time.monotonic() + timeout

@@ -16,5 +16,18 @@ ENGINE_ARGS = ("--load-format", "dummy", "--enforce-eager")
 
 
 def install_argv(mirror: Path, pins: Path, prefix: Path, python: str = sys.executable) -> list[str]:
-    return [python, "-m", "rocmdoctor", "install", "--mirror", str(mirror), "--bundles-dir", str(pins),
-            "--family", TEST_FAMILY, "--prefix", str(prefix), "--json"]
+    return [
+        python,
+        "-m",
+        "rocmdoctor",
+        "install",
+        "--mirror",
+        str(mirror),
+        "--bundles-dir",
+        str(pins),
+        "--family",
+        TEST_FAMILY,
+        "--prefix",
+        str(prefix),
+        "--json",
+    ]

@@ -30,4 +30,3 @@ def fleet_upstream(tmp_path_factory):
             server.add_release(REPO, bundle.tag, bundle.release_assets())
         write_pins(base / "pins", built, base_url=server.mirror_url)
         yield Upstream(server, base / "pins", [a.name for b in built.values() for a in b.assets])
-

@@ -11,8 +11,14 @@ from ..registry import DEFAULT_PREFIX
 from .common import App, UserError, emit_json, pass_app
 
 
-def check_context(app: App, user: str | None, port: int, prefix: str, python: str | None = None,
-             deep_timeout: float | None = None):
+def check_context(
+    app: App,
+    user: str | None,
+    port: int,
+    prefix: str,
+    python: str | None = None,
+    deep_timeout: float | None = None,
+):
     from ..registry import Context, Options
 
     options = Options(user=user, port=port, prefix=prefix, python=python)
@@ -23,29 +29,69 @@ def check_context(app: App, user: str | None, port: int, prefix: str, python: st
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the versioned JSON report on stdout.")
-@click.option("--only", multiple=True, metavar="PATTERN", help="Run only checks whose id or group matches (glob).")
-@click.option("--skip", multiple=True, metavar="PATTERN", help="Leave out checks whose id or group matches (glob).")
+@click.option(
+    "--only", multiple=True, metavar="PATTERN", help="Run only checks whose id or group matches (glob)."
+)
+@click.option(
+    "--skip", multiple=True, metavar="PATTERN", help="Leave out checks whose id or group matches (glob)."
+)
 @click.option("--list-checks", is_flag=True, help="List the checks and what each reads, then exit.")
-@click.option("--user", default=None, type=params.UserName(),
-              help="Whose access to /dev/kfd and render nodes to check (default: you).")
-@click.option("--port", default=8000, show_default=True, type=params.Port(),
-              help="The port vLLM will serve on.")
-@click.option("--prefix", default=DEFAULT_PREFIX, envvar="ROCMDOCTOR_PREFIX", show_default=True,
-              type=params.Prefix(), callback=params.refuse_empty_env,
-              help="Where bundles are installed. [env: ROCMDOCTOR_PREFIX]")
-@click.option("--model", default=None, type=params.ModelName(),
-              help="A local model directory or a Hugging Face id in the cache: disk.space counts its weights "
-              "(exact, from the safetensors headers; no download).")
+@click.option(
+    "--user",
+    default=None,
+    type=params.UserName(),
+    help="Whose access to /dev/kfd and render nodes to check (default: you).",
+)
+@click.option(
+    "--port", default=8000, show_default=True, type=params.Port(), help="The port vLLM will serve on."
+)
+@click.option(
+    "--prefix",
+    default=DEFAULT_PREFIX,
+    envvar="ROCMDOCTOR_PREFIX",
+    show_default=True,
+    type=params.Prefix(),
+    callback=params.refuse_empty_env,
+    help="Where bundles are installed. [env: ROCMDOCTOR_PREFIX]",
+)
+@click.option(
+    "--model",
+    default=None,
+    type=params.ModelName(),
+    help="A local model directory or a Hugging Face id in the cache: disk.space counts its weights "
+    "(exact, from the safetensors headers; no download).",
+)
 @click.option("--deep", is_flag=True, help="Also probe the GPU through the bundle's own PyTorch (slow).")
-@click.option("--python", "python", default=None, metavar="PATH", type=params.NonEmptyPath(dir_okay=False),
-              help="Interpreter for --deep (default: <prefix>/current/bin/python3).")
-@click.option("--deep-timeout", type=params.Duration(max_s=3600, min_s=1, inclusive=True), default=None,
-              metavar="SECONDS",
-              help="How long the --deep probe may take before it is killed (default 180).")
+@click.option(
+    "--python",
+    "python",
+    default=None,
+    metavar="PATH",
+    type=params.NonEmptyPath(dir_okay=False),
+    help="Interpreter for --deep (default: <prefix>/current/bin/python3).",
+)
+@click.option(
+    "--deep-timeout",
+    type=params.Duration(max_s=3600, min_s=1, inclusive=True),
+    default=None,
+    metavar="SECONDS",
+    help="How long the --deep probe may take before it is killed (default 180).",
+)
 @pass_app
-def check(app: App, as_json: bool, only: tuple[str, ...], skip: tuple[str, ...], list_checks: bool,
-          user: str | None, port: int, prefix: str, model: str | None, deep: bool, python: str | None,
-          deep_timeout: float | None) -> None:
+def check(
+    app: App,
+    as_json: bool,
+    only: tuple[str, ...],
+    skip: tuple[str, ...],
+    list_checks: bool,
+    user: str | None,
+    port: int,
+    prefix: str,
+    model: str | None,
+    deep: bool,
+    python: str | None,
+    deep_timeout: float | None,
+) -> None:
     """Diagnose this host for vLLM on ROCm. Exit 0: no failure; 1: a failure; 2: could not run."""
     from ..checks import host_facts, load_registry
     from ..model import envelope

@@ -12,5 +12,7 @@ def pools_from_facts(ctx: Context) -> list[GpuPool]:
     pools = []
     for gpu in facts.gpus(ctx):
         total, free = facts.usable_memory(ctx, gpu)
-        pools.append(GpuPool(f"node {gpu.node} ({gpu.gfx})", gpu.family or gpu.gfx, total, free, bool(gpu.apu)))
+        pools.append(
+            GpuPool(f"node {gpu.node} ({gpu.gfx})", gpu.family or gpu.gfx, total, free, bool(gpu.apu))
+        )
     return pools

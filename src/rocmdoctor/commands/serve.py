@@ -21,31 +21,74 @@ def server_options(fn: Callable) -> Callable:
     """The options `unit` and `serve` share, in the order --help shows them. vLLM's own arguments go after
     `--` (VllmPassThrough hands them over as `extra`)."""
     options = [
-        click.option("--model", required=True, type=params.ModelName(),
-                     help="Hugging Face id or local model directory."),
-        click.option("--served-model-name", default=None, type=params.ModelName(),
-                     help="Name clients ask for (default: the model's last path part)."),
-        click.option("--host", default="127.0.0.1", show_default=True, type=params.HostName(),
-                     help="Address to listen on."),
-        click.option("--port", default=8000, show_default=True, type=params.Port(),
-                     help="Port to listen on."),
-        click.option("--gpu-memory-utilization", type=params.Fraction(0.01), default=None,
-                     help="Override the value computed from the free memory of the GPU (or APU pool): "
-                     "0.01-1."),
-        click.option("--max-model-len", type=params.Count(1, 1 << 24), default=None,
-                     help="Context length (default: the model's)."),
-        click.option("--max-num-seqs", type=params.Count(1, 1 << 16), default=None,
-                     help="Concurrent sequences (default: 10 on a unified-memory APU, vLLM's otherwise)."),
-        click.option("--tensor-parallel-size", type=params.Count(1, 64), default=None,
-                     help="Spread the model over this many GPUs of one family."),
-        click.option("--api-key-file", type=params.NonEmptyPath(dir_okay=False, path_type=Path), default=None,
-                     callback=params.key_file(min_length=8),
-                     help="File holding the API key clients must send (never pass --api-key itself)."),
-        click.option("--vllm-args", default="", metavar="TEXT",
-                     help="More vLLM arguments as one string, split like a shell would (never run by one)."),
-        click.option("--prefix", default=DEFAULT_PREFIX, envvar="ROCMDOCTOR_PREFIX", show_default=True,
-                     type=params.Prefix(), callback=params.refuse_empty_env,
-                     help="Where `rocmdoctor install` put the bundles. [env: ROCMDOCTOR_PREFIX]"),
+        click.option(
+            "--model",
+            required=True,
+            type=params.ModelName(),
+            help="Hugging Face id or local model directory.",
+        ),
+        click.option(
+            "--served-model-name",
+            default=None,
+            type=params.ModelName(),
+            help="Name clients ask for (default: the model's last path part).",
+        ),
+        click.option(
+            "--host",
+            default="127.0.0.1",
+            show_default=True,
+            type=params.HostName(),
+            help="Address to listen on.",
+        ),
+        click.option(
+            "--port", default=8000, show_default=True, type=params.Port(), help="Port to listen on."
+        ),
+        click.option(
+            "--gpu-memory-utilization",
+            type=params.Fraction(0.01),
+            default=None,
+            help="Override the value computed from the free memory of the GPU (or APU pool): 0.01-1.",
+        ),
+        click.option(
+            "--max-model-len",
+            type=params.Count(1, 1 << 24),
+            default=None,
+            help="Context length (default: the model's).",
+        ),
+        click.option(
+            "--max-num-seqs",
+            type=params.Count(1, 1 << 16),
+            default=None,
+            help="Concurrent sequences (default: 10 on a unified-memory APU, vLLM's otherwise).",
+        ),
+        click.option(
+            "--tensor-parallel-size",
+            type=params.Count(1, 64),
+            default=None,
+            help="Spread the model over this many GPUs of one family.",
+        ),
+        click.option(
+            "--api-key-file",
+            type=params.NonEmptyPath(dir_okay=False, path_type=Path),
+            default=None,
+            callback=params.key_file(min_length=8),
+            help="File holding the API key clients must send (never pass --api-key itself).",
+        ),
+        click.option(
+            "--vllm-args",
+            default="",
+            metavar="TEXT",
+            help="More vLLM arguments as one string, split like a shell would (never run by one).",
+        ),
+        click.option(
+            "--prefix",
+            default=DEFAULT_PREFIX,
+            envvar="ROCMDOCTOR_PREFIX",
+            show_default=True,
+            type=params.Prefix(),
+            callback=params.refuse_empty_env,
+            help="Where `rocmdoctor install` put the bundles. [env: ROCMDOCTOR_PREFIX]",
+        ),
         click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout."),
     ]
     return functools.reduce(lambda f, option: option(f), reversed(options), fn)
@@ -58,10 +101,17 @@ def resolve_args(app: App, opts: dict[str, Any]):
 
     try:
         extra = parse_extra(opts["vllm_args"]) + list(opts["extra"])
-        choices = Choices(model=opts["model"], served_model_name=opts["served_model_name"], host=opts["host"],
-                          port=opts["port"], gpu_memory_utilization=opts["gpu_memory_utilization"],
-                          max_model_len=opts["max_model_len"], max_num_seqs=opts["max_num_seqs"],
-                          tensor_parallel_size=opts["tensor_parallel_size"], extra=extra)
+        choices = Choices(
+            model=opts["model"],
+            served_model_name=opts["served_model_name"],
+            host=opts["host"],
+            port=opts["port"],
+            gpu_memory_utilization=opts["gpu_memory_utilization"],
+            max_model_len=opts["max_model_len"],
+            max_num_seqs=opts["max_num_seqs"],
+            tensor_parallel_size=opts["tensor_parallel_size"],
+            extra=extra,
+        )
         ctx = Context(app.host(), Options(prefix=opts["prefix"]))
         args = resolve(choices, pools_from_facts(ctx))
     except ArgumentError as exc:
@@ -107,19 +157,46 @@ def show_settings(args, stream=sys.stderr) -> None:
 
 
 @click.command(cls=params.VllmPassThrough)
-@click.option("--write", is_flag=True, help="Write the unit, its env file and readiness script (else print the unit).")
-@click.option("--check", "check_only", is_flag=True, help="With --write: show what would change, change nothing.")
-@click.option("--user", default="vllm", show_default=True, type=params.ServiceUser(),
-              help="Service account (created with its groups if missing; never root or nobody).")
-@click.option("--timeout", "timeout_s", default=1800, show_default=True, type=params.Duration(whole=True),
-              help="Seconds systemd waits for the model to load and answer a completion.")
-@click.option("--instances", "instances_layout", type=click.Choice(["one", "per-gpu", "per-partition"]),
-              default=None, help="Several servers as vllm@N under vllm.target, laid out from the topology "
-              "(the same as `rocmdoctor instances`: docs/rack.md).")
+@click.option(
+    "--write", is_flag=True, help="Write the unit, its env file and readiness script (else print the unit)."
+)
+@click.option(
+    "--check", "check_only", is_flag=True, help="With --write: show what would change, change nothing."
+)
+@click.option(
+    "--user",
+    default="vllm",
+    show_default=True,
+    type=params.ServiceUser(),
+    help="Service account (created with its groups if missing; never root or nobody).",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    default=1800,
+    show_default=True,
+    type=params.Duration(whole=True),
+    help="Seconds systemd waits for the model to load and answer a completion.",
+)
+@click.option(
+    "--instances",
+    "instances_layout",
+    type=click.Choice(["one", "per-gpu", "per-partition"]),
+    default=None,
+    help="Several servers as vllm@N under vllm.target, laid out from the topology "
+    "(the same as `rocmdoctor instances`: docs/rack.md).",
+)
 @server_options
 @pass_app
-def unit(app: App, write: bool, check_only: bool, user: str, timeout_s: int, instances_layout: str | None,
-         **opts: Any) -> None:
+def unit(
+    app: App,
+    write: bool,
+    check_only: bool,
+    user: str,
+    timeout_s: int,
+    instances_layout: str | None,
+    **opts: Any,
+) -> None:
     """Render the systemd unit for the vLLM server; with --write install it (idempotent).
 
     Extra vLLM arguments go after `--`: rocmdoctor unit --model M -- --enforce-eager
@@ -127,8 +204,13 @@ def unit(app: App, write: bool, check_only: bool, user: str, timeout_s: int, ins
     if instances_layout is not None:
         from .rack import write_layout
 
-        layout = {"layout": instances_layout, "tensor_parallel_size": opts["tensor_parallel_size"] or 1,
-                  "count": None, "family": None, "devices_from": None}
+        layout = {
+            "layout": instances_layout,
+            "tensor_parallel_size": opts["tensor_parallel_size"] or 1,
+            "count": None,
+            "family": None,
+            "devices_from": None,
+        }
         write_layout(app, {**opts, **layout}, write, check_only, user, timeout_s)
         return
     from ..provision.unit import ServiceLayout, UnitError, file_specs
@@ -166,12 +248,26 @@ def unit(app: App, write: bool, check_only: bool, user: str, timeout_s: int, ins
 
 
 @click.command(cls=params.VllmPassThrough)
-@click.option("--timeout", "timeout_s", default=1800, show_default=True, type=params.Duration(),
-              help="Seconds to wait for the model to load and answer a completion (cold JIT takes minutes).")
-@click.option("--cache-dir", type=params.NonEmptyPath(file_okay=False, path_type=Path), default=None,
-              help="VLLM_CACHE_ROOT: compile and JIT caches that make the next start fast [default: ~/.cache/vllm].")
-@click.option("--log-file", type=params.NonEmptyPath(dir_okay=False, path_type=Path), default=None,
-              help="Server log [default: ~/.cache/rocmdoctor/serve-PORT.log].")
+@click.option(
+    "--timeout",
+    "timeout_s",
+    default=1800,
+    show_default=True,
+    type=params.Duration(),
+    help="Seconds to wait for the model to load and answer a completion (cold JIT takes minutes).",
+)
+@click.option(
+    "--cache-dir",
+    type=params.NonEmptyPath(file_okay=False, path_type=Path),
+    default=None,
+    help="VLLM_CACHE_ROOT: compile and JIT caches that make the next start fast [default: ~/.cache/vllm].",
+)
+@click.option(
+    "--log-file",
+    type=params.NonEmptyPath(dir_okay=False, path_type=Path),
+    default=None,
+    help="Server log [default: ~/.cache/rocmdoctor/serve-PORT.log].",
+)
 @server_options
 @pass_app
 def serve(app: App, timeout_s: float, cache_dir: Path | None, log_file: Path | None, **opts: Any) -> None:
@@ -196,17 +292,31 @@ def serve(app: App, timeout_s: float, cache_dir: Path | None, log_file: Path | N
     args = resolve_args(app, opts)
     executable = Path(ServiceLayout(prefix=opts["prefix"]).server)
     if not os.access(executable, os.X_OK):
-        raise UserError(f"{executable} is missing or not executable: install a bundle first "
-                        f"(rocmdoctor install --prefix {opts['prefix']})")
+        raise UserError(
+            f"{executable} is missing or not executable: install a bundle first "
+            f"(rocmdoctor install --prefix {opts['prefix']})"
+        )
     if port_in_use(args.host, args.port):
-        raise UserError(f"port {args.port} on {args.host} is already in use (an earlier server still running?); "
-                        "stop it or pass --port")
+        raise UserError(
+            f"port {args.port} on {args.host} is already in use (an earlier server still running?); "
+            "stop it or pass --port"
+        )
     cache_base = default_cache_base(os.environ)
-    env = server_env(os.environ, cache_dir or Path(os.environ.get("VLLM_CACHE_ROOT") or cache_base / "vllm"),
-                     api_key(opts), new_marker())
+    env = server_env(
+        os.environ,
+        cache_dir or Path(os.environ.get("VLLM_CACHE_ROOT") or cache_base / "vllm"),
+        api_key(opts),
+        new_marker(),
+    )
     env.update(args.environment)
-    server = Server(executable, args.argv(), readiness_url(args), args.served_model_name, env,
-                    log_file or cache_base / "rocmdoctor" / f"serve-{args.port}.log")
+    server = Server(
+        executable,
+        args.argv(),
+        readiness_url(args),
+        args.served_model_name,
+        env,
+        log_file or cache_base / "rocmdoctor" / f"serve-{args.port}.log",
+    )
     events = Events(opts["as_json"])
     print(f"starting {executable} (log: {server.log_path})", file=sys.stderr)
     show_settings(args)
@@ -214,8 +324,9 @@ def serve(app: App, timeout_s: float, cache_dir: Path | None, log_file: Path | N
         try:
             server.start()
         except OSError as exc:
-            raise UserError(f"cannot start {executable} (log {server.log_path}): "
-                            f"{exc.strerror or exc}") from None
+            raise UserError(
+                f"cannot start {executable} (log {server.log_path}): {exc.strerror or exc}"
+            ) from None
         except Stopped:
             events.stopped(server.stop(), reason="interrupted while starting")
             sys.exit(1)
@@ -230,10 +341,15 @@ def serve(app: App, timeout_s: float, cache_dir: Path | None, log_file: Path | N
                 events.failed(outcome)
                 events.stopped(server.stop(), reason="not ready")
                 sys.exit(1)
-            events.emit("ready", f"ready in {outcome.seconds:.0f} s: {server.base_url}/v1 serves "
-                                 f"{args.served_model_name!r} (Ctrl-C stops it)",
-                        url=f"{server.base_url}/v1", model=args.served_model_name, seconds=round(outcome.seconds, 1),
-                        health_seconds=round(outcome.health_seconds or 0, 1))
+            events.emit(
+                "ready",
+                f"ready in {outcome.seconds:.0f} s: {server.base_url}/v1 serves "
+                f"{args.served_model_name!r} (Ctrl-C stops it)",
+                url=f"{server.base_url}/v1",
+                model=args.served_model_name,
+                seconds=round(outcome.seconds, 1),
+                health_seconds=round(outcome.health_seconds or 0, 1),
+            )
             returncode = server.wait_exit()
             events.failed(server.failure(f"the server exited with status {returncode} after it was ready"))
             events.stopped(server.stop(), reason="exited")
@@ -252,7 +368,9 @@ def serve(app: App, timeout_s: float, cache_dir: Path | None, log_file: Path | N
             try:
                 events.stopped(left, reason=f"rocmdoctor failed: {type(exc).__name__}: {exc}")
             except Exception:
-                print(f"stopped the server after an error of rocmdoctor ({exc}); left: {left}", file=sys.stderr)
+                print(
+                    f"stopped the server after an error of rocmdoctor ({exc}); left: {left}", file=sys.stderr
+                )
             raise
 
 
@@ -280,6 +398,9 @@ class Events:
         self.emit("failed", "\n".join(lines), **outcome.to_json())
 
     def stopped(self, leftover_pids: list[int], reason: str) -> None:
-        message = (f"stopped ({reason}); no server process left" if not leftover_pids
-                   else f"stopped ({reason}) but these server processes survived SIGKILL: {leftover_pids}")
+        message = (
+            f"stopped ({reason}); no server process left"
+            if not leftover_pids
+            else f"stopped ({reason}) but these server processes survived SIGKILL: {leftover_pids}"
+        )
         self.emit("stopped", message, reason=reason, leftover_pids=leftover_pids)

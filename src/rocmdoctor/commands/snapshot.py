@@ -14,11 +14,21 @@ from .common import App, UserError, pass_app
 
 @click.command()
 @click.argument("out", type=params.NonEmptyPath(dir_okay=False, writable=True, path_type=Path))
-@click.option("--user", default=None, type=params.UserName(),
-              help="Also keep this user's account lines (as for check --user).")
-@click.option("--prefix", default=DEFAULT_PREFIX, envvar="ROCMDOCTOR_PREFIX", show_default=True,
-              type=params.Prefix(), callback=params.refuse_empty_env,
-              help="Install prefix whose free space is kept. [env: ROCMDOCTOR_PREFIX]")
+@click.option(
+    "--user",
+    default=None,
+    type=params.UserName(),
+    help="Also keep this user's account lines (as for check --user).",
+)
+@click.option(
+    "--prefix",
+    default=DEFAULT_PREFIX,
+    envvar="ROCMDOCTOR_PREFIX",
+    show_default=True,
+    type=params.Prefix(),
+    callback=params.refuse_empty_env,
+    help="Install prefix whose free space is kept. [env: ROCMDOCTOR_PREFIX]",
+)
 @pass_app
 def snapshot(app: App, out: Path, user: str | None, prefix: str) -> None:
     """Write the files the checks read to OUT (.tar.gz); `rocmdoctor --root OUT check` replays it."""
@@ -35,5 +45,7 @@ def snapshot(app: App, out: Path, user: str | None, prefix: str) -> None:
         snap = take_snapshot(ctx, load_registry().specs, capture_facts(ctx), out)
     except OSError as exc:
         raise UserError(f"cannot write {out}: {exc.strerror or exc}") from None
-    click.echo(f"wrote {out}: {len(snap.files)} files, {len(snap.links)} links, {len(snap.stat)} stat entries",
-               err=True)
+    click.echo(
+        f"wrote {out}: {len(snap.files)} files, {len(snap.links)} links, {len(snap.stat)} stat entries",
+        err=True,
+    )

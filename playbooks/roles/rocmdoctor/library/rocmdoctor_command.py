@@ -79,7 +79,13 @@ def main() -> None:
         supports_check_mode=True,
     )
     params = module.params
-    argv = [*params["cli"], *params["command"], "--json", *(["--check"] if module.check_mode else []), *params["args"]]
+    argv = [
+        *params["cli"],
+        *params["command"],
+        "--json",
+        *(["--check"] if module.check_mode else []),
+        *params["args"],
+    ]
     rc, out, err = module.run_command(argv)
     try:
         doc = json.loads(out) if out.strip() else {}
@@ -87,9 +93,13 @@ def main() -> None:
         doc = {}
     if rc != 0 or not isinstance(doc, dict) or "changed" not in doc:
         module.fail_json(
-            msg=(doc.get("msg") if isinstance(doc, dict) else None) or (err.strip() or out.strip())[-2000:]
+            msg=(doc.get("msg") if isinstance(doc, dict) else None)
+            or (err.strip() or out.strip())[-2000:]
             or f"rocmdoctor exited {rc}",
-            rc=rc, cmd=argv, stdout=out[-4000:], stderr=err[-4000:],
+            rc=rc,
+            cmd=argv,
+            stdout=out[-4000:],
+            stderr=err[-4000:],
         )
     result = {"changed": bool(doc["changed"]), "msg": str(doc.get("msg", "")), "result": doc, "cmd": argv}
     if module._diff:
