@@ -8,11 +8,14 @@ VLLM::EngineCore outliving its API server is what keeps GPU memory held after an
 
 from __future__ import annotations
 
+import functools
+import ipaddress
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -51,12 +54,48 @@ def server_env(base: Mapping[str, str], cache_root: Path, api_key: str | None, m
     return env
 
 
+RESOLVE_TIMEOUT_S = 5.0
+
+
+class HostUnresolvable(ValueError):
+    """--host names no address this machine can bind (or its lookup did not answer in time)."""
+
+
+@functools.lru_cache(maxsize=8)
+def bind_address(host: str) -> str:
+    """The address to bind for `host`: an IP literal as it is, a name looked up once within
+    RESOLVE_TIMEOUT_S (a resolver that does not answer would otherwise hold every port probe)."""
+    try:
+        return str(ipaddress.ip_address(host or "0.0.0.0"))
+    except ValueError:
+        pass
+    found: list[str] = []
+
+    def lookup() -> None:
+        try:
+            found.append(str(socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0]))
+        except (OSError, UnicodeError, IndexError):
+            pass
+
+    thread = threading.Thread(target=lookup, daemon=True)
+    thread.start()
+    thread.join(RESOLVE_TIMEOUT_S)
+    if not found:
+        raise HostUnresolvable(
+            f"--host {host!r} does not resolve to an address here (within {RESOLVE_TIMEOUT_S:g} s); "
+            "give an address such as 127.0.0.1, 0.0.0.0 or ::1, or a name this host resolves"
+        )
+    return found[0]
+
+
 def port_in_use(host: str, port: int) -> bool:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    """True when `port` cannot be bound on `host` (raises HostUnresolvable for a host that names nothing)."""
+    address = bind_address(host)
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind((host or "0.0.0.0", port))
+            sock.bind((address, port))
         except OSError:
             return True
     return False

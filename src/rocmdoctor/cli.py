@@ -143,18 +143,22 @@ class App:
         from .host import Host, RootError
 
         root = self.root
-        if root.is_file():
-            from .snapshot import SnapshotError, unpack
-
-            try:
-                root = unpack(root)
-            except SnapshotError as exc:
-                raise UserError(str(exc)) from None
         try:
+            if root.is_file():
+                from .snapshot import SnapshotError, unpack
+
+                try:
+                    root = unpack(root)
+                except SnapshotError as exc:
+                    raise UserError(str(exc)) from None
             return Host(root)
         except RootError as exc:
             raise UserError(
                 f"{exc}; point --root (or ROCMDOCTOR_ROOT) at a directory or a snapshot archive"
+            ) from None
+        except OSError as exc:  # a name too long, a component that is no directory, no permission
+            raise UserError(
+                f"--root {str(root)[:200]}: {exc.strerror or exc}; point it at a directory or a snapshot archive"
             ) from None
 
 

@@ -37,7 +37,7 @@ def devices_of(app: App, source: str | None, prefix: str) -> list:
 def compute_plan(app: App, opts: dict[str, Any], owned_ports: set[int] | None = None, port_free=None):
     """The layout's instances for this host (ports probed on --host unless `port_free` is given)."""
     from ..provision.layout import LayoutError, plan
-    from ..provision.serve import port_in_use
+    from ..provision.serve import HostUnresolvable, port_in_use
 
     devices = devices_of(app, opts["devices_from"], opts["prefix"])
     host = opts["host"]
@@ -54,7 +54,7 @@ def compute_plan(app: App, opts: dict[str, Any], owned_ports: set[int] | None = 
             gpu_memory_utilization=opts["gpu_memory_utilization"],
             family=opts["family"],
         )
-    except LayoutError as exc:
+    except (LayoutError, HostUnresolvable) as exc:
         raise UserError(str(exc)) from None
 
 

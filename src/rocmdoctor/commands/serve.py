@@ -284,6 +284,7 @@ def serve(app: App, timeout_s: float, cache_dir: Path | None, log_file: Path | N
         Stopped,
         default_cache_base,
         new_marker,
+        HostUnresolvable,
         port_in_use,
         server_env,
     )
@@ -296,7 +297,11 @@ def serve(app: App, timeout_s: float, cache_dir: Path | None, log_file: Path | N
             f"{executable} is missing or not executable: install a bundle first "
             f"(rocmdoctor install --prefix {opts['prefix']})"
         )
-    if port_in_use(args.host, args.port):
+    try:
+        taken = port_in_use(args.host, args.port)
+    except HostUnresolvable as exc:
+        raise UserError(str(exc)) from None
+    if taken:
         raise UserError(
             f"port {args.port} on {args.host} is already in use (an earlier server still running?); "
             "stop it or pass --port"
