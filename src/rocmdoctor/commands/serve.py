@@ -278,13 +278,13 @@ def serve(app: App, timeout_s: float, cache_dir: Path | None, log_file: Path | N
     Exit 0 after a clean stop; 1 when the server did not become ready, died, or left a process behind.
     """
     from ..provision.serve import (
+        HostUnresolvable,
         ProgressLine,
         Server,
         SignalsToStop,
         Stopped,
         default_cache_base,
         new_marker,
-        HostUnresolvable,
         port_in_use,
         server_env,
     )
