@@ -62,7 +62,7 @@ def test_hostile_member_is_refused(install_lab, tmp_path, case, extractor):
     assert install_lab.install("gfx1151").returncode == 0
     install_lab.pin("gfx1151", install_lab.bundle(EVIL, extra=extra))
     proc = install_lab.install("gfx1151", "--extractor", extractor)
-    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)  # bad input from the publisher (README: exit 2)
     assert message in proc.stderr and "Traceback" not in proc.stderr
     assert "previous bundle is still active" in proc.stderr
     assert list(outside.iterdir()) == []

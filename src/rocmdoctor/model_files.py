@@ -185,7 +185,11 @@ def cached_snapshot(
 def local_model(model: str, revision: str = "main", env: Mapping[str, str] = os.environ) -> ModelFiles | None:
     """The model from a local directory or the offline cache; None when only the Hub has it."""
     path = Path(model).expanduser()
-    if path.is_dir():
+    try:
+        is_dir = path.is_dir()
+    except OSError as exc:  # a name too long for the kernel, a component that denies us
+        raise ModelFilesError(f"--model {model[:200]!r}: {exc.strerror or exc}") from None
+    if is_dir:
         return read_local(path)
     if looks_like_hub_id(model):
         snapshot = cached_snapshot(model, revision, env)
