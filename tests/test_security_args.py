@@ -116,11 +116,11 @@ def test_the_shipped_flag_list_is_what_the_installed_vllm_parser_has():
     python = vllm_python()
     if not python.exists():
         pytest.skip(f"no vLLM venv at {python}: run tests/setup/30-vllm-env.sh")
-    generator = str(REPO / "tools" / "vllm_flags.py")
+    generator = str(REPO / "tests" / "harness" / "vllm_flags_gen.py")
     done = subprocess.run([str(python), generator], check=False, capture_output=True, text=True, timeout=200)
     assert done.returncode == 0, done.stderr[-2000:]
     shipped = (REPO / "src" / "rocmdoctor" / "vllm_flags.py").read_text()
-    assert done.stdout == shipped, "rerun tools/vllm_flags.py > src/rocmdoctor/vllm_flags.py"
+    assert done.stdout == shipped, "rerun tests/harness/vllm_flags_gen.py > src/rocmdoctor/vllm_flags.py"
     assert VLLM_VERSION in done.stdout and "--api-key" in FLAGS
 
 
