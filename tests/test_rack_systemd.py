@@ -35,7 +35,8 @@ def stub_server() -> str:
 
 
 def dropin() -> str:
-    return f"[Service]\nProtectHome=tmpfs\nBindReadOnlyPaths={Path(sys.base_prefix)}\nRestartSec=1\n"
+    # The stand-in server runs from this checkout (which may live under /tmp, private to the unit).
+    return f"[Service]\nProtectHome=tmpfs\nBindReadOnlyPaths={Path(sys.base_prefix)} {REPO}\nRestartSec=1\n"
 
 
 def write(machine: Machine) -> dict:
