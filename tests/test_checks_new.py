@@ -278,8 +278,8 @@ def _bundle(tmp_path: Path, compiler_script: str | None) -> Path:
     return tmp_path / "prefix"
 
 
-@pytest.mark.skipif(GCC is None, reason="needs gcc on this machine (tests/setup installs build-essential)")
 def test_working_compiler_links_a_shared_object(tmp_path):
+    assert GCC is not None, "tests/setup/10-system-packages.sh installs gcc"
     prefix = _bundle(tmp_path, f'exec {GCC} "$@"')
     started = time.perf_counter()
     result = run(Path("/"), "toolchain.jit", prefix=str(prefix))
@@ -288,8 +288,8 @@ def test_working_compiler_links_a_shared_object(tmp_path):
     assert result.details["bundle_compiler"] is True and elapsed < 1.0
 
 
-@pytest.mark.skipif(GCC is None, reason="needs gcc on this machine")
 def test_compiler_without_libc_headers_fails_naming_them(tmp_path):
+    assert GCC is not None, "tests/setup/10-system-packages.sh installs gcc"
     prefix = _bundle(tmp_path, f'exec {GCC} -nostdinc "$@"')  # a real gcc that finds no stdlib.h
     result = run(Path("/"), "toolchain.jit", prefix=str(prefix))
     assert result.status is Status.FAIL and "libc headers missing" in result.summary, result.summary

@@ -20,7 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from harness.engine import BUILDER, EngineStartError, make_tiny_model, start_engine, vllm_python
+from harness.engine import (
+    BUILDER,
+    EngineStartError,
+    make_tiny_model,
+    require_vllm_python,
+    start_engine,
+    vllm_python,
+)
 from rocmdoctor.model_plan import EngineSettings, Memory, plan_model
 from rocmdoctor.provision.server_memory import diagnose_url
 
@@ -81,8 +88,7 @@ ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
 def test_plan_matches_vllm_on_five_architectures(tmp_path: Path):
-    if not vllm_python().exists():
-        pytest.skip(f"no vLLM engine venv at {vllm_python()}")
+    require_vllm_python()
     rows = []
     for arch in ARCHS:
         model = build(arch, tmp_path / arch)
@@ -165,8 +171,7 @@ def _complete(base_url: str, errors: list[str]) -> None:
 
 def test_metrics_diagnosis_of_an_engine_driven_into_preemption(tmp_path: Path):
     """A KV cache of 16 blocks (4 sequences of 512 tokens) and 24 concurrent 400-token requests."""
-    if not vllm_python().exists():
-        pytest.skip(f"no vLLM engine venv at {vllm_python()}")
+    require_vllm_python()
     model = make_tiny_model(tmp_path / "tiny")
     # 16 blocks of 128 tokens: 4 sequences of 512 tokens
     args = ["--num-gpu-blocks-override", "16", "--max-num-seqs", "32"]

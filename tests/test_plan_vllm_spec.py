@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.engine import vllm_python
+from harness.engine import require_vllm_python, vllm_python
 from rocmdoctor.model_plan import GIB, EngineSettings, Memory, plan_model
 
 pytestmark = pytest.mark.engine  # needs the vLLM venv; ~1 min of vLLM imports, no engine start
@@ -39,8 +39,7 @@ RESULTS = Path(os.environ.get("ROCMDOCTOR_PLAN_SPEC_RESULTS", "/tmp/rocmdoctor-p
 
 
 def test_plan_equals_vllms_own_arithmetic_on_real_configs(tmp_path: Path):
-    if not vllm_python().exists():
-        pytest.skip(f"no vLLM engine venv at {vllm_python()}")
+    require_vllm_python()
     cases = []
     for name, length, kv_bytes, kv_dtype in CASES:
         model_dir = tmp_path / name

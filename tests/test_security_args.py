@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.engine import vllm_python
+from harness.engine import require_vllm_python
 from rocmdoctor.provision.server_args import ArgumentError, Choices, GpuPool, flag_meanings, resolve
 from rocmdoctor.vllm_flags import FLAGS, VLLM_VERSION
 
@@ -113,9 +113,7 @@ def test_flag_meanings_follow_argparse_abbreviation():
 
 @pytest.mark.timeout(240)
 def test_the_shipped_flag_list_is_what_the_installed_vllm_parser_has():
-    python = vllm_python()
-    if not python.exists():
-        pytest.skip(f"no vLLM venv at {python}: run tests/setup/30-vllm-env.sh")
+    python = require_vllm_python()
     generator = str(REPO / "tests" / "harness" / "vllm_flags_gen.py")
     done = subprocess.run([str(python), generator], check=False, capture_output=True, text=True, timeout=200)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -126,9 +124,7 @@ def test_the_shipped_flag_list_is_what_the_installed_vllm_parser_has():
 
 def test_vllm_parser_really_takes_the_abbreviations_we_refuse():
     """The premise, checked against vLLM's own parser: --api-ke and --por are accepted abbreviations."""
-    python = vllm_python()
-    if not python.exists():
-        pytest.skip(f"no vLLM venv at {python}: run tests/setup/30-vllm-env.sh")
+    python = require_vllm_python()
     code = (
         "import warnings; warnings.simplefilter('ignore')\n"
         "from vllm.entrypoints.launchers.cli_args import make_arg_parser\n"

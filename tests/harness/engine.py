@@ -38,6 +38,15 @@ def vllm_python() -> Path:
     return test_cache() / "vllm-venv" / "bin" / "python"
 
 
+def require_vllm_python() -> Path:
+    """vllm_python(), which tests/run always builds: its absence fails the test, never skips it."""
+    python = vllm_python()
+    assert python.exists(), (
+        f"no vLLM engine venv at {python}: run tests/setup/30-vllm-env.sh (tests/run does)"
+    )
+    return python
+
+
 def make_tiny_model(dest: Path, head_dim: int = 64) -> Path:
     """Copy a tiny LlamaForCausalLM directory (built once per parameters, cached) into `dest`.
 

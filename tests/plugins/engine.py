@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.engine import make_tiny_model, start_engine, vllm_python
+from harness.engine import make_tiny_model, require_vllm_python, start_engine
 
 ENGINE_API_KEY = "rocmdoctor-test-key"
 
@@ -22,8 +22,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def vllm_engine(tmp_path_factory: pytest.TempPathFactory):
-    if not vllm_python().exists():
-        pytest.skip(f"no vLLM engine venv at {vllm_python()}: run tests/setup/30-vllm-env.sh")
+    require_vllm_python()
     model = make_tiny_model(tmp_path_factory.mktemp("tiny-model"))
     log = tmp_path_factory.mktemp("vllm-engine") / "vllm.log"
     with start_engine(model, api_key=ENGINE_API_KEY, log_path=log) as engine:

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Debian packages the real-component tests use (sshd, network namespaces, systemd tools, nspawn).
 set -euo pipefail
+# gcc, binutils and libc6-dev: toolchain.jit links a real shared object; python3: Debian's 3.11.2 runs the
+# archive corpus as users run it.
 needed=(openssh-server openssh-client netcat-openbsd iproute2 systemd systemd-container debootstrap pigz curl
-        util-linux procps git)
+        util-linux procps git gcc binutils libc6-dev python3)
 missing=()
 for pkg in "${needed[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
