@@ -29,6 +29,7 @@ import math
 import os
 import posixpath
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -432,3 +433,18 @@ def key_file(min_length: int = 1) -> Any:
         return value
 
     return callback
+
+
+def prefix_option(help: str, **prefix_type: Any) -> Callable[[Any], Any]:
+    """`--prefix` as every command takes it: ROCMDOCTOR_PREFIX, the one default, validated, never empty."""
+    from .registry import DEFAULT_PREFIX
+
+    return click.option(
+        "--prefix",
+        default=DEFAULT_PREFIX,
+        envvar="ROCMDOCTOR_PREFIX",
+        show_default=True,
+        type=Prefix(**prefix_type),
+        callback=refuse_empty_env,
+        help=f"{help} [env: ROCMDOCTOR_PREFIX]",
+    )

@@ -17,7 +17,6 @@ import click
 
 from .. import params
 from ..model import SCHEMA_VERSION, envelope
-from ..registry import DEFAULT_PREFIX
 from .common import App, UserError, emit_json, pass_app
 
 # Checks that make an install pointless: without them the bundle cannot run on this host.
@@ -32,16 +31,9 @@ class Failed(click.ClickException):
         click.echo(f"rocmdoctor: {self.format_message()}", err=True)
 
 
-def _prefix_option(fn: Callable) -> Callable:
-    return click.option(
-        "--prefix",
-        type=params.Prefix(path_type=Path),
-        callback=params.refuse_empty_env,
-        default=DEFAULT_PREFIX,
-        envvar="ROCMDOCTOR_PREFIX",
-        show_default=True,
-        help="Where bundles live (bundles/<tag>, current, previous). [env: ROCMDOCTOR_PREFIX]",
-    )(fn)
+_prefix_option = params.prefix_option(
+    "Where bundles live (bundles/<tag>, current, previous).", path_type=Path
+)
 
 
 def _pin_options(fn: Callable) -> Callable:

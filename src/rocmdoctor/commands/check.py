@@ -7,7 +7,6 @@ import sys
 import click
 
 from .. import params
-from ..registry import DEFAULT_PREFIX
 from .common import App, UserError, emit_json, pass_app
 
 
@@ -45,15 +44,7 @@ def check_context(
 @click.option(
     "--port", default=8000, show_default=True, type=params.Port(), help="The port vLLM will serve on."
 )
-@click.option(
-    "--prefix",
-    default=DEFAULT_PREFIX,
-    envvar="ROCMDOCTOR_PREFIX",
-    show_default=True,
-    type=params.Prefix(),
-    callback=params.refuse_empty_env,
-    help="Where bundles are installed. [env: ROCMDOCTOR_PREFIX]",
-)
+@params.prefix_option("Where bundles are installed.")
 @click.option(
     "--model",
     default=None,

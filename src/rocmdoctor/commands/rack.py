@@ -11,7 +11,6 @@ import click
 
 from .. import params
 from ..model import envelope
-from ..registry import DEFAULT_PREFIX
 from .common import App, UserError, emit_json, pass_app
 
 LAYOUT_CHOICES = ("one", "per-gpu", "per-partition")
@@ -184,15 +183,7 @@ def show_plan(plan, stream=sys.stderr) -> None:
     help="File holding the API key clients must send (every server uses it).",
 )
 @click.option("--vllm-args", default="", metavar="TEXT", help="More vLLM arguments as one string.")
-@click.option(
-    "--prefix",
-    default=DEFAULT_PREFIX,
-    envvar="ROCMDOCTOR_PREFIX",
-    show_default=True,
-    type=params.Prefix(),
-    callback=params.refuse_empty_env,
-    help="Where `rocmdoctor install` put the bundles. [env: ROCMDOCTOR_PREFIX]",
-)
+@params.prefix_option("Where `rocmdoctor install` put the bundles.")
 @click.option(
     "--user",
     default="vllm",

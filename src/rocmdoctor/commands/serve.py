@@ -13,7 +13,6 @@ from typing import Any
 import click
 
 from .. import params
-from ..registry import DEFAULT_PREFIX
 from .common import App, UserError, emit_json, pass_app
 
 
@@ -80,15 +79,7 @@ def server_options(fn: Callable) -> Callable:
             metavar="TEXT",
             help="More vLLM arguments as one string, split like a shell would (never run by one).",
         ),
-        click.option(
-            "--prefix",
-            default=DEFAULT_PREFIX,
-            envvar="ROCMDOCTOR_PREFIX",
-            show_default=True,
-            type=params.Prefix(),
-            callback=params.refuse_empty_env,
-            help="Where `rocmdoctor install` put the bundles. [env: ROCMDOCTOR_PREFIX]",
-        ),
+        params.prefix_option("Where `rocmdoctor install` put the bundles."),
         click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout."),
     ]
     return functools.reduce(lambda f, option: option(f), reversed(options), fn)

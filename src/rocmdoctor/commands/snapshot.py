@@ -7,7 +7,6 @@ from pathlib import Path
 import click
 
 from .. import params
-from ..registry import DEFAULT_PREFIX
 from .check import check_context
 from .common import App, UserError, pass_app
 
@@ -20,15 +19,7 @@ from .common import App, UserError, pass_app
     type=params.UserName(),
     help="Also keep this user's account lines (as for check --user).",
 )
-@click.option(
-    "--prefix",
-    default=DEFAULT_PREFIX,
-    envvar="ROCMDOCTOR_PREFIX",
-    show_default=True,
-    type=params.Prefix(),
-    callback=params.refuse_empty_env,
-    help="Install prefix whose free space is kept. [env: ROCMDOCTOR_PREFIX]",
-)
+@params.prefix_option("Install prefix whose free space is kept.")
 @pass_app
 def snapshot(app: App, out: Path, user: str | None, prefix: str) -> None:
     """Write the files the checks read to OUT (.tar.gz); `rocmdoctor --root OUT check` replays it."""
