@@ -351,7 +351,9 @@ class HostWriter:
         return read_file(self.root, host_path, limit)
 
     def current_mode(self, host_path: str) -> int | None:
-        return mode_of(self.root, host_path, -1) if self.read_current(host_path) is not None else None
+        """The permission bits of the file there; None when nothing can be stat'ed."""
+        mode = mode_of(self.root, host_path, -1)
+        return None if mode == -1 else mode
 
     def write_file(self, host_path: str, content: bytes, mode: int = 0o644) -> None:
         write_file(self.root, host_path, content, mode)
