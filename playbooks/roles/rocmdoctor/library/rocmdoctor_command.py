@@ -10,6 +10,9 @@ Ansible's contract, so `ansible-playbook site.yml --check --diff` shows what eac
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -35,6 +38,17 @@ options:
     type: list
     elements: str
     default: []
+  stage:
+    description:
+      - Small files (name to text) written into a private temporary directory on the host for this one
+        run and passed as C(stage_option DIR) before C(args); removed afterwards, whatever happened.
+      - For a dry run against what would be delivered (e.g. the bundle pins, C(--bundles-dir)) before
+        it is on the host.
+    type: dict
+    default: {}
+  stage_option:
+    description: The option that names the staged directory (required with C(stage)).
+    type: str
 attributes:
   check_mode:
     support: full
@@ -58,15 +72,49 @@ result:
 """
 
 
+def _state_text(state: object) -> str:
+    """One `key: value` line per field, so Ansible's diff shows which field changed."""
+    if isinstance(state, dict):
+        return "".join(f"{key}: {json.dumps(value)}\n" for key, value in sorted(state.items()))
+    return json.dumps(state) + "\n"
+
+
 def diffs(doc: dict) -> list[dict]:
-    """Ansible's diff entries (`prepared` text is shown as it is under --diff)."""
+    """Ansible's diff entries (`prepared` text is shown as it is under --diff; a `{before, after}`
+    state, as `install` and `rollback` report, is diffed by Ansible itself)."""
     entries = []
-    if isinstance(doc.get("diff"), str) and doc["diff"]:
-        entries.append({"prepared": doc["diff"]})
+    diff = doc.get("diff")
+    if isinstance(diff, str) and diff:
+        entries.append({"prepared": diff})
+    elif isinstance(diff, dict) and "before" in diff and "after" in diff and doc.get("changed"):
+        entries.append(
+            {
+                "before_header": "before",
+                "after_header": "after",
+                "before": _state_text(diff["before"]),
+                "after": _state_text(diff["after"]),
+            }
+        )
     for item in doc.get("files") or []:
         if isinstance(item, dict) and item.get("changed") and item.get("diff"):
             entries.append({"prepared": str(item["diff"])})
     return entries
+
+
+def stage_files(module: AnsibleModule, files: dict) -> str:
+    """A private directory (mode 0700) holding `files`; names are plain file names, nothing else."""
+    folder = tempfile.mkdtemp(prefix="rocmdoctor-stage-")
+    try:
+        for name, text in files.items():
+            if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\0" in name:
+                raise ValueError(f"stage: {name!r} is not a plain file name")
+            with open(os.path.join(folder, name), "x", encoding="utf-8") as handle:
+                # A JSON file's text may reach us parsed (templating can turn it into a dict).
+                handle.write(text if isinstance(text, str) else json.dumps(text, indent=2) + "\n")
+    except (OSError, ValueError) as exc:
+        shutil.rmtree(folder, ignore_errors=True)
+        module.fail_json(msg=f"could not stage the files for the run: {exc}")
+    return folder
 
 
 def main() -> None:
@@ -75,18 +123,28 @@ def main() -> None:
             "cli": {"type": "list", "elements": "str", "required": True},
             "command": {"type": "list", "elements": "str", "required": True},
             "args": {"type": "list", "elements": "str", "default": []},
+            "stage": {"type": "dict", "default": {}},
+            "stage_option": {"type": "str"},
         },
         supports_check_mode=True,
     )
     params = module.params
-    argv = [
-        *params["cli"],
-        *params["command"],
-        "--json",
-        *(["--check"] if module.check_mode else []),
-        *params["args"],
-    ]
-    rc, out, err = module.run_command(argv)
+    if params["stage"] and not params["stage_option"]:
+        module.fail_json(msg="stage needs stage_option (the option that names the staged directory)")
+    staged = stage_files(module, params["stage"]) if params["stage"] else None
+    try:
+        argv = [
+            *params["cli"],
+            *params["command"],
+            "--json",
+            *(["--check"] if module.check_mode else []),
+            *([params["stage_option"], staged] if staged else []),
+            *params["args"],
+        ]
+        rc, out, err = module.run_command(argv)
+    finally:
+        if staged:
+            shutil.rmtree(staged, ignore_errors=True)
     try:
         doc = json.loads(out) if out.strip() else {}
     except ValueError:
