@@ -10,12 +10,14 @@
 Then a second run changes nothing, `--check --diff` changes nothing, and the upstream's access log
 shows every bundle part read once for the whole fleet. `--check --diff` with other server settings
 reports the unit it would rewrite, with the diff, and writes nothing; on a host never converged
-(fresh) it reports what it would do and leaves the host untouched.
+(fresh) it reports what it would do and leaves the host untouched; once that host has the tool but no
+bundle, it reports the bundle install it would do (`current` before and after) and installs nothing.
 """
 
 from __future__ import annotations
 
 import pytest
+from plugins.fleet import FLEET_BUNDLES
 
 from harness.fleet import SshFleet, host_root, run_playbook
 from harness.served_bundle import ENGINE_ARGS, ENGINE_ENV
@@ -84,8 +86,13 @@ def runs(fleet, fleet_upstream, tiny_model):
         '"512", "--max-num-seqs", "3"]}',
     )
     fresh = run_playbook(fleet, inventory, "--check", "--diff", "--limit", "fresh")
+    fresh_host = next(h for h in fleet.hosts if h.name == "fresh")
+    fresh_untouched = not (fresh_host.opt / "rocmdoctor").exists()
+    # The tool on it (a real preflight run), no bundle yet: the dry run reaches the install.
+    tooled = run_playbook(fleet, inventory, "--tags", "preflight", "--limit", "fresh")
+    fresh_tooled = run_playbook(fleet, inventory, "--check", "--diff", "--limit", "fresh")
     after = {p: p.stat().st_mtime_ns for p in before}
-    for run in (first, second, check, other, fresh):
+    for run in (first, second, check, other, fresh, tooled, fresh_tooled):
         print(f"run: rc={run.rc} {run.seconds:.1f} s {run.recap()}")
     return {
         "first": first,
@@ -93,6 +100,9 @@ def runs(fleet, fleet_upstream, tiny_model):
         "check": check,
         "other": other,
         "fresh": fresh,
+        "fresh_untouched": fresh_untouched,
+        "tooled": tooled,
+        "fresh_tooled": fresh_tooled,
         "untouched": before == after and unit.read_text() == unit_text,
     }
 
@@ -171,5 +181,19 @@ def test_check_mode_on_a_fresh_host_reports_changes_and_touches_nothing(fleet, r
     fresh = runs["fresh"]
     recap = fresh.recap()
     assert recap["fresh"]["failed"] == 0 and recap["fresh"]["changed"] >= 1, fresh.stdout[-6000:]
+    assert runs["fresh_untouched"]
+
+
+def test_check_mode_reports_the_bundle_install_it_would_do_and_installs_nothing(fleet, runs):
+    assert runs["tooled"].rc == 0, runs["tooled"].stdout[-4000:]
+    dry = runs["fresh_tooled"]
+    recap = dry.recap()
+    assert recap["fresh"]["failed"] == 0 and recap["fresh"]["changed"] >= 1, dry.stdout[-6000:]
+    # `install --check` through rocmdoctor_command: `current` before and after, as Ansible's diff
+    lines = dry.stdout.splitlines()
+    assert "-current: null" in lines, dry.stdout[-6000:]
+    assert f'+current: "{FLEET_BUNDLES["gfx1151"]}"' in lines
     host = next(h for h in fleet.hosts if h.name == "fresh")
-    assert not (host.opt / "rocmdoctor").exists()
+    assert (host.opt / "rocmdoctor/venv/bin/rocmdoctor").exists()  # the real preflight run's
+    for never in ("current", "bundles", "mirror", "pins"):
+        assert not (host.opt / "rocmdoctor" / never).exists(), never
