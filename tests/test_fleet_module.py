@@ -1,0 +1,92 @@
+"""The role's module `rocmdoctor_command` run by the real Ansible (ad hoc, local connection) around a
+real program that speaks rocmdoctor's JSON envelope: --check in check mode, a `{before, after}` diff
+shown as Ansible's diff, staged files passed for one run and removed afterwards, bad names refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from harness.fleet import ANSIBLE_PLAYBOOK, PLAYBOOKS
+
+ANSIBLE = ANSIBLE_PLAYBOOK.parent / "ansible"
+LIBRARY = PLAYBOOKS / "roles/rocmdoctor/library"
+# Stands in for `rocmdoctor install`: reports what it was given (argv, the staged directory's files).
+COMMAND = """
+import json, os, sys
+argv = sys.argv[1:]
+staged = argv[argv.index("--bundles-dir") + 1] if "--bundles-dir" in argv else None
+files = {n: open(os.path.join(staged, n)).read() for n in sorted(os.listdir(staged))} if staged else {}
+print(json.dumps({"schema_version": 1, "changed": True, "msg": "would install t2",
+                  "diff": {"before": {"current": None}, "after": {"current": "t2"}},
+                  "argv": argv, "staged": staged, "files": [], "seen": files}))
+"""
+
+
+def run_module(tmp_path: Path, args: dict, *flags: str) -> tuple[int, str]:
+    done = subprocess.run(
+        [str(ANSIBLE), "localhost", "-c", "local", "-M", str(LIBRARY), "-m", "rocmdoctor_command"]
+        + ["-a", json.dumps(args), *flags],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={
+            **os.environ,
+            "ANSIBLE_LOCAL_TEMP": str(tmp_path / "ansible-tmp"),
+            "ANSIBLE_NOCOLOR": "1",
+            "ANSIBLE_PYTHON_INTERPRETER": sys.executable,
+            "ANSIBLE_INVENTORY_UNPARSED_WARNING": "0",
+            "ANSIBLE_LOCALHOST_WARNING": "0",
+        },
+    )
+    return done.returncode, done.stdout + done.stderr
+
+
+def result_of(output: str) -> dict:
+    return json.loads(output[output.index("=> {") + 3 :])
+
+
+def test_check_mode_stages_the_files_shows_the_diff_and_removes_them(tmp_path: Path):
+    args = {
+        "cli": [sys.executable, "-c", COMMAND],
+        "command": ["install"],
+        "args": ["--family", "gfx1151"],
+        "stage": {"lock.json": '{"families": {}}\n', "manifest.toml": 'repo = "o/r"\n'},
+        "stage_option": "--bundles-dir",
+    }
+    rc, out = run_module(tmp_path, args, "--check", "--diff")
+    assert rc == 0, out
+    # Ansible's own diff of the `{before, after}` state
+    assert "-current: null" in out.splitlines() and '+current: "t2"' in out.splitlines(), out
+    doc = result_of(out)["result"]
+    assert doc["argv"][:4] == ["install", "--json", "--check", "--bundles-dir"]
+    assert doc["argv"][-2:] == ["--family", "gfx1151"]
+    assert doc["seen"] == args["stage"]  # byte for byte, trailing newlines kept
+    assert not Path(doc["staged"]).exists()  # removed after the run
+
+    rc, out = run_module(tmp_path, {**args, "stage": {}})
+    assert rc == 0, out
+    doc = result_of(out)["result"]
+    assert doc["argv"] == ["install", "--json", "--family", "gfx1151"] and doc["staged"] is None
+
+
+def test_a_staged_name_that_is_not_a_plain_file_name_is_refused(tmp_path: Path):
+    for name in ("../escape", "a/b", ".."):
+        rc, out = run_module(
+            tmp_path,
+            {
+                "cli": [sys.executable, "-c", COMMAND],
+                "command": ["install"],
+                "stage": {name: "x"},
+                "stage_option": "--bundles-dir",
+            },
+        )
+        assert rc != 0 and "is not a plain file name" in out, out
+    assert not (tmp_path / "escape").exists()
+    rc, out = run_module(
+        tmp_path, {"cli": [sys.executable, "-c", COMMAND], "command": ["install"], "stage": {"a": "b"}}
+    )
+    assert rc != 0 and "stage needs stage_option" in out, out
