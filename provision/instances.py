@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 
 from ..bundle_env import BUNDLE_SETTINGS
+from ..host_files import shipped_text
 from ..host_writes import HostWriter, WriteRefused
 from ..params import service_user_problem
 from .layout import Instance, Plan
@@ -114,7 +114,7 @@ def render_template(
         "exec_start_post": exec_post,
         "timeout_start_s": str(timeout_s + 60),
     }
-    template = resources.files(__package__).joinpath("templates/vllm.service").read_text()
+    template = shipped_text("rocmdoctor.provision", "templates/vllm.service")
     text = PLACEHOLDER.sub(lambda m: values[m.group(1)], template)
     edits = [
         # Stopping or restarting the target reaches every instance.

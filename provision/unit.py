@@ -11,10 +11,10 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 
 from ..bundle_env import BUNDLE_SETTINGS
+from ..host_files import is_dir, shipped_text
 from ..host_writes import HostWriter, WriteRefused
 from ..params import MAX_DURATION_S, prefix_problem, service_user_problem
 from ..registry import DEFAULT_PREFIX
@@ -167,7 +167,7 @@ def render_unit(
         # The readiness wait gives up first, so its message (not systemd's timeout) is in the journal.
         "timeout_start_s": str(timeout_s + 60),
     }
-    template = resources.files(__package__).joinpath("templates/vllm.service").read_text()
+    template = shipped_text("rocmdoctor.provision", "templates/vllm.service")
     return PLACEHOLDER.sub(lambda m: values[m.group(1)], template)
 
 
@@ -180,7 +180,7 @@ def render_env(api_key: str | None) -> str:
 
 def wait_ready_script() -> str:
     # The module itself, standard library only: the bundle's python runs it as ExecStartPost.
-    return resources.files(__package__).joinpath("wait_ready.py").read_text()
+    return shipped_text("rocmdoctor.provision", "wait_ready.py")
 
 
 def file_specs(
@@ -258,7 +258,7 @@ def _run(root: Path, argv: list[str]) -> None:
 
 def systemd_running(root: Path) -> bool:
     """systemd is PID 1 here (sd_booted's test); never true for another root."""
-    return root == Path("/") and Path("/run/systemd/system").is_dir()
+    return root == Path("/") and is_dir(Path("/run/systemd/system"))
 
 
 def write(root: Path, specs: list[FileSpec], user: str, check: bool = False) -> WriteReport:

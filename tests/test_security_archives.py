@@ -21,8 +21,8 @@ import pytest
 
 from harness.bundles import BuiltBundle
 from harness.hostile_tar import archive, corpus, gzip_bytes, inspect_tree
-from rocmdoctor.provision.extract import ArchiveError, NoSpaceLeft, UnsafeArchive, extract_stream
-from rocmdoctor.provision.tarpipe import Counting, Gunzip, HeaderVetter, decompressor, relay_extract
+from rocmdoctor.tar_extract import ArchiveError, NoSpaceLeft, UnsafeArchive, extract_stream
+from rocmdoctor.tar_pipe import Counting, Gunzip, HeaderVetter, decompressor, relay_extract
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CASES = {case.name: case for case in corpus("/outside", "../outside")}
