@@ -24,7 +24,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
 
 import requests
 import urllib3
@@ -76,7 +75,7 @@ class _Retryable(Exception):
     pass
 
 
-def open_owned(path: Path, how: str = files.READ, name: str = "") -> BinaryIO:
+def open_owned(path: Path, how: str = files.READ, name: str = "") -> io.FileIO:
     """A file in a download directory (see host_files.open_owned); a planted one is a DownloadError."""
     try:
         return files.open_owned(path, how)
@@ -429,7 +428,7 @@ class PartStream(io.RawIOBase):
         self.poll_s = poll_s
         self._index = 0
         self._pos = 0
-        self._fh: BinaryIO | None = None
+        self._fh: io.FileIO | None = None
         self._generation = 0
         self._cancelled = False
 

@@ -16,12 +16,12 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import io
 import os
 import shutil
 import stat
 from importlib import resources
 from pathlib import Path
-from typing import BinaryIO
 
 from .atomic import fsync_dir
 
@@ -94,7 +94,7 @@ def size(path: Path, follow_links: bool = True) -> int:
         return 0
 
 
-def open_size(stream: BinaryIO) -> int:
+def open_size(stream: io.FileIO) -> int:
     """The size of an open file."""
     return os.fstat(stream.fileno()).st_size
 
@@ -269,7 +269,7 @@ _FLAGS = {
 }
 
 
-def open_owned(path: Path, how: str = READ) -> BinaryIO:
+def open_owned(path: Path, how: str = READ) -> io.FileIO:
     """A file in a download directory, unbuffered: never through a link, only a regular file of ours.
     `how`: READ, CREATE (exclusively, mode 0600) or APPEND. Raises ForeignFile saying why not."""
     flags, mode = _FLAGS[how]
@@ -288,9 +288,9 @@ def open_owned(path: Path, how: str = READ) -> BinaryIO:
         what = "not a regular file" if not stat.S_ISREG(st.st_mode) else f"owned by uid {st.st_uid}"
         raise ForeignFile(f"{path} is {what}; it was not made by rocmdoctor: remove it and rerun")
     os.set_blocking(fd, True)
-    return open(fd, mode, buffering=0)
+    return io.FileIO(fd, mode)  # unbuffered; the caller closes it
 
 
-def open_plain(path: Path) -> BinaryIO:
+def open_plain(path: Path) -> io.FileIO:
     """A file the user handed over (a mirror's part: links allowed), for reading, unbuffered."""
-    return open(os.open(path, os.O_RDONLY | os.O_CLOEXEC), "rb", buffering=0)
+    return io.FileIO(os.open(path, os.O_RDONLY | os.O_CLOEXEC), "rb")
