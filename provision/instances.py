@@ -36,6 +36,7 @@ from .unit import (
     FileSpec,
     ServiceLayout,
     UnitError,
+    WriteReport,
     _environment_line,
     apply_file,
     command_line,
@@ -230,24 +231,11 @@ class Change:
 
 
 @dataclass
-class Report:
-    files: list[Change] = field(default_factory=list)
-    accounts: list[str] = field(default_factory=list)
-    daemon_reload: str = "not needed"
+class Report(WriteReport[Change]):
     restart: list[str] = field(default_factory=list)  # running instances whose settings changed
 
-    @property
-    def changed(self) -> bool:
-        return bool(self.accounts) or any(f.changed for f in self.files)
-
     def to_json(self) -> dict:
-        return {
-            "changed": self.changed,
-            "files": [f.to_json() for f in self.files],
-            "accounts_created": self.accounts,
-            "daemon_reload": self.daemon_reload,
-            "restart_needed": self.restart,
-        }
+        return {**super().to_json(), "restart_needed": self.restart}
 
 
 def _apply(writer: HostWriter, spec: FileSpec, check: bool) -> Change:

@@ -12,6 +12,7 @@ import difflib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Generic, Protocol, TypeVar
 
 from ..bundle_env import BUNDLE_SETTINGS
 from ..host_files import is_dir, shipped_text
@@ -90,9 +91,24 @@ class FileChange:
         return {"path": self.path, "changed": self.changed, "diff": self.diff}
 
 
+class FileResult(Protocol):
+    path: str
+
+    @property
+    def changed(self) -> bool: ...
+
+    def to_json(self) -> dict: ...
+
+
+F = TypeVar("F", bound=FileResult)
+
+
 @dataclass
-class WriteReport:
-    files: list[FileChange] = field(default_factory=list)
+class WriteReport(Generic[F]):
+    """What a write did to the host: its files (one result type per command), the accounts it
+    created, whether systemd was reloaded. `instances` extends it."""
+
+    files: list[F] = field(default_factory=list)
     accounts: list[str] = field(default_factory=list)  # what was created
     daemon_reload: str = "not needed"
 
@@ -261,9 +277,9 @@ def systemd_running(root: Path) -> bool:
     return root == Path("/") and is_dir(Path("/run/systemd/system"))
 
 
-def write(root: Path, specs: list[FileSpec], user: str, check: bool = False) -> WriteReport:
+def write(root: Path, specs: list[FileSpec], user: str, check: bool = False) -> WriteReport[FileChange]:
     """Make the host match `specs`; with `check`, only report what would change (Ansible's --check)."""
-    report = WriteReport()
+    report: WriteReport[FileChange] = WriteReport()
     try:
         report.accounts = ensure_accounts(root, user, check)
         report.files = [apply_file(root, spec, check) for spec in specs]

@@ -14,6 +14,7 @@ import zlib
 from collections.abc import Callable
 from pathlib import Path
 
+from rocmdoctor.host_files import tree_bytes
 from rocmdoctor.safe_tar import (
     BUFFER,
     ArchiveError,
@@ -73,12 +74,7 @@ def extract_stream(
         # rule.total: the member sizes vetted so far; scaled by the compressed bytes still to come
         total = _compressed_total(stream)
         needed = rule.total * total // counting.count if total and counting.count else rule.total
-        raise no_space(dest, _tree_bytes(dest), needed) from None
-
-
-def _tree_bytes(dest: Path) -> int:
-    """What the extraction wrote before the disk filled (allocated blocks, as the disk counts them)."""
-    return sum(p.lstat().st_blocks * 512 for p in dest.rglob("*") if not p.is_symlink())
+        raise no_space(dest, tree_bytes(dest), needed) from None
 
 
 def _python_with_gunzip(gunzip: Gunzip, dest: Path, rule: MemberRule) -> None:
