@@ -50,6 +50,7 @@ def _entry(
     layout: str, tp: int, family: str, suffix: str, groups: list[list[Device]] | LayoutError
 ) -> dict[str, Any]:
     refused = isinstance(groups, LayoutError)
+    instances = [] if isinstance(groups, LayoutError) else [_share(str(i), g) for i, g in enumerate(groups)]
     return {
         "name": layout if tp == 1 else f"{layout} tp={tp}",
         "layout": layout,
@@ -58,9 +59,9 @@ def _entry(
         "options": layout_options(layout, tp) + suffix,
         "works": not refused,
         "reason": str(groups) if refused else None,
-        "instance_count": 0 if refused else len(groups),
+        "instance_count": len(instances),
         "devices_per_instance": tp,
-        "instances": [] if refused else [_share(str(i), g) for i, g in enumerate(groups)],
+        "instances": instances,
     }
 
 
