@@ -5,6 +5,7 @@ from vLLM's startup inequality, never from rocmdoctor's own facts."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -12,9 +13,15 @@ from typing import Any
 
 import jsonschema
 import pytest
+from rich.console import Console
 
 from harness.hosts import check_json, fixture_root, run_cli
 from harness.spx_host import NODES, bank, compose_spx, gpu_nodes
+from rocmdoctor.commands.host_devices import host_devices
+from rocmdoctor.host import Host
+from rocmdoctor.provision.capacity import capacity
+from rocmdoctor.registry import Context, Options
+from rocmdoctor.render_capacity import render_capacity
 from rocmdoctor.report import load_schema
 
 GIB = 1 << 30
@@ -275,3 +282,33 @@ def test_text_report_names_the_unused_igpu():
     lines = capacity_lines(fixture_root("rx7900xtx-beside-igpu"))
     assert any(line.strip().startswith("not used: node") and "gfx1033" in line for line in lines)
     assert any("memory unknown" in line for line in lines)
+
+
+# -- two GPU families ------------------------------------------------------------------------
+
+
+def test_two_families_are_laid_out_apart_and_the_options_name_the_family():
+    """A workstation with an RX 7900 XTX and an R9700 (captured separately; no capture has both):
+    one bundle serves one family, so each family's layouts are listed with its --family."""
+
+    def only_device(fixture_id: str):
+        (device,) = host_devices(Context(Host(fixture_root(fixture_id)), Options()))
+        return device
+
+    navi31, navi48 = only_device("rx7900xtx-no-render"), only_device("r9700")
+    cap = capacity([dataclasses.replace(navi48, kfd_node=2), navi31])
+    assert cap["devices"] == 2 and cap["families"] == [navi31.family, navi48.family]
+    working = [(e["family"], e["name"], e["options"]) for e in cap["layouts"] if e["works"]]
+    assert working == [
+        (family, name, f"--instances {name} --family {family}")
+        for family in (navi31.family, navi48.family)
+        for name in ("one", "per-gpu")
+    ]
+    by_family = {
+        e["family"]: e["instances"][0]["kfd_nodes"] for e in cap["layouts"] if e["name"] == "per-gpu"
+    }
+    assert by_family == {navi31.family: [1], navi48.family: [2]}
+    console = Console(record=True, width=300, color_system=None)
+    render_capacity(cap, console)
+    text = console.export_text()
+    assert f"per-gpu [{navi48.family}]" in text and f"per-gpu [{navi31.family}]" in text
