@@ -3,7 +3,8 @@
 Two proofs. Static: every `provision/*.py` is parsed and any direct file or process call (builtin
 `open`, the `os` file and process functions, `subprocess`, `shutil`, `tempfile`, `fcntl`, `signal`,
 `pathlib` I/O methods) fails with file:line and the seam call to use instead. Dynamic: install (from a
-local mirror), a second install, rollback, prune --check, `unit --write` and `instances --write` run in
+local mirror), a second install, rollback, `bundle fetch` into a new mirror, prune, `unit --write` and
+`instances --write` run in
 a process with an audit hook (`harness/io_recorder.py`), and no file or process event may have a
 `rocmdoctor.provision` module as its nearest rocmdoctor frame.
 """
@@ -299,6 +300,18 @@ def test_install_rollback_unit_and_instances_do_io_only_through_the_seam(tmp_pat
             [*install, "--bundles-dir", str(tmp_path / "pins1"), "--extractor", "python", "--json"],
             ["rollback", "--prefix", str(prefix), "--json"],
             ["bundle", "prune", "--prefix", str(prefix), "--keep", "1", "--check", "--json"],
+            [
+                "bundle",
+                "fetch",
+                "--to",
+                str(tmp_path / "mirror2"),
+                "--mirror",
+                str(mirror),
+                "--bundles-dir",
+                str(tmp_path / "pins1"),
+                "--json",
+            ],
+            ["bundle", "prune", "--prefix", str(prefix), "--keep", "1", "--json"],
             ["--root", str(root), "unit", "--write", "--model", "/srv/m", "--gpu-memory-utilization", "0.8"],
             [
                 "--root",
@@ -316,15 +329,17 @@ def test_install_rollback_unit_and_instances_do_io_only_through_the_seam(tmp_pat
             ],
         ],
     )
-    assert report["exits"] == [0] * 6, report["exits"]
+    assert report["exits"] == [0] * 8, report["exits"]
     assert (prefix / "current").readlink() == Path("bundles") / TAG1  # the rollback happened
+    assert [p.name for p in (prefix / "bundles").iterdir() if p.name[0] != "."] == [TAG1]  # pruned TAG2
+    assert sorted(p.name for p in (tmp_path / "mirror2").iterdir()) == [a.name for a in builds[TAG2].assets]
     assert (root / "etc/systemd/system/vllm.service").is_file()
     assert (root / "etc/systemd/system/vllm@.service").is_file()
     assert not _own_io(report), "\n".join(_own_io(report))
     # The commands' I/O did happen, through the seam: the recorder saw it there.
     seen = set(report["by_module"])
     assert {"rocmdoctor.host_files", "rocmdoctor.host_writes", "rocmdoctor.tar_extract"} <= seen, seen
-    assert {"rocmdoctor.host", "rocmdoctor.tar_pipe"} & seen, seen  # the interpreter check, tar's pipe
+    assert {"rocmdoctor.host", "rocmdoctor.tar_pipe", "rocmdoctor.atomic"} <= seen, seen
 
 
 def test_the_recorder_catches_provision_code_doing_its_own_io(tmp_path: Path):
