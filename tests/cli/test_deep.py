@@ -20,6 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import REPO
 from harness.deep import GIB, RX_7900_XTX_NAME, STRIX_HALO, fake_rocm_python, rocm_gpu, shell_python
 from rocmdoctor import memory_rule
 from rocmdoctor.checks import load_registry
@@ -29,7 +30,6 @@ from rocmdoctor.host import Host
 from rocmdoctor.model import Status
 from rocmdoctor.registry import Context, Options
 
-REPO = Path(__file__).resolve().parent.parent
 DEEP_IDS = ("gpu.runtime", "gpu.memory_fit", "gpu.compute")
 FIXTURES = REPO / "tests" / "fixtures" / "deep"
 

@@ -18,11 +18,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import REPO
 from harness.engine import require_vllm_python
 from rocmdoctor.provision.server_args import ArgumentError, Choices, GpuPool, flag_meanings, resolve
 from rocmdoctor.vllm_flags import FLAGS, VLLM_VERSION
 
-REPO = Path(__file__).resolve().parents[1]
 POOLS = [GpuPool("gpu0", "gfx11", 24 << 30, 23 << 30, False)]
 
 
