@@ -2,7 +2,8 @@
 
 Everything under tests/system/ is marked `system`, and so is every test elsewhere that needs a real
 component (marked `engine`, `ssh` or `nspawn`, by hand or from the fixtures it uses), so
-`-m "not system"` is the fast suite wherever a test lives.
+`-m "not system"` is the fast suite wherever a test lives. A test in another folder that needs a real
+component none of those names (vLLM's environment without its engine) carries `system` by hand.
 
 Loaded with `-p plugins.kinds` from pyproject's addopts, not from conftest's `pytest_plugins`: a plugin
 named there is registered after conftest.py, so its hook would run before conftest's and miss the
