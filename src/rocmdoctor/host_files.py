@@ -5,7 +5,7 @@ directory, a mirror it fills.
 different: the user named it, it is ours to build, and its operations are tree-sized (make a staging
 tree, swap two trees in one rename, point `current` at a tree, remove a tree, lock the prefix). They
 live here, so that `provision/` computes what to change and this module is the one that changes it
-(`tests/test_provision_io.py` proves `provision/` does no file I/O of its own).
+(`tests/cli/test_provision_io.py` proves `provision/` does no file I/O of its own).
 
 Files in a download directory are opened by `open_owned`: never through a link, only a regular file
 owned by this user, because a directory another user can write into could hold a planted link.

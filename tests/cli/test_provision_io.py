@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
+from conftest import REPO
 from harness.bundles import build_bundle, write_pins
 from harness.hosts import fixture_root
 
-REPO = Path(__file__).resolve().parent.parent
 PROVISION = REPO / "provision"
-RECORDER = Path(__file__).resolve().parent / "harness" / "io_recorder.py"
+RECORDER = REPO / "tests" / "harness" / "io_recorder.py"
 
 # Modules that may stay outside the seam, each with its reason.
 EXEMPT = {
