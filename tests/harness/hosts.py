@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import subprocess
@@ -34,6 +35,12 @@ VERSION_PLACEHOLDER = "<version>"
 
 def fixture_root(fixture_id: str) -> Path:
     return HOSTS / fixture_id
+
+
+def covered(path: str, pattern: str) -> bool:
+    """`path` is `pattern` or one of the directories leading to it (one segment per wildcard)."""
+    parts, pat = [p for p in path.split("/") if p], [p for p in pattern.split("/") if p]
+    return len(parts) <= len(pat) and all(fnmatch.fnmatchcase(a, b) for a, b in zip(parts, pat, strict=False))
 
 
 def run_cli(
