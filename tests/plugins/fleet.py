@@ -17,7 +17,9 @@ class Upstream(NamedTuple):
     parts: list[str]  # every part file name of every bundle
 
 
-@pytest.fixture(scope="session")
+# One per test module: the access log is what test_fleet.py counts ("each part read once for the
+# fleet"), and another module's fleet (its own controller cache) must not add to it.
+@pytest.fixture(scope="module")
 def fleet_upstream(tmp_path_factory):
     """The test bundles (real engine behind bin/vllm-server) served over loopback HTTP."""
     from harness.bundles import REPO, vllm_test_bundle, write_pins
