@@ -26,40 +26,46 @@ torch.AcceleratorError: HIP error: hipErrorInvalidImage
 """
 
 
-def stand_in_bundle(tmp_path: Path, log_text: str, exit_code: int) -> Path:
-    prefix = tmp_path / "opt"
+def stand_in_server(prefix: Path, content: str) -> Path:
+    """The bundle's bin/vllm-server under `prefix`, executable, holding `content`."""
     server = prefix / "current" / "bin" / "vllm-server"
     server.parent.mkdir(parents=True)
-    (tmp_path / "server-output.txt").write_text(log_text)
-    server.write_text(f"#!/bin/sh\ncat '{tmp_path / 'server-output.txt'}'\nexit {exit_code}\n")
+    server.write_text(content)
     server.chmod(0o755)
+    return server
+
+
+def stand_in_bundle(tmp_path: Path, log_text: str, exit_code: int) -> Path:
+    prefix = tmp_path / "opt"
+    (tmp_path / "server-output.txt").write_text(log_text)
+    stand_in_server(prefix, f"#!/bin/sh\ncat '{tmp_path / 'server-output.txt'}'\nexit {exit_code}\n")
     return prefix
+
+
+def serve_argv(prefix: Path, tmp_path: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "rocmdoctor",
+        "serve",
+        "--prefix",
+        str(prefix),
+        "--model",
+        "m",
+        "--gpu-memory-utilization",
+        "0.5",
+        "--port",
+        str(free_port()),
+        "--log-file",
+        str(tmp_path / "serve.log"),
+        *extra,
+    ]
 
 
 def test_load_failure_prints_the_log_tail_and_the_likely_cause(tmp_path):
     prefix = stand_in_bundle(tmp_path, HIP_INVALID_IMAGE, 1)
     started = time.monotonic()
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rocmdoctor",
-            "serve",
-            "--prefix",
-            str(prefix),
-            "--model",
-            "m",
-            "--gpu-memory-utilization",
-            "0.5",
-            "--port",
-            str(free_port()),
-            "--log-file",
-            str(tmp_path / "serve.log"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = subprocess.run(serve_argv(prefix, tmp_path), capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
     assert time.monotonic() - started < 30, "an exited server must not wait for the load timeout"
     err = done.stderr
@@ -74,31 +80,8 @@ def test_load_failure_prints_the_log_tail_and_the_likely_cause(tmp_path):
 
 def test_a_server_that_cannot_be_executed_is_a_clear_error(tmp_path):
     prefix = tmp_path / "opt"
-    server = prefix / "current" / "bin" / "vllm-server"
-    server.parent.mkdir(parents=True)
-    server.write_text("no shebang, not a program\n")
-    server.chmod(0o755)
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rocmdoctor",
-            "serve",
-            "--prefix",
-            str(prefix),
-            "--model",
-            "m",
-            "--gpu-memory-utilization",
-            "0.5",
-            "--port",
-            str(free_port()),
-            "--log-file",
-            str(tmp_path / "serve.log"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    server = stand_in_server(prefix, "no shebang, not a program\n")
+    done = subprocess.run(serve_argv(prefix, tmp_path), capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert f"rocmdoctor: cannot start {server}" in done.stderr and "Exec format error" in done.stderr
 
@@ -125,26 +108,6 @@ def group_alive(pgid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
-
-
-def serve_argv(prefix: Path, tmp_path: Path, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "rocmdoctor",
-        "serve",
-        "--prefix",
-        str(prefix),
-        "--model",
-        "m",
-        "--gpu-memory-utilization",
-        "0.5",
-        "--port",
-        str(free_port()),
-        "--log-file",
-        str(tmp_path / "serve.log"),
-        *extra,
-    ]
 
 
 def server_pgid(prefix: Path, timeout_s: float = 60) -> int:
