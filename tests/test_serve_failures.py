@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.engine import free_port
-from harness.fake_openai import fake_server, fake_server_bundle
+from harness.fake_openai import fake_server, fake_server_bundle, serve_argv
 
 HIP_INVALID_IMAGE = """\
 INFO Automatically detected platform rocm.
@@ -42,30 +41,12 @@ def stand_in_bundle(tmp_path: Path, log_text: str, exit_code: int) -> Path:
     return prefix
 
 
-def serve_argv(prefix: Path, tmp_path: Path, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "rocmdoctor",
-        "serve",
-        "--prefix",
-        str(prefix),
-        "--model",
-        "m",
-        "--gpu-memory-utilization",
-        "0.5",
-        "--port",
-        str(free_port()),
-        "--log-file",
-        str(tmp_path / "serve.log"),
-        *extra,
-    ]
-
-
 def test_load_failure_prints_the_log_tail_and_the_likely_cause(tmp_path):
     prefix = stand_in_bundle(tmp_path, HIP_INVALID_IMAGE, 1)
     started = time.monotonic()
-    done = subprocess.run(serve_argv(prefix, tmp_path), capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        serve_argv(prefix, tmp_path / "serve.log"), capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 1
     assert time.monotonic() - started < 30, "an exited server must not wait for the load timeout"
     err = done.stderr
@@ -81,7 +62,9 @@ def test_load_failure_prints_the_log_tail_and_the_likely_cause(tmp_path):
 def test_a_server_that_cannot_be_executed_is_a_clear_error(tmp_path):
     prefix = tmp_path / "opt"
     server = stand_in_server(prefix, "no shebang, not a program\n")
-    done = subprocess.run(serve_argv(prefix, tmp_path), capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        serve_argv(prefix, tmp_path / "serve.log"), capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 2
     assert f"rocmdoctor: cannot start {server}" in done.stderr and "Exec format error" in done.stderr
 
@@ -125,7 +108,7 @@ def test_a_readiness_answer_of_any_shape_is_not_ready_and_the_group_is_stopped(t
     prefix = fake_server_bundle(tmp_path / "opt", "--mode", mode)
     started = time.monotonic()
     done = subprocess.run(
-        serve_argv(prefix, tmp_path, "--timeout", str(READY_TIMEOUT_S)),
+        serve_argv(prefix, tmp_path / "serve.log", "--timeout", str(READY_TIMEOUT_S)),
         capture_output=True,
         text=True,
         timeout=READY_TIMEOUT_S + SLACK_S + 60,
@@ -189,7 +172,7 @@ def test_an_error_of_serve_itself_after_the_spawn_stops_the_group_and_says_so(tm
     reader, writer = os.pipe()
     os.close(reader)
     process = subprocess.Popen(
-        serve_argv(prefix, tmp_path, "--json", "--timeout", "60"),
+        serve_argv(prefix, tmp_path / "serve.log", "--json", "--timeout", "60"),
         stdout=writer,
         stderr=subprocess.PIPE,
         text=True,
@@ -204,7 +187,7 @@ def test_an_error_of_serve_itself_after_the_spawn_stops_the_group_and_says_so(tm
 def test_a_second_ctrl_c_does_not_leave_the_server_running(tmp_path):
     prefix = fake_server_bundle(tmp_path / "opt", "--mode", "endless-health")  # never ready
     process = subprocess.Popen(
-        serve_argv(prefix, tmp_path, "--timeout", "300"),
+        serve_argv(prefix, tmp_path / "serve.log", "--timeout", "300"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
