@@ -36,6 +36,17 @@ def fixture_root(fixture_id: str) -> Path:
     return HOSTS / fixture_id
 
 
+def run_check(root: Path | str, check_id: str, **options: Any) -> Any:
+    """The Result of one check on the tree at `root` (Options(**options)), in this process."""
+    from rocmdoctor.checks import load_registry
+    from rocmdoctor.host import Host
+    from rocmdoctor.registry import Context, Options
+
+    registry = load_registry()
+    outcomes = registry.run(Context(Host(Path(root)), Options(**options)), registry.select(only=[check_id]))
+    return {o.spec.id: o.result for o in outcomes}[check_id]
+
+
 def run_cli(
     *args: str, root: Path | str | None = None, env: dict[str, str] | None = None, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
