@@ -11,6 +11,10 @@ from .. import params
 from .common import App, UserError, emit_json, pass_app
 from .smoke import _api_key, _common_options, _concurrency, _plot_path, _url
 
+# Every prompt is built before the first request: --requests x --prompt-tokens is bounded, whichever
+# of the two click reads second checks the product.
+PROMPT_TOKENS_LIMIT = params.product_limit(("requests", "prompt_tokens"), 1 << 24, "prompt tokens")
+
 
 @click.command()
 @_common_options
@@ -25,7 +29,7 @@ from .smoke import _api_key, _common_options, _concurrency, _plot_path, _url
 @click.option(
     "--requests",
     type=params.Count(1, 100_000),
-    callback=params.product_limit(("requests", "prompt_tokens"), 1 << 24, "prompt tokens"),
+    callback=PROMPT_TOKENS_LIMIT,
     default=32,
     show_default=True,
     help="Requests sent at every level (at least the largest concurrency).",
@@ -33,7 +37,7 @@ from .smoke import _api_key, _common_options, _concurrency, _plot_path, _url
 @click.option(
     "--prompt-tokens",
     type=params.Count(1, 1 << 20),
-    callback=params.product_limit(("requests", "prompt_tokens"), 1 << 24, "prompt tokens"),
+    callback=PROMPT_TOKENS_LIMIT,
     default=128,
     show_default=True,
     help="Prompt length in tokens (exact where the server has /tokenize, as vLLM does).",
