@@ -10,8 +10,6 @@ import sys
 import time
 from typing import Any
 
-import pytest
-
 CLI_TIMEOUT_S = 180
 
 
@@ -41,6 +39,8 @@ def steps_by_id(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def rocmdoctor_in_process(capsys: Any, monkeypatch: Any, *args: str) -> tuple[int, str, str, float]:
     """The real command line in this process: (exit code, stdout, stderr, seconds); never a traceback."""
+    import pytest
+
     from rocmdoctor.cli import main
 
     monkeypatch.setattr(sys, "argv", ["rocmdoctor", *args])
