@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import subprocess
@@ -45,6 +46,12 @@ def run_check(root: Path | str, check_id: str, **options: Any) -> Any:
     registry = load_registry()
     outcomes = registry.run(Context(Host(Path(root)), Options(**options)), registry.select(only=[check_id]))
     return {o.spec.id: o.result for o in outcomes}[check_id]
+
+
+def covered(path: str, pattern: str) -> bool:
+    """`path` is `pattern` or one of the directories leading to it (one segment per wildcard)."""
+    parts, pat = [p for p in path.split("/") if p], [p for p in pattern.split("/") if p]
+    return len(parts) <= len(pat) and all(fnmatch.fnmatchcase(a, b) for a, b in zip(parts, pat, strict=False))
 
 
 def run_cli(

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import REPO
 from harness.deep import GIB, RX_7900_XTX_NAME, STRIX_HALO, fake_rocm_python, rocm_gpu, shell_python
 from rocmdoctor import memory_rule
 from rocmdoctor.checks import load_registry
@@ -28,7 +29,6 @@ from rocmdoctor.host import Host
 from rocmdoctor.model import Status
 from rocmdoctor.registry import Context, Options
 
-REPO = Path(__file__).resolve().parent.parent
 DEEP_IDS = ("gpu.runtime", "gpu.memory_fit", "gpu.compute")
 FIXTURES = REPO / "tests" / "fixtures" / "deep"
 
@@ -118,6 +118,7 @@ def test_probe_without_its_memory_rule_says_so_in_its_document(tmp_path):
     assert str(tmp_path / "pkg" / "memory_rule.py") in report["error"]["message"]
 
 
+@pytest.mark.system  # the real vLLM CPU environment's torch
 def test_probe_with_cpu_only_torch_reports_no_gpu(cpu_torch_python):
     report, proc = run_probe(cpu_torch_python)
     assert proc.returncode == 0
@@ -159,6 +160,7 @@ def test_probe_on_a_described_rocm_gpu(tmp_path):
     assert report["extensions"] == {"vllm": None}
 
 
+@pytest.mark.system  # the real vLLM CPU environment's torch
 def test_probe_bad_arguments_still_print_one_document(cpu_torch_python):
     report, proc = run_probe(cpu_torch_python, "--margin-bytes", "lots")
     assert proc.returncode == 2
@@ -168,6 +170,7 @@ def test_probe_bad_arguments_still_print_one_document(cpu_torch_python):
 # -- the checks: what breaks -----------------------------------------------------------------
 
 
+@pytest.mark.system  # the real vLLM CPU environment's torch
 def test_cpu_only_torch_fails_gpu_runtime_end_to_end(cpu_torch_python):
     import jsonschema
 

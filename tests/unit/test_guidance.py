@@ -6,17 +6,17 @@ from __future__ import annotations
 
 import shutil
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
+from conftest import FIXTURES
 from harness.hosts import run_check
 from rocmdoctor.checks.driver import dkms_rocm_release, release_ordinal
 from rocmdoctor.checks.kernel_guidance import Finding, guidance
 from rocmdoctor.checks.memory_guidance import GIB, PAGES_PER_GIB, carveout_advice, serving_nodes, ttm_matters
 from rocmdoctor.model import Status
 
-CASES = Path(__file__).resolve().parent / "fixtures" / "checks"
+CASES = FIXTURES / "checks"
 DEBIAN_13 = {"id": "debian", "version": "13", "like": "", "name": "Debian GNU/Linux"}
 
 
