@@ -30,7 +30,7 @@ from harness.engine import (
     require_vllm_python,
     start_servers,
 )
-from harness.hosts import fixture_root, run_cli
+from harness.hosts import run_cli, two_instance_layout
 from harness.unit_exec import env_file_vars, instance_argv
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
@@ -66,12 +66,7 @@ def rack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rack]:
     key_file.chmod(0o600)
     written = run_cli(
         "instances",
-        "--devices-from",
-        str(fixture_root("mi308x-cpx")),
-        "--instances",
-        "per-partition",
-        "--count",
-        "2",
+        *two_instance_layout(),
         "--model",
         str(model),
         "--served-model-name",

@@ -36,6 +36,18 @@ def fixture_root(fixture_id: str) -> Path:
     return HOSTS / fixture_id
 
 
+def two_instance_layout() -> list[str]:
+    """`instances` arguments for two servers of one partition each, from the MI308X CPX node's topology."""
+    return [
+        "--devices-from",
+        str(fixture_root("mi308x-cpx")),
+        "--instances",
+        "per-partition",
+        "--count",
+        "2",
+    ]
+
+
 def run_cli(
     *args: str, root: Path | str | None = None, env: dict[str, str] | None = None, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
