@@ -185,6 +185,20 @@ def test_bench_gives_per_instance_and_aggregate_figures(rack: Rack):
     assert doc["aggregate_output_tokens_per_s"] == pytest.approx(together / doc["wall_s"], rel=0.01)
     alone = sum(i["alone"]["output_tokens_per_s"] for i in doc["instances"])
     assert doc["sum_of_alone_output_tokens_per_s"] == pytest.approx(alone, abs=0.01)
+    print(  # the figures, for docs/performance.md (pytest -rP shows them)
+        "startup_s",
+        [round(e.startup_s, 1) for e in rack.engines],
+        "alone",
+        [i["alone"]["output_tokens_per_s"] for i in doc["instances"]],
+        "together",
+        [i["together"]["output_tokens_per_s"] for i in doc["instances"]],
+        "aggregate",
+        doc["aggregate_output_tokens_per_s"],
+        "sum_of_alone",
+        doc["sum_of_alone_output_tokens_per_s"],
+        "scaling",
+        doc["scaling"],
+    )
     assert doc["scaling"] == pytest.approx(
         doc["aggregate_output_tokens_per_s"] / doc["sum_of_alone_output_tokens_per_s"], abs=0.002
     )
