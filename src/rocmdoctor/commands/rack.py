@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from .. import params
 from ..model import envelope
@@ -140,7 +141,8 @@ def show_plan(plan, stream=sys.stderr) -> None:
     default="127.0.0.1",
     show_default=True,
     type=params.HostName(),
-    help="Address every server listens on.",
+    help="Address every server listens on (with --smoke/--bench: where to reach them; default: "
+    "where the written template's readiness check does).",
 )
 @click.option(
     "--gpu-memory-utilization",
@@ -256,6 +258,10 @@ def instances(
     """
     from ..host_writes import HostWriter
 
+    # --smoke/--bench reach the servers where the written template's readiness gate does, unless
+    # --host says otherwise (a server written with --host 10.0.0.5 does not answer on 127.0.0.1).
+    given = click.get_current_context().get_parameter_source("host") is not ParameterSource.DEFAULT
+    reach = opts["host"] if given else None
     if bench:
         if write or smoke:
             raise UserError("--bench measures what is written and running: not with --write or --smoke")
@@ -263,14 +269,12 @@ def instances(
             raise UserError(
                 f"--requests {requests} is smaller than --concurrency {concurrency}: send at least that many"
             )
-        bench_instances(
-            HostWriter(app.root), opts["host"], opts["as_json"], concurrency, requests, max_tokens
-        )
+        bench_instances(HostWriter(app.root), reach, opts["as_json"], concurrency, requests, max_tokens)
         return
     if smoke:
         if write:
             raise UserError("--smoke tests what is written: run --write first, then --smoke")
-        smoke_instances(HostWriter(app.root), opts["host"], opts["as_json"])
+        smoke_instances(HostWriter(app.root), reach, opts["as_json"])
         return
     write_layout(app, opts, write, check_only, user, timeout_s)
 
@@ -338,8 +342,9 @@ def write_layout(
     click.echo(f"changed={str(report.changed).lower()}")
 
 
-def written_targets(writer, host: str) -> list:
-    """Each written instance as (name, URL, key), from its env file."""
+def written_targets(writer, host: str | None) -> list:
+    """Each written instance as (name, URL, key), from its env file; on `host`, or (None) at the
+    address the written template's readiness gate uses."""
     from ..provision import instances as rack
     from ..provision.rack_bench import Target
 
@@ -348,6 +353,7 @@ def written_targets(writer, host: str) -> list:
         raise UserError(
             f"no instances written under {rack.ENV_DIR}: run `rocmdoctor instances --write` first"
         )
+    base = rack.written_base_url(writer) if host is None else None
     targets = []
     for name in sorted(written, key=int):
         env = written[name]
@@ -356,13 +362,13 @@ def written_targets(writer, host: str) -> list:
             raise UserError(
                 f"{rack.env_path(name)}: no valid {rack.PORT_VAR}; rerun `rocmdoctor instances --write`"
             )
-        url = rack.server_url(host, int(port))
+        url = f"{base}:{port}" if base else rack.server_url(host or "127.0.0.1", int(port))
         targets.append(Target(name, url, env.get("VLLM_API_KEY") or None))
     return targets
 
 
 def bench_instances(
-    writer, host: str, as_json: bool, concurrency: int, requests: int, max_tokens: int
+    writer, host: str | None, as_json: bool, concurrency: int, requests: int, max_tokens: int
 ) -> None:
     from ..provision.bench import BenchOptions
     from ..provision.rack_bench import InstanceAborted, run_rack_bench
@@ -394,7 +400,7 @@ def bench_instances(
     sys.exit(report["exit_code"])
 
 
-def smoke_instances(writer, host: str, as_json: bool) -> None:
+def smoke_instances(writer, host: str | None, as_json: bool) -> None:
     """`rocmdoctor smoke` against every instance the written files describe; exit 1 if one fails."""
     from ..provision.smoke import SmokeOptions, run_smoke
 
