@@ -219,21 +219,35 @@ def structure(layout: str, devices: list[Device], tp: int, count: int | None) ->
     return groups
 
 
-def working_layouts(devices: list[Device]) -> list[str]:
-    """The layouts this host can run, as the options that choose them."""
-    out = []
+def layout_options(layout: str, tp: int) -> str:
+    """The command-line options that choose a layout."""
+    return f"--instances {layout}" + (f" --tensor-parallel-size {tp}" if tp > 1 else "")
+
+
+def offered(devices: list[Device]) -> list[tuple[str, int, list[list[Device]] | LayoutError]]:
+    """Every (layout, tensor-parallel size) offered to an operator, with its device groups on these
+    devices or the reason it cannot be: what a refusal suggests and what `check` reports as capacity."""
+    out: list[tuple[str, int, list[list[Device]] | LayoutError]] = []
     for layout in LAYOUTS:
         for tp in SUGGESTED_TP if layout != "one" else (1,):
             try:
-                groups = structure(layout, devices, tp, None)
-            except LayoutError:
-                continue
-            flag = f"--instances {layout}" + (f" --tensor-parallel-size {tp}" if tp > 1 else "")
-            out.append(f"{flag} ({len(groups)} instance{'s' if len(groups) != 1 else ''})")
+                out.append((layout, tp, structure(layout, devices, tp, None)))
+            except LayoutError as exc:
+                out.append((layout, tp, exc))
     return out
 
 
-def _utilization(group: Sequence[Device], override: float | None) -> tuple[float, str]:
+def working_layouts(devices: list[Device]) -> list[str]:
+    """The layouts this host can run, as the options that choose them."""
+    return [
+        f"{layout_options(layout, tp)} ({len(groups)} instance{'s' if len(groups) != 1 else ''})"
+        for layout, tp, groups in offered(devices)
+        if not isinstance(groups, LayoutError)
+    ]
+
+
+def group_utilization(group: Sequence[Device], override: float | None = None) -> tuple[float, str]:
+    """--gpu-memory-utilization for one instance on these devices, by vLLM's rule, and why."""
     if override is not None:
         if not 0 < override <= 1:
             raise LayoutError(f"--gpu-memory-utilization must be in (0, 1], not {override}")
@@ -302,7 +316,7 @@ def plan(
         working = working_layouts(keep)
         hint = ("; layouts that work here: " + "; ".join(working)) if working else ""
         raise LayoutError(f"{exc}{hint}") from None
-    sizing = [_utilization(g, gpu_memory_utilization) for g in groups]
+    sizing = [group_utilization(g, gpu_memory_utilization) for g in groups]
     ports, skipped = _ports(first_port, len(groups), port_free, owned_ports or set())
     index = rocr_indices(devices)
     instances = [

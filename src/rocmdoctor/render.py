@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from .render_capacity import render_capacity
+
 MARKS = {"pass": "✓", "warn": "!", "fail": "✗", "skip": "-", "error": "?"}
 ASCII_MARKS = {"pass": "ok", "warn": "!!", "fail": "XX", "skip": "--", "error": "??"}
 STYLES = {"pass": "green", "warn": "yellow", "fail": "bold red", "skip": "dim", "error": "magenta"}
@@ -60,6 +62,7 @@ def render_check_report(report: dict[str, Any], console: Any, verbose: int = 0) 
             details = {k: v for k, v in entry["details"].items() if verbose > 1 or k != "traceback"}
             for remedy_line in json.dumps(details, indent=2, default=str).splitlines():
                 console.print(Text(f"        {remedy_line}", style="dim"))
+    render_capacity(report.get("capacity"), console)
     summary = report["summary"]
     console.print()
     console.print(

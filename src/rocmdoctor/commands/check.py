@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from .. import params
 from .common import App, UserError, emit_json, pass_app
+
+if TYPE_CHECKING:
+    from ..registry import Context
 
 
 def check_context(
@@ -24,6 +28,15 @@ def check_context(
     if deep_timeout is not None:
         options.deep_timeout_s = deep_timeout
     return Context(app.host(), options)
+
+
+def host_capacity(ctx: Context) -> dict[str, Any]:
+    """The layouts this host's GPUs allow and each instance's memory (provision.capacity), from the
+    same device records `instances` lays servers out on, so check and instances cannot disagree."""
+    from ..provision.capacity import capacity
+    from .host_devices import host_devices
+
+    return capacity(host_devices(ctx))
 
 
 @click.command()
@@ -110,6 +123,7 @@ def check(
         ctx.options.model_bytes = weights_bytes_offline(model, env=ctx.host.env) or 0
     outcomes = registry.run(ctx, specs)
     report = build_report(str(ctx.host.root), host_facts(ctx), outcomes)
+    report["capacity"] = host_capacity(ctx)
     if as_json:
         emit_json(report)
     else:
