@@ -8,42 +8,32 @@ import asyncio
 import pytest
 
 from rocmdoctor.model import Result, Status, failed, passed, skipped
-from rocmdoctor.registry import RegistryError, Steps, StepSpec, blocked_result
+from rocmdoctor.registry import RegistryError, StepFn, Steps, StepSpec, blocked_result
+
+
+def recorder(name: str, outcome: Result | Exception) -> StepFn[list[str]]:
+    """A step that notes it ran, then returns `outcome` (or raises it)."""
+
+    async def step(seen: list[str]) -> Result:
+        seen.append(name)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    return step
 
 
 def declared() -> Steps[list[str]]:
     steps: Steps[list[str]] = Steps()
-
-    @steps.step("a", "first")
-    async def a(seen: list[str]) -> Result:
-        seen.append("a")
-        return passed("a ok")
-
-    @steps.step("b", "fails", depends=("a",))
-    async def b(seen: list[str]) -> Result:
-        seen.append("b")
-        return failed("b broke", "fix b")
-
-    @steps.step("c", "needs b", depends=("b",))
-    async def c(seen: list[str]) -> Result:
-        seen.append("c")
-        return passed("never")
-
-    @steps.step("d", "raises", depends=("a",))
-    async def d(seen: list[str]) -> Result:
-        seen.append("d")
-        raise KeyError("boom")
-
-    @steps.step("e", "needs the crashed one", depends=("d",))
-    async def e(seen: list[str]) -> Result:
-        seen.append("e")
-        return passed("never")
-
-    @steps.step("f", "independent")
-    async def f(seen: list[str]) -> Result:
-        seen.append("f")
-        return passed("f ok")
-
+    for name, title, depends, outcome in [
+        ("a", "first", (), passed("a ok")),
+        ("b", "fails", ("a",), failed("b broke", "fix b")),
+        ("c", "needs b", ("b",), passed("never")),
+        ("d", "raises", ("a",), KeyError("boom")),
+        ("e", "needs the crashed one", ("d",), passed("never")),
+        ("f", "independent", (), passed("f ok")),
+    ]:
+        steps.step(name, title, depends=depends)(recorder(name, outcome))
     return steps
 
 
