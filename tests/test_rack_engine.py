@@ -11,6 +11,7 @@ whole module (each start takes ~40 s on the 2-core CI box).
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import urllib.error
 import urllib.request
@@ -156,8 +157,17 @@ def test_smoke_passes_on_both_with_one_line_each(rack: Rack):
         assert inst["summary"]["pass"] > 0 and inst["summary"].get("fail", 0) == 0
 
 
+def prefix_cache_hits(engine: Engine) -> float:
+    with urllib.request.urlopen(f"{engine.base_url}/metrics", timeout=30) as response:
+        text = response.read(1 << 22).decode()
+    found = re.findall(r"^vllm:prefix_cache_hits_total(?:\{[^}]*\})? (\S+)$", text, re.MULTILINE)
+    assert found, "vLLM exports vllm:prefix_cache_hits_total"
+    return sum(float(v) for v in found)
+
+
 def test_bench_gives_per_instance_and_aggregate_figures(rack: Rack):
     requests, max_tokens = 4, 8
+    hits_before = [prefix_cache_hits(e) for e in rack.engines]
     done = run_cli(
         "instances",
         "--bench",
@@ -202,6 +212,21 @@ def test_bench_gives_per_instance_and_aggregate_figures(rack: Rack):
     assert doc["scaling"] == pytest.approx(
         doc["aggregate_output_tokens_per_s"] / doc["sum_of_alone_output_tokens_per_s"], abs=0.002
     )
+
+    # Warm-up, alone and together never send a prompt twice: no run skips its prefill ...
+    assert [prefix_cache_hits(e) for e in rack.engines] == hits_before
+    # ... where the same long prompt sent twice does (so the counter above could have grown).
+    engine = rack.engines[0]
+    body = json.dumps({"model": "tiny", "prompt": [5 + k % 50 for k in range(400)], "max_tokens": 1}).encode()
+    for _ in range(2):
+        request = urllib.request.Request(
+            f"{engine.base_url}/v1/completions",
+            body,
+            {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"},
+        )
+        with urllib.request.urlopen(request, timeout=60) as response:
+            assert response.status == 200
+    assert prefix_cache_hits(engine) > hits_before[0]
 
     text = run_cli(
         "instances",
