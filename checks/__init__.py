@@ -1,7 +1,7 @@
 """Host diagnosis: one module per subsystem, each registering its checks on REGISTRY.
 
 Check modules never touch the system themselves: they read through `ctx.host` only
-(tests/test_conformance.py enforces it), return a Result, and never print.
+(tests/unit/test_conformance.py enforces it), return a Result, and never print.
 """
 
 from __future__ import annotations

@@ -19,8 +19,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import io
-import os
-import stat
 import threading
 import time
 from collections.abc import Callable
@@ -30,6 +28,10 @@ from pathlib import Path
 import requests
 import urllib3
 
+from .. import host_files as files
+from ..host_files import UnsafeDirectory as UnsafeDirectory  # the bundle command catches it from here
+from ..host_files import lexists as lexists
+from ..host_files import secure_dir as secure_dir
 from .manifest import Asset
 
 ProgressFn = Callable[[int], None]
@@ -73,88 +75,12 @@ class _Retryable(Exception):
     pass
 
 
-class UnsafeDirectory(ValueError):
-    """A download directory that someone else could plant files in; the message says what to do."""
-
-
-_OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
-
-
-def secure_dir(path: Path) -> Path:
-    """Create `path` (mode 0700) where missing and refuse it where another user could write into it
-    or into a directory above it, unless that directory is sticky (like /tmp). Returns the path."""
-    path = Path(os.path.abspath(path))
-    uid = os.geteuid()
-    for ancestor in reversed(path.parents):
-        try:
-            st = os.stat(ancestor)
-        except FileNotFoundError:
-            break
-        if st.st_uid not in (0, uid):
-            raise UnsafeDirectory(
-                f"{ancestor} (on the way to the download directory {path}) belongs to uid {st.st_uid}, "
-                "who could swap what is below it; pick a --download-dir that only you (or root) own"
-            )
-        if st.st_mode & _OTHERS_WRITE and not st.st_mode & stat.S_ISVTX:
-            raise UnsafeDirectory(
-                f"{ancestor} (on the way to the download directory {path}) can be written by other "
-                f"users (mode {stat.S_IMODE(st.st_mode):o}) and is not sticky: anyone could plant a link "
-                f"there. `chmod go-w {ancestor}` or pick another --download-dir"
-            )
+def open_owned(path: Path, how: str = files.READ, name: str = "") -> io.FileIO:
+    """A file in a download directory (see host_files.open_owned); a planted one is a DownloadError."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        raise UnsafeDirectory(
-            f"{path} is {'a symbolic link' if stat.S_ISLNK(st.st_mode) else 'not a directory'}; "
-            "rocmdoctor never follows a link in a download directory: remove it and rerun"
-        )
-    if st.st_uid != uid:
-        raise UnsafeDirectory(
-            f"the download directory {path} belongs to uid {st.st_uid}, not to this user ({uid}): "
-            "someone else made it. Remove it, or pick another --download-dir"
-        )
-    if st.st_mode & _OTHERS_WRITE and not st.st_mode & stat.S_ISVTX:
-        raise UnsafeDirectory(
-            f"the download directory {path} can be written by other users (mode "
-            f"{stat.S_IMODE(st.st_mode):o}) and is not sticky: anyone could plant a link there. "
-            f"`chmod go-w {path}` or pick another --download-dir"
-        )
-    return path
-
-
-def open_owned(path: Path, flags: int, name: str = "") -> int:
-    """Open a file in a download directory: never through a link, only a regular file of ours."""
-    try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise DownloadError(
-                name or path.name,
-                f"{path} is a symbolic link; rocmdoctor never follows a link in a download directory "
-                "(someone may have planted it): remove it and rerun",
-            ) from None
-        raise
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-        os.close(fd)
-        what = "not a regular file" if not stat.S_ISREG(st.st_mode) else f"owned by uid {st.st_uid}"
-        raise DownloadError(
-            name or path.name, f"{path} is {what}; it was not made by rocmdoctor: remove it and rerun"
-        )
-    os.set_blocking(fd, True)
-    return fd
-
-
-def lexists(path: Path) -> bool:
-    try:
-        os.lstat(path)
-    except FileNotFoundError:
-        return False
-    return True
+        return files.open_owned(path, how)
+    except files.ForeignFile as exc:
+        raise DownloadError(name or path.name, str(exc)) from None
 
 
 def sha256_file(
@@ -166,8 +92,7 @@ def sha256_file(
     """`owned`: the file sits in a download directory (no link followed, ours only); a mirror's
     files are the user's own input and may be links."""
     digest = digest or hashlib.sha256()
-    opener = open_owned(path, os.O_RDONLY) if owned else os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    with open(opener, "rb", buffering=0) as fh:
+    with open_owned(path) if owned else files.open_plain(path) as fh:
         buf = bytearray(CHUNK)
         view = memoryview(buf)
         while n := fh.readinto(buf):
@@ -225,7 +150,7 @@ def verify_local(part: PartFile, source: Path, on_bytes: ProgressFn | None = Non
     part.owned = False
     part.publish(path=source)
     try:
-        size = source.stat().st_size
+        size = files.size(source)
         if size != part.asset.size:
             raise DownloadError(
                 part.asset.name,
@@ -256,15 +181,14 @@ def _finished_matches(part: PartFile, final: Path, on_bytes: ProgressFn | None) 
     """A finished part from an earlier run. One of an earlier build of the same tag (another size
     or digest) is deleted, so the caller fetches it again, instead of blocking every rerun."""
     part.publish(path=final)
-    fd = open_owned(final, os.O_RDONLY, part.asset.name)  # a planted link or foreign file: refused
-    size = os.fstat(fd).st_size
-    os.close(fd)
+    with open_owned(final, files.READ, part.asset.name) as fh:  # a planted link or foreign file: refused
+        size = files.open_size(fh)
     if size == part.asset.size and (
         _hash_published(part, final, on_bytes, owned=True).hexdigest() == part.asset.hexdigest
     ):
         return True
     with part.cond:
-        final.unlink()
+        files.remove(final, missing_ok=False)
         part.path = final.with_name(final.name + ".partial")
         part.written = 0
         part.generation += 1
@@ -319,7 +243,7 @@ class Downloader:
             except _Retryable as exc:
                 attempt += 1
                 if attempt > opts.retries:
-                    have = os.lstat(staging).st_size if lexists(staging) else 0
+                    have = files.size(staging, follow_links=False)
                     raise DownloadError(
                         part.asset.name,
                         f"gave up after {attempt} attempts: {exc}. {have} bytes "
@@ -333,20 +257,20 @@ class Downloader:
             # Published before the file goes: a reader that opens the part now sees this error,
             # never "No such file" (the first error is the one reported).
             part.publish(error=exc)
-            staging.unlink(missing_ok=True)
-            etag_file.unlink(missing_ok=True)
+            files.remove(staging)
+            files.remove(etag_file)
             raise
         with part.cond:
-            os.replace(staging, final)
+            files.replace(staging, final)
             part.path = final
-        etag_file.unlink(missing_ok=True)
+        files.remove(etag_file)
 
     def _attempt(self, part: PartFile, url: str, staging: Path, etag_file: Path) -> hashlib._Hash:
         """One request; returns the digest of the complete file or raises _Retryable."""
         asset, opts = part.asset, self.options
-        have = os.lstat(staging).st_size if lexists(staging) else 0
+        have = files.size(staging, follow_links=False)
         if have > asset.size:
-            staging.unlink()
+            files.remove(staging, missing_ok=False)
             have = 0
             part.publish(written=0, restarted=True)
         # Only bytes that reached the file count, and they are hashed again: the file may be from a
@@ -404,12 +328,12 @@ class Downloader:
             if response.headers.get("ETag"):
                 _write_etag(etag_file, response.headers["ETag"], asset.name)
             if mode == "wb":
-                staging.unlink(missing_ok=True)
-                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+                files.remove(staging)
+                how = files.CREATE
             else:
-                flags = os.O_WRONLY | os.O_APPEND
+                how = files.APPEND
             rate = _Throughput(url, opts)
-            with open(open_owned(staging, flags, asset.name), "wb", buffering=0) as fh:
+            with open_owned(staging, how, asset.name) as fh:
                 while block := self._read_block(response, have, url):
                     if self._cancelled.is_set():
                         raise DownloadCancelled(asset.name)
@@ -472,13 +396,13 @@ ETAG_LIMIT = 1024
 def _read_etag(path: Path, name: str) -> str | None:
     if not lexists(path):
         return None
-    with open(open_owned(path, os.O_RDONLY, name), "rb") as fh:
+    with open_owned(path, files.READ, name) as fh:
         return fh.read(ETAG_LIMIT).decode("ascii", errors="replace").strip() or None
 
 
 def _write_etag(path: Path, etag: str, name: str) -> None:
-    path.unlink(missing_ok=True)
-    with open(open_owned(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, name), "wb") as fh:
+    files.remove(path)
+    with open_owned(path, files.CREATE, name) as fh:
         fh.write(etag[:ETAG_LIMIT].encode("ascii", errors="replace"))
 
 
@@ -537,12 +461,11 @@ class PartStream(io.RawIOBase):
                         break
                     part.cond.wait(self.poll_s)
                 if self._fh is None:
-                    fd = (
-                        open_owned(part.path, os.O_RDONLY, part.asset.name)
+                    self._fh = (  # kept open across reads
+                        open_owned(part.path, files.READ, part.asset.name)
                         if part.owned
-                        else os.open(part.path, os.O_RDONLY | os.O_CLOEXEC)
+                        else files.open_plain(part.path)
                     )
-                    self._fh = open(fd, "rb", buffering=0)  # noqa: SIM115 - kept open across reads
                 available = part.written - self._pos
             if available <= 0:  # the part is done and fully read
                 self._fh.close()

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
+from rocmdoctor.host_files import read_head
 from rocmdoctor.model_files import (
     CONFIG_FILE,
     INDEX_FILE,
@@ -49,8 +50,7 @@ def hub_token(env: Mapping[str, str] = os.environ) -> str | None:
         / "token"
     )
     try:
-        with open(Path(path).expanduser(), encoding="utf-8", errors="replace") as stream:
-            token = stream.read(4096).strip()
+        token = read_head(Path(path).expanduser(), 4096 * 4).decode("utf-8", errors="replace")[:4096].strip()
     except OSError:
         return None
     return token or None

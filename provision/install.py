@@ -16,11 +16,8 @@ Every failure leaves `current` as it was and raises InstallError with what to do
 from __future__ import annotations
 
 import concurrent.futures
-import fcntl
 import json
 import os
-import shutil
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -28,9 +25,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..atomic import fsync_dir, write_atomic
+from .. import host_files as files
+from ..atomic import write_atomic
+from ..host_files import lexists, secure_dir, tree_bytes
+from ..host_processes import run_program
 from ..model import SCHEMA_VERSION
 from ..safe_tar import NoSpaceLeft, human
+from ..tar_extract import ArchiveError, UnsafeArchive, extract_stream, fix_exec_bits
 from .download import (
     DownloadCancelled,
     Downloader,
@@ -40,12 +41,9 @@ from .download import (
     PartStream,
     StreamCancelled,
     StreamRestarted,
-    lexists,
     open_owned,
-    secure_dir,
     verify_local,
 )
-from .extract import ArchiveError, UnsafeArchive, extract_stream, fix_exec_bits
 from .manifest import Asset, Lock, LockEntry, ManifestError, check_tag, parse_lock, read_pin_file, with_entry
 
 ProgressFn = Callable[[int], None]
@@ -125,11 +123,8 @@ class Layout:
         self.lock_path = self.prefix / ".install.lock"
 
     def _target_tag(self, link: Path) -> str | None:
-        try:
-            target = os.readlink(link)
-        except OSError:
-            return None
-        return Path(target).name
+        target = files.readlink(link)
+        return None if target is None else Path(target).name
 
     def current_tag(self) -> str | None:
         return self._target_tag(self.current)
@@ -148,12 +143,12 @@ class Layout:
         return doc if isinstance(doc, dict) else None
 
     def installed(self) -> list[dict[str, Any]]:
-        if not self.bundles.is_dir():
+        if not files.is_dir(self.bundles):
             return []
         current, previous = self.current_tag(), self.previous_tag()
         found = []
-        for entry in sorted(self.bundles.iterdir()):
-            if entry.name.startswith(".") or entry.name.endswith(".partial") or not entry.is_dir():
+        for entry in (self.bundles / name for name in files.list_dir(self.bundles)):
+            if entry.name.startswith(".") or entry.name.endswith(".partial") or not files.is_dir(entry):
                 continue
             meta = self.metadata(entry.name) or {}
             found.append(
@@ -176,37 +171,30 @@ class _Held:
 
 
 def _lock(layout: Layout, create: bool = True) -> _Held:
-    if not create and not layout.prefix.is_dir():
+    if not create and not files.is_dir(layout.prefix):
         raise InstallError(f"{layout.prefix} does not exist: nothing is installed there (check --prefix)")
     try:
         if create:
-            layout.prefix.mkdir(parents=True, exist_ok=True)
-        fd = os.open(layout.lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            files.make_dirs(layout.prefix)
+        fd = files.try_lock(layout.lock_path)
+    except BlockingIOError:
+        raise InstallError(
+            f"another rocmdoctor install holds {layout.lock_path}; wait for it to finish and rerun"
+        ) from None
     except OSError as exc:
         raise InstallError(
             f"cannot use {layout.prefix}: {exc.strerror or exc}; pick a writable --prefix (or run as root)"
-        ) from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise InstallError(
-            f"another rocmdoctor install holds {layout.lock_path}; wait for it to finish and rerun"
         ) from None
     return _Held(fd)
 
 
 def _unlock(held: _Held) -> None:
-    os.close(held.fd)  # closing drops the flock
+    files.unlock(held.fd)
 
 
 def _point(link: Path, target: str) -> None:
     """Atomically make `link` a symlink to `target` (never absent, never half-written)."""
-    temp = link.with_name(f".{link.name}.tmp-{os.getpid()}")
-    temp.unlink(missing_ok=True)
-    os.symlink(target, temp)
-    os.replace(temp, link)
-    fsync_dir(link.parent)
+    files.swap_symlink(link, target)
 
 
 def write_json_atomic(path: Path, doc: Any) -> None:
@@ -215,20 +203,20 @@ def write_json_atomic(path: Path, doc: Any) -> None:
 
 def recover(layout: Layout) -> None:
     """Undo what a killed run left: partial trees, half-swapped bundles, temp links."""
-    if not layout.bundles.is_dir():
+    if not files.is_dir(layout.bundles):
         return
-    for entry in layout.bundles.iterdir():
+    for entry in (layout.bundles / name for name in files.list_dir(layout.bundles)):
         # .partial: a killed extraction; .<tag>.prune-<pid>: a killed prune (finish it)
         if entry.name.endswith(".partial") or (entry.name.startswith(".") and ".prune-" in entry.name):
-            shutil.rmtree(entry, ignore_errors=True)
+            files.remove_tree(entry, ignore_errors=True)
         elif entry.name.startswith(".") and ".old-" in entry.name:
             original = layout.bundles / entry.name[1:].rsplit(".old-", 1)[0]
-            if original.exists():
-                shutil.rmtree(entry, ignore_errors=True)
+            if files.exists(original):
+                files.remove_tree(entry, ignore_errors=True)
             else:  # killed between moving the old tree aside and moving the new one in
-                os.replace(entry, original)
-    for temp in layout.prefix.glob(".*.tmp-*"):
-        temp.unlink(missing_ok=True)
+                files.replace(entry, original)
+    for temp in files.glob(layout.prefix, ".*.tmp-*"):
+        files.remove(temp)
 
 
 def _matches(meta: dict[str, Any] | None, plan: InstallPlan) -> bool:
@@ -258,7 +246,7 @@ def install(plan: InstallPlan) -> InstallResult:
         else:
             downloaded = _install_tree(layout, plan)
             _activate(layout, plan.tag)
-            shutil.rmtree(_staging(layout, plan), ignore_errors=True)
+            files.remove_tree(_staging(layout, plan), ignore_errors=True)
             result = _result(layout, plan, True, f"installed {plan.tag}")
             result.downloaded_bytes = downloaded
         _record_pins(layout, plan, result)
@@ -274,7 +262,7 @@ def install(plan: InstallPlan) -> InstallResult:
 def _dry_run(layout: Layout, plan: InstallPlan) -> InstallResult:
     """What `install` would do, touching nothing (not even creating the prefix)."""
     before = layout.current_tag()
-    meta = layout.metadata(plan.tag) if layout.bundles.is_dir() else None
+    meta = layout.metadata(plan.tag) if files.is_dir(layout.bundles) else None
     if not plan.force and before == plan.tag and _matches(meta, plan):
         result = _result(layout, plan, False, f"{plan.tag} is already current")
     elif not plan.force and _matches(meta, plan):
@@ -340,23 +328,6 @@ def _record_pins(layout: Layout, plan: InstallPlan, result: InstallResult) -> No
         f"; recorded the sha256 digests the release publishes for its {len(plan.pins.assets)} part(s) "
         f"in {path} (trusted on first use: review them; --frozen refuses releases the lock does not pin)"
     )
-
-
-def tree_bytes(root: Path) -> int:
-    """Disk space a tree holds (allocated blocks; hard links counted once; links never followed)."""
-    seen: set[tuple[int, int]] = set()
-    total = 0
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            try:
-                st = os.lstat(os.path.join(dirpath, name))
-            except OSError:
-                continue
-            if (st.st_dev, st.st_ino) in seen:
-                continue
-            seen.add((st.st_dev, st.st_ino))
-            total += st.st_blocks * 512
-    return total
 
 
 def _describe_older(layout: Layout, result: InstallResult) -> None:
@@ -462,14 +433,14 @@ def _install_tree(layout: Layout, plan: InstallPlan) -> int:
     partial = layout.bundles / f"{plan.tag}.partial"
     fetches = _Fetches(layout, plan)
     try:
-        partial.mkdir(parents=True)
+        files.make_dirs(partial, exist_ok=False)
         try:
             extract_stream(PartStream(fetches.parts), partial, plan.on_extract, plan.extractor)
         except StreamRestarted:
             # A part started over after extraction had read it: extract again from the finished files.
             fetches.wait()
-            shutil.rmtree(partial)
-            partial.mkdir()
+            files.remove_tree(partial)
+            files.make_dirs(partial, exist_ok=False)
             extract_stream(PartStream(fetches.parts), partial, plan.on_extract, plan.extractor)
         except (DownloadError, StreamCancelled):
             fetches.wait()
@@ -503,25 +474,25 @@ def _install_tree(layout: Layout, plan: InstallPlan) -> int:
                 ],
             },
         )
-        fsync_dir(root)
+        files.sync_dir(root)
         _move_into_place(layout, root, plan.tag)
         return fetches.counted
     except BaseException:
         fetches.cancel()
-        shutil.rmtree(partial, ignore_errors=True)
+        files.remove_tree(partial, ignore_errors=True)
         raise
 
 
 def _bundle_root(partial: Path) -> Path:
     """The tree itself, or its single top-level directory when the tarball wraps one."""
-    if (partial / "bin").is_dir():
+    if files.is_dir(partial / "bin"):
         return partial
-    entries = [e for e in partial.iterdir()]
+    entries = [partial / name for name in files.list_dir(partial)]
     if (
         len(entries) == 1
-        and entries[0].is_dir()
-        and not entries[0].is_symlink()
-        and (entries[0] / "bin").is_dir()
+        and files.is_dir(entries[0])
+        and not files.is_link(entries[0])
+        and files.is_dir(entries[0] / "bin")
     ):
         return entries[0]
     return partial
@@ -529,7 +500,7 @@ def _bundle_root(partial: Path) -> Path:
 
 def _validate(partial: Path, plan: InstallPlan) -> Path:
     root = _bundle_root(partial)
-    missing = [name for name in ("bin/vllm-server", "bin/python3") if not (root / name).is_file()]
+    missing = [name for name in ("bin/vllm-server", "bin/python3") if not files.is_file(root / name)]
     if missing:
         raise InstallError(
             f"the extracted {plan.tag} lacks {', '.join(missing)}: not a vllm-rocm bundle. "
@@ -539,17 +510,17 @@ def _validate(partial: Path, plan: InstallPlan) -> Path:
     python = root / "bin" / "python3"
     commands = [[str(python), "-c", "pass"]]
     if plan.precompile:
-        commands.append([str(python), "-m", "compileall", "-q", "-j0", *map(str, root.glob("lib/python3.*"))])
+        commands.append(
+            [str(python), "-m", "compileall", "-q", "-j0", *map(str, files.glob(root, "lib/python3.*"))]
+        )
     for command in commands:
-        try:
-            done = subprocess.run(
-                command, capture_output=True, text=True, timeout=VALIDATE_TIMEOUT_S, stdin=subprocess.DEVNULL
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
+        done = run_program(command, VALIDATE_TIMEOUT_S)
+        if done.returncode is None:
+            why = done.spawn_error or f"it did not finish within {VALIDATE_TIMEOUT_S} s"
             raise InstallError(
-                f"the bundle's interpreter does not run ({exc}). Nothing was activated; "
+                f"the bundle's interpreter does not run ({why}). Nothing was activated; "
                 "the previous bundle is still active"
-            ) from None
+            )
         if done.returncode != 0:
             tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
             raise InstallError(
@@ -559,44 +530,27 @@ def _validate(partial: Path, plan: InstallPlan) -> Path:
     return root
 
 
-def _exchange(a: Path, b: Path) -> bool:
-    """Swap two directories in one step (renameat2 RENAME_EXCHANGE); False where unsupported."""
-    import ctypes
-    import errno
-
-    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
-    if renameat2 is None:
-        return False
-    at_fdcwd, rename_exchange = -100, 2
-    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
-        return False
-    raise OSError(err, os.strerror(err), str(a))
-
-
 def _move_into_place(layout: Layout, root: Path, tag: str) -> None:
     final = layout.bundles / tag
-    if final.exists() and _exchange(root, final):
+    if files.exists(final) and files.exchange(root, final):
         # --force or a rebuilt release: `current` saw the old tree, then the new one, never nothing.
-        fsync_dir(layout.bundles)
-        shutil.rmtree(root)  # now the old tree
+        files.sync_dir(layout.bundles)
+        files.remove_tree(root)  # now the old tree
     else:
         aside = layout.bundles / f".{tag}.old-{os.getpid()}"
-        if final.exists():  # no RENAME_EXCHANGE here: keep the old tree until the new one is in
-            os.replace(final, aside)
-        os.replace(root, final)
-        fsync_dir(layout.bundles)
-        shutil.rmtree(aside, ignore_errors=True)
+        if files.exists(final):  # no RENAME_EXCHANGE here: keep the old tree until the new one is in
+            files.replace(final, aside)
+        files.replace(root, final)
+        files.sync_dir(layout.bundles)
+        files.remove_tree(aside, ignore_errors=True)
     partial = layout.bundles / f"{tag}.partial"
-    if partial.exists():
-        shutil.rmtree(partial)
+    if files.exists(partial):
+        files.remove_tree(partial)
 
 
 def _activate(layout: Layout, tag: str) -> None:
     old = layout.current_tag()
-    if old and old != tag and (layout.bundles / old).is_dir():
+    if old and old != tag and files.is_dir(layout.bundles / old):
         _point(layout.previous, f"bundles/{old}")
     _point(layout.current, f"bundles/{tag}")
 
@@ -625,7 +579,7 @@ def bundle_name(layout: Layout, given: str, option: str = "--to") -> str:
 
 def rollback(prefix: Path, to: str | None = None, check: bool = False) -> InstallResult:
     layout = Layout(prefix)
-    if not layout.prefix.is_dir():
+    if not files.is_dir(layout.prefix):
         raise InvalidRequest(f"{prefix} does not exist: nothing is installed there (check --prefix)")
     if to is not None:
         to = bundle_name(layout, to)
@@ -696,24 +650,24 @@ def fetch_to(
         final = dest / source.asset.name
         if source.local is not None:
             verify_local(part, source.local, on_bytes)
-            new = not lexists(final) or not os.path.samefile(source.local, final)
+            new = not lexists(final) or not files.same_file(source.local, final)
             if new:
                 _copy_owned(source.local, final, source.asset.name)
         else:
             new = downloader.fetch(part, source.url or "", dest)
-        (dest / f"{source.asset.name}.etag").unlink(missing_ok=True)
+        files.remove(dest / f"{source.asset.name}.etag")
         yield source.asset, new
 
 
 def _copy_owned(source: Path, final: Path, name: str) -> None:
     staging = final.with_name(final.name + ".partial")
-    staging.unlink(missing_ok=True)
-    with (
-        open(source, "rb") as src,
-        open(open_owned(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL, name), "wb") as out,
-    ):
-        shutil.copyfileobj(src, out, 1 << 20)
-    os.replace(staging, final)
+    files.remove(staging)
+    with files.open_plain(source) as src, open_owned(staging, files.CREATE, name) as out:
+        while block := src.read(1 << 20):
+            view = memoryview(block)
+            while view:  # an unbuffered write may take part of the block
+                view = view[out.write(view) or 0 :]
+    files.replace(staging, final)
 
 
 @dataclass
@@ -757,7 +711,7 @@ def bundles_in_use(layout: Layout, tags: list[str], host: Any) -> dict[str, list
     roots: dict[str, set[str]] = {}
     for tag in tags:
         path = layout.bundles / tag
-        roots[tag] = {str(path), os.path.realpath(path)}
+        roots[tag] = {str(path), files.real_path(path)}
     for link in (layout.current, layout.previous):
         target = layout._target_tag(link)
         if target in roots:
@@ -793,7 +747,7 @@ def prune(prefix: Path, keep: int, host: Any, check: bool = False) -> PruneResul
     layout = Layout(prefix)
     if keep < 1:
         raise InvalidRequest(f"--keep {keep}: keep at least 1 (the current bundle)")
-    if not layout.prefix.is_dir():
+    if not files.is_dir(layout.prefix):
         raise InvalidRequest(f"{prefix} does not exist: nothing is installed there (check --prefix)")
     held = None if check else _lock(layout, create=False)
     try:
@@ -812,7 +766,7 @@ def prune(prefix: Path, keep: int, host: Any, check: bool = False) -> PruneResul
                 _remove_bundle(layout, tag)
             removed.append({"tag": tag, "bytes": size})
         if not check and layout.previous_tag() in [r["tag"] for r in removed]:
-            layout.previous.unlink()
+            files.remove(layout.previous, missing_ok=False)
         freed = sum(r["bytes"] for r in removed)
         verb = "would remove" if check else "removed"
         msg = (
@@ -848,7 +802,7 @@ def _remove_bundle(layout: Layout, tag: str) -> None:
     """Out of sight in one rename (a killed run leaves `.<tag>.prune-<pid>`, which recover removes),
     then deleted, with its staged downloads."""
     aside = layout.bundles / f".{tag}.prune-{os.getpid()}"
-    os.replace(layout.bundles / tag, aside)
-    fsync_dir(layout.bundles)
-    shutil.rmtree(aside)
-    shutil.rmtree(layout.downloads / tag, ignore_errors=True)
+    files.replace(layout.bundles / tag, aside)
+    files.sync_dir(layout.bundles)
+    files.remove_tree(aside)
+    files.remove_tree(layout.downloads / tag, ignore_errors=True)

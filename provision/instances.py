@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 
 from ..bundle_env import BUNDLE_SETTINGS
+from ..host_files import shipped_text
 from ..host_writes import HostWriter, WriteRefused
 from ..params import service_user_problem
 from .layout import Instance, Plan
@@ -37,6 +37,7 @@ from .unit import (
     FileSpec,
     ServiceLayout,
     UnitError,
+    WriteReport,
     _environment_line,
     apply_file,
     command_line,
@@ -115,7 +116,7 @@ def render_template(
         "exec_start_post": exec_post,
         "timeout_start_s": str(timeout_s + 60),
     }
-    template = resources.files(__package__).joinpath("templates/vllm.service").read_text()
+    template = shipped_text("rocmdoctor.provision", "templates/vllm.service")
     text = PLACEHOLDER.sub(lambda m: values[m.group(1)], template)
     edits = [
         # Stopping or restarting the target reaches every instance.
@@ -245,24 +246,11 @@ class Change:
 
 
 @dataclass
-class Report:
-    files: list[Change] = field(default_factory=list)
-    accounts: list[str] = field(default_factory=list)
-    daemon_reload: str = "not needed"
+class Report(WriteReport[Change]):
     restart: list[str] = field(default_factory=list)  # running instances whose settings changed
 
-    @property
-    def changed(self) -> bool:
-        return bool(self.accounts) or any(f.changed for f in self.files)
-
     def to_json(self) -> dict:
-        return {
-            "changed": self.changed,
-            "files": [f.to_json() for f in self.files],
-            "accounts_created": self.accounts,
-            "daemon_reload": self.daemon_reload,
-            "restart_needed": self.restart,
-        }
+        return {**super().to_json(), "restart_needed": self.restart}
 
 
 def _apply(writer: HostWriter, spec: FileSpec, check: bool) -> Change:

@@ -25,15 +25,14 @@ stable tags carry plain versions, nightly ones dev/pre versions with a local par
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
+from .. import host_files as files
 from ..model import SCHEMA_VERSION
 
 CHANNELS = ("stable", "nightly")
@@ -317,13 +316,13 @@ class PinSources:
         if bundles_dir is not None:
             manifest = manifest or bundles_dir / "manifest.toml"
             lock = lock or bundles_dir / "lock.json"
-        if lock is None and prefix_lock is not None and os.path.lexists(prefix_lock):  # a FIFO: refused
+        if lock is None and prefix_lock is not None and files.lexists(prefix_lock):  # a FIFO: refused
             lock = prefix_lock
         return cls(manifest, lock)
 
     def _read(self, path: Path | None, shipped: str) -> tuple[str, str]:
         if path is None:
-            return resources.files("rocmdoctor.bundles").joinpath(shipped).read_text(), f"(shipped) {shipped}"
+            return files.shipped_text("rocmdoctor.bundles", shipped), f"(shipped) {shipped}"
         return read_pin_file(Path(path)), str(path)
 
     def load(self) -> tuple[Manifest, Lock]:

@@ -21,6 +21,7 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 
 from ..families import family_for_gfx
+from ..host_files import is_file
 from .github_release import (
     ApiOptions,
     Release,
@@ -101,7 +102,7 @@ def _sources(assets: tuple[Asset, ...], repo: str, tag: str, mirror: str | None)
             sources.append(Source(asset, url=f"{mirror.rstrip('/')}/{asset.name}"))
         elif mirror:
             local = Path(mirror) / asset.name
-            if not local.is_file():
+            if not is_file(local):
                 raise PlanError(
                     f"the mirror {mirror} lacks {asset.name}; fill it with "
                     f"`rocmdoctor bundle fetch --tag {tag} --to {mirror}`"

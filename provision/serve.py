@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
-import os
-import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -25,6 +22,10 @@ from pathlib import Path
 import psutil
 
 from ..bundle_env import bundle_env
+from ..host_processes import ProcessGroup
+from ..host_processes import SignalsToStop as SignalsToStop  # the serve command takes them from here
+from ..host_processes import Stopped as Stopped
+from ..host_processes import tail as log_tail
 from . import wait_ready as readiness
 from .log_signatures import Cause, diagnose
 
@@ -32,14 +33,6 @@ MARKER = "ROCMDOCTOR_SERVE_ID"
 STOP_GRACE_S = 30.0
 POLL_S = 1.0
 LOG_TAIL_LINES = 40
-
-
-class Stopped(Exception):
-    """SIGTERM or SIGINT arrived; the server is to be stopped."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
 
 
 def default_cache_base(env: Mapping[str, str]) -> Path:
@@ -102,14 +95,7 @@ def port_in_use(host: str, port: int) -> bool:
 
 
 def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        with path.open("rb") as log:
-            log.seek(0, os.SEEK_END)
-            log.seek(max(0, log.tell() - 64 * 1024))
-            text = log.read(64 * 1024).decode(errors="replace")
-    except FileNotFoundError:
-        return ""
-    return "\n".join(text.splitlines()[-lines:])
+    return log_tail(path, lines)
 
 
 @dataclass
@@ -142,7 +128,7 @@ class Server:
     served_name: str
     env: dict[str, str]
     log_path: Path
-    process: subprocess.Popen | None = field(default=None, init=False)
+    process: ProcessGroup | None = field(default=None, init=False)
     started_at: float = field(default=0.0, init=False)
 
     @property
@@ -150,18 +136,10 @@ class Server:
         return self.env[MARKER]
 
     def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("wb") as log:
-            # Own session = own process group: one killpg reaches the API server and EngineCore, and
-            # the terminal's Ctrl-C reaches only us, so the stop is ours to sequence.
-            self.process = subprocess.Popen(
-                [str(self.executable), *self.argv],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=self.env,
-                start_new_session=True,
-            )
+        self.process = ProcessGroup(
+            [str(self.executable), *self.argv], self.env, self.log_path, (MARKER, self.marker)
+        )
+        self.process.start()
         self.started_at = time.monotonic()
 
     def elapsed(self) -> float:
@@ -217,67 +195,11 @@ class Server:
 
     def leftovers(self) -> list[psutil.Process]:
         """Processes of this run still alive: same process group, or our marker in their environment."""
-        pgid = self.process.pid if self.process else -1
-        found = []
-        for proc in psutil.process_iter(["pid"]):
-            if proc.pid == os.getpid():
-                continue
-            try:
-                if proc.status() == psutil.STATUS_ZOMBIE:
-                    continue
-                if os.getpgid(proc.pid) == pgid or proc.environ().get(MARKER) == self.marker:
-                    found.append(proc)
-            except (psutil.Error, ProcessLookupError, PermissionError):
-                continue
-        return found
+        return self.process.leftovers() if self.process else []
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> list[int]:
         """SIGTERM the group, SIGKILL what is left after the grace period; the pids that survived."""
-        if self.process is None:
-            return []
-        pgid = self.process.pid
-        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(pgid, sig)
-            except ProcessLookupError:
-                pass
-            for proc in self.leftovers():
-                try:
-                    proc.send_signal(sig)
-                except psutil.Error:
-                    pass
-            deadline = time.monotonic() + wait_s
-            while time.monotonic() < deadline:
-                self.process.poll()
-                if not self.leftovers():
-                    return []
-                time.sleep(0.2)
-        self.process.poll()
-        return [p.pid for p in self.leftovers()]
-
-
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-
-
-class SignalsToStop:
-    """While active, the first SIGTERM, SIGINT or SIGHUP (terminal closed) raises Stopped in the main
-    thread; later ones are ignored so that a second Ctrl-C cannot interrupt the stop (which ends in
-    SIGKILL anyway)."""
-
-    def __enter__(self) -> SignalsToStop:
-        self.received = False
-
-        def handler(signum, frame):
-            if not self.received:
-                self.received = True
-                raise Stopped(signum)
-
-        self.previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for sig, old in self.previous.items():
-            signal.signal(sig, old)
+        return self.process.stop(grace_s) if self.process else []
 
 
 def new_marker() -> str:

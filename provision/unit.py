@@ -11,10 +11,11 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
+from typing import Generic, Protocol, TypeVar
 
 from ..bundle_env import BUNDLE_SETTINGS
+from ..host_files import is_dir, shipped_text
 from ..host_writes import HostWriter, WriteRefused
 from ..params import MAX_DURATION_S, prefix_problem, service_user_problem
 from ..registry import DEFAULT_PREFIX
@@ -90,9 +91,24 @@ class FileChange:
         return {"path": self.path, "changed": self.changed, "diff": self.diff}
 
 
+class FileResult(Protocol):
+    path: str
+
+    @property
+    def changed(self) -> bool: ...
+
+    def to_json(self) -> dict: ...
+
+
+F = TypeVar("F", bound=FileResult)
+
+
 @dataclass
-class WriteReport:
-    files: list[FileChange] = field(default_factory=list)
+class WriteReport(Generic[F]):
+    """What a write did to the host: its files (one result type per command), the accounts it
+    created, whether systemd was reloaded. `instances` extends it."""
+
+    files: list[F] = field(default_factory=list)
     accounts: list[str] = field(default_factory=list)  # what was created
     daemon_reload: str = "not needed"
 
@@ -167,7 +183,7 @@ def render_unit(
         # The readiness wait gives up first, so its message (not systemd's timeout) is in the journal.
         "timeout_start_s": str(timeout_s + 60),
     }
-    template = resources.files(__package__).joinpath("templates/vllm.service").read_text()
+    template = shipped_text("rocmdoctor.provision", "templates/vllm.service")
     return PLACEHOLDER.sub(lambda m: values[m.group(1)], template)
 
 
@@ -180,7 +196,7 @@ def render_env(api_key: str | None) -> str:
 
 def wait_ready_script() -> str:
     # The module itself, standard library only: the bundle's python runs it as ExecStartPost.
-    return resources.files(__package__).joinpath("wait_ready.py").read_text()
+    return shipped_text("rocmdoctor.provision", "wait_ready.py")
 
 
 def file_specs(
@@ -258,12 +274,12 @@ def _run(root: Path, argv: list[str]) -> None:
 
 def systemd_running(root: Path) -> bool:
     """systemd is PID 1 here (sd_booted's test); never true for another root."""
-    return root == Path("/") and Path("/run/systemd/system").is_dir()
+    return root == Path("/") and is_dir(Path("/run/systemd/system"))
 
 
-def write(root: Path, specs: list[FileSpec], user: str, check: bool = False) -> WriteReport:
+def write(root: Path, specs: list[FileSpec], user: str, check: bool = False) -> WriteReport[FileChange]:
     """Make the host match `specs`; with `check`, only report what would change (Ansible's --check)."""
-    report = WriteReport()
+    report: WriteReport[FileChange] = WriteReport()
     try:
         report.accounts = ensure_accounts(root, user, check)
         report.files = [apply_file(root, spec, check) for spec in specs]

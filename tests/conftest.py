@@ -16,8 +16,8 @@ FIXTURES = REPO / "tests" / "fixtures"
 HOSTS = FIXTURES / "hosts"
 
 # Shared fixtures for real components (tests/ is on the path through pyproject's `pythonpath`, so
-# `harness` and `plugins` import from every test module). tests/test_conftest_plugins.py checks that
-# every module in tests/plugins/ is named here.
+# `harness` and `plugins` import from every test module). tests/unit/test_conftest_plugins.py checks
+# that every module in tests/plugins/ is named here (or loaded by `-p` in pyproject's addopts).
 pytest_plugins = ["plugins.engine", "plugins.fleet", "plugins.install", "plugins.serve", "plugins.smoke"]
 
 

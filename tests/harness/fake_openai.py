@@ -33,7 +33,7 @@ CUT_AFTER_CHUNKS = 3
 
 # Servers that misbehave at the protocol level, each one way a real server, proxy or broken build
 # can: answers that never finish, answers without end, answers of the wrong shape. The value says
-# what the mode does; tests/test_misbehaving_servers.py holds what the client must make of each.
+# what the mode does; tests/cli/test_misbehaving_servers.py holds what the client must make of each.
 MISBEHAVIOURS = {
     # never finishes: only a total deadline ends these
     "trickle-models": "/v1/models sends its headers, then one byte every half second",

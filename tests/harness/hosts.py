@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import subprocess
@@ -46,6 +47,12 @@ def two_instance_layout() -> list[str]:
         "--count",
         "2",
     ]
+
+
+def covered(path: str, pattern: str) -> bool:
+    """`path` is `pattern` or one of the directories leading to it (one segment per wildcard)."""
+    parts, pat = [p for p in path.split("/") if p], [p for p in pattern.split("/") if p]
+    return len(parts) <= len(pat) and all(fnmatch.fnmatchcase(a, b) for a, b in zip(parts, pat, strict=False))
 
 
 def run_cli(

@@ -6,7 +6,7 @@ Run with the interpreter of an environment that has vLLM (never by rocmdoctor it
 
 It builds the parser `bin/vllm-server` uses (`python -m vllm.entrypoints.openai.api_server`:
 FlexibleArgumentParser + make_arg_parser) and lists every option string with its action's long name and
-how many words it takes. tests/test_security_args.py runs it again and compares, so the shipped list
+how many words it takes. tests/cli/test_security_args.py runs it again and compares, so the shipped list
 cannot drift from the vLLM it was taken from.
 """
 

@@ -27,7 +27,7 @@ PROBE_VERSION = 1
 GIB = 1 << 30
 
 # vLLM's startup rule, kept inline because this file cannot import rocmdoctor; it must agree with
-# rocmdoctor/memory_rule.py (tests/test_deep.py compares the two on many values).
+# rocmdoctor/memory_rule.py (tests/cli/test_deep.py compares the two on many values).
 DEFAULT_MARGIN_BYTES = 1 << 30
 UTIL_STEP = 0.01
 

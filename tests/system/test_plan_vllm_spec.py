@@ -12,13 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from conftest import FIXTURES, REPO
 from harness.engine import require_vllm_python, vllm_python
 from rocmdoctor.model_plan import GIB, EngineSettings, Memory, plan_model
 
 pytestmark = pytest.mark.engine  # needs the vLLM venv; ~1 min of vLLM imports, no engine start
 
-CONFIGS = Path(__file__).parent / "fixtures" / "model_configs"
-PROBE = Path(__file__).parent / "harness" / "vllm_kv_probe.py"
+CONFIGS = FIXTURES / "model_configs"
+PROBE = REPO / "tests" / "harness" / "vllm_kv_probe.py"
 # (config, max_model_len, KV bytes, kv cache dtype): one that fits and one that does not, per family.
 # Gemma 3 27B is multimodal: vLLM's config inspection needs its processor, so its sliding-window
 # grouping is verified on the engine instead (test_plan_engine.py, gemma3).

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import FIXTURES
 from harness.hostile_tar import END, archive, corpus, directory, gzip_bytes, hardlink, header, member, symlink
 from harness.hosts import check_json, fixture_root, normalize, run_cli
 from rocmdoctor import snapshot as snapshot_mod
@@ -188,7 +189,7 @@ def test_a_real_snapshot_still_replays_and_holds_what_was_captured(tmp_path):
 
 def test_a_tree_with_driver_links_snapshots_and_replays(tmp_path):
     """PCI `driver` links (gpu.mixed_vendor reads their names) are kept as links and replay."""
-    tree = Path(__file__).resolve().parent / "fixtures" / "checks" / "mixed-amd-nvidia"
+    tree = FIXTURES / "checks" / "mixed-amd-nvidia"
     archive_path = tmp_path / "mixed.tar.gz"
     proc = run_cli("snapshot", str(archive_path), root=tree)
     assert proc.returncode == 0, proc.stderr

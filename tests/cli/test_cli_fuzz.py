@@ -6,7 +6,7 @@ with a documented exit code (0, 1 or 2), never a traceback and never "internal e
 bound generous for a loaded 2-core machine. The options are read from the commands themselves, so a
 new option is fuzzed without touching this file. Commands that change a host run with --check or on
 a private copy of a fixture; `serve`, `smoke` and `bench` have their own fuzz test against misbehaving
-servers (tests/test_misbehaving_servers_fuzz.py).
+servers (tests/cli/test_misbehaving_servers_fuzz.py).
 """
 
 from __future__ import annotations

@@ -218,6 +218,7 @@ def test_replacing_the_live_tag_never_leaves_current_dangling(tmp_path, monkeypa
     import os
     import shutil
 
+    from rocmdoctor import host_files
     from rocmdoctor.provision import install as installer
 
     layout = installer.Layout(tmp_path)
@@ -234,8 +235,8 @@ def test_replacing_the_live_tag_never_leaves_current_dangling(tmp_path, monkeypa
 
         return call
 
-    monkeypatch.setattr(installer.os, "replace", watched(os.replace))
-    monkeypatch.setattr(installer.shutil, "rmtree", watched(shutil.rmtree))
+    monkeypatch.setattr(host_files.os, "replace", watched(os.replace))  # the seam makes the moves
+    monkeypatch.setattr(host_files.shutil, "rmtree", watched(shutil.rmtree))
     installer._move_into_place(layout, layout.bundles / "t1.partial" / "root", "t1")
     assert (layout.current / "bin" / "vllm-server").read_text() == "new"
     assert seen and set(seen) == {"new"}  # the swap happened before any other step

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
+from conftest import REPO
 from harness.bundles import BuiltBundle
 from harness.hostile_tar import archive, corpus, gzip_bytes, inspect_tree
-from rocmdoctor.provision.extract import ArchiveError, NoSpaceLeft, UnsafeArchive, extract_stream
-from rocmdoctor.provision.tarpipe import Counting, Gunzip, HeaderVetter, decompressor, relay_extract
+from rocmdoctor.tar_extract import ArchiveError, NoSpaceLeft, UnsafeArchive, extract_stream
+from rocmdoctor.tar_pipe import Counting, Gunzip, HeaderVetter, decompressor, relay_extract
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 CASES = {case.name: case for case in corpus("/outside", "../outside")}
 OLD = "vllm0.1.0-rocm7.0.0-gfx1151"
 EVIL = "vllm0.6.6-rocm7.0.0-gfx1151"
@@ -58,9 +58,9 @@ def _package_tree(tmp_path: Path) -> Path:
     """`rocmdoctor` importable from source by any interpreter: src/rocmdoctor plus provision/."""
     pkg = tmp_path / "pkg" / "rocmdoctor"
     pkg.mkdir(parents=True)
-    for entry in (REPO_ROOT / "src" / "rocmdoctor").iterdir():
+    for entry in (REPO / "src" / "rocmdoctor").iterdir():
         (pkg / entry.name).symlink_to(entry)
-    (pkg / "provision").symlink_to(REPO_ROOT / "provision")
+    (pkg / "provision").symlink_to(REPO / "provision")
     return pkg.parent
 
 
@@ -69,11 +69,11 @@ def test_the_corpus_is_refused_under_the_system_python(tmp_path):
     assert Path("/usr/bin/python3").exists(), "tests/setup/10-system-packages.sh installs python3"
     env = {
         **os.environ,
-        "PYTHONPATH": f"{_package_tree(tmp_path)}:{REPO_ROOT / 'tests'}",
+        "PYTHONPATH": f"{_package_tree(tmp_path)}:{REPO / 'tests'}",
         "PYTHONNOUSERSITE": "1",
     }
     proc = subprocess.run(
-        ["/usr/bin/python3", "-s", str(REPO_ROOT / "tests/harness/hostile_tar.py"), "drive",
+        ["/usr/bin/python3", "-s", str(REPO / "tests/harness/hostile_tar.py"), "drive",
          str(tmp_path / "work")],
         capture_output=True, text=True, timeout=300, env=env, check=False,
     )  # fmt: skip

@@ -18,11 +18,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import REPO
 from harness.engine import require_vllm_python
 from rocmdoctor.provision.server_args import ArgumentError, Choices, GpuPool, flag_meanings, resolve
 from rocmdoctor.vllm_flags import FLAGS, VLLM_VERSION
 
-REPO = Path(__file__).resolve().parents[1]
 POOLS = [GpuPool("gpu0", "gfx11", 24 << 30, 23 << 30, False)]
 
 
@@ -112,6 +112,7 @@ def test_flag_meanings_follow_argparse_abbreviation():
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.system  # imports the installed vLLM
 def test_the_shipped_flag_list_is_what_the_installed_vllm_parser_has():
     python = require_vllm_python()
     generator = str(REPO / "tests" / "harness" / "vllm_flags_gen.py")
@@ -122,6 +123,7 @@ def test_the_shipped_flag_list_is_what_the_installed_vllm_parser_has():
     assert VLLM_VERSION in done.stdout and "--api-key" in FLAGS
 
 
+@pytest.mark.system  # imports the installed vLLM
 def test_vllm_parser_really_takes_the_abbreviations_we_refuse():
     """The premise, checked against vLLM's own parser: --api-ke and --por are accepted abbreviations."""
     python = require_vllm_python()

@@ -1,7 +1,7 @@
 """Extract the concatenated parts as one gzip'd tar stream, refusing anything that could escape the tree.
 
 Two extractors, one rule (`rocmdoctor.safe_tar`): "tar" runs GNU tar behind the header vetter
-(`tarpipe`), "python" creates the members itself with directory file descriptors. Neither relies
+(`tar_pipe`), "python" creates the members itself with directory file descriptors. Neither relies
 on `os.path.realpath` or tarfile's extraction filters, so a target's Python that predates the 2025
 tarfile fixes (Debian 12 ships 3.11.2) extracts as safely as a new one. Decompression runs in a
 `pigz -dc` (or `gzip -dc`) subprocess when one exists: it takes the other core.
@@ -14,7 +14,7 @@ import zlib
 from collections.abc import Callable
 from pathlib import Path
 
-from rocmdoctor.provision.tarpipe import Counting, Gunzip, bundle_rule, decompressor, gnu_tar, relay_extract
+from rocmdoctor.host_files import tree_bytes
 from rocmdoctor.safe_tar import (
     BUFFER,
     ArchiveError,
@@ -27,6 +27,7 @@ from rocmdoctor.safe_tar import (
     is_no_space,
     no_space,
 )
+from rocmdoctor.tar_pipe import Counting, Gunzip, bundle_rule, decompressor, gnu_tar, relay_extract
 
 ProgressFn = Callable[[int], None]
 CLANG_GLOB = "lib/python3.*/site-packages/_rocm_sdk_core/lib/llvm/bin/clang*"
@@ -73,12 +74,7 @@ def extract_stream(
         # rule.total: the member sizes vetted so far; scaled by the compressed bytes still to come
         total = _compressed_total(stream)
         needed = rule.total * total // counting.count if total and counting.count else rule.total
-        raise no_space(dest, _tree_bytes(dest), needed) from None
-
-
-def _tree_bytes(dest: Path) -> int:
-    """What the extraction wrote before the disk filled (allocated blocks, as the disk counts them)."""
-    return sum(p.lstat().st_blocks * 512 for p in dest.rglob("*") if not p.is_symlink())
+        raise no_space(dest, tree_bytes(dest), needed) from None
 
 
 def _python_with_gunzip(gunzip: Gunzip, dest: Path, rule: MemberRule) -> None:

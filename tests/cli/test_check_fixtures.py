@@ -1,6 +1,6 @@
 """Golden reports of `rocmdoctor check --json` on every host fixture, validated by the packaged schema.
 
-Regenerate after an intended change: ROCMDOCTOR_UPDATE_GOLDEN=1 pytest tests/test_check_fixtures.py
+Regenerate after an intended change: ROCMDOCTOR_UPDATE_GOLDEN=1 pytest tests/cli/test_check_fixtures.py
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import REPO
 from harness.deep import GIB, RX_7900_XTX_NAME, STRIX_HALO, fake_rocm_python, rocm_gpu, shell_python
 from rocmdoctor import memory_rule
 from rocmdoctor.checks import load_registry
@@ -29,7 +30,6 @@ from rocmdoctor.host import Host
 from rocmdoctor.model import Status
 from rocmdoctor.registry import Context, Options
 
-REPO = Path(__file__).resolve().parent.parent
 DEEP_IDS = ("gpu.runtime", "gpu.memory_fit", "gpu.compute")
 FIXTURES = REPO / "tests" / "fixtures" / "deep"
 
@@ -110,6 +110,7 @@ def test_probe_rule_agrees_at_exact_boundaries():
                 assert probe.largest_passing(total, f) == memory_rule.largest_passing(total, f)
 
 
+@pytest.mark.system  # the real vLLM CPU environment's torch
 def test_probe_with_cpu_only_torch_reports_no_gpu(cpu_torch_python):
     report, proc = run_probe(cpu_torch_python)
     assert proc.returncode == 0
@@ -151,6 +152,7 @@ def test_probe_on_a_described_rocm_gpu(tmp_path):
     assert report["extensions"] == {"vllm": None}
 
 
+@pytest.mark.system  # the real vLLM CPU environment's torch
 def test_probe_bad_arguments_still_print_one_document(cpu_torch_python):
     report, proc = run_probe(cpu_torch_python, "--margin-bytes", "lots")
     assert proc.returncode == 2
@@ -160,6 +162,7 @@ def test_probe_bad_arguments_still_print_one_document(cpu_torch_python):
 # -- the checks: what breaks -----------------------------------------------------------------
 
 
+@pytest.mark.system  # the real vLLM CPU environment's torch
 def test_cpu_only_torch_fails_gpu_runtime_end_to_end(cpu_torch_python):
     import jsonschema
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import shutil
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
+from conftest import FIXTURES
 from rocmdoctor.checks import load_registry
 from rocmdoctor.checks.driver import dkms_rocm_release, release_ordinal
 from rocmdoctor.checks.kernel_guidance import Finding, guidance
@@ -18,7 +18,7 @@ from rocmdoctor.host import Host
 from rocmdoctor.model import Status
 from rocmdoctor.registry import Context, Options
 
-CASES = Path(__file__).resolve().parent / "fixtures" / "checks"
+CASES = FIXTURES / "checks"
 DEBIAN_13 = {"id": "debian", "version": "13", "like": "", "name": "Debian GNU/Linux"}
 
 

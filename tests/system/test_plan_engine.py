@@ -3,7 +3,7 @@ cache; the plan's KV cache tokens and maximum concurrency must equal vLLM's log 
 a --max-model-len the plan says does not fit must be refused by vLLM, at the length the plan names.
 
 One test starts the engines one after the other (~35 s each); run it under the heavy lock:
-    flock /tmp/rocmdoctor-heavy.lock tests/run tests/test_plan_engine.py -q
+    flock /tmp/rocmdoctor-heavy.lock tests/run tests/system/test_plan_engine.py -q
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ through the test bundle, readiness is polled, and the smoke phase passes.
 
 The container has no GPU, so its diagnosis is told to ignore the GPU checks (the fixture-backed
 fleet test covers preflight verdicts), and its bundle family is given. Test-only drop-in, never
-part of the product unit (same as tests/test_unit_systemd.py): the engine's venv and pyenv's
+part of the product unit (same as tests/system/test_unit_systemd.py): the engine's venv and pyenv's
 Python live under /root here, which the unit's ProtectHome=yes hides.
 """
 

@@ -5,10 +5,10 @@ the numbers in the config, never by calling the code under test."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
+from conftest import FIXTURES
 from rocmdoctor.model_plan import (
     GIB,
     ConfigError,
@@ -20,7 +20,7 @@ from rocmdoctor.model_plan import (
     shape_from_config,
 )
 
-CONFIGS = Path(__file__).parent / "fixtures" / "model_configs"
+CONFIGS = FIXTURES / "model_configs"
 BF16 = 2
 
 

@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-from test_conformance import covered
 
-from harness.hosts import check_json
+from conftest import FIXTURES
+from harness.hosts import check_json, covered
 from rocmdoctor.checks import load_registry
 from rocmdoctor.checks.access import acl_grants
 from rocmdoctor.checks.system import count_ranges
@@ -23,7 +23,7 @@ from rocmdoctor.host import Host, StatInfo
 from rocmdoctor.model import Status
 from rocmdoctor.registry import Context, Options, run_isolated
 
-CASES = Path(__file__).resolve().parent / "fixtures" / "checks"
+CASES = FIXTURES / "checks"
 CASE_IDS = sorted(p.name for p in CASES.iterdir() if p.is_dir() and not p.name.startswith("_"))
 GCC = shutil.which("gcc")
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import fnmatch
 import pkgutil
 import subprocess
 import sys
@@ -12,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import rocmdoctor.checks as checks_pkg
-from harness.hosts import FIXTURE_IDS, fixture_root
+from harness.hosts import FIXTURE_IDS, covered, fixture_root
 from rocmdoctor.checks import HELPER_MODULES, MODULES, load_registry
 from rocmdoctor.host import Host
 from rocmdoctor.registry import Context, run_isolated
@@ -59,12 +58,6 @@ def test_modules_tuple_lists_every_check_module():
     registered = {m.__name__.rsplit(".", 1)[1] for m in MODULES}
     assert registered == on_disk - set(HELPER_MODULES)
     assert set(HELPER_MODULES) <= on_disk
-
-
-def covered(path: str, pattern: str) -> bool:
-    """`path` is `pattern` or one of the directories leading to it (one segment per wildcard)."""
-    parts, pat = [p for p in path.split("/") if p], [p for p in pattern.split("/") if p]
-    return len(parts) <= len(pat) and all(fnmatch.fnmatchcase(a, b) for a, b in zip(parts, pat, strict=False))
 
 
 @pytest.mark.parametrize("fixture_id", FIXTURE_IDS)

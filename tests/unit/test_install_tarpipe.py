@@ -7,8 +7,8 @@ import tarfile
 
 import pytest
 
-from rocmdoctor.provision.extract import ArchiveError, UnsafeArchive
-from rocmdoctor.provision.tarpipe import HeaderVetter
+from rocmdoctor.tar_extract import ArchiveError, UnsafeArchive
+from rocmdoctor.tar_pipe import HeaderVetter
 
 LONG = "lib/" + "d" * 120
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import REPO
 from rocmdoctor.provision.unit import UnitError, command_line
 
 MAX_EXPOSURE = 3.5
@@ -48,7 +49,7 @@ def rendered_unit(tmp_path: Path, *argv: str) -> Path:
     )
     assert done.returncode == 0, done.stderr
     (prefix / "libexec").mkdir()
-    shutil.copy(Path(__file__).parents[1] / "provision" / "wait_ready.py", prefix / "libexec")
+    shutil.copy(REPO / "provision" / "wait_ready.py", prefix / "libexec")
     path = tmp_path / "vllm.service"
     path.write_text(done.stdout)
     return path
@@ -220,7 +221,7 @@ def test_api_key_with_spaces_is_refused(tmp_path):
     assert done.returncode == 2 and "openssl rand -hex 32" in done.stderr
 
 
-WAIT_READY = Path(__file__).parents[1] / "provision" / "wait_ready.py"
+WAIT_READY = REPO / "provision" / "wait_ready.py"
 
 
 def test_wait_ready_ends_when_the_server_process_is_gone():

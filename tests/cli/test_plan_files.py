@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import FIXTURES
 from harness.fake_hub import GOOD_TOKEN, fake_hub, safetensors_bytes
 from rocmdoctor.model_files import (
     MAX_HEADER_BYTES,
@@ -26,7 +27,7 @@ from rocmdoctor.model_files import (
 from rocmdoctor.model_plan import weights_from_headers
 from rocmdoctor.provision.hub import HubError, fetch_model
 
-CONFIGS = Path(__file__).parent / "fixtures" / "model_configs"
+CONFIGS = FIXTURES / "model_configs"
 MODEL_ID = "loopback-org/tiny-llama"
 SHARD_TENSORS = [
     {
@@ -282,7 +283,7 @@ def test_weights_bytes_offline_for_check_never_asks_the_network(tmp_path: Path):
 
 
 def test_cli_on_a_host_with_a_gpu_uses_the_free_memory_rule(tmp_path: Path):
-    root = Path(__file__).parent / "fixtures" / "hosts" / "strix-halo-clean"
+    root = FIXTURES / "hosts" / "strix-halo-clean"
     write_dir(tmp_path / "m", tiny_files())
     result = subprocess.run(
         [

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from conftest import REPO
 from harness.engine import vllm_python
 from harness.nspawn import Bind, Machine, boot
 from harness.served_bundle import ENGINE_ARGS, ENGINE_ENV, install_argv
 
 pytestmark = [pytest.mark.nspawn, pytest.mark.engine, pytest.mark.timeout(900)]
 
-REPO = Path(__file__).resolve().parents[1]
 PREFIX = "/opt/rocmdoctor"
 MODEL = "/srv/models/tiny"
 API_KEY = "nspawn-test-key-0123456789"

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from conftest import REPO
+
 PACKAGES = {
     "rocmdoctor": REPO / "src" / "rocmdoctor",
     "rocmdoctor.checks": REPO / "checks",

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
+from conftest import REPO
 from harness.hosts import two_instance_layout
 from harness.nspawn import Bind, Machine, boot
 
 pytestmark = [pytest.mark.nspawn, pytest.mark.timeout(600)]
 
-REPO = Path(__file__).resolve().parents[1]
 PREFIX = "/opt/rocmdoctor"
 API_KEY = "rack-test-key-0123456789"
 VENV_PYTHON = Path(sys.executable)
