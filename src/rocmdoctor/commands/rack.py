@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from .. import params
 from ..model import envelope
@@ -121,7 +122,11 @@ def show_plan(plan, stream=sys.stderr) -> None:
 @click.option("--family", default=None, help="On a host with GPUs of several families: the one to serve.")
 @server_options(
     server_option("port", help="The first server's port; the next ones count up, skipping ports in use."),
-    server_option("host", help="Address every server listens on."),
+    server_option(
+        "host",
+        help="Address every server listens on (with --smoke/--bench: where to reach them; default: "
+        "where the written template's readiness check does).",
+    ),
     server_option(
         "gpu_memory_utilization",
         help="Override the value computed for each server from its own devices' free memory.",
@@ -201,6 +206,10 @@ def instances(
     """
     from ..host_writes import HostWriter
 
+    # --smoke/--bench reach the servers where the written template's readiness gate does, unless
+    # --host says otherwise (a server written with --host 10.0.0.5 does not answer on 127.0.0.1).
+    given = click.get_current_context().get_parameter_source("host") is not ParameterSource.DEFAULT
+    reach = opts["host"] if given else None
     if bench:
         if write or smoke:
             raise UserError("--bench measures what is written and running: not with --write or --smoke")
@@ -208,14 +217,12 @@ def instances(
             raise UserError(
                 f"--requests {requests} is smaller than --concurrency {concurrency}: send at least that many"
             )
-        bench_instances(
-            HostWriter(app.root), opts["host"], opts["as_json"], concurrency, requests, max_tokens
-        )
+        bench_instances(HostWriter(app.root), reach, opts["as_json"], concurrency, requests, max_tokens)
         return
     if smoke:
         if write:
             raise UserError("--smoke tests what is written: run --write first, then --smoke")
-        smoke_instances(HostWriter(app.root), opts["host"], opts["as_json"])
+        smoke_instances(HostWriter(app.root), reach, opts["as_json"])
         return
     write_layout(app, opts, write, check_only, user, timeout_s)
 
@@ -275,8 +282,9 @@ def write_layout(
     )
 
 
-def written_targets(writer, host: str) -> list:
-    """Each written instance as (name, URL, key), from its env file."""
+def written_targets(writer, host: str | None) -> list:
+    """Each written instance as (name, URL, key), from its env file; on `host`, or (None) at the
+    address the written template's readiness gate uses."""
     from ..provision import instances as rack
     from ..provision.rack_bench import Target
 
@@ -285,6 +293,7 @@ def written_targets(writer, host: str) -> list:
         raise UserError(
             f"no instances written under {rack.ENV_DIR}: run `rocmdoctor instances --write` first"
         )
+    base = rack.written_base_url(writer) if host is None else None
     targets = []
     for name in sorted(written, key=int):
         env = written[name]
@@ -293,13 +302,13 @@ def written_targets(writer, host: str) -> list:
             raise UserError(
                 f"{rack.env_path(name)}: no valid {rack.PORT_VAR}; rerun `rocmdoctor instances --write`"
             )
-        url = rack.server_url(host, int(port))
+        url = f"{base}:{port}" if base else rack.server_url(host or "127.0.0.1", int(port))
         targets.append(Target(name, url, env.get("VLLM_API_KEY") or None))
     return targets
 
 
 def bench_instances(
-    writer, host: str, as_json: bool, concurrency: int, requests: int, max_tokens: int
+    writer, host: str | None, as_json: bool, concurrency: int, requests: int, max_tokens: int
 ) -> None:
     from ..provision.bench import BenchOptions
     from ..provision.rack_bench import InstanceAborted, run_rack_bench
@@ -331,7 +340,7 @@ def bench_instances(
     sys.exit(report["exit_code"])
 
 
-def smoke_instances(writer, host: str, as_json: bool) -> None:
+def smoke_instances(writer, host: str | None, as_json: bool) -> None:
     """`rocmdoctor smoke` against every instance the written files describe; exit 1 if one fails."""
     from ..provision.smoke import SmokeOptions, run_smoke
 
