@@ -231,6 +231,13 @@ def gpu_runtime(ctx: Context) -> Result:
         return Result(
             Status.ERROR, f"the GPU probe refused its arguments: {run.error.get('message')}", details=details
         )
+    if run.failed_stage == "memory rule":  # the probe's copy of rocmdoctor is incomplete: ours too
+        return Result(
+            Status.ERROR,
+            f"the GPU probe is incomplete: {run.error.get('message')}",
+            "Reinstall rocmdoctor: the probe loads memory_rule.py from the installed package.",
+            details,
+        )
     if run.failed_stage in ("import torch", "runtime"):
         remedy = (
             "Reinstall the bundle (`rocmdoctor install`): its torch must import with PYTHONNOUSERSITE=1 "

@@ -17,9 +17,10 @@ import asyncio
 import math
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
-from typing import Any
+from typing import Any, TypeVar
 
 from rocmdoctor import __version__
 from rocmdoctor.model import SCHEMA_VERSION
@@ -31,6 +32,7 @@ SEED_TEXT = (
     "the latency of each reply under load. "
 )
 PERCENTILES = (50, 90, 99)
+T = TypeVar("T")
 # The knee: the smallest concurrency that reaches this share of the best throughput measured.
 KNEE_SHARE = 0.9
 # Errors that every later request would repeat: stop the run instead of waiting them out.
@@ -190,25 +192,48 @@ def find_knee(levels: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-async def _prompt_ids(
-    client: oc.Client, model: str, prompt_tokens: int, count: int
-) -> list[list[int]] | None:
-    """Exactly `prompt_tokens` token ids per request, a different rotation each so prefix caching
-    cannot skip the prefill; None when the server has no /tokenize (then words are sent)."""
+async def _prompt_ids(client: oc.Client, model: str) -> list[int] | None:
+    """The seed text's token ids, from which every prompt is made (exact token counts); None when
+    the server has no /tokenize (then words are sent)."""
     try:
         ids = await client.tokenize({"model": model, "prompt": SEED_TEXT})
     except oc.ServerError as exc:
         if exc.kind in FATAL_KINDS and exc.kind != oc.MODEL_NOT_FOUND:
             raise BenchAborted(exc) from None
         return None
-    if not ids:
-        return None
-    return [[ids[(i + k) % len(ids)] for k in range(prompt_tokens)] for i in range(count)]
+    return ids or None
 
 
-def _prompt_words(prompt_tokens: int, count: int) -> list[str]:
-    words = SEED_TEXT.split()
-    return [" ".join(words[(i + k) % len(words)] for k in range(prompt_tokens)) for i in range(count)]
+def unique_prompts(units: Sequence[T], length: int, start: int, count: int) -> list[list[T]]:
+    """Prompts number start .. start+count-1 of a run, `length` units each, no two alike from their
+    first unit on: prompt j opens with j written in base len(units) (the digits are units), then the
+    seed rotated by j. vLLM's prefix cache matches whole blocks from a prompt's start, so no prompt
+    finds another's prefill to skip, within a level or across levels (a rotation alone repeats
+    after len(units) prompts, and a level reusing the previous level's prompts is all cache hits)."""
+    n = len(units)
+    width = 1
+    while n > 1 and n**width < start + count:
+        width += 1
+    prompts = []
+    for j in range(start, start + count):
+        digits = [units[(j // n**d) % n] for d in range(width)]
+        prompts.append((digits + [units[(j + k) % n] for k in range(length)])[:length])
+    return prompts
+
+
+def prompt_bodies(
+    model: str, ids: list[int] | None, options: BenchOptions, start: int, count: int
+) -> list[dict[str, Any]]:
+    """The request bodies for prompts start .. start+count-1 (token ids, or words without /tokenize)."""
+    prompts: list[Any] = (
+        unique_prompts(ids, options.prompt_tokens, start, count)
+        if ids is not None
+        else [" ".join(p) for p in unique_prompts(SEED_TEXT.split(), options.prompt_tokens, start, count)]
+    )
+    return [
+        {"model": model, "prompt": p, "max_tokens": options.max_tokens, "ignore_eos": True, "temperature": 0}
+        for p in prompts
+    ]
 
 
 async def _generation_counter(client: oc.Client, model: str) -> float | None:
@@ -310,7 +335,7 @@ async def run_levels(options: BenchOptions) -> dict[str, Any]:
     server = oc.Server(options.url, options.api_key, options.timeout_s)
     async with oc.open_client(server, connections=max(levels)) as client:
         model = await resolve_model(client, options.model)
-        ids = await _prompt_ids(client, model, options.prompt_tokens, options.requests)
+        ids = await _prompt_ids(client, model)
         try:
             return await _measure(client, options, levels, model, ids)
         except oc.ServerError as exc:  # the /metrics counter read around the levels
@@ -318,30 +343,25 @@ async def run_levels(options: BenchOptions) -> dict[str, Any]:
 
 
 async def _measure(
-    client: oc.Client, options: BenchOptions, levels: list[int], model: str, ids: list[list[int]] | None
+    client: oc.Client, options: BenchOptions, levels: list[int], model: str, ids: list[int] | None
 ) -> dict[str, Any]:
-    prompts: list[Any] = ids if ids is not None else _prompt_words(options.prompt_tokens, options.requests)
-    bodies = [
-        {
-            "model": model,
-            "prompt": p,
-            "max_tokens": options.max_tokens,
-            "ignore_eos": True,
-            "temperature": 0,
-        }
-        for p in prompts
-    ]
     # A warm-up round at the highest concurrency: a fresh engine pays for every new batch shape
     # once (kernel selection, allocator growth), which would otherwise land in the measured levels.
-    warm_up = await run_level(client, bodies[: max(levels)], max(levels))
+    warm_up = await run_level(client, prompt_bodies(model, ids, options, 0, max(levels)), max(levels))
     if warm_up["failures"]:
         raise BenchAborted(oc.ServerError(oc.HTTP, f"the warm-up request failed: {warm_up['errors'][0]}"))
     before = await _generation_counter(client, model)
     results: list[dict[str, Any]] = []
     aborted = None
     try:
-        for concurrency in levels:
-            results.append(await run_level(client, bodies, concurrency))
+        for index, concurrency in enumerate(levels):
+            # Each level its own prompts: none of them is in the prefix cache yet.
+            start = max(levels) + index * options.requests
+            results.append(
+                await run_level(
+                    client, prompt_bodies(model, ids, options, start, options.requests), concurrency
+                )
+            )
             if results[-1]["failures"]:
                 await _still_serving(client)
     except BenchAborted as exc:

@@ -33,6 +33,7 @@ from .unit import (
     DEFAULT_LOAD_TIMEOUT_S,
     PLACEHOLDER,
     STATE_NAME,
+    UNIT_DIR,
     FileSpec,
     ServiceLayout,
     UnitError,
@@ -204,6 +205,20 @@ def current_instances(writer: HostWriter) -> dict[str, dict[str, str]]:
             raw = writer.read_current(env_path(name), ENV_LIMIT)
             out[name] = parse_env(raw.decode("utf-8", "replace")) if raw is not None else {}
     return out
+
+
+# The template's readiness gate: ExecStartPost=... <base URL>:${ROCMDOCTOR_PORT} <model> <timeout>
+READINESS_BASE = re.compile(
+    r"^ExecStartPost=.*\s(https?://\S+):\$\{" + PORT_VAR + r"\}(?:\s|$)", re.MULTILINE
+)
+
+
+def written_base_url(writer: HostWriter, unit_dir: str = UNIT_DIR) -> str | None:
+    """Where the written instances are reached from this machine (`http://host`, before the port):
+    the address the template's own readiness gate uses; None without a readable template."""
+    raw = writer.read_current(f"{unit_dir}/{TEMPLATE_NAME}", ENV_LIMIT)
+    match = READINESS_BASE.search(raw.decode("utf-8", "replace")) if raw is not None else None
+    return match.group(1) if match else None
 
 
 def owned_ports(writer: HostWriter) -> set[int]:

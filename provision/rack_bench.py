@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import openai_client as oc
-from .bench import BenchAborted, BenchOptions, _prompt_ids, _prompt_words, resolve_model, run_level
+from .bench import BenchAborted, BenchOptions, _prompt_ids, prompt_bodies, resolve_model, run_level
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,14 +32,9 @@ class InstanceAborted(Exception):
         self.error = error
 
 
-async def _bodies(client: oc.Client, options: BenchOptions) -> list[dict[str, Any]]:
+async def _seed(client: oc.Client, options: BenchOptions) -> tuple[str, list[int] | None]:
     model = await resolve_model(client, options.model)
-    ids = await _prompt_ids(client, model, options.prompt_tokens, options.requests)
-    prompts: list[Any] = ids if ids is not None else _prompt_words(options.prompt_tokens, options.requests)
-    return [
-        {"model": model, "prompt": p, "max_tokens": options.max_tokens, "ignore_eos": True, "temperature": 0}
-        for p in prompts
-    ]
+    return model, await _prompt_ids(client, model)
 
 
 async def _guarded(name: str, work: Any) -> Any:
@@ -57,22 +52,32 @@ async def run(targets: list[Target], options: BenchOptions, concurrency: int) ->
             )
             for t in targets
         ]
-        bodies = [await _guarded(t.name, _bodies(c, options)) for t, c in zip(targets, clients, strict=True)]
-        for t, c, b in zip(targets, clients, bodies, strict=True):
-            warm = await _guarded(t.name, run_level(c, b[:concurrency], concurrency))
+        seeds = [await _guarded(t.name, _seed(c, options)) for t, c in zip(targets, clients, strict=True)]
+        # Warm-up, alone and together each send prompts no earlier run sent: no prefix-cache hits.
+        runs = [
+            (0, concurrency),
+            (concurrency, options.requests),
+            (concurrency + options.requests, options.requests),
+        ]
+        warm_up, alone_set, together_set = (
+            [prompt_bodies(model, ids, options, start, count) for model, ids in seeds]
+            for start, count in runs
+        )
+        for t, c, b in zip(targets, clients, warm_up, strict=True):
+            warm = await _guarded(t.name, run_level(c, b, concurrency))
             if warm["failures"]:
                 raise InstanceAborted(
                     t.name, oc.ServerError(oc.HTTP, f"the warm-up failed: {warm['errors'][0]}")
                 )
         alone = [
             await _guarded(t.name, run_level(c, b, concurrency))
-            for t, c, b in zip(targets, clients, bodies, strict=True)
+            for t, c, b in zip(targets, clients, alone_set, strict=True)
         ]
         started = time.perf_counter()
         together = await asyncio.gather(
             *(
                 _guarded(t.name, run_level(c, b, concurrency))
-                for t, c, b in zip(targets, clients, bodies, strict=True)
+                for t, c, b in zip(targets, clients, together_set, strict=True)
             )
         )
         wall = time.perf_counter() - started

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +20,7 @@ from rocmdoctor.model import SCHEMA_VERSION, Result, Status, exit_code, failed, 
 from rocmdoctor.provision import openai_client as oc
 from rocmdoctor.provision import openai_schema as schema
 from rocmdoctor.provision import prometheus
+from rocmdoctor.registry import StepOutcome, Steps, StepSpec
 
 MAX_TOKENS = 16
 PROMPT = "The server answers the prompt"
@@ -38,14 +39,6 @@ class SmokeOptions:
     model: str = "auto"
     api_key: str | None = None
     timeout_s: float = 30.0
-
-
-@dataclass
-class Step:
-    id: str
-    title: str
-    result: Result
-    elapsed_s: float = 0.0
 
 
 @dataclass
@@ -70,6 +63,29 @@ class StepFailed(Exception):
     def __init__(self, result: Result) -> None:
         super().__init__(result.summary)
         self.result = result
+
+
+StepFn = Callable[[_State], Awaitable[Result]]
+# The steps, in the order they run; a step runs only when the steps it depends on passed (or warned).
+SMOKE: Steps[_State] = Steps()
+
+
+def smoke_step(id: str, title: str, *, depends: Iterable[str] = ()) -> Callable[[StepFn], StepFn]:
+    """Declare a step; a request that fails becomes the finding `explain` gives for it."""
+
+    def declare(fn: StepFn) -> StepFn:
+        async def guarded(state: _State) -> Result:
+            try:
+                return await fn(state)
+            except StepFailed as exc:
+                return exc.result
+            except oc.ServerError as exc:
+                return await explain(state, exc)
+
+        SMOKE.step(id, title, depends=depends)(guarded)
+        return fn
+
+    return declare
 
 
 async def _health_now(client: oc.Client) -> str:
@@ -182,6 +198,7 @@ def _chat_body(state: _State) -> dict[str, Any]:
     }
 
 
+@smoke_step("health", "GET /health")
 async def step_health(state: _State) -> Result:
     try:
         await state.client.health()
@@ -200,6 +217,7 @@ async def step_health(state: _State) -> Result:
     return passed("/health answers 200")
 
 
+@smoke_step("models", "GET /v1/models", depends=("health",))
 async def step_models(state: _State) -> Result:
     state.served = await state.client.models()
     if not state.served:
@@ -221,6 +239,7 @@ async def step_models(state: _State) -> Result:
     return passed(f"serves {wanted!r}", served=state.served)
 
 
+@smoke_step("completion", "POST /v1/completions", depends=("models",))
 async def step_completion(state: _State) -> Result:
     try:
         state.baseline = await state.client.metrics()
@@ -237,6 +256,7 @@ async def step_completion(state: _State) -> Result:
     return passed(f"{tokens} tokens of text", completion_tokens=tokens, text=text[:80])
 
 
+@smoke_step("chat", "POST /v1/chat/completions", depends=("models",))
 async def step_chat(state: _State) -> Result:
     answer = await state.client.completion("/v1/chat/completions", _chat_body(state))
     text = _non_empty("/v1/chat/completions", answer.text)
@@ -247,6 +267,7 @@ async def step_chat(state: _State) -> Result:
     return passed(f"{tokens} tokens of chat reply", completion_tokens=tokens, text=text[:80])
 
 
+@smoke_step("chat-stream", "streamed chat with usage", depends=("models",))
 async def step_chat_stream(state: _State) -> Result:
     streamed = await state.client.stream("/v1/chat/completions", _chat_body(state))
     _non_empty("/v1/chat/completions (stream)", streamed.text)
@@ -273,6 +294,7 @@ async def step_chat_stream(state: _State) -> Result:
     )
 
 
+@smoke_step("determinism", "greedy determinism", depends=("completion",))
 async def step_determinism(state: _State) -> Result:
     answer = await state.client.completion("/v1/completions", _completion_body(state))
     text = answer.text
@@ -301,6 +323,7 @@ def _metric_growth(state: _State, now: list[prometheus.Sample], name: str) -> fl
     return after - before
 
 
+@smoke_step("metrics", "GET /metrics counters", depends=("completion",))
 async def step_metrics(state: _State) -> Result:
     if state.baseline is None and state.baseline_error and state.baseline_error.kind == oc.BAD_RESPONSE:
         raise state.baseline_error  # an answer too large or not Prometheus text: a failure, not a gap
@@ -347,6 +370,7 @@ async def step_metrics(state: _State) -> Result:
     )
 
 
+@smoke_step("version", "GET /version", depends=("health",))
 async def step_version(state: _State) -> Result:
     version = await state.client.version()
     if not version:
@@ -354,64 +378,29 @@ async def step_version(state: _State) -> Result:
     return passed(f"vLLM {version}", version=version)
 
 
-StepFn = Callable[[_State], Awaitable[Result]]
-STEPS: list[tuple[str, str, StepFn]] = [
-    ("health", "GET /health", step_health),
-    ("models", "GET /v1/models", step_models),
-    ("completion", "POST /v1/completions", step_completion),
-    ("chat", "POST /v1/chat/completions", step_chat),
-    ("chat-stream", "streamed chat with usage", step_chat_stream),
-    ("determinism", "greedy determinism", step_determinism),
-    ("metrics", "GET /metrics counters", step_metrics),
-    ("version", "GET /version", step_version),
-]
-# A step runs only when these passed (or warned) before it.
-NEEDS = {
-    "models": ("health",),
-    "completion": ("models",),
-    "chat": ("models",),
-    "chat-stream": ("models",),
-    "determinism": ("completion",),
-    "metrics": ("completion",),
-    "version": ("health",),
-}
-
-
-async def _run_step(state: _State, fn: StepFn) -> Result:
-    try:
-        return await fn(state)
-    except StepFailed as exc:
-        return exc.result
-    except oc.ServerError as exc:
-        return await explain(state, exc)
-
-
-async def run_steps(options: SmokeOptions) -> tuple[list[Step], str | None]:
-    """Every step in order, each timed; returns the steps and the model they used."""
-    steps: list[Step] = []
-    status: dict[str, Status] = {}
+async def run_steps(options: SmokeOptions) -> tuple[list[StepOutcome[_State]], str | None]:
+    """Every step in order, each timed; returns the outcomes and the model they used."""
     deadline = time.monotonic() + options.timeout_s
     async with oc.open_client(oc.Server(options.url, options.api_key, options.timeout_s, deadline)) as client:
         state = _State(client, options)
-        for step_id, title, fn in STEPS:
-            blocker = next(
-                (n for n in NEEDS.get(step_id, ()) if status[n] not in (Status.PASS, Status.WARN)), None
-            )
-            started = time.perf_counter()
+
+        def precondition(_spec: StepSpec[_State]) -> Result | None:
+            # Once the server is gone or the time is spent, the later steps would only repeat that.
             if state.stop_reason:
-                result = skipped(state.stop_reason)
-            elif time.monotonic() >= deadline:
-                result = skipped(f"the --timeout of {options.timeout_s:g} s is spent")
-            elif blocker:
-                result = skipped(f"needs the {blocker!r} step")
-            else:
-                result = await _run_step(state, fn)
-            steps.append(Step(step_id, title, result, time.perf_counter() - started))
-            status[step_id] = result.status
-    return steps, state.model
+                return skipped(state.stop_reason)
+            if time.monotonic() >= deadline:
+                return skipped(f"the --timeout of {options.timeout_s:g} s is spent")
+            return None
+
+        outcomes = await SMOKE.run(
+            state, precondition, lambda blocker: skipped(f"needs the {blocker!r} step")
+        )
+    return outcomes, state.model
 
 
-def build_report(options: SmokeOptions, steps: list[Step], model: str | None) -> dict[str, Any]:
+def build_report(
+    options: SmokeOptions, steps: list[StepOutcome[_State]], model: str | None
+) -> dict[str, Any]:
     statuses = [s.result.status for s in steps]
     return {
         "schema_version": SCHEMA_VERSION,
@@ -424,12 +413,12 @@ def build_report(options: SmokeOptions, steps: list[Step], model: str | None) ->
         "exit_code": exit_code(statuses),
         "steps": [
             {
-                "id": s.id,
-                "title": s.title,
+                "id": s.spec.id,
+                "title": s.spec.title,
                 "status": s.result.status.value,
                 "summary": s.result.summary,
                 "remedy": s.result.remedy,
-                "elapsed_s": round(s.elapsed_s, 4),
+                "elapsed_s": round(s.duration_s, 4),
                 "details": s.result.details,
             }
             for s in steps

@@ -66,34 +66,24 @@ def _set_no_color(ctx: click.Context, _param: click.Parameter, value: bool) -> N
         _app(ctx).no_color = True
 
 
+def _again(declarations: list[str], callback: Any, **kind: Any) -> click.Option:
+    """A global option once more on a subcommand: eager, so it sets the App before the command's own."""
+    return click.Option(
+        declarations,
+        expose_value=False,
+        is_eager=True,
+        callback=callback,
+        help=f"Same as the global {declarations[0]}.",
+        **kind,
+    )
+
+
 def _global_options() -> list[click.Option]:
     """The group's options, accepted after the subcommand too (`check --root X -v`)."""
     return [
-        click.Option(
-            ["--root"],
-            type=str,
-            default=None,
-            expose_value=False,
-            is_eager=True,
-            callback=_set_root,
-            help="Same as the global --root.",
-        ),
-        click.Option(
-            ["-v", "--verbose"],
-            count=True,
-            expose_value=False,
-            is_eager=True,
-            callback=_add_verbose,
-            help="Same as the global -v.",
-        ),
-        click.Option(
-            ["--no-color"],
-            is_flag=True,
-            expose_value=False,
-            is_eager=True,
-            callback=_set_no_color,
-            help="Same as the global --no-color.",
-        ),
+        _again(["--root"], _set_root, type=str, default=None),
+        _again(["-v", "--verbose"], _add_verbose, count=True),
+        _again(["--no-color"], _set_no_color, is_flag=True),
     ]
 
 

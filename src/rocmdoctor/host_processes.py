@@ -58,8 +58,10 @@ class SignalsToStop:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        # Once a stop was asked for, the process is on its way out: a second Ctrl-C that arrives after
+        # the stop finished must not turn a clean exit into death by SIGINT.
         for sig, old in self.previous.items():
-            signal.signal(sig, old)
+            signal.signal(sig, signal.SIG_IGN if self.received else old)
 
 
 def tail(path: Path, lines: int, window: int = TAIL_WINDOW) -> str:

@@ -3,6 +3,9 @@
 vLLM (vllm/v1/worker/utils.py `request_memory`) refuses to start when
     free < ceil(total * gpu_memory_utilization)
 measured on the device's *total* memory at startup, not on what other processes left.
+
+The GPU probe (probes/gpu_probe.py) runs on the bundle's interpreter and loads this file by path, so it
+imports the standard library only.
 """
 
 from __future__ import annotations

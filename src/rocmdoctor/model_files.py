@@ -46,14 +46,19 @@ def header_length(first8: bytes, source: str) -> int:
     return length
 
 
-def parse_header(blob: bytes, source: str) -> dict:
+def json_object(data: bytes, what: str, not_json: str = "is not valid JSON") -> dict:
+    """`data` as a JSON object, or ModelFilesError: "{what} {not_json} (why)" / "{what} is not a JSON object"."""
     try:
-        header = json.loads(blob.decode("utf-8"))
+        value = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelFilesError(f"{source}: the safetensors header is not JSON ({exc})") from None
-    if not isinstance(header, dict):
-        raise ModelFilesError(f"{source}: the safetensors header is not a JSON object")
-    return header
+        raise ModelFilesError(f"{what} {not_json} ({exc})") from None
+    if not isinstance(value, dict):
+        raise ModelFilesError(f"{what} is not a JSON object")
+    return value
+
+
+def parse_header(blob: bytes, source: str) -> dict:
+    return json_object(blob, f"{source}: the safetensors header", not_json="is not JSON")
 
 
 def _read_exact(stream: BinaryIO, n: int, source: str) -> bytes:
@@ -81,13 +86,7 @@ def read_json(path: Path, limit: int) -> dict:
         raise ModelFilesError(f"cannot read {path}: {exc.strerror or exc}") from None
     if len(data) > limit:
         raise ModelFilesError(f"{path} is larger than {limit} bytes; not a model config")
-    try:
-        value = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelFilesError(f"{path} is not valid JSON ({exc})") from None
-    if not isinstance(value, dict):
-        raise ModelFilesError(f"{path} is not a JSON object")
-    return value
+    return json_object(data, str(path))
 
 
 def shard_names(index: dict, source: str) -> list[str]:

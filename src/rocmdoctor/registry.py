@@ -11,9 +11,9 @@ from __future__ import annotations
 import fnmatch
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from .host import Host
 from .model import Action, Probe, Result, Severity, Status
@@ -188,36 +188,116 @@ class Registry:
         outcomes: list[Outcome] = []
         for spec in specs:
             started = time.perf_counter()
-            blocker = next(
-                (
-                    d
-                    for d in spec.depends
-                    if d in results and results[d].status not in (Status.PASS, Status.WARN)
-                ),
-                None,
-            )
-            if blocker is not None:
-                result = Result(
-                    Status.SKIP,
-                    f"skipped: {blocker} did not pass",
-                    details={"skipped_because_of": blocker},
-                )
-            else:
-                result = run_isolated(spec, ctx)
+            blocker = first_blocker(spec.depends, results)
+            result = blocked_result(blocker) if blocker is not None else run_isolated(spec, ctx)
             results[spec.id] = result
             outcomes.append(Outcome(spec, result, time.perf_counter() - started))
         return outcomes
 
 
+def first_blocker(depends: Iterable[str], results: Mapping[str, Result]) -> str | None:
+    """The skip rule of checks and steps alike: the first prerequisite that ran and neither passed
+    nor warned (one root cause, one failure; its dependents are skipped)."""
+    return next(
+        (d for d in depends if d in results and results[d].status not in (Status.PASS, Status.WARN)),
+        None,
+    )
+
+
+def blocked_result(blocker: str) -> Result:
+    return Result(Status.SKIP, f"skipped: {blocker} did not pass", details={"skipped_because_of": blocker})
+
+
+def _checked(spec_id: str, result: Any) -> Result:
+    if not isinstance(result, Result):
+        raise TypeError(f"{spec_id} returned {type(result).__name__}, not Result")
+    return result
+
+
+def _crashed(exc: Exception, what: str) -> Result:
+    return Result(
+        Status.ERROR,
+        f"rocmdoctor could not evaluate this {what}: {type(exc).__name__}: {exc}",
+        details={"traceback": traceback.format_exc(limit=8)},
+    )
+
+
 def run_isolated(spec: CheckSpec, ctx: Context) -> Result:
     try:
-        result = spec.fn(ctx)
-        if not isinstance(result, Result):
-            raise TypeError(f"{spec.id} returned {type(result).__name__}, not Result")
-        return result
+        return _checked(spec.id, spec.fn(ctx))
     except Exception as exc:
-        return Result(
-            Status.ERROR,
-            f"rocmdoctor could not evaluate this check: {type(exc).__name__}: {exc}",
-            details={"traceback": traceback.format_exc(limit=8)},
-        )
+        return _crashed(exc, "check")
+
+
+# -- steps: async functions over any context, run with the checks' skip rule ----------------------
+
+C = TypeVar("C")
+StepFn = Callable[[C], Awaitable[Result]]
+
+
+@dataclass(frozen=True, slots=True)
+class StepSpec(Generic[C]):
+    id: str
+    title: str
+    fn: StepFn[C]
+    depends: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutcome(Generic[C]):
+    spec: StepSpec[C]
+    result: Result
+    duration_s: float
+
+
+class Steps(Generic[C]):
+    """A declared sequence of async steps over one context of the caller's (smoke's: a client of
+    one server). Steps run in declaration order, a prerequisite must be declared before its
+    dependents (so there is no cycle), and `run` applies the checks' rule: dependents of a step
+    that did not pass are skipped, an exception becomes an error result."""
+
+    def __init__(self) -> None:
+        self._specs: dict[str, StepSpec[C]] = {}
+
+    def step(self, id: str, title: str, *, depends: Iterable[str] = ()) -> Callable[[StepFn[C]], StepFn[C]]:
+        def register(fn: StepFn[C]) -> StepFn[C]:
+            if id in self._specs:
+                raise RegistryError(f"duplicate step id {id!r}")
+            unknown = [d for d in depends if d not in self._specs]
+            if unknown:
+                raise RegistryError(f"step {id} depends on {unknown}, not declared before it")
+            self._specs[id] = StepSpec(id, title, fn, tuple(depends))
+            return fn
+
+        return register
+
+    @property
+    def specs(self) -> list[StepSpec[C]]:
+        return list(self._specs.values())
+
+    async def run(
+        self,
+        ctx: C,
+        precondition: Callable[[StepSpec[C]], Result | None] = lambda _spec: None,
+        blocked: Callable[[str], Result] = blocked_result,
+    ) -> list[StepOutcome[C]]:
+        """`precondition` may skip a step before the dependency rule is asked (a deadline spent, a
+        server gone): it returns that skip's result, or None to go on."""
+        results: dict[str, Result] = {}
+        outcomes: list[StepOutcome[C]] = []
+        for spec in self._specs.values():
+            started = time.perf_counter()
+            result = precondition(spec)
+            if result is None:
+                blocker = first_blocker(spec.depends, results)
+                result = blocked(blocker) if blocker is not None else await _run_step(spec, ctx)
+            results[spec.id] = result
+            outcomes.append(StepOutcome(spec, result, time.perf_counter() - started))
+        return outcomes
+
+
+async def _run_step(spec: StepSpec[C], ctx: C) -> Result:
+    try:
+        return _checked(spec.id, await spec.fn(ctx))
+    except Exception as exc:
+        return _crashed(exc, "step")

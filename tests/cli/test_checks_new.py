@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from conftest import FIXTURES
-from harness.hosts import check_json, covered
+from harness.hosts import check_json, covered, run_check
 from rocmdoctor.checks import load_registry
 from rocmdoctor.checks.access import acl_grants
 from rocmdoctor.checks.system import count_ranges
 from rocmdoctor.host import Host, StatInfo
 from rocmdoctor.model import Status
-from rocmdoctor.registry import Context, Options, run_isolated
+from rocmdoctor.registry import Context, run_isolated
 
 CASES = FIXTURES / "checks"
 CASE_IDS = sorted(p.name for p in CASES.iterdir() if p.is_dir() and not p.name.startswith("_"))
@@ -36,12 +36,6 @@ def case_copy(tmp_path):
         return root
 
     return copy
-
-
-def run(root, check_id, **options):
-    registry = load_registry()
-    outcomes = registry.run(Context(Host(root), Options(**options)), registry.select(only=[check_id]))
-    return {o.spec.id: o.result for o in outcomes}[check_id]
 
 
 def edit_stat(root, change):
@@ -78,7 +72,7 @@ def test_every_case_file_is_listed_in_its_sources(case):
 
 
 def test_nvidia_with_its_driver_names_the_vllm_error_and_the_remedy():
-    result = run(CASES / "mixed-amd-nvidia", "gpu.mixed_vendor")
+    result = run_check(CASES / "mixed-amd-nvidia", "gpu.mixed_vendor")
     assert result.status is Status.WARN
     assert "Only one platform plugin can be activated, but got: ['cuda', 'rocm']" in result.summary
     assert "10de:2330 at 0000:00:06.0 (driver nvidia)" in result.summary and "580.159.04" in result.summary
@@ -95,7 +89,7 @@ def test_nvidia_card_without_nvidia_driver_passes(case_copy):
     shutil.rmtree(root / "sys/module/nvidia")
     shutil.rmtree(root / "proc/driver/nvidia")
     edit_stat(root, lambda d: [d.pop(k) for k in list(d) if k.startswith("/dev/nvidia")])
-    result = run(root, "gpu.mixed_vendor")
+    result = run_check(root, "gpu.mixed_vendor")
     assert (
         result.status is Status.PASS
         and "driver nouveau" in result.summary
@@ -109,7 +103,7 @@ def test_nvidia_device_nodes_alone_still_warn(case_copy):
     shutil.rmtree(root / "sys/bus/pci/devices/0000:00:06.0")
     shutil.rmtree(root / "sys/module/nvidia")
     shutil.rmtree(root / "proc/driver/nvidia")
-    result = run(root, "gpu.mixed_vendor")
+    result = run_check(root, "gpu.mixed_vendor")
     assert result.status is Status.WARN and "/dev/nvidiactl" in result.summary
 
 
@@ -119,14 +113,14 @@ def test_amd_only_host_passes_and_vga_of_another_vendor_is_not_nvidia(case_copy)
     shutil.rmtree(root / "sys/module/nvidia")
     shutil.rmtree(root / "proc/driver/nvidia")
     edit_stat(root, lambda d: [d.pop(k) for k in list(d) if k.startswith("/dev/nvidia")])
-    assert run(root, "gpu.mixed_vendor").status is Status.PASS
+    assert run_check(root, "gpu.mixed_vendor").status is Status.PASS
 
 
 # -- system.numa_balancing ---------------------------------------------------------------------------
 
 
 def test_two_socket_instinct_with_balancing_on_warns_with_a_persistent_remedy():
-    result = run(CASES / "instinct-numa", "system.numa_balancing")
+    result = run_check(CASES / "instinct-numa", "system.numa_balancing")
     assert result.status is Status.WARN and "2 NUMA nodes" in result.summary and "gfx942" in result.summary
     assert "sudo sysctl -w kernel.numa_balancing=0" in result.remedy
     assert "/etc/sysctl.d/" in result.remedy
@@ -140,19 +134,19 @@ def test_numa_balancing_verdicts(case_copy, online, balancing, status):
     root = case_copy("instinct-numa")
     (root / "sys/devices/system/node/online").write_text(online)
     (root / "proc/sys/kernel/numa_balancing").write_text(balancing)
-    assert run(root, "system.numa_balancing").status is status
+    assert run_check(root, "system.numa_balancing").status is status
 
 
 def test_numa_layout_falls_back_to_kfd_cpu_nodes(case_copy):
     root = case_copy("instinct-numa")
     (root / "sys/devices/system/node/online").unlink()
-    result = run(root, "system.numa_balancing")
+    result = run_check(root, "system.numa_balancing")
     assert result.status is Status.WARN and result.details["numa_nodes"] == 2
 
 
 def test_numa_balancing_is_skipped_off_instinct():
-    assert run(CASES / "mixed-amd-nvidia", "system.numa_balancing").status is Status.SKIP
-    assert run(CASES / "desktop-uaccess", "system.numa_balancing").status is Status.SKIP
+    assert run_check(CASES / "mixed-amd-nvidia", "system.numa_balancing").status is Status.SKIP
+    assert run_check(CASES / "desktop-uaccess", "system.numa_balancing").status is Status.SKIP
 
 
 def test_node_list_ranges():
@@ -163,7 +157,7 @@ def test_node_list_ranges():
 
 
 def test_desktop_user_reaching_the_gpu_only_through_uaccess_is_warned():
-    result = run(CASES / "desktop-uaccess", "access.devices")
+    result = run_check(CASES / "desktop-uaccess", "access.devices")
     assert result.status is Status.WARN and "uaccess" in result.summary
     assert result.details["acl_only"] == ["/dev/kfd", "/dev/dri/renderD128"]
     assert result.remedy.startswith("sudo usermod -aG render,video alice")
@@ -172,18 +166,18 @@ def test_desktop_user_reaching_the_gpu_only_through_uaccess_is_warned():
 def test_uaccess_tag_without_the_users_acl_fails_and_says_why(case_copy):
     root = case_copy("desktop-uaccess")
     edit_stat(root, lambda d: [d[k].update(acl=["user::rw-", "group::rw-", "other::---"]) for k in d])
-    result = run(root, "access.devices")
+    result = run_check(root, "access.devices")
     assert result.status is Status.FAIL and "active local seat session" in result.summary
 
 
 def test_a_mask_that_drops_write_denies(case_copy):
     root = case_copy("desktop-uaccess")
     edit_stat(root, lambda d: [d[k].update(acl=["user:1000:rw-", "mask::r--"]) for k in d])
-    assert run(root, "access.devices").status is Status.FAIL
+    assert run_check(root, "access.devices").status is Status.FAIL
 
 
 def test_lxc_render_node_outside_the_gid_map_is_named_with_the_container_remedy():
-    result = run(CASES / "lxc-unmapped", "access.devices")
+    result = run_check(CASES / "lxc-unmapped", "access.devices")
     assert result.status is Status.FAIL
     assert result.summary.startswith("/dev/kfd opens but /dev/dri/renderD128 does not")
     assert "gid 65534" in result.summary and "uid_map 0 100000 65536" in result.summary
@@ -195,7 +189,7 @@ def test_overflow_gid_with_a_name_is_still_a_mapping_problem(case_copy):
     root = case_copy("lxc-unmapped")
     with (root / "etc/group").open("a") as fh:
         fh.write("nogroup:x:65534:\n")
-    result = run(root, "access.devices")
+    result = run_check(root, "access.devices")
     assert result.status is Status.FAIL and "nogroup" not in result.remedy and "overflow" in result.summary
 
 
@@ -204,7 +198,7 @@ def test_identity_maps_are_not_a_container(case_copy):
     for name in ("uid_map", "gid_map"):
         (root / f"proc/self/{name}").write_text("         0          0 4294967295\n")
     edit_stat(root, lambda d: d["/dev/dri/renderD128"].update(gid=992))
-    assert run(root, "access.devices").status is Status.PASS
+    assert run_check(root, "access.devices").status is Status.PASS
 
 
 def _acl_xattr(uid: int, perm: int, mask: int) -> bytes:
@@ -260,7 +254,7 @@ def test_cpu_only_kfd_with_a_radeon_driven_gpu_says_so():
 
 
 def test_toolchain_does_not_run_on_a_replayed_root():
-    result = run(CASES / "mixed-amd-nvidia", "toolchain.jit")
+    result = run_check(CASES / "mixed-amd-nvidia", "toolchain.jit")
     assert result.status is Status.SKIP and "replayed root" in result.summary
 
 
@@ -282,7 +276,7 @@ def test_working_compiler_links_a_shared_object(tmp_path):
     assert GCC is not None, "tests/setup/10-system-packages.sh installs gcc"
     prefix = _bundle(tmp_path, f'exec {GCC} "$@"')
     started = time.perf_counter()
-    result = run(Path("/"), "toolchain.jit", prefix=str(prefix))
+    result = run_check(Path("/"), "toolchain.jit", prefix=str(prefix))
     elapsed = time.perf_counter() - started
     assert result.status is Status.PASS, result.summary
     assert result.details["bundle_compiler"] is True and elapsed < 1.0
@@ -291,7 +285,7 @@ def test_working_compiler_links_a_shared_object(tmp_path):
 def test_compiler_without_libc_headers_fails_naming_them(tmp_path):
     assert GCC is not None, "tests/setup/10-system-packages.sh installs gcc"
     prefix = _bundle(tmp_path, f'exec {GCC} -nostdinc "$@"')  # a real gcc that finds no stdlib.h
-    result = run(Path("/"), "toolchain.jit", prefix=str(prefix))
+    result = run_check(Path("/"), "toolchain.jit", prefix=str(prefix))
     assert result.status is Status.FAIL and "libc headers missing" in result.summary, result.summary
     assert "stdlib.h" in result.details["stderr_tail"]
     assert "build-essential" in result.remedy  # this machine is Debian
@@ -318,12 +312,12 @@ def test_unstartable_bundled_compiler_says_how_to_repair(tmp_path):
     prefix = _bundle(tmp_path, "exit 0")
     clang = next((tmp_path / "prefix").rglob("clang"))
     clang.chmod(0o644)
-    result = run(Path("/"), "toolchain.jit", prefix=str(prefix))
+    result = run_check(Path("/"), "toolchain.jit", prefix=str(prefix))
     assert result.status is Status.FAIL and "chmod +x" in result.remedy
 
 
 def test_before_install_only_the_files_are_looked_for(tmp_path):
-    result = run(Path("/"), "toolchain.jit", prefix=str(tmp_path / "empty-prefix"))
+    result = run_check(Path("/"), "toolchain.jit", prefix=str(tmp_path / "empty-prefix"))
     assert result.details["bundle_installed"] is False
     assert result.status in (Status.PASS, Status.WARN)
     assert (result.status is Status.PASS) == (not result.details["missing_files"])
@@ -377,5 +371,5 @@ def test_nvidia_seen_only_through_the_drm_class(case_copy, driver, status):
     card.joinpath("uevent").write_text(
         f"DRIVER={driver}\nPCI_CLASS=30200\nPCI_ID=10DE:2330\nPCI_SLOT_NAME=0000:00:06.0\n"
     )
-    result = run(root, "gpu.mixed_vendor")
+    result = run_check(root, "gpu.mixed_vendor")
     assert result.status is status and f"(driver {driver})" in result.summary

@@ -8,6 +8,7 @@ script that hangs, crashes or prints garbage.
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import os
@@ -17,8 +18,6 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from conftest import REPO
 from harness.deep import GIB, RX_7900_XTX_NAME, STRIX_HALO, fake_rocm_python, rocm_gpu, shell_python
@@ -85,29 +84,38 @@ def rx7900xtx_root(tmp_path: Path) -> Path:
 # -- the probe ---------------------------------------------------------------------------------
 
 
-@settings(max_examples=400, deadline=None)
-@given(
-    total=st.integers(min_value=1, max_value=600 * GIB),
-    share=st.floats(min_value=0, max_value=1.2),
-    margin=st.integers(min_value=0, max_value=8 * GIB),
-    util=st.floats(min_value=-0.1, max_value=1.1),
-)
-def test_probe_rule_is_the_memory_rule(total, share, margin, util):
-    probe = load_probe_module()
-    free = int(total * share)
-    assert probe.largest_passing(total, free) == memory_rule.largest_passing(total, free)
-    assert probe.recommended(total, free, margin) == memory_rule.recommended(total, free, margin)
-    assert probe.passes(total, free, util) == memory_rule.passes(total, free, util)
-    assert probe.DEFAULT_MARGIN_BYTES == memory_rule.DEFAULT_MARGIN_BYTES
+def test_probe_applies_the_one_memory_rule():
+    """The probe loads rocmdoctor's memory_rule.py by path (it runs where rocmdoctor cannot be imported)."""
+    rule = load_probe_module().load_memory_rule()
+    assert Path(rule.__file__).samefile(memory_rule.__file__)
+    assert rule.recommended(80 * GIB, 60 * GIB) == memory_rule.recommended(80 * GIB, 60 * GIB)
 
 
-def test_probe_rule_agrees_at_exact_boundaries():
-    probe = load_probe_module()
-    for total in (137438953472, 85899345920, 150109880320, 25753026560, 3):
-        for pct in range(0, 101):
-            free = memory_rule.requested_bytes(total, pct / 100)
-            for f in (free - 1, free, free + 1):
-                assert probe.largest_passing(total, f) == memory_rule.largest_passing(total, f)
+def test_memory_rule_imports_the_standard_library_only():
+    """What the bundle's interpreter has: the rule may not import rocmdoctor or a third-party package."""
+    tree = ast.parse(Path(memory_rule.__file__).read_text())
+    imported = {
+        alias.name.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    } | {
+        node.module.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module
+    }
+    assert imported <= set(sys.stdlib_module_names), imported - set(sys.stdlib_module_names)
+    assert not any(isinstance(node, ast.ImportFrom) and node.level for node in ast.walk(tree))
+
+
+def test_probe_without_its_memory_rule_says_so_in_its_document(tmp_path):
+    lone = tmp_path / "pkg" / "probes" / "gpu_probe.py"
+    lone.parent.mkdir(parents=True)
+    lone.write_bytes(Path(probe_path()).read_bytes())
+    proc = subprocess.run([sys.executable, str(lone)], capture_output=True, text=True, timeout=60)
+    report = json.loads(proc.stdout)
+    assert report["error"]["stage"] == "memory rule"
+    assert str(tmp_path / "pkg" / "memory_rule.py") in report["error"]["message"]
 
 
 @pytest.mark.system  # the real vLLM CPU environment's torch
@@ -260,6 +268,17 @@ def test_probe_refusing_its_arguments_is_an_error_of_ours(tmp_path):
     runtime = deep_results(python)["gpu.runtime"]
     assert runtime.status is Status.ERROR
     assert "refused its arguments" in runtime.summary
+
+
+def test_probe_without_its_memory_rule_is_an_error_of_ours(tmp_path):
+    lone = tmp_path / "pkg" / "probes" / "gpu_probe.py"
+    lone.parent.mkdir(parents=True)
+    lone.write_bytes(Path(probe_path()).read_bytes())
+    python = shell_python(tmp_path / "bin", f'shift; exec {sys.executable} {lone} "$@"')
+    runtime = deep_results(python)["gpu.runtime"]
+    assert runtime.status is Status.ERROR
+    assert "the GPU probe is incomplete" in runtime.summary and "memory_rule.py" in runtime.summary
+    assert "Reinstall rocmdoctor" in runtime.remedy
 
 
 def test_missing_interpreter_fails_with_the_install_remedy(tmp_path):

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from harness.fake_openai import MISBEHAVIOURS, fake_servers
-from rocmdoctor.cli import main as rocmdoctor_main
+from harness.smoke_cli import rocmdoctor_in_process
 
 TIMEOUT_S = 2.0
 # What a loaded machine may add to a deadline: process start, a slow scheduler, the stop.
@@ -96,22 +96,10 @@ def servers():
         yield running
 
 
-def run_in_process(capsys, monkeypatch, *args: str) -> tuple[int, str, str, float]:
-    """The real command line, in this process (the class has 50 members: no interpreter start each)."""
-    monkeypatch.setattr(sys, "argv", ["rocmdoctor", *args])
-    started = time.monotonic()
-    with pytest.raises(SystemExit) as exited:
-        rocmdoctor_main()
-    elapsed = time.monotonic() - started
-    out, err = capsys.readouterr()
-    assert "Traceback" not in out + err and "internal error" not in out + err, err
-    return exited.value.code, out, err, elapsed
-
-
 @pytest.mark.parametrize("mode", SMOKE)
 def test_smoke_names_the_endpoint_and_ends_by_its_deadline(servers, capsys, monkeypatch, mode):
     step_id, says = SMOKE[mode]
-    code, out, _, elapsed = run_in_process(
+    code, out, _, elapsed = rocmdoctor_in_process(
         capsys, monkeypatch, "smoke", "--url", servers[mode].base_url, "--timeout", str(TIMEOUT_S), "--json"
     )
     steps = {step["id"]: step for step in json.loads(out)["steps"]}
@@ -124,7 +112,7 @@ def test_smoke_names_the_endpoint_and_ends_by_its_deadline(servers, capsys, monk
 
 @pytest.mark.parametrize("mode", BENCH)
 def test_bench_names_the_endpoint_and_ends_by_its_deadline(servers, capsys, monkeypatch, mode):
-    code, _, err, elapsed = run_in_process(
+    code, _, err, elapsed = rocmdoctor_in_process(
         capsys,
         monkeypatch,
         "bench",

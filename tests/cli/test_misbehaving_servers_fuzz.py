@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import string
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,9 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.engine import free_port
-from harness.fake_openai import fake_server_bundle, fake_servers
-from rocmdoctor.cli import main as rocmdoctor_main
+from harness.fake_openai import fake_server_bundle, fake_servers, serve_argv
+from harness.smoke_cli import rocmdoctor_in_process
 
 SLACK_S = 20.0
 CLIENT_MODES = (
@@ -86,14 +84,8 @@ def test_smoke_and_bench_never_crash_and_end_by_their_deadline(servers, capsys, 
         args += _bench_args(data.draw)
     if data.draw(st.booleans(), label="json"):
         args.append("--json")
-    monkeypatch.setattr(sys, "argv", ["rocmdoctor", *args])
-    started = time.monotonic()
-    with pytest.raises(SystemExit) as exited:
-        rocmdoctor_main()
-    elapsed = time.monotonic() - started
-    out, err = capsys.readouterr()
-    assert "Traceback" not in out + err and "internal error" not in out + err, err
-    assert exited.value.code in (0, 1, 2), (exited.value.code, err)
+    code, out, err, elapsed = rocmdoctor_in_process(capsys, monkeypatch, *args)
+    assert code in (0, 1, 2), (code, err)
     # smoke: --timeout is the whole run's; bench: each request's, and a timeout ends the run
     # after at most /v1/models, /tokenize and one level's requests.
     requests_at_most = 1 if command == "smoke" else 3
@@ -109,26 +101,7 @@ def test_smoke_and_bench_never_crash_and_end_by_their_deadline(servers, capsys, 
 def test_serve_never_crashes_ends_by_its_timeout_and_leaves_no_process(tmp_path_factory, mode, timeout, name):
     tmp = tmp_path_factory.mktemp("serve-fuzz")
     prefix = fake_server_bundle(tmp / "opt", "--mode", mode)
-    argv = [
-        sys.executable,
-        "-m",
-        "rocmdoctor",
-        "serve",
-        "--prefix",
-        str(prefix),
-        "--model",
-        "m",
-        "--served-model-name",
-        name,
-        "--gpu-memory-utilization",
-        "0.5",
-        "--port",
-        str(free_port()),
-        "--log-file",
-        str(tmp / "serve.log"),
-        "--timeout",
-        timeout,
-    ]
+    argv = serve_argv(prefix, tmp / "serve.log", "--served-model-name", name, "--timeout", timeout)
     started = time.monotonic()
     done = subprocess.run(argv, capture_output=True, text=True, timeout=float(timeout) + SLACK_S + 60)
     elapsed = time.monotonic() - started

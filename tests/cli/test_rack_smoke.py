@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness.fake_openai import fake_server
-from harness.hosts import run_cli
+from harness.hosts import run_cli, two_instance_layout
 
 KEY = "rack-smoke-key-0123456789"
 
@@ -110,3 +110,59 @@ def test_bench_reports_each_instance_and_the_aggregate(tmp_path: Path):
     assert proc.returncode == 2 and "vllm@0" in proc.stderr and "Traceback" not in proc.stderr
     proc = run_cli("instances", "--bench", "--concurrency", "8", "--requests", "4", root=tmp_path)
     assert proc.returncode == 2 and "smaller than --concurrency" in proc.stderr
+
+
+def test_the_servers_are_reached_where_the_written_template_reaches_them(tmp_path: Path):
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/bash\n")
+    (tmp_path / "etc/group").write_text("root:x:0:\n")
+    written = run_cli(
+        "instances", *two_instance_layout(), "--host", "127.0.0.2", "--model", "m", "--write", root=tmp_path
+    )
+    assert written.returncode == 0, written.stderr
+    with fake_server("--api-key", KEY) as server:  # listens on 127.0.0.1 only
+        port = server.base_url.rsplit(":", 1)[1]
+        env_file(tmp_path, "0", server.base_url)
+        (tmp_path / "etc/rocmdoctor/vllm/1.env").unlink()
+        proc = run_cli("instances", "--smoke", "--json", root=tmp_path, timeout=120)
+        assert (
+            proc.returncode != 0
+            and json.loads(proc.stdout)["instances"][0]["url"] == f"http://127.0.0.2:{port}"
+        )
+        proc = run_cli("instances", "--smoke", "--json", "--host", "127.0.0.1", root=tmp_path, timeout=120)
+        assert proc.returncode == 0, proc.stdout
+        assert json.loads(proc.stdout)["instances"][0]["url"] == server.base_url
+
+
+def test_smoke_and_bench_take_the_written_layout_with_all_instances(tmp_path: Path):
+    with (
+        fake_server("--api-key", KEY) as good,
+        fake_server("--api-key", KEY, "--mode", "fail-completions") as bad,
+    ):
+        env_file(tmp_path, "0", good.base_url)
+        env_file(tmp_path, "1", bad.base_url)
+        via_smoke = run_cli("smoke", "--all-instances", "--json", root=tmp_path, timeout=120)
+        via_instances = run_cli("instances", "--smoke", "--json", root=tmp_path, timeout=120)
+        assert via_smoke.returncode == via_instances.returncode == 1, via_smoke.stderr
+        ours, theirs = json.loads(via_smoke.stdout), json.loads(via_instances.stdout)
+        assert [(i["name"], i["url"], i["exit_code"]) for i in ours["instances"]] == [
+            (i["name"], i["url"], i["exit_code"]) for i in theirs["instances"]
+        ]
+        env_file(tmp_path, "1", good.base_url)
+        proc = run_cli(
+            "bench", "--all-instances", "--concurrency", "1,2", "--requests", "2", "--max-tokens", "4",
+            "--json", root=tmp_path, timeout=180,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        doc = json.loads(proc.stdout)
+        assert [i["name"] for i in doc["instances"]] == ["0", "1"] and doc["failures"] == 0
+        assert all(i["together"]["completed"] == 2 for i in doc["instances"])
+        assert doc["aggregate_output_tokens_per_s"] > 0
+    for argv in (
+        ("smoke", "--all-instances", "--url", "http://127.0.0.1:8000"),
+        ("bench", "--all-instances", "--model", "m"),
+        ("bench", "--all-instances", "--plot", str(tmp_path / "p.png")),
+    ):
+        proc = run_cli(*argv, root=tmp_path)
+        assert proc.returncode == 2 and "not with --all-instances" in proc.stderr, argv
+        assert "Traceback" not in proc.stderr

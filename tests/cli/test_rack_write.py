@@ -197,3 +197,20 @@ def test_unit_instances_is_the_same_layout(root: Path):
         "0,1,2,3",
         "4,5,6,7",
     ]
+
+
+def test_the_template_runs_each_instance_with_its_own_file(root: Path):
+    from harness.unit_exec import UnitExecError, env_file_vars, instance_argv
+
+    done = write(root, "--count", "2", "--", "--load-format", "dummy")
+    template = (root / UNIT_DIR / "vllm@.service").read_text()
+    for name, port in [(i["name"], str(i["port"])) for i in done["instances"]]:
+        env = env_file_vars((root / ENV_DIR / f"{name}.env").read_text())
+        argv = instance_argv(template, name, env)
+        # The model path with a space is one argument again; the ${...} come from this file.
+        assert argv[:3] == ["/opt/rocmdoctor/current/bin/vllm-server", "--model", "/srv/models/tiny model"]
+        assert argv[argv.index("--port") + 1] == port == env["ROCMDOCTOR_PORT"]
+        assert argv[argv.index("--load-format") + 1] == "dummy"
+        assert argv[-2:] == ["--tensor-parallel-size", "1"]
+    with pytest.raises(UnitExecError, match="ROCMDOCTOR_PORT"):
+        instance_argv(template, "0", {})

@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from harness.engine import free_port
-from harness.fake_openai import fake_server, fake_server_bundle
+from harness.fake_openai import fake_server, fake_server_bundle, serve_argv
 
 HIP_INVALID_IMAGE = """\
 INFO Automatically detected platform rocm.
@@ -27,13 +26,19 @@ torch.AcceleratorError: HIP error: hipErrorInvalidImage
 """
 
 
-def stand_in_bundle(tmp_path: Path, log_text: str, exit_code: int) -> Path:
-    prefix = tmp_path / "opt"
+def stand_in_server(prefix: Path, content: str) -> Path:
+    """The bundle's bin/vllm-server under `prefix`, executable, holding `content`."""
     server = prefix / "current" / "bin" / "vllm-server"
     server.parent.mkdir(parents=True)
-    (tmp_path / "server-output.txt").write_text(log_text)
-    server.write_text(f"#!/bin/sh\ncat '{tmp_path / 'server-output.txt'}'\nexit {exit_code}\n")
+    server.write_text(content)
     server.chmod(0o755)
+    return server
+
+
+def stand_in_bundle(tmp_path: Path, log_text: str, exit_code: int) -> Path:
+    prefix = tmp_path / "opt"
+    (tmp_path / "server-output.txt").write_text(log_text)
+    stand_in_server(prefix, f"#!/bin/sh\ncat '{tmp_path / 'server-output.txt'}'\nexit {exit_code}\n")
     return prefix
 
 
@@ -41,25 +46,7 @@ def test_load_failure_prints_the_log_tail_and_the_likely_cause(tmp_path):
     prefix = stand_in_bundle(tmp_path, HIP_INVALID_IMAGE, 1)
     started = time.monotonic()
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rocmdoctor",
-            "serve",
-            "--prefix",
-            str(prefix),
-            "--model",
-            "m",
-            "--gpu-memory-utilization",
-            "0.5",
-            "--port",
-            str(free_port()),
-            "--log-file",
-            str(tmp_path / "serve.log"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
+        serve_argv(prefix, tmp_path / "serve.log"), capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 1
     assert time.monotonic() - started < 30, "an exited server must not wait for the load timeout"
@@ -75,30 +62,9 @@ def test_load_failure_prints_the_log_tail_and_the_likely_cause(tmp_path):
 
 def test_a_server_that_cannot_be_executed_is_a_clear_error(tmp_path):
     prefix = tmp_path / "opt"
-    server = prefix / "current" / "bin" / "vllm-server"
-    server.parent.mkdir(parents=True)
-    server.write_text("no shebang, not a program\n")
-    server.chmod(0o755)
+    server = stand_in_server(prefix, "no shebang, not a program\n")
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rocmdoctor",
-            "serve",
-            "--prefix",
-            str(prefix),
-            "--model",
-            "m",
-            "--gpu-memory-utilization",
-            "0.5",
-            "--port",
-            str(free_port()),
-            "--log-file",
-            str(tmp_path / "serve.log"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
+        serve_argv(prefix, tmp_path / "serve.log"), capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 2
     assert f"rocmdoctor: cannot start {server}" in done.stderr and "Exec format error" in done.stderr
@@ -128,26 +94,6 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
-def serve_argv(prefix: Path, tmp_path: Path, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "rocmdoctor",
-        "serve",
-        "--prefix",
-        str(prefix),
-        "--model",
-        "m",
-        "--gpu-memory-utilization",
-        "0.5",
-        "--port",
-        str(free_port()),
-        "--log-file",
-        str(tmp_path / "serve.log"),
-        *extra,
-    ]
-
-
 def server_pgid(prefix: Path, timeout_s: float = 60) -> int:
     """The stand-in server's pid, which is its process group (serve starts it in its own session)."""
     pid_file = prefix / "server.pid"
@@ -163,7 +109,7 @@ def test_a_readiness_answer_of_any_shape_is_not_ready_and_the_group_is_stopped(t
     prefix = fake_server_bundle(tmp_path / "opt", "--mode", mode)
     started = time.monotonic()
     done = subprocess.run(
-        serve_argv(prefix, tmp_path, "--timeout", str(READY_TIMEOUT_S)),
+        serve_argv(prefix, tmp_path / "serve.log", "--timeout", str(READY_TIMEOUT_S)),
         capture_output=True,
         text=True,
         timeout=READY_TIMEOUT_S + SLACK_S + 60,
@@ -227,7 +173,7 @@ def test_an_error_of_serve_itself_after_the_spawn_stops_the_group_and_says_so(tm
     reader, writer = os.pipe()
     os.close(reader)
     process = subprocess.Popen(
-        serve_argv(prefix, tmp_path, "--json", "--timeout", "60"),
+        serve_argv(prefix, tmp_path / "serve.log", "--json", "--timeout", "60"),
         stdout=writer,
         stderr=subprocess.PIPE,
         text=True,
@@ -242,7 +188,7 @@ def test_an_error_of_serve_itself_after_the_spawn_stops_the_group_and_says_so(tm
 def test_a_second_ctrl_c_does_not_leave_the_server_running(tmp_path):
     prefix = fake_server_bundle(tmp_path / "opt", "--mode", "endless-health")  # never ready
     process = subprocess.Popen(
-        serve_argv(prefix, tmp_path, "--timeout", "300"),
+        serve_argv(prefix, tmp_path / "serve.log", "--timeout", "300"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -20,7 +20,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
@@ -165,6 +165,93 @@ def stop_group(process: subprocess.Popen, pgid: int, grace_s: float = STOP_GRACE
         raise RuntimeError(f"engine process group {pgid} survived SIGKILL: {sorted(left)}")
 
 
+@dataclass(frozen=True)
+class Launch:
+    """One server to start: its whole argv, the port it listens on, the variables set on top of the
+    engine's base environment (see engine_env) and where its output goes."""
+
+    argv: Sequence[str]
+    port: int
+    log_path: Path
+    env: Mapping[str, str] = field(default_factory=dict)
+    served_name: str = "tiny"
+    api_key: str | None = None
+
+
+def engine_command(*args: str) -> list[str]:
+    """`vllm serve`'s OpenAI server in the engine venv, as the test bundle's bin/vllm-server runs it."""
+    return [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server", *args]
+
+
+def engine_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    return {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        # torch.compile and inductor artefacts survive between runs: later starts are faster.
+        "VLLM_CACHE_ROOT": str(test_cache() / "vllm-cache"),
+        **(extra or {}),
+    }
+
+
+def new_log_path() -> Path:
+    fd, name = tempfile.mkstemp(prefix="rocmdoctor-engine-", suffix=".log")
+    os.close(fd)
+    return Path(name)
+
+
+@contextlib.contextmanager
+def start_servers(launches: Sequence[Launch], startup_timeout: float = 300) -> Iterator[list[Engine]]:
+    """Start every server at once (their loads overlap), yield once each answers /health, and on
+    exit stop every process group, whichever of them failed to start."""
+    started = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        running: list[tuple[Launch, subprocess.Popen]] = []
+        for launch in launches:
+            with open(launch.log_path, "ab") as log:
+                process = subprocess.Popen(
+                    list(launch.argv),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=engine_env(launch.env),
+                    start_new_session=True,
+                )
+            stack.callback(stop_group, process, process.pid)
+            running.append((launch, process))
+        ready: dict[int, float] = {}
+        while len(ready) < len(running):
+            for launch, process in running:
+                if launch.port in ready:
+                    continue
+                if _healthy(f"http://127.0.0.1:{launch.port}/health"):
+                    ready[launch.port] = time.monotonic() - started
+                elif process.poll() is not None:
+                    raise EngineStartError(
+                        f"vLLM on port {launch.port} exited with {process.returncode} before /health "
+                        f"answered; log {launch.log_path}:\n" + log_tail(launch.log_path)
+                    )
+            if len(ready) < len(running) and time.monotonic() - started > startup_timeout:
+                late = [launch for launch, _ in running if launch.port not in ready]
+                raise EngineStartError(
+                    f"vLLM not healthy after {startup_timeout:.0f} s; log {late[0].log_path}:\n"
+                    + log_tail(late[0].log_path)
+                )
+            time.sleep(0.5)
+        yield [
+            Engine(
+                f"http://127.0.0.1:{launch.port}",
+                launch.port,
+                launch.served_name,
+                launch.log_path,
+                launch.api_key,
+                process.pid,
+                ready[launch.port],
+            )
+            for launch, process in running
+        ]
+
+
 @contextlib.contextmanager
 def start_engine(
     model_dir: Path,
@@ -184,14 +271,7 @@ def start_engine(
     cold and ~34 s with a warm compile cache (measured in docs/performance.md).
     """
     port = port or free_port()
-    if log_path is None:
-        fd, name = tempfile.mkstemp(prefix="rocmdoctor-engine-", suffix=".log")
-        os.close(fd)
-        log_path = Path(name)
-    argv = [
-        str(vllm_python()),
-        "-m",
-        "vllm.entrypoints.openai.api_server",
+    argv = engine_command(
         "--model",
         str(model_dir),
         "--load-format",
@@ -207,39 +287,7 @@ def start_engine(
         *(["--api-key", api_key] if api_key else []),
         *(["--enforce-eager"] if enforce_eager else []),
         *extra_args,
-    ]
-    full_env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        # torch.compile and inductor artefacts survive between runs: later starts are faster.
-        "VLLM_CACHE_ROOT": str(test_cache() / "vllm-cache"),
-        **(env or {}),
-    }
-    base_url = f"http://127.0.0.1:{port}"
-    started = time.monotonic()
-    with open(log_path, "ab") as log:
-        process = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=full_env,
-            start_new_session=True,
-        )
-    pgid = process.pid
-    try:
-        while not _healthy(f"{base_url}/health"):
-            if process.poll() is not None:
-                raise EngineStartError(
-                    f"vLLM exited with {process.returncode} before /health answered; log {log_path}:\n"
-                    + log_tail(log_path)
-                )
-            if time.monotonic() - started > startup_timeout:
-                raise EngineStartError(
-                    f"vLLM not healthy after {startup_timeout:.0f} s; log {log_path}:\n" + log_tail(log_path)
-                )
-            time.sleep(0.5)
-        yield Engine(base_url, port, served_name, log_path, api_key, process.pid, time.monotonic() - started)
-    finally:
-        stop_group(process, pgid)
+    )
+    launch = Launch(argv, port, log_path or new_log_path(), dict(env or {}), served_name, api_key)
+    with start_servers([launch], startup_timeout) as (engine,):
+        yield engine

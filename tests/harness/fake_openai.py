@@ -496,3 +496,26 @@ def fake_server_bundle(prefix: Path, *fake_args: str) -> Path:
     )
     server.chmod(0o755)
     return prefix
+
+
+def serve_argv(prefix: Path, log_file: Path, *extra: str) -> list[str]:
+    """`rocmdoctor serve` of the bundle under `prefix` (a fake_server_bundle) on a free port."""
+    from .engine import free_port
+
+    return [
+        sys.executable,
+        "-m",
+        "rocmdoctor",
+        "serve",
+        "--prefix",
+        str(prefix),
+        "--model",
+        "m",
+        "--gpu-memory-utilization",
+        "0.5",
+        "--port",
+        str(free_port()),
+        "--log-file",
+        str(log_file),
+        *extra,
+    ]

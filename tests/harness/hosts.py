@@ -37,6 +37,29 @@ def fixture_root(fixture_id: str) -> Path:
     return HOSTS / fixture_id
 
 
+def run_check(root: Path | str, check_id: str, **options: Any) -> Any:
+    """The Result of one check on the tree at `root` (Options(**options)), in this process."""
+    from rocmdoctor.checks import load_registry
+    from rocmdoctor.host import Host
+    from rocmdoctor.registry import Context, Options
+
+    registry = load_registry()
+    outcomes = registry.run(Context(Host(Path(root)), Options(**options)), registry.select(only=[check_id]))
+    return {o.spec.id: o.result for o in outcomes}[check_id]
+
+
+def two_instance_layout() -> list[str]:
+    """`instances` arguments for two servers of one partition each, from the MI308X CPX node's topology."""
+    return [
+        "--devices-from",
+        str(fixture_root("mi308x-cpx")),
+        "--instances",
+        "per-partition",
+        "--count",
+        "2",
+    ]
+
+
 def covered(path: str, pattern: str) -> bool:
     """`path` is `pattern` or one of the directories leading to it (one segment per wildcard)."""
     parts, pat = [p for p in path.split("/") if p], [p for p in pattern.split("/") if p]

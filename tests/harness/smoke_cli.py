@@ -1,4 +1,5 @@
-"""Run the real `rocmdoctor` command line in a subprocess, as a user would."""
+"""Run the real `rocmdoctor` command line in a subprocess, as a user would (or in this process, where
+a test runs it many times: no interpreter start each)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from typing import Any
 
 CLI_TIMEOUT_S = 180
@@ -33,3 +35,19 @@ def rocmdoctor_json(*args: str, timeout: float = CLI_TIMEOUT_S) -> tuple[int, di
 
 def steps_by_id(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {step["id"]: step for step in report["steps"]}
+
+
+def rocmdoctor_in_process(capsys: Any, monkeypatch: Any, *args: str) -> tuple[int, str, str, float]:
+    """The real command line in this process: (exit code, stdout, stderr, seconds); never a traceback."""
+    import pytest
+
+    from rocmdoctor.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["rocmdoctor", *args])
+    started = time.monotonic()
+    with pytest.raises(SystemExit) as exited:
+        main()
+    elapsed = time.monotonic() - started
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err and "internal error" not in out + err, err
+    return exited.value.code, out, err, elapsed

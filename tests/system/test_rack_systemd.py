@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from harness.hosts import fixture_root
+from harness.hosts import two_instance_layout
 from harness.nspawn import Bind, Machine, boot
 
 pytestmark = [pytest.mark.nspawn, pytest.mark.timeout(600)]
@@ -45,12 +45,7 @@ def write(machine: Machine) -> dict:
         "-m",
         "rocmdoctor",
         "instances",
-        "--devices-from",
-        str(fixture_root("mi308x-cpx")),
-        "--instances",
-        "per-partition",
-        "--count",
-        "2",
+        *two_instance_layout(),
         "--port",
         "8000",
         "--model",

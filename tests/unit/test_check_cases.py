@@ -7,8 +7,7 @@ import shutil
 
 import pytest
 
-from harness.hosts import fixture_root
-from rocmdoctor.checks import load_registry
+from harness.hosts import fixture_root, run_check
 from rocmdoctor.host import Host
 from rocmdoctor.model import Status
 from rocmdoctor.registry import Context, Options
@@ -30,12 +29,6 @@ def host_copy(tmp_path):
     return copy
 
 
-def run(root, check_id, **options):
-    registry = load_registry()
-    outcomes = registry.run(Context(Host(root), Options(**options)), registry.select(only=[check_id]))
-    return {o.spec.id: o.result for o in outcomes}[check_id]
-
-
 def edit_json(path, change):
     data = json.loads(path.read_text())
     change(data)
@@ -48,7 +41,7 @@ def test_known_bad_mes_firmware(host_copy, mes, status):
     info = root / "sys/kernel/debug/dri/1/amdgpu_firmware_info"
     info.parent.mkdir(parents=True)
     info.write_text(FIRMWARE_INFO.format(mes=mes))
-    result = run(root, "firmware.mes")
+    result = run_check(root, "firmware.mes")
     assert result.status is status
     assert (hex(mes) in result.summary) is True
 
@@ -56,7 +49,7 @@ def test_known_bad_mes_firmware(host_copy, mes, status):
 def test_device_group_without_a_name_is_a_mapping_problem(host_copy):
     root = host_copy("rx7900xtx-no-render")
     edit_json(root / ".rocmdoctor/stat.json", lambda d: d["/dev/kfd"].update(gid=65534 + 1))
-    result = run(root, "access.devices")
+    result = run_check(root, "access.devices")
     assert result.status is Status.FAIL and "has no name" in result.summary
 
 
@@ -64,7 +57,7 @@ def test_another_user_is_judged_by_the_files_not_the_session(host_copy):
     root = host_copy("strix-point")
     with (root / "etc/passwd").open("a") as fh:
         fh.write("vllm:x:998:998::/var/lib/vllm:/usr/sbin/nologin\n")
-    result = run(root, "access.devices", user="vllm")
+    result = run_check(root, "access.devices", user="vllm")
     assert result.status is Status.FAIL and "sudo usermod -aG render,video vllm" in result.remedy
 
 
@@ -73,28 +66,28 @@ def test_dkms_seen_through_modules_dep_alone(host_copy):
     (root / "lib/modules/6.19.11-1-cachyos/modules.dep").write_text(
         "updates/dkms/amdgpu.ko.zst: kernel/drivers/gpu/drm/drm_exec.ko.zst\n"
     )
-    result = run(root, "driver.dkms")
+    result = run_check(root, "driver.dkms")
     assert result.status is Status.FAIL and "modules_dep" in result.details["signals"]
 
 
 def test_ttm_and_amdttm_that_disagree(host_copy):
     root = host_copy("strix-halo-nocwsr-dkms")
     (root / "sys/module/ttm/parameters/pages_limit").write_text("25165824\n")
-    result = run(root, "memory.ttm")
+    result = run_check(root, "memory.ttm")
     assert result.status is Status.WARN and "disagree" in result.summary
 
 
 def test_port_in_use_without_a_visible_owner(host_copy):
     root = host_copy("mi300x")
     shutil.rmtree(root / "proc/22751")
-    result = run(root, "processes.orphans")
+    result = run_check(root, "processes.orphans")
     assert "port 8000 is already in use by a process rocmdoctor cannot see" in result.summary
 
 
 def test_secret_flags_are_redacted_in_details(host_copy):
     root = host_copy("mi300x")
     (root / "proc/13673/cmdline").write_bytes(b"vllm\x00serve\x00m\x00--api-key\x00s3cret\x00--token=t0k\x00")
-    result = run(root, "processes.orphans")
+    result = run_check(root, "processes.orphans")
     (engine,) = [p for p in result.details["gpu_processes"] if p["pid"] == 13673]
     assert "s3cret" not in engine["cmdline"] and "t0k" not in engine["cmdline"] and "***" in engine["cmdline"]
 
@@ -102,7 +95,7 @@ def test_secret_flags_are_redacted_in_details(host_copy):
 def test_memory_too_small_for_any_model_fails(host_copy):
     root = host_copy("strix-point")
     (root / "proc/meminfo").write_text("MemTotal: 32111336 kB\nMemFree: 10000 kB\nMemAvailable: 900000 kB\n")
-    result = run(root, "memory.gpu")
+    result = run_check(root, "memory.gpu")
     assert result.status is Status.FAIL and result.details["recommended_gpu_memory_utilization"] == 0.0
 
 
@@ -114,7 +107,7 @@ def test_wsl_is_named_as_the_reason(host_copy):
             {"/dev/dxg": {"type": "char", "mode": "0666", "uid": 0, "gid": 0, "rdev": "10:63"}}
         ),
     )
-    result = run(root, "gpu.present")
+    result = run_check(root, "gpu.present")
     assert result.status is Status.FAIL and "WSL" in result.summary
 
 
@@ -132,7 +125,7 @@ def test_strix_halo_with_a_96_gib_carve_out_is_still_an_apu(host_copy):
     assert (gpu.vram_total, gpu.gtt_total) == (96 << 30, 63968 << 20)
     # The runtime reports the larger pool as the device's memory: here the 96 GiB carve-out, whose
     # use this capture lacks, so the verdict names that file instead of sizing the 62.5 GiB GTT.
-    result = run(root, "memory.gpu")
+    result = run_check(root, "memory.gpu")
     assert result.status is Status.WARN and "VRAM" in result.summary
     assert "mem_info_vram_used" in result.summary
 
@@ -140,7 +133,7 @@ def test_strix_halo_with_a_96_gib_carve_out_is_still_an_apu(host_copy):
 def test_a_partition_whose_bank_lost_used_memory_names_the_file(host_copy):
     root = host_copy("mi308x-cpx")
     (root / "sys/class/kfd/kfd/topology/nodes/5/mem_banks/0/used_memory").unlink()
-    result = run(root, "memory.gpu")
+    result = run_check(root, "memory.gpu")
     assert result.status is Status.WARN
     assert "node 5 gfx942 (CPX partition 4 of 4 of GPU 0000:0a:00.0)" in result.summary
     assert "/sys/class/kfd/kfd/topology/nodes/5/mem_banks/0/used_memory" in result.summary
@@ -156,7 +149,7 @@ def test_a_large_carve_out_is_told_that_a_small_one_plus_ttm_gives_vllm_more(hos
     (root / "proc/meminfo").write_text(
         "MemTotal: 32505856 kB\nMemFree: 20000000 kB\nMemAvailable: 30000000 kB\n"
     )
-    result = run(root, "memory.ttm")
+    result = run_check(root, "memory.ttm")
     assert result.status is Status.WARN
     assert "carve-out" in result.summary and "512" in result.remedy
     assert result.details["suggested_pages_limit"] > (15 << 30) // 4096

@@ -10,13 +10,11 @@ from dataclasses import dataclass
 import pytest
 
 from conftest import FIXTURES
-from rocmdoctor.checks import load_registry
+from harness.hosts import run_check
 from rocmdoctor.checks.driver import dkms_rocm_release, release_ordinal
 from rocmdoctor.checks.kernel_guidance import Finding, guidance
 from rocmdoctor.checks.memory_guidance import GIB, PAGES_PER_GIB, carveout_advice, serving_nodes, ttm_matters
-from rocmdoctor.host import Host
 from rocmdoctor.model import Status
-from rocmdoctor.registry import Context, Options
 
 CASES = FIXTURES / "checks"
 DEBIAN_13 = {"id": "debian", "version": "13", "like": "", "name": "Debian GNU/Linux"}
@@ -27,12 +25,6 @@ class Node:
     apu: bool | None
     family: str | None
     gfx: str = ""
-
-
-def run(root, check_id, **options):
-    registry = load_registry()
-    outcomes = registry.run(Context(Host(root), Options(**options)), registry.select(only=[check_id]))
-    return {o.spec.id: o.result for o in outcomes}[check_id]
 
 
 # -- which GPU the memory advice is about ------------------------------------------------------------------
@@ -172,7 +164,7 @@ def test_dkms_versions_map_to_their_rocm_release():
 
 
 def test_instinct_dkms_far_from_its_userspace_is_told_to_align_not_to_remove():
-    result = run(CASES / "instinct-numa", "driver.dkms")
+    result = run_check(CASES / "instinct-numa", "driver.dkms")
     assert result.status is Status.WARN and "5 releases" in result.summary
     assert "Keep amdgpu-dkms" in result.remedy and "--usecase=dkms" in result.remedy
     assert "remove" not in result.remedy.lower()
@@ -183,7 +175,7 @@ def test_instinct_dkms_within_two_releases_passes(tmp_path, rocm, status):
     root = tmp_path / "host"
     shutil.copytree(CASES / "instinct-numa", root, symlinks=True)
     (root / "opt/rocm/.info/version").write_text(rocm)
-    result = run(root, "driver.dkms")
+    result = run_check(root, "driver.dkms")
     assert result.status is status and "pairs with ROCm" in result.summary
 
 
@@ -193,13 +185,13 @@ def test_instinct_dkms_judged_against_the_installed_bundle(tmp_path):
     (root / "opt/rocm/.info/version").unlink()
     (root / "srv/rd/bundles").mkdir(parents=True)
     (root / "srv/rd/current").symlink_to("bundles/vllm0.19.1-rocm7.13.0-gfx942")
-    result = run(root, "driver.dkms", prefix="/srv/rd")
+    result = run_check(root, "driver.dkms", prefix="/srv/rd")
     assert result.status is Status.PASS and "cannot place" in result.summary
     assert "vllm0.19.1-rocm7.13.0-gfx942" in result.summary
 
 
 def test_instinct_fix_kernel_aligns_dkms_and_never_changes_the_kernel():
-    dkms = run(CASES / "instinct-numa", "driver.dkms")
+    dkms = run_check(CASES / "instinct-numa", "driver.dkms")
     finding = Finding(dkms.status.value, dkms.summary, dkms.details, dkms.remedy)
     doc = guidance(
         {"id": "ubuntu", "version": "22.04", "like": "debian"},

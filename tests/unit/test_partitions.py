@@ -6,14 +6,13 @@ import shutil
 
 import pytest
 
-from harness.hosts import fixture_root
-from rocmdoctor.checks import load_registry
+from harness.hosts import fixture_root, run_check
 from rocmdoctor.checks.facts import gpus, partition_of, physical_gpus, usable_memory
 from rocmdoctor.commands.host_pools import pools_from_facts
 from rocmdoctor.host import Host
 from rocmdoctor.memory_rule import recommended
 from rocmdoctor.model import Status
-from rocmdoctor.registry import Context, Options
+from rocmdoctor.registry import Context
 
 GIB = 1 << 30
 PCI = "sys/bus/pci/devices"
@@ -21,12 +20,6 @@ PCI = "sys/bus/pci/devices"
 
 def ctx_for(root) -> Context:
     return Context(Host(root))
-
-
-def run(root, check_id):
-    registry = load_registry()
-    outcomes = registry.run(Context(Host(root), Options()), registry.select(only=[check_id]))
-    return {o.spec.id: o.result for o in outcomes}[check_id]
 
 
 @pytest.fixture
@@ -69,7 +62,7 @@ def test_gpu_memory_utilization_is_computable_per_partition():
 
 
 def test_memory_gpu_names_the_partition():
-    result = run(fixture_root("mi308x-cpx"), "memory.gpu")
+    result = run_check(fixture_root("mi308x-cpx"), "memory.gpu")
     assert result.status is Status.PASS
     assert "CPX partition" in result.summary and "of GPU 0000:" in result.summary
     assert 47.9 * GIB < result.details["total_bytes"] <= 48 * GIB
@@ -83,7 +76,7 @@ def test_memory_gpu_names_the_partition():
 
 
 def test_gpu_arch_states_mode_and_count_once_per_gpu():
-    result = run(fixture_root("mi308x-cpx"), "gpu.arch")
+    result = run_check(fixture_root("mi308x-cpx"), "gpu.arch")
     assert result.status is Status.PASS
     assert result.summary.count("in CPX mode, 4 partitions") == 8
     assert len(result.details["partitioned_gpus"]) == 8
@@ -128,7 +121,7 @@ def test_mi300x_cpx_without_banks_cannot_read_partition_memory():
     phys = physical_gpus(ctx_for(root))
     assert sorted(len(p.nodes) for p in phys) == [7] + [8] * 7  # one GPU shows 7 partitions, as captured
     assert {p.compute_partition for p in phys} == {"CPX"}
-    result = run(root, "memory.gpu")
+    result = run_check(root, "memory.gpu")
     assert result.status is Status.WARN
     assert "cannot read" in result.summary
     assert "/sys/class/kfd/kfd/topology/nodes/2/mem_banks/*/properties" in result.summary

@@ -9,11 +9,24 @@ import click
 
 from .. import params
 from .common import App, UserError, emit_json, pass_app
-from .smoke import _api_key, _common_options, _concurrency, _plot_path, _url
+from .smoke import (
+    _all_instances,
+    _api_key,
+    _common_options,
+    _concurrency,
+    _plot_path,
+    _url,
+    refuse_with_all_instances,
+)
+
+# Every prompt is built before the first request: --requests x --prompt-tokens is bounded, whichever
+# of the two click reads second checks the product.
+PROMPT_TOKENS_LIMIT = params.product_limit(("requests", "prompt_tokens"), 1 << 24, "prompt tokens")
 
 
 @click.command()
 @_common_options
+@_all_instances
 @click.option(
     "--concurrency",
     "concurrency_list",
@@ -25,7 +38,7 @@ from .smoke import _api_key, _common_options, _concurrency, _plot_path, _url
 @click.option(
     "--requests",
     type=params.Count(1, 100_000),
-    callback=params.product_limit(("requests", "prompt_tokens"), 1 << 24, "prompt tokens"),
+    callback=PROMPT_TOKENS_LIMIT,
     default=32,
     show_default=True,
     help="Requests sent at every level (at least the largest concurrency).",
@@ -33,7 +46,7 @@ from .smoke import _api_key, _common_options, _concurrency, _plot_path, _url
 @click.option(
     "--prompt-tokens",
     type=params.Count(1, 1 << 20),
-    callback=params.product_limit(("requests", "prompt_tokens"), 1 << 24, "prompt tokens"),
+    callback=PROMPT_TOKENS_LIMIT,
     default=128,
     show_default=True,
     help="Prompt length in tokens (exact where the server has /tokenize, as vLLM does).",
@@ -60,6 +73,7 @@ def bench(
     model: str,
     api_key_file: Path | None,
     timeout_s: float | None,
+    all_instances: bool,
     concurrency_list: str,
     requests: int,
     prompt_tokens: int,
@@ -68,6 +82,9 @@ def bench(
     plot: Path | None,
 ) -> None:
     """Measure what concurrency buys: tokens/s, speedup, TTFT/TPOT/ITL/E2EL, and the knee.
+
+    With --all-instances: each written instance alone, then all at once, at the highest --concurrency
+    level; the aggregate against the sum of the single-instance figures.
 
     Exit 0: every request succeeded and the token count matches the server's; 1: failures or a
     mismatch; 2: bad input or nothing answers.
@@ -81,6 +98,12 @@ def bench(
             f"--requests {requests} is smaller than the largest --concurrency {max(levels)}: "
             "every level sends the same requests, so send at least that many"
         )
+    if all_instances:
+        from ..host_writes import HostWriter
+        from .rack import bench_instances
+
+        refuse_with_all_instances("url", "model", "api_key_file", "timeout_s", "prompt_tokens", "plot")
+        bench_instances(HostWriter(app.root), None, as_json, max(levels), requests, max_tokens)
     options = BenchOptions(
         _url(url),
         model,

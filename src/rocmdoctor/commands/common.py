@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import click
@@ -10,7 +11,7 @@ import click
 from ..cli import App, UserError
 from ..report import dumps
 
-__all__ = ["App", "UserError", "emit_json", "pass_app"]
+__all__ = ["App", "UserError", "echo_write_report", "emit_json", "pass_app"]
 
 pass_app = click.make_pass_decorator(App)
 
@@ -18,3 +19,24 @@ pass_app = click.make_pass_decorator(App)
 def emit_json(document: Any) -> None:
     sys.stdout.write(dumps(document))
     sys.stdout.flush()
+
+
+def echo_write_report(
+    report: Any,
+    check_only: bool,
+    label: Callable[[str, Any], str] = lambda word, change: word,
+    restart: Sequence[str] = (),
+) -> None:
+    """What `unit --write` and `instances --write` did (or, with --check, would do): each file and its
+    diff, the accounts created, daemon-reload, the instances to restart, and `changed=`."""
+    word = "would change" if check_only else "changed"
+    for change in report.files:
+        click.echo(f"{label(word, change) if change.changed else 'ok'} {change.path}")
+        if change.diff:
+            click.echo(change.diff.rstrip("\n"))
+    for account in report.accounts:
+        click.echo(f"{'would create' if check_only else 'created'} {account}")
+    click.echo(f"daemon-reload: {report.daemon_reload}")
+    if restart:
+        click.echo("restart to apply: " + " ".join(f"vllm@{n}" for n in restart))
+    click.echo(f"changed={str(report.changed).lower()}")

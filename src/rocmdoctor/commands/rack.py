@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from .. import params
 from ..model import envelope
-from .common import App, UserError, emit_json, pass_app
-
-LAYOUT_CHOICES = ("one", "per-gpu", "per-partition")
+from .common import App, UserError, echo_write_report, emit_json, pass_app
+from .server_options import LAYOUT_CHOICES, choices, server_option, server_options
 
 
 def devices_of(app: App, source: str | None, prefix: str) -> list:
@@ -60,27 +60,20 @@ def compute_plan(app: App, opts: dict[str, Any], owned_ports: set[int] | None = 
 def common_argv(opts: dict[str, Any], first) -> tuple[list[str], str]:
     """The arguments every instance shares (resolved like the single server's), without the three
     that the template reads from each instance's file; and the served model name."""
-    from ..provision.server_args import ArgumentError, Choices, GpuPool, parse_extra, resolve
+    from ..provision.server_args import ArgumentError, GpuPool, resolve
 
     device = first.devices[0]
     pool = GpuPool(
         device.label, device.family or device.gfx, device.memory_total, device.memory_free, bool(device.apu)
     )
     try:
-        extra = parse_extra(opts["vllm_args"]) + list(opts["extra"])
-        args = resolve(
-            Choices(
-                model=opts["model"],
-                served_model_name=opts["served_model_name"],
-                host=opts["host"],
-                port=first.port,
-                gpu_memory_utilization=first.gpu_memory_utilization,
-                max_model_len=opts["max_model_len"],
-                max_num_seqs=opts["max_num_seqs"],
-                extra=extra,
-            ),
-            [pool],
+        asked = choices(
+            opts,
+            port=first.port,
+            gpu_memory_utilization=first.gpu_memory_utilization,
+            tensor_parallel_size=None,  # each instance's, from its file
         )
+        args = resolve(asked, [pool])
     except ArgumentError as exc:
         raise UserError(str(exc)) from None
     per_instance = {"--port", "--gpu-memory-utilization", "--tensor-parallel-size"}
@@ -114,9 +107,8 @@ def show_plan(plan, stream=sys.stderr) -> None:
     show_default=True,
     help="One server, one per GPU, or one per compute partition.",
 )
-@click.option(
-    "--tensor-parallel-size",
-    type=params.Count(1, 64),
+@server_option(
+    "tensor_parallel_size",
     default=1,
     show_default=True,
     help="Devices per server (one family, one XGMI hive).",
@@ -128,25 +120,17 @@ def show_plan(plan, stream=sys.stderr) -> None:
     help="Run only this many servers (default: as many as fit).",
 )
 @click.option("--family", default=None, help="On a host with GPUs of several families: the one to serve.")
-@click.option(
-    "--port",
-    default=8000,
-    show_default=True,
-    type=params.Port(),
-    help="The first server's port; the next ones count up, skipping ports in use.",
-)
-@click.option(
-    "--host",
-    default="127.0.0.1",
-    show_default=True,
-    type=params.HostName(),
-    help="Address every server listens on.",
-)
-@click.option(
-    "--gpu-memory-utilization",
-    type=params.Fraction(0.01),
-    default=None,
-    help="Override the value computed for each server from its own devices' free memory.",
+@server_options(
+    server_option("port", help="The first server's port; the next ones count up, skipping ports in use."),
+    server_option(
+        "host",
+        help="Address every server listens on (with --smoke/--bench: where to reach them; default: "
+        "where the written template's readiness check does).",
+    ),
+    server_option(
+        "gpu_memory_utilization",
+        help="Override the value computed for each server from its own devices' free memory.",
+    ),
 )
 @click.option(
     "--devices-from",
@@ -154,54 +138,20 @@ def show_plan(plan, stream=sys.stderr) -> None:
     metavar="ROOT",
     help="Lay out for the GPUs of this root directory or snapshot (default: --root).",
 )
-@click.option(
-    "--model",
-    default=None,
-    type=params.ModelName(),
-    help="Hugging Face id or local model directory (needed to render units).",
-)
-@click.option(
-    "--served-model-name",
-    default=None,
-    type=params.ModelName(),
-    help="Name clients ask for (default: the model's last path part).",
-)
-@click.option(
-    "--max-model-len",
-    type=params.Count(1, 1 << 24),
-    default=None,
-    help="Context length (default: the model's).",
-)
-@click.option(
-    "--max-num-seqs", type=params.Count(1, 1 << 16), default=None, help="Concurrent sequences per server."
-)
-@click.option(
-    "--api-key-file",
-    type=params.NonEmptyPath(dir_okay=False, path_type=Path),
-    default=None,
-    callback=params.key_file(min_length=8),
-    help="File holding the API key clients must send (every server uses it).",
-)
-@click.option("--vllm-args", default="", metavar="TEXT", help="More vLLM arguments as one string.")
-@params.prefix_option("Where `rocmdoctor install` put the bundles.")
-@click.option(
-    "--user",
-    default="vllm",
-    show_default=True,
-    type=params.ServiceUser(),
-    help="Service account (created with its groups if missing).",
-)
-@click.option(
-    "--timeout",
-    "timeout_s",
-    default=1800,
-    show_default=True,
-    type=params.Duration(whole=True),
-    help="Seconds systemd waits for each server to load and answer a completion.",
-)
-@click.option("--write", is_flag=True, help="Write vllm@.service, vllm.target and one env file per server.")
-@click.option(
-    "--check", "check_only", is_flag=True, help="With --write: show what would change, change nothing."
+@server_options(
+    server_option(
+        "model", default=None, help="Hugging Face id or local model directory (needed to render units)."
+    ),
+    "served_model_name",
+    "max_model_len",
+    server_option("max_num_seqs", help="Concurrent sequences per server."),
+    server_option("api_key_file", help="File holding the API key clients must send (every server uses it)."),
+    server_option("vllm_args", help="More vLLM arguments as one string."),
+    "prefix",
+    server_option("user", help="Service account (created with its groups if missing)."),
+    server_option("timeout", help="Seconds systemd waits for each server to load and answer a completion."),
+    server_option("write", help="Write vllm@.service, vllm.target and one env file per server."),
+    "check",
 )
 @click.option(
     "--smoke",
@@ -234,7 +184,7 @@ def show_plan(plan, stream=sys.stderr) -> None:
     show_default=True,
     help="With --bench: output tokens per request.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout.")
+@server_option("json")
 @pass_app
 def instances(
     app: App,
@@ -256,6 +206,10 @@ def instances(
     """
     from ..host_writes import HostWriter
 
+    # --smoke/--bench reach the servers where the written template's readiness gate does, unless
+    # --host says otherwise (a server written with --host 10.0.0.5 does not answer on 127.0.0.1).
+    given = click.get_current_context().get_parameter_source("host") is not ParameterSource.DEFAULT
+    reach = opts["host"] if given else None
     if bench:
         if write or smoke:
             raise UserError("--bench measures what is written and running: not with --write or --smoke")
@@ -263,14 +217,12 @@ def instances(
             raise UserError(
                 f"--requests {requests} is smaller than --concurrency {concurrency}: send at least that many"
             )
-        bench_instances(
-            HostWriter(app.root), opts["host"], opts["as_json"], concurrency, requests, max_tokens
-        )
+        bench_instances(HostWriter(app.root), reach, opts["as_json"], concurrency, requests, max_tokens)
         return
     if smoke:
         if write:
             raise UserError("--smoke tests what is written: run --write first, then --smoke")
-        smoke_instances(HostWriter(app.root), opts["host"], opts["as_json"])
+        smoke_instances(HostWriter(app.root), reach, opts["as_json"])
         return
     write_layout(app, opts, write, check_only, user, timeout_s)
 
@@ -325,21 +277,14 @@ def write_layout(
         )
         return
     show_plan(plan, sys.stdout)
-    word = "would change" if check_only else "changed"
-    for change in report.files:
-        click.echo(f"{(word + ' (' + change.action + ')') if change.changed else 'ok'} {change.path}")
-        if change.diff:
-            click.echo(change.diff.rstrip("\n"))
-    for account in report.accounts:
-        click.echo(f"{'would create' if check_only else 'created'} {account}")
-    click.echo(f"daemon-reload: {report.daemon_reload}")
-    if report.restart:
-        click.echo("restart to apply: " + " ".join(f"vllm@{n}" for n in report.restart))
-    click.echo(f"changed={str(report.changed).lower()}")
+    echo_write_report(
+        report, check_only, label=lambda word, change: f"{word} ({change.action})", restart=report.restart
+    )
 
 
-def written_targets(writer, host: str) -> list:
-    """Each written instance as (name, URL, key), from its env file."""
+def written_targets(writer, host: str | None) -> list:
+    """Each written instance as (name, URL, key), from its env file; on `host`, or (None) at the
+    address the written template's readiness gate uses."""
     from ..provision import instances as rack
     from ..provision.rack_bench import Target
 
@@ -348,6 +293,7 @@ def written_targets(writer, host: str) -> list:
         raise UserError(
             f"no instances written under {rack.ENV_DIR}: run `rocmdoctor instances --write` first"
         )
+    base = rack.written_base_url(writer) if host is None else None
     targets = []
     for name in sorted(written, key=int):
         env = written[name]
@@ -356,13 +302,13 @@ def written_targets(writer, host: str) -> list:
             raise UserError(
                 f"{rack.env_path(name)}: no valid {rack.PORT_VAR}; rerun `rocmdoctor instances --write`"
             )
-        url = rack.server_url(host, int(port))
+        url = f"{base}:{port}" if base else rack.server_url(host or "127.0.0.1", int(port))
         targets.append(Target(name, url, env.get("VLLM_API_KEY") or None))
     return targets
 
 
 def bench_instances(
-    writer, host: str, as_json: bool, concurrency: int, requests: int, max_tokens: int
+    writer, host: str | None, as_json: bool, concurrency: int, requests: int, max_tokens: int
 ) -> None:
     from ..provision.bench import BenchOptions
     from ..provision.rack_bench import InstanceAborted, run_rack_bench
@@ -394,7 +340,7 @@ def bench_instances(
     sys.exit(report["exit_code"])
 
 
-def smoke_instances(writer, host: str, as_json: bool) -> None:
+def smoke_instances(writer, host: str | None, as_json: bool) -> None:
     """`rocmdoctor smoke` against every instance the written files describe; exit 1 if one fails."""
     from ..provision.smoke import SmokeOptions, run_smoke
 

@@ -2,109 +2,27 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
 from .. import params
-from .common import App, UserError, emit_json, pass_app
-
-
-def server_options(fn: Callable) -> Callable:
-    """The options `unit` and `serve` share, in the order --help shows them. vLLM's own arguments go after
-    `--` (VllmPassThrough hands them over as `extra`)."""
-    options = [
-        click.option(
-            "--model",
-            required=True,
-            type=params.ModelName(),
-            help="Hugging Face id or local model directory.",
-        ),
-        click.option(
-            "--served-model-name",
-            default=None,
-            type=params.ModelName(),
-            help="Name clients ask for (default: the model's last path part).",
-        ),
-        click.option(
-            "--host",
-            default="127.0.0.1",
-            show_default=True,
-            type=params.HostName(),
-            help="Address to listen on.",
-        ),
-        click.option(
-            "--port", default=8000, show_default=True, type=params.Port(), help="Port to listen on."
-        ),
-        click.option(
-            "--gpu-memory-utilization",
-            type=params.Fraction(0.01),
-            default=None,
-            help="Override the value computed from the free memory of the GPU (or APU pool): 0.01-1.",
-        ),
-        click.option(
-            "--max-model-len",
-            type=params.Count(1, 1 << 24),
-            default=None,
-            help="Context length (default: the model's).",
-        ),
-        click.option(
-            "--max-num-seqs",
-            type=params.Count(1, 1 << 16),
-            default=None,
-            help="Concurrent sequences (default: 10 on a unified-memory APU, vLLM's otherwise).",
-        ),
-        click.option(
-            "--tensor-parallel-size",
-            type=params.Count(1, 64),
-            default=None,
-            help="Spread the model over this many GPUs of one family.",
-        ),
-        click.option(
-            "--api-key-file",
-            type=params.NonEmptyPath(dir_okay=False, path_type=Path),
-            default=None,
-            callback=params.key_file(min_length=8),
-            help="File holding the API key clients must send (never pass --api-key itself).",
-        ),
-        click.option(
-            "--vllm-args",
-            default="",
-            metavar="TEXT",
-            help="More vLLM arguments as one string, split like a shell would (never run by one).",
-        ),
-        params.prefix_option("Where `rocmdoctor install` put the bundles."),
-        click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout."),
-    ]
-    return functools.reduce(lambda f, option: option(f), reversed(options), fn)
+from .common import App, UserError, echo_write_report, emit_json, pass_app
+from .server_options import LAYOUT_CHOICES, SINGLE_SERVER, choices, server_option, server_options
 
 
 def resolve_args(app: App, opts: dict[str, Any]):
-    from ..provision.server_args import ArgumentError, Choices, parse_extra, resolve
+    from ..provision.server_args import ArgumentError, resolve
     from ..registry import Context, Options
     from .host_pools import pools_from_facts
 
     try:
-        extra = parse_extra(opts["vllm_args"]) + list(opts["extra"])
-        choices = Choices(
-            model=opts["model"],
-            served_model_name=opts["served_model_name"],
-            host=opts["host"],
-            port=opts["port"],
-            gpu_memory_utilization=opts["gpu_memory_utilization"],
-            max_model_len=opts["max_model_len"],
-            max_num_seqs=opts["max_num_seqs"],
-            tensor_parallel_size=opts["tensor_parallel_size"],
-            extra=extra,
-        )
         ctx = Context(app.host(), Options(prefix=opts["prefix"]))
-        args = resolve(choices, pools_from_facts(ctx))
+        args = resolve(choices(opts), pools_from_facts(ctx))
     except ArgumentError as exc:
         raise UserError(str(exc)) from None
     pin_devices(ctx, args, opts["tensor_parallel_size"] or 1)
@@ -148,36 +66,16 @@ def show_settings(args, stream=sys.stderr) -> None:
 
 
 @click.command(cls=params.VllmPassThrough)
-@click.option(
-    "--write", is_flag=True, help="Write the unit, its env file and readiness script (else print the unit)."
-)
-@click.option(
-    "--check", "check_only", is_flag=True, help="With --write: show what would change, change nothing."
-)
-@click.option(
-    "--user",
-    default="vllm",
-    show_default=True,
-    type=params.ServiceUser(),
-    help="Service account (created with its groups if missing; never root or nobody).",
-)
-@click.option(
-    "--timeout",
-    "timeout_s",
-    default=1800,
-    show_default=True,
-    type=params.Duration(whole=True),
-    help="Seconds systemd waits for the model to load and answer a completion.",
-)
+@server_options("write", "check", "user", "timeout")
 @click.option(
     "--instances",
     "instances_layout",
-    type=click.Choice(["one", "per-gpu", "per-partition"]),
+    type=click.Choice(LAYOUT_CHOICES),
     default=None,
     help="Several servers as vllm@N under vllm.target, laid out from the topology "
     "(the same as `rocmdoctor instances`: docs/rack.md).",
 )
-@server_options
+@SINGLE_SERVER
 @pass_app
 def unit(
     app: App,
@@ -227,23 +125,12 @@ def unit(
     if opts["as_json"]:
         emit_json({**report.to_json(), "server_args": args.to_json()})
         return
-    changed_word = "would change" if check_only else "changed"
-    for change in report.files:
-        click.echo(f"{changed_word if change.changed else 'ok'} {change.path}")
-        if change.diff:
-            click.echo(change.diff.rstrip("\n"))
-    for account in report.accounts:
-        click.echo(f"{'would create' if check_only else 'created'} {account}")
-    click.echo(f"daemon-reload: {report.daemon_reload}")
-    click.echo(f"changed={str(report.changed).lower()}")
+    echo_write_report(report, check_only)
 
 
 @click.command(cls=params.VllmPassThrough)
-@click.option(
-    "--timeout",
-    "timeout_s",
-    default=1800,
-    show_default=True,
+@server_option(
+    "timeout",
     type=params.Duration(),
     help="Seconds to wait for the model to load and answer a completion (cold JIT takes minutes).",
 )
@@ -259,7 +146,7 @@ def unit(
     default=None,
     help="Server log [default: ~/.cache/rocmdoctor/serve-PORT.log].",
 )
-@server_options
+@SINGLE_SERVER
 @pass_app
 def serve(app: App, timeout_s: float, cache_dir: Path | None, log_file: Path | None, **opts: Any) -> None:
     """Run the vLLM server in the foreground until Ctrl-C; report ready only after a real completion.

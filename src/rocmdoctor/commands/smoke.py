@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from .. import params
 from .common import App, UserError, emit_json, pass_app
@@ -63,6 +64,28 @@ def _plot_path(path: Path | None) -> Path | None:
     return path
 
 
+def refuse_with_all_instances(*names: str) -> None:
+    """--all-instances takes each server's address and key from the written instance files: options
+    that name one server would be silently ignored, so they are an error."""
+    ctx = click.get_current_context()
+    by_name = {p.name: p for p in ctx.command.params}
+    given = [by_name[n].opts[0] for n in names if ctx.get_parameter_source(n) is ParameterSource.COMMANDLINE]
+    if given:
+        flags = ", ".join(given)
+        raise UserError(
+            f"{flags}: not with --all-instances, which reaches every instance `rocmdoctor instances --write` "
+            "wrote, at its own port and with its own key"
+        )
+
+
+def _all_instances(fn: Any) -> Any:
+    return click.option(
+        "--all-instances",
+        is_flag=True,
+        help="Test every server `rocmdoctor instances --write` wrote (its port and key from its files).",
+    )(fn)
+
+
 def _common_options(fn: Any) -> Any:
     fn = click.option(
         "--timeout",
@@ -96,16 +119,30 @@ def _common_options(fn: Any) -> Any:
 
 @click.command()
 @_common_options
+@_all_instances
 @click.option("--json", "as_json", is_flag=True, help="Print the versioned JSON report on stdout.")
 @pass_app
 def smoke(
-    app: App, url: str, model: str, api_key_file: Path | None, timeout_s: float | None, as_json: bool
+    app: App,
+    url: str,
+    model: str,
+    api_key_file: Path | None,
+    timeout_s: float | None,
+    all_instances: bool,
+    as_json: bool,
 ) -> None:
     """Prove that a vLLM server really serves: health, models, completions, chat, streaming, metrics.
 
     Exit 0: every step passed (warnings allowed); 1: a step failed; 2: bad input or nothing answers.
     """
     from rocmdoctor.provision.smoke import SmokeOptions, run_smoke
+
+    if all_instances:
+        from ..host_writes import HostWriter
+        from .rack import smoke_instances
+
+        refuse_with_all_instances("url", "model", "api_key_file", "timeout_s")
+        smoke_instances(HostWriter(app.root), None, as_json)
 
     options = SmokeOptions(_url(url), model, _api_key(api_key_file), timeout_s or 30.0)
     report = run_smoke(options)

@@ -14,44 +14,17 @@ import argparse
 import importlib
 import importlib.util
 import json
-import math
 import os
 import platform
 import statistics
 import sys
 import time
 import traceback
+from types import ModuleType
 from typing import Any
 
 PROBE_VERSION = 1
 GIB = 1 << 30
-
-# vLLM's startup rule, kept inline because this file cannot import rocmdoctor; it must agree with
-# rocmdoctor/memory_rule.py (tests/cli/test_deep.py compares the two on many values).
-DEFAULT_MARGIN_BYTES = 1 << 30
-UTIL_STEP = 0.01
-
-
-def requested_bytes(total: int, utilization: float) -> int:
-    return math.ceil(total * utilization)
-
-
-def passes(total: int, free: int, utilization: float) -> bool:
-    return 0 < utilization <= 1 and free >= requested_bytes(total, utilization)
-
-
-def largest_passing(total: int, free: int, step: float = UTIL_STEP) -> float:
-    if total <= 0 or free <= 0:
-        return 0.0
-    steps = int(round(1 / step))
-    best = min(steps, math.floor(free / total * steps))
-    while best > 0 and not passes(total, free, round(best * step, 6)):
-        best -= 1
-    return round(best * step, 6)
-
-
-def recommended(total: int, free: int, margin_bytes: int = DEFAULT_MARGIN_BYTES) -> float:
-    return largest_passing(total, max(0, free - margin_bytes))
 
 
 # Device time spent before timing: enough to load kernels and ramp clocks from idle (burst), and
@@ -67,14 +40,31 @@ class StageError(Exception):
     """A finding, not a bug: the stage could not do what it checks."""
 
 
+def load_memory_rule() -> ModuleType:
+    """vLLM's startup memory rule: rocmdoctor/memory_rule.py itself, loaded by path. This probe runs on the
+    bundle's interpreter, where rocmdoctor is not importable; the package ships memory_rule.py (standard
+    library only) one folder above probes/, so the probe and rocmdoctor apply the one copy of the rule."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "memory_rule.py")
+    problem = f"cannot load vLLM's memory rule from {path}"
+    spec = importlib.util.spec_from_file_location("rocmdoctor_memory_rule", path)
+    if spec is None or spec.loader is None:
+        raise StageError(problem)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except (OSError, SyntaxError, ImportError) as exc:
+        raise StageError(f"{problem}: {type(exc).__name__}: {exc}") from exc
+    return module
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", type=int, default=0, help="device index measured (default 0)")
     parser.add_argument(
         "--margin-bytes",
         type=int,
-        default=DEFAULT_MARGIN_BYTES,
-        help="bytes kept free below vLLM's rule for the recommended value",
+        default=None,
+        help="bytes kept free below vLLM's rule for the recommended value (default: the rule's 1 GiB)",
     )
     parser.add_argument("--skip-compute", action="store_true", help="no matmul or copy timing")
     parser.add_argument(
@@ -131,14 +121,18 @@ def runtime_stage(torch, report: dict) -> None:
     report["devices"] = [describe_device(torch, i) for i in range(report["device_count"])]
 
 
-def memory_stage(torch, device: int, margin_bytes: int, allocate: bool, report: dict) -> None:
+def memory_stage(
+    torch, rule: ModuleType, device: int, margin_bytes: int | None, allocate: bool, report: dict
+) -> None:
+    if margin_bytes is None:
+        margin_bytes = int(rule.DEFAULT_MARGIN_BYTES)
     # A context first, as vLLM has one when it measures: the probe's own share is then already
     # subtracted from free, like vLLM's will be.
     torch.zeros(1, device=f"cuda:{device}")
     torch.cuda.synchronize(device)
     free, total = (int(v) for v in torch.cuda.mem_get_info(device))
-    largest = largest_passing(total, free)
-    best = recommended(total, free, margin_bytes)
+    largest = rule.largest_passing(total, free)
+    best = rule.recommended(total, free, margin_bytes)
     memory: dict[str, Any] = {
         "device": device,
         "free": free,
@@ -146,12 +140,12 @@ def memory_stage(torch, device: int, margin_bytes: int, allocate: bool, report: 
         "largest_passing": largest,
         "recommended": best,
         "margin_bytes": margin_bytes,
-        "passes_recommended": passes(total, free, best),
+        "passes_recommended": rule.passes(total, free, best),
     }
     report["memory"] = memory
     if not allocate or best <= 0:
         return
-    size = requested_bytes(total, best)
+    size = rule.requested_bytes(total, best)
     allocation: dict[str, Any] = {"bytes": size, "ok": False}
     memory["allocation"] = allocation
     started = time.perf_counter()
@@ -284,6 +278,8 @@ def extensions_stage(report: dict) -> None:
 
 
 def run(args: argparse.Namespace, report: dict) -> None:
+    report["stage"] = "memory rule"
+    rule = load_memory_rule()
     report["stage"] = "import torch"
     try:
         import torch
@@ -294,7 +290,7 @@ def run(args: argparse.Namespace, report: dict) -> None:
     if not 0 <= args.device < report["device_count"]:
         raise StageError(f"device {args.device} does not exist ({report['device_count']} visible)")
     report["stage"] = "memory"
-    memory_stage(torch, args.device, args.margin_bytes, not args.skip_allocation, report)
+    memory_stage(torch, rule, args.device, args.margin_bytes, not args.skip_allocation, report)
     if not args.skip_compute:
         report["stage"] = "compute"
         compute_stage(torch, args.device, args.matmul_size, args.iterations, args.copy_bytes, report)

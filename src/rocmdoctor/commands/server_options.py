@@ -1,0 +1,183 @@
+"""The options of the vLLM server commands (`unit`, `serve`, `instances`), each declared once.
+
+A command takes the ones it needs, in the order its --help shows them (`server_options`), and may say in
+its own words what an option means there (`help=`) or set another default; the flag, the parameter name,
+the type and the checks are the ones declared here, so `--api-key-file` is read under one rule everywhere.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .. import params
+
+LAYOUT_CHOICES = ("one", "per-gpu", "per-partition")
+PREFIX_HELP = "Where `rocmdoctor install` put the bundles."
+
+# name -> (click's parameter declarations, click.option's keywords)
+OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
+    "model": (
+        ("--model",),
+        {"type": params.ModelName(), "help": "Hugging Face id or local model directory."},
+    ),
+    "served_model_name": (
+        ("--served-model-name",),
+        {
+            "default": None,
+            "type": params.ModelName(),
+            "help": "Name clients ask for (default: the model's last path part).",
+        },
+    ),
+    "host": (
+        ("--host",),
+        {
+            "default": "127.0.0.1",
+            "show_default": True,
+            "type": params.HostName(),
+            "help": "Address to listen on.",
+        },
+    ),
+    "port": (
+        ("--port",),
+        {"default": 8000, "show_default": True, "type": params.Port(), "help": "Port to listen on."},
+    ),
+    "gpu_memory_utilization": (
+        ("--gpu-memory-utilization",),
+        {
+            "type": params.Fraction(0.01),
+            "default": None,
+            "help": "Override the value computed from the free memory of the GPU (or APU pool): 0.01-1.",
+        },
+    ),
+    "max_model_len": (
+        ("--max-model-len",),
+        {
+            "type": params.Count(1, 1 << 24),
+            "default": None,
+            "help": "Context length (default: the model's).",
+        },
+    ),
+    "max_num_seqs": (
+        ("--max-num-seqs",),
+        {
+            "type": params.Count(1, 1 << 16),
+            "default": None,
+            "help": "Concurrent sequences (default: 10 on a unified-memory APU, vLLM's otherwise).",
+        },
+    ),
+    "tensor_parallel_size": (
+        ("--tensor-parallel-size",),
+        {
+            "type": params.Count(1, 64),
+            "default": None,
+            "help": "Spread the model over this many GPUs of one family.",
+        },
+    ),
+    "api_key_file": (
+        ("--api-key-file",),
+        {
+            "type": params.NonEmptyPath(dir_okay=False, path_type=Path),
+            "default": None,
+            "callback": params.key_file(min_length=8),
+            "help": "File holding the API key clients must send (never pass --api-key itself).",
+        },
+    ),
+    "vllm_args": (
+        ("--vllm-args",),
+        {
+            "default": "",
+            "metavar": "TEXT",
+            "help": "More vLLM arguments as one string, split like a shell would (never run by one).",
+        },
+    ),
+    "json": (
+        ("--json", "as_json"),
+        {"is_flag": True, "help": "Machine-readable output on stdout."},
+    ),
+    "user": (
+        ("--user",),
+        {
+            "default": "vllm",
+            "show_default": True,
+            "type": params.ServiceUser(),
+            "help": "Service account (created with its groups if missing; never root or nobody).",
+        },
+    ),
+    "timeout": (
+        ("--timeout", "timeout_s"),
+        {
+            "default": 1800,
+            "show_default": True,
+            "type": params.Duration(whole=True),
+            "help": "Seconds systemd waits for the model to load and answer a completion.",
+        },
+    ),
+    "write": (
+        ("--write",),
+        {"is_flag": True, "help": "Write the unit, its env file and readiness script (else print the unit)."},
+    ),
+    "check": (
+        ("--check", "check_only"),
+        {"is_flag": True, "help": "With --write: show what would change, change nothing."},
+    ),
+}
+
+
+def server_option(name: str, **changes: Any) -> Callable[[Any], Any]:
+    """One option of OPTIONS (or `prefix`), with the command's own `changes` (help text, default)."""
+    if name == "prefix":
+        return params.prefix_option(changes.get("help", PREFIX_HELP))
+    declarations, keywords = OPTIONS[name]
+    return click.option(*declarations, **{**keywords, **changes})
+
+
+def server_options(*options: str | Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """Several options as one decorator, in --help order: a name of OPTIONS, "prefix", or a decorator
+    (`server_option(name, help=...)`, or an option of the command's own)."""
+    decorators = [server_option(o) if isinstance(o, str) else o for o in options]
+
+    def apply(fn: Any) -> Any:
+        return functools.reduce(lambda f, option: option(f), reversed(decorators), fn)
+
+    return apply
+
+
+# `unit` and `serve` take these after their own, in this order.
+SINGLE_SERVER = server_options(
+    server_option("model", required=True),
+    "served_model_name",
+    "host",
+    "port",
+    "gpu_memory_utilization",
+    "max_model_len",
+    "max_num_seqs",
+    "tensor_parallel_size",
+    "api_key_file",
+    "vllm_args",
+    "prefix",
+    "json",
+)
+
+
+def choices(opts: dict[str, Any], **changes: Any) -> Any:
+    """The server's Choices from the parsed options (--vllm-args, then the words after `--`); `changes`
+    replace what one instance of several decides for itself. Raises provision's ArgumentError."""
+    from ..provision.server_args import Choices, parse_extra
+
+    asked = {
+        "model": opts["model"],
+        "served_model_name": opts["served_model_name"],
+        "host": opts["host"],
+        "port": opts["port"],
+        "gpu_memory_utilization": opts["gpu_memory_utilization"],
+        "max_model_len": opts["max_model_len"],
+        "max_num_seqs": opts["max_num_seqs"],
+        "tensor_parallel_size": opts["tensor_parallel_size"],
+        "extra": parse_extra(opts["vllm_args"]) + list(opts["extra"]),
+    }
+    return Choices(**{**asked, **changes})
