@@ -17,10 +17,10 @@ bundle, it reports the bundle install it would do (`current` before and after) a
 from __future__ import annotations
 
 import pytest
-from plugins.fleet import FLEET_BUNDLES
 
 from harness.fleet import SshFleet, host_root, run_playbook
 from harness.served_bundle import ENGINE_ARGS, ENGINE_ENV
+from plugins.fleet import FLEET_BUNDLES
 
 pytestmark = [pytest.mark.ssh, pytest.mark.engine, pytest.mark.timeout(1800)]
 
