@@ -25,7 +25,8 @@ from conftest import REPO
 from harness.engine import vllm_python
 from harness.fleet import SshFleet, run_playbook
 from harness.hosts import fixture_root
-from harness.nspawn import Bind, boot
+from harness.nspawn import Bind
+from harness.systemd_fleet import NO_GPU_CHECKS, ssh_systemd_host
 
 pytestmark = [pytest.mark.ssh, pytest.mark.nspawn, pytest.mark.timeout(1500)]
 
@@ -33,7 +34,6 @@ NAME = "fleet-rack"
 MODEL = "/srv/models/tiny"
 VENV_PYTHON = Path(sys.executable)
 VLLM_VENV = vllm_python().parent.parent
-NO_GPU_CHECKS = ["gpu.present", "gpu.arch", "driver.loaded", "kernel.cwsr", "memory.gpu", "access.devices"]
 # two instances of one compute partition each (the capture's single-GPU fixtures give no two)
 LAYOUT_ARGS = ["--devices-from", str(fixture_root("mi308x-cpx")), "--count", "2"]
 ENV_DIR = "/etc/rocmdoctor/vllm"
@@ -61,24 +61,8 @@ def rack_host(tmp_path_factory, tiny_model):
         Bind(str(REPO)),
         Bind(str(tiny_model), MODEL),
     ]
-    machine = boot(NAME, netns=NAME, binds=binds, log_dir=workdir)
-    try:
-        with SshFleet(NAME, workdir) as fleet:
-            machine.run(
-                "mkdir -p -m 0700 /root/.ssh && cat > /root/.ssh/authorized_keys",
-                input=Path(f"{fleet.client_key}.pub").read_text(),
-            )
-            machine.run("ssh-keygen -A && systemctl start ssh")
-            machine.run(
-                "mkdir -p /etc/systemd/system/vllm@.service.d && cat > "
-                "/etc/systemd/system/vllm@.service.d/50-test.conf",
-                input=dropin(),
-            )
-            host_key = machine.run(["cat", "/etc/ssh/ssh_host_ed25519_key.pub"]).stdout
-            fleet.add_external("node", NAME, host_key)
-            yield fleet, machine
-    finally:
-        machine.stop()
+    with ssh_systemd_host(NAME, workdir, binds, {"vllm@.service": dropin()}) as (fleet, machine):
+        yield fleet, machine
 
 
 def inventory(fleet: SshFleet, pins: Path) -> Path:

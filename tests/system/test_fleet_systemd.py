@@ -16,17 +16,16 @@ from pathlib import Path
 import pytest
 
 from harness.engine import vllm_python
-from harness.fleet import SshFleet, run_playbook
-from harness.nspawn import Bind, boot
+from harness.fleet import run_playbook
+from harness.nspawn import Bind
 from harness.served_bundle import ENGINE_ARGS, ENGINE_ENV
+from harness.systemd_fleet import NO_GPU_CHECKS, ssh_systemd_host
 
 pytestmark = [pytest.mark.ssh, pytest.mark.nspawn, pytest.mark.engine, pytest.mark.timeout(1500)]
 
 NAME = "fleet-sysd"
 MODEL = "/srv/models/tiny"
 VLLM_VENV = vllm_python().parent.parent
-# What a GPU-less container fails; everything else must pass.
-NO_GPU_CHECKS = ["gpu.present", "gpu.arch", "driver.loaded", "kernel.cwsr", "memory.gpu", "access.devices"]
 
 
 def dropin() -> str:
@@ -42,24 +41,8 @@ def systemd_host(tmp_path_factory, tiny_model):
     tiny_model.chmod(0o755)
     workdir = tmp_path_factory.mktemp("fleet-systemd")
     binds = [Bind(str(Path(sys.base_prefix))), Bind(str(VLLM_VENV)), Bind(str(tiny_model), MODEL)]
-    machine = boot(NAME, netns=NAME, binds=binds, log_dir=workdir)
-    try:
-        with SshFleet(NAME, workdir) as fleet:
-            machine.run(
-                "mkdir -p -m 0700 /root/.ssh && cat > /root/.ssh/authorized_keys",
-                input=Path(f"{fleet.client_key}.pub").read_text(),
-            )
-            machine.run("ssh-keygen -A && systemctl start ssh")
-            machine.run(
-                "mkdir -p /etc/systemd/system/vllm.service.d && cat > "
-                "/etc/systemd/system/vllm.service.d/50-test.conf",
-                input=dropin(),
-            )
-            host_key = machine.run(["cat", "/etc/ssh/ssh_host_ed25519_key.pub"]).stdout
-            fleet.add_external("node", NAME, host_key)
-            yield fleet, machine
-    finally:
-        machine.stop()
+    with ssh_systemd_host(NAME, workdir, binds, {"vllm.service": dropin()}) as (fleet, machine):
+        yield fleet, machine
 
 
 def test_service_phase_starts_the_unit_under_systemd_and_smoke_passes(systemd_host, fleet_upstream):
