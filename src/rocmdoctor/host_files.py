@@ -230,12 +230,7 @@ def secure_dir(path: Path) -> Path:
                 f"{ancestor} (on the way to the download directory {path}) belongs to uid {st.st_uid}, "
                 "who could swap what is below it; pick a --download-dir that only you (or root) own"
             )
-        if st.st_mode & _OTHERS_WRITE and not st.st_mode & stat.S_ISVTX:
-            raise UnsafeDirectory(
-                f"{ancestor} (on the way to the download directory {path}) can be written by other "
-                f"users (mode {stat.S_IMODE(st.st_mode):o}) and is not sticky: anyone could plant a link "
-                f"there. `chmod go-w {ancestor}` or pick another --download-dir"
-            )
+        _refuse_others_write(st, ancestor, f"{ancestor} (on the way to the download directory {path})")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         os.mkdir(path, 0o700)
@@ -252,13 +247,16 @@ def secure_dir(path: Path) -> Path:
             f"the download directory {path} belongs to uid {st.st_uid}, not to this user ({uid}): "
             "someone else made it. Remove it, or pick another --download-dir"
         )
+    _refuse_others_write(st, path, f"the download directory {path}")
+    return path
+
+
+def _refuse_others_write(st: os.stat_result, path: Path, named: str) -> None:
     if st.st_mode & _OTHERS_WRITE and not st.st_mode & stat.S_ISVTX:
         raise UnsafeDirectory(
-            f"the download directory {path} can be written by other users (mode "
-            f"{stat.S_IMODE(st.st_mode):o}) and is not sticky: anyone could plant a link there. "
-            f"`chmod go-w {path}` or pick another --download-dir"
+            f"{named} can be written by other users (mode {stat.S_IMODE(st.st_mode):o}) and is not "
+            f"sticky: anyone could plant a link there. `chmod go-w {path}` or pick another --download-dir"
         )
-    return path
 
 
 READ, CREATE, APPEND = "read", "create", "append"
