@@ -211,8 +211,10 @@ def instances(
     given = click.get_current_context().get_parameter_source("host") is not ParameterSource.DEFAULT
     reach = opts["host"] if given else None
     if bench:
-        if write or smoke:
-            raise UserError("--bench measures what is written and running: not with --write or --smoke")
+        if write or check_only or smoke:
+            raise UserError(
+                "--bench measures what is written and running: not with --write, --check or --smoke"
+            )
         if requests < concurrency:
             raise UserError(
                 f"--requests {requests} is smaller than --concurrency {concurrency}: send at least that many"
@@ -220,7 +222,7 @@ def instances(
         bench_instances(HostWriter(app.root), reach, opts["as_json"], concurrency, requests, max_tokens)
         return
     if smoke:
-        if write:
+        if write or check_only:
             raise UserError("--smoke tests what is written: run --write first, then --smoke")
         smoke_instances(HostWriter(app.root), reach, opts["as_json"])
         return
@@ -235,8 +237,7 @@ def write_layout(
     from ..provision import instances as rack
     from ..provision.unit import ServiceLayout, UnitError, read_api_key
 
-    if check_only and not write:
-        raise UserError("--check goes with --write (it shows what --write would change)")
+    write = write or check_only  # --check alone: what --write would change, written nowhere
     writer = HostWriter(app.root)
     try:
         owned = rack.owned_ports(writer)  # the preview shows the ports --write would keep

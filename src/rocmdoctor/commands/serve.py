@@ -110,9 +110,7 @@ def unit(
         specs = file_specs(args, ServiceLayout(prefix=opts["prefix"]), user, api_key(opts), timeout_s)
     except UnitError as exc:
         raise UserError(str(exc)) from None
-    if check_only and not write:
-        raise UserError("--check goes with --write (it shows what --write would change)")
-    if not write:
+    if not (write or check_only):
         if opts["as_json"]:
             emit_json({"unit": specs[0].content, "path": specs[0].path, "server_args": args.to_json()})
         else:
