@@ -208,7 +208,7 @@ def recover(layout: Layout) -> None:
     for entry in (layout.bundles / name for name in files.list_dir(layout.bundles)):
         # .partial: a killed extraction; .<tag>.prune-<pid>: a killed prune (finish it)
         if entry.name.endswith(".partial") or (entry.name.startswith(".") and ".prune-" in entry.name):
-            files.remove_tree(entry, ignore_errors=True)
+            _remove_leftover(entry)
         elif entry.name.startswith(".") and ".old-" in entry.name:
             original = layout.bundles / entry.name[1:].rsplit(".old-", 1)[0]
             if files.exists(original):
@@ -217,6 +217,26 @@ def recover(layout: Layout) -> None:
                 files.replace(entry, original)
     for temp in files.glob(layout.prefix, ".*.tmp-*"):
         files.remove(temp)
+
+
+# A killed run's extractor (GNU tar behind a pipe) outlives it until it reads the pipe's end, and
+# may still be creating entries in its tree meanwhile.
+ORPHAN_WRITER_WAIT_S = 10.0
+
+
+def _remove_leftover(tree: Path) -> None:
+    """Remove a killed run's tree, again while an orphaned extractor is still adding to it."""
+    deadline = time.monotonic() + ORPHAN_WRITER_WAIT_S
+    while True:
+        files.remove_tree(tree, ignore_errors=True)
+        if not lexists(tree):
+            return
+        if time.monotonic() > deadline:
+            raise InstallError(
+                f"{tree}: left by a killed run and still being written by another process after "
+                f"{ORPHAN_WRITER_WAIT_S:.0f} s; stop it (fuser -v {tree}) and run again"
+            )
+        time.sleep(0.1)
 
 
 def _matches(meta: dict[str, Any] | None, plan: InstallPlan) -> bool:

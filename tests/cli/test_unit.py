@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
+from harness.cli import rocmdoctor as run_in_process
 from rocmdoctor.provision.unit import UnitError, command_line
 
 MAX_EXPOSURE = 3.5
 
 
 def rocmdoctor(*argv: str, root: Path | None = None) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "rocmdoctor"] + (["--root", str(root)] if root else []) + list(argv)
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    return run_in_process(*argv, root=root)
 
 
 def fake_prefix(base: Path) -> Path:

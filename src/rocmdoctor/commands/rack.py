@@ -84,7 +84,8 @@ def common_argv(opts: dict[str, Any], first) -> tuple[list[str], str]:
     return argv + list(args.extra), args.served_model_name
 
 
-def show_plan(plan, stream=sys.stderr) -> None:
+def show_plan(plan, stream=None) -> None:
+    stream = stream or sys.stderr  # bound at call time: the CLI may run in-process
     for inst in plan.instances:
         devices = ", ".join(d.label for d in inst.devices)
         print(

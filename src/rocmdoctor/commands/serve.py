@@ -56,7 +56,8 @@ def api_key(opts: dict[str, Any]) -> str | None:
         raise UserError(str(exc)) from None
 
 
-def show_settings(args, stream=sys.stderr) -> None:
+def show_settings(args, stream=None) -> None:
+    stream = stream or sys.stderr  # bound at call time: the CLI may run in-process
     for setting in args.settings:
         print(f"  {setting.flag} {setting.value}  ({setting.reason})", file=stream)
     if args.extra:
