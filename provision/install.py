@@ -29,7 +29,7 @@ from .. import host_files as files
 from ..atomic import write_atomic
 from ..host_files import lexists, secure_dir, tree_bytes
 from ..host_processes import run_program
-from ..model import SCHEMA_VERSION
+from ..model import SCHEMA_VERSION, state_diff
 from ..safe_tar import NoSpaceLeft, human
 from ..tar_extract import ArchiveError, UnsafeArchive, extract_stream, fix_exec_bits
 from .download import (
@@ -107,7 +107,7 @@ class InstallResult:
     notes: list[str] = field(default_factory=list)
     older_bundles: list[dict[str, Any]] = field(default_factory=list)  # neither current nor previous
     older_bundles_bytes: int = 0
-    diff: dict[str, Any] = field(default_factory=dict)  # Ansible-style {"before": ..., "after": ...}
+    diff: dict[str, Any] = field(default_factory=lambda: state_diff({}, {}))  # Ansible's {before, after}
 
     def to_json(self) -> dict[str, Any]:
         return {"schema_version": SCHEMA_VERSION, **asdict(self)}
@@ -271,7 +271,7 @@ def install(plan: InstallPlan) -> InstallResult:
             result.downloaded_bytes = downloaded
         _record_pins(layout, plan, result)
         _describe_older(layout, result)
-        result.diff = {"before": {"current": before}, "after": {"current": result.current}}
+        result.diff = state_diff({"current": before}, {"current": result.current})
         return result
     except OSError as exc:
         raise InstallError(_os_failure(exc, layout)) from None
@@ -299,7 +299,7 @@ def _dry_run(layout: Layout, plan: InstallPlan) -> InstallResult:
         result.changed = True
         result.msg += f"; would record the release's digests in {layout.prefix / PREFIX_LOCK}"
     _describe_older(layout, result)
-    result.diff = {"before": {"current": before}, "after": {"current": plan.tag}}
+    result.diff = state_diff({"current": before}, {"current": plan.tag})
     return result
 
 
@@ -640,7 +640,7 @@ def rollback(prefix: Path, to: str | None = None, check: bool = False) -> Instal
                 family,
                 str(layout.bundles / target),
                 check=True,
-                diff={"before": {"current": current}, "after": {"current": target}},
+                diff=state_diff({"current": current}, {"current": target}),
             )
         _activate(layout, target)
         return InstallResult(
@@ -651,7 +651,7 @@ def rollback(prefix: Path, to: str | None = None, check: bool = False) -> Instal
             layout.previous_tag(),
             family,
             str(layout.bundles / target),
-            diff={"before": {"current": current}, "after": {"current": target}},
+            diff=state_diff({"current": current}, {"current": target}),
         )
     finally:
         if held is not None:
@@ -701,7 +701,7 @@ class PruneResult:
     removed: list[dict[str, Any]]  # {"tag", "bytes"}
     freed_bytes: int
     refused: list[dict[str, Any]]  # {"tag", "users"}: in use by a running process
-    diff: dict[str, Any] = field(default_factory=dict)
+    diff: dict[str, Any] = field(default_factory=lambda: state_diff({}, {}))
 
     @property
     def failed(self) -> bool:
@@ -808,10 +808,7 @@ def prune(prefix: Path, keep: int, host: Any, check: bool = False) -> PruneResul
             removed=removed,
             freed_bytes=freed,
             refused=refused,
-            diff={
-                "before": {"bundles": kept + doomed},
-                "after": {"bundles": kept + [r["tag"] for r in refused]},
-            },
+            diff=state_diff({"bundles": kept + doomed}, {"bundles": kept + [r["tag"] for r in refused]}),
         )
     finally:
         if held is not None:

@@ -140,7 +140,7 @@ class WriteReport(Generic[F]):
             diff="".join(
                 f.diff if f.diff.endswith("\n") else f.diff + "\n" for f in self.files if f.changed and f.diff
             ),
-            check_mode=self.check,
+            check=self.check,
             files=[f.to_json() for f in self.files],
             accounts_created=self.accounts,
             daemon_reload=self.daemon_reload,

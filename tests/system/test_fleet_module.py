@@ -125,7 +125,7 @@ def test_check_mode_never_writes_when_command_or_args_hold_the_vllm_separator(tm
         cut = result["cmd"].index("--")
         assert {"--json", "--check"} <= set(result["cmd"][len(cli) : cut]), result["cmd"]
         assert {"--json", "--check"}.isdisjoint(result["cmd"][cut:]), result["cmd"]
-        assert result["changed"] is True and result["result"]["check_mode"] is True
+        assert result["changed"] is True and result["result"]["check"] is True
         assert "+ExecStart=" in out and "--enforce-eager" in out and "--check" not in result["result"]["diff"]
         assert tree_state(root) == before, "a check-mode run wrote into the tree"
     # and for real, once: the unit carries the vLLM arguments and not the module's flags
