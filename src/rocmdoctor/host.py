@@ -236,6 +236,14 @@ class Host:
             if fnmatch.fnmatchcase(path, pattern):
                 raise PermissionError(f"{path} is on the deny list (reading it blocks or has side effects)")
 
+    def denied(self, path: str) -> bool:
+        """On the deny list: never read (device nodes are stat'ed, never read)."""
+        try:
+            self._guard(path)
+        except PermissionError:
+            return not path.startswith("/dev/")
+        return False
+
     def _note(self, path: str) -> None:
         self.accessed.add(os.path.normpath(path))
 
