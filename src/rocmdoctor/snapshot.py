@@ -111,7 +111,7 @@ def _capture(host: Host, snap: Snapshot, path: str, redact: Callable[[str], str]
     """One host path into the snapshot: device node, directory, fd link or file contents."""
     if path in snap.files or path in snap.links or path in snap.dirs or path in snap.stat:
         return
-    if host.denied(path):  # a run may have asked for it (and been refused): never read it here
+    if host.deny_listed(path):  # a run may have asked for it (and been refused): never read it here
         return
     st = host.stat(path)
     if path.startswith("/dev/"):
