@@ -72,13 +72,21 @@ def assert_contract(watched: Path, run: Callable[..., Any], apply: tuple[str, ..
 def test_unit(tmp_path: Path):
     root = account_root(tmp_path)
     model = ("--model", "/srv/models/tiny", "--gpu-memory-utilization", "0.8", "--", "--enforce-eager")
-    assert_contract(root, lambda *flags: rocmdoctor("unit", *flags, *model, root=root), ("--write",))
+    assert_contract(
+        root,
+        lambda *flags: rocmdoctor("unit", *flags, "--target", str(root), *model, root=root),
+        ("--write",),
+    )
 
 
 def test_instances(tmp_path: Path):
     root = account_root(tmp_path)
     layout = (*two_instance_layout(), "--model", "/srv/models/tiny", "--port", "18000")
-    assert_contract(root, lambda *flags: rocmdoctor("instances", *flags, *layout, root=root), ("--write",))
+    assert_contract(
+        root,
+        lambda *flags: rocmdoctor("instances", *flags, "--target", str(root), *layout, root=root),
+        ("--write",),
+    )
 
 
 def test_lock_install_rollback_and_prune(install_lab):
@@ -104,7 +112,7 @@ def test_check_alone_needs_no_write_flag_and_says_so_in_text(tmp_path: Path, com
         ("--gpu-memory-utilization", "0.8") if command == "unit" else tuple(two_instance_layout())
     )
     before = tree_state(root)
-    done = rocmdoctor(command, "--check", *args, root=root)
+    done = rocmdoctor(command, "--check", "--target", str(root), *args, root=root)
     assert done.returncode == 0, done.stderr
     assert "would change" in done.stdout and "changed=true" in done.stdout
     assert tree_state(root) == before

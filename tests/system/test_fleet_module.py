@@ -111,7 +111,7 @@ def test_check_mode_never_writes_when_command_or_args_hold_the_vllm_separator(tm
     for name in ("passwd", "group", "shadow", "gshadow", "login.defs"):
         (root / "etc" / name).write_bytes((Path("/etc") / name).read_bytes())
     cli = [sys.executable, "-m", "rocmdoctor", "--root", str(root)]
-    own = ["--model", "/srv/models/tiny", "--gpu-memory-utilization", "0.8"]
+    own = ["--target", str(root), "--model", "/srv/models/tiny", "--gpu-memory-utilization", "0.8"]
     cases = [
         {"command": ["unit", "--write", *own, "--", "--enforce-eager"], "args": []},
         {"command": ["unit", "--write"], "args": [*own, "--", "--enforce-eager", "--seed", "1"]},

@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from .. import params
-from .common import App, UserError, echo_write_report, emit_json, pass_app
+from .common import App, UserError, echo_write_report, emit_json, pass_app, write_root
 from .server_options import LAYOUT_CHOICES, SINGLE_SERVER, choices, server_option, server_options
 
 
@@ -67,7 +67,7 @@ def show_settings(args, stream=None) -> None:
 
 
 @click.command(cls=params.VllmPassThrough)
-@server_options("write", "check", "user", "timeout")
+@server_options("write", "check", "target", "user", "timeout")
 @click.option(
     "--instances",
     "instances_layout",
@@ -82,6 +82,7 @@ def unit(
     app: App,
     write: bool,
     check_only: bool,
+    target: Path | None,
     user: str,
     timeout_s: int,
     instances_layout: str | None,
@@ -101,7 +102,7 @@ def unit(
             "family": None,
             "devices_from": None,
         }
-        write_layout(app, {**opts, **layout}, write, check_only, user, timeout_s)
+        write_layout(app, {**opts, **layout}, write, check_only, target, user, timeout_s)
         return
     from ..provision.unit import ServiceLayout, UnitError, file_specs
     from ..provision.unit import write as write_files
@@ -118,7 +119,7 @@ def unit(
             click.echo(specs[0].content, nl=False)
         return
     try:
-        report = write_files(app.root, specs, user, check=check_only)
+        report = write_files(write_root(app, target), specs, user, check=check_only)
     except (UnitError, OSError) as exc:
         raise UserError(f"could not write the unit: {exc}") from None
     if opts["as_json"]:
