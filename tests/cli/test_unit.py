@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
+from harness import trees
 from harness.cli import rocmdoctor as run_in_process
 from rocmdoctor.provision.unit import UnitError, command_line
 
@@ -115,11 +116,8 @@ def test_exec_words_are_quoted_for_systemd():
 
 
 def account_root(tmp_path: Path) -> Path:
-    """A root with this machine's account databases, so useradd/groupadd --root can act on a copy."""
-    root = tmp_path / "root"
-    (root / "etc").mkdir(parents=True)
-    for name in ("passwd", "group", "shadow", "gshadow", "login.defs"):
-        shutil.copy2(Path("/etc") / name, root / "etc" / name)
+    """A root with this machine's account databases, without a `render` group."""
+    root = trees.account_root(tmp_path)
     # Minimal Debian has no `render` group: take it out so --write must create it.
     group = root / "etc" / "group"
     group.write_text(
