@@ -1,0 +1,539 @@
+"""Lemonade Server as a target: its documented HTTP API, the options rocmdoctor computes for a vLLM model,
+and what is wrong with the ones it has.
+
+Everything here follows Lemonade's own documents, lemonade-sdk/lemonade @
+e385039ed33551de7f54cb73194cd08088772c08 (cited below by path):
+- docs/api/lemonade.md: `GET/POST/DELETE /v1/models/{id}/options` (POST merges into the saved entry,
+  `null` deletes a key, `dry_run: true` validates and resolves without saving, 400 on an unknown or
+  wrong-recipe key); `GET /v1/health` (`all_models_loaded[]` with `pid`, `recipe_options`,
+  `launch_command`, `backend_url`); `POST /v1/install`; `POST /v1/load`; `GET /v1/system-info`
+  (`recipes.vllm.backends.rocm.state|version`). Every path is served under /api/v1 too
+  (docs/dev/getting-started.md, "Client-Server Communication").
+- docs/dev/getting-started.md, "Internal Endpoints": `GET /internal/config` (the runtime config) behind
+  the admin key; docs/guide/configuration/README.md: `global_timeout` (default 600 s, "HTTP, inference,
+  and readiness checks"), `LEMONADE_ADMIN_API_KEY` / `LEMONADE_API_KEY` as Bearer tokens.
+- docs/guide/configuration/vllm.md: the protected flags (also src/cpp/server/backends/vllm/
+  vllm_arg_resolver.cpp `protected_flags()`), `backend_url` for vLLM's own /metrics, the cold-load
+  times, the orphaned `VLLM::EngineCore` after a Lemonade-level timeout.
+- src/cpp/server/backends/vllm/vllm_arg_resolver.cpp `conflict_key()`: `--gpu-memory-utilization` and
+  `--kv-cache-memory-bytes` are one setting (the memory budget); vllm_server.cpp adds
+  `--kv-cache-memory-bytes 4G` on non-HBM GPUs unless the user gives one of the two.
+
+Nothing here writes Lemonade's files: every change goes through the running server's API.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import re
+import shlex
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rocmdoctor.model import Change, Result, failed, passed, warned
+from rocmdoctor.provision.bounded_http import BodyTooSlow, read_body
+
+LEMONADE_SOURCE = "lemonade-sdk/lemonade @ e385039ed33551de7f54cb73194cd08088772c08"
+DEFAULT_PORT = 13305  # docs/guide/configuration/README.md, `port`
+DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
+CONFIG_FILES = ("/var/lib/lemonade/config.json",)  # the packaged service's StateDirectory (same doc)
+START_HINT = "start it: `sudo systemctl start lemond` (packaged service), or run `lemond` in a terminal"
+API = "/api/v1"
+VLLM_RECIPE = "vllm"
+# Lemonade-managed process arguments, refused in vllm_args (vllm_arg_resolver.cpp protected_flags()).
+PROTECTED_FLAGS = (
+    "--enable-prefix-caching",
+    "--host",
+    "--max-model-len",
+    "--model",
+    "--port",
+    "--served-model-name",
+)
+# One conflict key in Lemonade's resolver: the later one replaces the earlier.
+MEMORY_BUDGET_FLAGS = ("--gpu-memory-utilization", "--kv-cache-memory-bytes")
+# Cold first loads on gfx1151 (docs/guide/configuration/vllm.md "Known gotchas"): FP8 took about
+# 12 minutes (TritonFp8BlockScaledMMKernel autotuning); other loads "20 s - several minutes".
+COLD_LOAD_S = {"fp8": 12 * 60, "other": 5 * 60}
+# global_timeout to ask for: the cold load with half again as margin, in whole minutes.
+TIMEOUT_MARGIN = 1.5
+MAX_BODY_BYTES = 4 << 20
+MAX_ERROR_TEXT = 300
+
+
+class LemonadeError(RuntimeError):
+    """Lemonade could not be reached or answered wrongly; the message says what to do."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind  # unreachable, auth, rejected, server, timeout, shape
+
+
+def _scrub(text: str, secret: str | None) -> str:
+    return text.replace(secret, "***") if secret else text
+
+
+@dataclass
+class Lemonade:
+    """One Lemonade server. `key` is sent as a Bearer token and never appears in a message."""
+
+    base_url: str
+    key: str | None = None
+    timeout_s: float = 30.0
+    session: Any = None
+
+    def _session(self) -> Any:
+        if self.session is None:
+            import requests
+
+            self.session = requests.Session()
+        return self.session
+
+    def request(self, method: str, path: str, body: Any = None, timeout_s: float | None = None) -> Any:
+        """The JSON answer of a 2xx; LemonadeError for anything else, within `timeout_s` in all."""
+        import requests
+        import urllib3
+
+        limit = timeout_s or self.timeout_s
+        url = self.base_url + path
+        headers = {"Accept-Encoding": "identity"}
+        if self.key:
+            headers["Authorization"] = f"Bearer {self.key}"
+        deadline = time.monotonic() + limit
+        try:
+            with self._session().request(
+                method, url, json=body, headers=headers, stream=True, timeout=(min(limit, 10.0), limit)
+            ) as response:
+                raw = read_body(response, MAX_BODY_BYTES + 1, deadline)
+                status = response.status_code
+        except BodyTooSlow:
+            raise LemonadeError(
+                "timeout", f"{method} {url}: the answer did not arrive within {limit:g} s"
+            ) from None
+        except requests.Timeout:
+            raise LemonadeError("timeout", f"{method} {url}: no answer within {limit:g} s") from None
+        except requests.ConnectionError:
+            raise LemonadeError("unreachable", f"nothing answers at {self.base_url}; {START_HINT}") from None
+        except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
+            raise LemonadeError(
+                "unreachable", _scrub(f"{method} {url}: {type(exc).__name__}: {exc}", self.key)
+            ) from None
+        if len(raw) > MAX_BODY_BYTES:
+            raise LemonadeError("shape", f"{method} {url}: the answer is larger than {MAX_BODY_BYTES} bytes")
+        if status >= 400:
+            raise self._http_error(method, url, status, raw)
+        try:
+            return json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise LemonadeError(
+                "shape", f"{method} {url}: the answer is not JSON; is {self.base_url} Lemonade Server?"
+            ) from None
+
+    def _http_error(self, method: str, url: str, status: int, raw: bytes) -> LemonadeError:
+        said = _error_text(raw)
+        said = f": {_scrub(said, self.key)}" if said else ""
+        if status in (401, 403):
+            return LemonadeError(
+                "auth",
+                f"{method} {url} answered {status}{said}: the key is missing or wrong; give the admin key "
+                "with --admin-key-file FILE or LEMONADE_ADMIN_API_KEY (the key lemond was started with)",
+            )
+        if status == 400:
+            return LemonadeError("rejected", f"{method} {url}: Lemonade rejected the request (400){said}")
+        if status == 404:
+            return LemonadeError(
+                "rejected",
+                f"{method} {url} answered 404{said}: no such model or endpoint; `lemonade list` shows the "
+                "models, and this endpoint needs a Lemonade with the options API (upgrade it)",
+            )
+        return LemonadeError(
+            "server", f"{method} {url} answered {status}{said}: read lemond's log (`journalctl -u lemond`)"
+        )
+
+    # The documented endpoints, each shape-checked.
+    def health(self) -> dict[str, Any]:
+        doc = _object(self.request("GET", f"{API}/health"), "GET /api/v1/health")
+        loaded = doc.get("all_models_loaded", [])
+        if not isinstance(loaded, list) or not all(isinstance(m, dict) for m in loaded):
+            raise LemonadeError("shape", "GET /api/v1/health: all_models_loaded is not a list of objects")
+        return doc
+
+    def config(self) -> dict[str, Any]:
+        return _object(self.request("GET", "/internal/config"), "GET /internal/config")
+
+    def system_info(self) -> dict[str, Any]:
+        return _object(self.request("GET", f"{API}/system-info"), "GET /api/v1/system-info")
+
+    def models(self) -> list[dict[str, Any]]:
+        doc = _object(self.request("GET", f"{API}/models?show_all=true"), "GET /api/v1/models")
+        data = doc.get("data")
+        if not isinstance(data, list) or not all(
+            isinstance(m, dict) and isinstance(m.get("id"), str) for m in data
+        ):
+            raise LemonadeError("shape", "GET /api/v1/models: `data` is not a list of models with an id")
+        return data
+
+    def options(self, model: str) -> dict[str, Any]:
+        return _options_doc(self.request("GET", _options_path(model)), model)
+
+    def save_options(self, model: str, body: dict[str, Any], dry_run: bool) -> dict[str, Any]:
+        refuse_protected(body)
+        payload = {**body, "dry_run": True} if dry_run else dict(body)
+        return _options_doc(self.request("POST", _options_path(model), payload), model)
+
+    def install(self, recipe: str, backend: str, timeout_s: float) -> dict[str, Any]:
+        body = {"recipe": recipe, "backend": backend, "stream": False}
+        return _object(self.request("POST", f"{API}/install", body, timeout_s), "POST /api/v1/install")
+
+    def load(self, model: str, timeout_s: float) -> dict[str, Any]:
+        return _object(
+            self.request("POST", f"{API}/load", {"model_name": model}, timeout_s), "POST /api/v1/load"
+        )
+
+
+def _options_path(model: str) -> str:
+    from urllib.parse import quote
+
+    return f"{API}/models/{quote(model, safe='')}/options"
+
+
+def _error_text(raw: bytes) -> str:
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        text = raw.decode("utf-8", errors="replace")
+    else:
+        error = doc.get("error", doc) if isinstance(doc, dict) else doc
+        if isinstance(error, dict):
+            error = error.get("message", error)
+        text = error if isinstance(error, str) else json.dumps(error)
+    text = " ".join(text.split())
+    return text[:MAX_ERROR_TEXT] + ("..." if len(text) > MAX_ERROR_TEXT else "")
+
+
+def _object(doc: Any, what: str) -> dict[str, Any]:
+    if not isinstance(doc, dict):
+        raise LemonadeError("shape", f"{what}: the answer is not a JSON object; is this Lemonade Server?")
+    return doc
+
+
+def _options_doc(doc: Any, model: str) -> dict[str, Any]:
+    what = f"options of {model}"
+    doc = _object(doc, what)
+    for key in ("saved", "effective"):
+        if not isinstance(doc.get(key), dict):
+            raise LemonadeError(
+                "shape", f"{what}: `{key}` is not an object; this Lemonade has no options API"
+            )
+    if not isinstance(doc.get("recipe", ""), str):
+        raise LemonadeError("shape", f"{what}: `recipe` is not a string")
+    return doc
+
+
+# vllm_args: Lemonade splits them on spaces (vllm.md, "Speculative decoding"); shlex keeps a quoted value.
+def split_args(text: str) -> list[str]:
+    try:
+        return shlex.split(text)
+    except ValueError:
+        return text.split()
+
+
+def flag_name(word: str) -> str | None:
+    """`--max_num_seqs=4` -> `--max-num-seqs`; None for a value."""
+    if not word.startswith("--") or re.fullmatch(r"-\d+(\.\d*)?", word):
+        return None
+    return "--" + word[2:].split("=", 1)[0].replace("_", "-")
+
+
+def _conflicts(flag: str) -> tuple[str, ...]:
+    return MEMORY_BUDGET_FLAGS if flag in MEMORY_BUDGET_FLAGS else (flag,)
+
+
+def parse_args(words: list[str]) -> list[tuple[str | None, list[str]]]:
+    """Groups of (flag, its words): a flag with its following values; words before any flag have None."""
+    groups: list[tuple[str | None, list[str]]] = []
+    for word in words:
+        name = flag_name(word)
+        if name is not None or not groups:
+            groups.append((name, [word]))
+        else:
+            groups[-1][1].append(word)
+    return groups
+
+
+def flag_values(text: str) -> dict[str, str]:
+    """The last value of every flag in `text` (what vLLM would use)."""
+    out: dict[str, str] = {}
+    for name, words in parse_args(split_args(text)):
+        if name is None:
+            continue
+        if "=" in words[0]:
+            out[name] = words[0].split("=", 1)[1]
+        else:
+            out[name] = words[1] if len(words) > 1 else ""
+    return out
+
+
+def protected_in(text: str) -> list[str]:
+    return sorted({n for n, _ in parse_args(split_args(text)) if n in PROTECTED_FLAGS})
+
+
+def refuse_protected(body: Mapping[str, Any]) -> None:
+    """The last guard before a request: no protected flag ever leaves rocmdoctor."""
+    args = body.get("vllm_args")
+    found = protected_in(args) if isinstance(args, str) else []
+    if found:
+        raise LemonadeError(
+            "rejected",
+            f"refusing to send {', '.join(found)} in vllm_args: Lemonade manages them (ctx_size sets the context)",
+        )
+
+
+def merge_vllm_args(current: str, wanted: Mapping[str, str]) -> tuple[str, list[str]]:
+    """`current` with each wanted flag set (replacing the same flag, any spelling, and the other memory
+    budget flag), every unrelated word kept in order, protected flags dropped. Returns the text and notes.
+    Unchanged text when `current` already says the same."""
+    notes: list[str] = []
+    groups = parse_args(split_args(current))
+    have = flag_values(current)
+    protected = protected_in(current)
+    satisfied = all(have.get(flag) == value for flag, value in wanted.items()) and not any(
+        other in have for flag in wanted for other in _conflicts(flag) if other != flag
+    )
+    if satisfied and not protected:
+        return current, notes
+    replaced = {c for flag in wanted for c in _conflicts(flag)}
+    kept: list[str] = []
+    for name, words in groups:
+        if name in PROTECTED_FLAGS:
+            notes.append(f"dropped {' '.join(words)} from vllm_args: Lemonade refuses it (it manages {name})")
+            continue
+        if name in replaced:
+            continue
+        kept += words
+    for flag, value in wanted.items():
+        kept += [flag, value]
+    return " ".join(shlex.quote(w) for w in kept), notes
+
+
+@dataclass
+class ModelTarget:
+    """What rocmdoctor computed for one Lemonade model, each value with its reason."""
+
+    model: str
+    ctx_size: int | None
+    flags: dict[str, str]
+    reasons: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def options_body(saved: Mapping[str, Any], target: ModelTarget) -> tuple[dict[str, Any], list[str]]:
+    """The POST body that brings `saved` to the target: only the keys that change (the endpoint merges,
+    so every other saved key stays)."""
+    body: dict[str, Any] = {}
+    if target.ctx_size is not None and saved.get("ctx_size") != target.ctx_size:
+        body["ctx_size"] = target.ctx_size
+    current = saved.get("vllm_args")
+    current = current if isinstance(current, str) else ""
+    merged, notes = merge_vllm_args(current, target.flags)
+    if merged != current:
+        body["vllm_args"] = merged
+    return body, notes
+
+
+def saved_diff(model: str, before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
+    def lines(doc: Mapping[str, Any]) -> list[str]:
+        return json.dumps(dict(doc), indent=2, sort_keys=True).splitlines(keepends=True)
+
+    return "".join(
+        difflib.unified_diff(
+            lines(before), lines(after), f"{model} options (saved)", f"{model} options (after)", n=1
+        )
+    )
+
+
+def apply_options(client: Lemonade, target: ModelTarget, check: bool) -> Change:
+    """Bring one model's saved options to the target through the options API. --check: a dry run that
+    Lemonade validates and resolves, nothing saved. A second run sends nothing."""
+    current = client.options(target.model)
+    if current.get("recipe") not in ("", None, VLLM_RECIPE):
+        raise LemonadeError(
+            "rejected",
+            f"{target.model} uses the {current.get('recipe')!r} recipe, not vllm; rocmdoctor tunes vLLM models",
+        )
+    saved = current["saved"]
+    body, notes = options_body(saved, target)
+    data: dict[str, Any] = {
+        "model": target.model,
+        "target": {"ctx_size": target.ctx_size, "vllm_args": dict(target.flags)},
+        "reasons": dict(target.reasons),
+        "notes": list(target.notes) + notes,
+        "sent": dict(body),
+        "dry_run": check,
+    }
+    if not body:
+        return Change(False, f"{target.model}: the saved options already match", "", data)
+    after = dict(saved) | body
+    answer = client.save_options(target.model, body, dry_run=check)
+    data["effective"] = answer.get("effective")
+    data["resolved_ctx_size"] = answer.get("resolved_ctx_size")
+    if not check:
+        data["saved"] = answer["saved"]
+        missing = {k: v for k, v in body.items() if answer["saved"].get(k) != v}
+        if missing:
+            raise LemonadeError(
+                "shape", f"{target.model}: Lemonade answered 200 but did not save {sorted(missing)}"
+            )
+    verb = "would save" if check else "saved"
+    return Change(
+        True,
+        f"{target.model}: {verb} {', '.join(sorted(body))}",
+        saved_diff(target.model, saved, after),
+        data,
+    )
+
+
+# The diagnosis: each a Result (model.py) with a remedy, never printed here.
+def expected_cold_load_s(checkpoint: str, model_config: Mapping[str, Any] | None = None) -> tuple[int, str]:
+    quant = ""
+    if model_config and isinstance(model_config.get("quantization_config"), dict):
+        quant = str(model_config["quantization_config"].get("quant_method", ""))
+    if "fp8" in checkpoint.lower() or quant.lower() == "fp8":
+        return COLD_LOAD_S["fp8"], "an FP8 checkpoint: about 12 minutes cold on gfx1151 (Lemonade's vllm.md)"
+    return COLD_LOAD_S[
+        "other"
+    ], "a cold first load with Triton JIT: up to several minutes (Lemonade's vllm.md)"
+
+
+def wanted_timeout_s(cold_s: int) -> int:
+    return int(math.ceil(cold_s * TIMEOUT_MARGIN / 60) * 60)
+
+
+def diagnose_timeout(config: Mapping[str, Any], checkpoints: Iterable[str]) -> Result:
+    timeout = config.get("global_timeout")
+    worst = max((expected_cold_load_s(c) for c in checkpoints), default=expected_cold_load_s(""))
+    wanted = wanted_timeout_s(worst[0])
+    remedy = f'`lemonade config set global_timeout={wanted}` (or POST /internal/set {{"global_timeout": {wanted}}})'
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        return warned("global_timeout is not in Lemonade's config", remedy, expected_cold_load_s=worst[0])
+    if timeout <= 0:
+        return failed(
+            f"global_timeout is {timeout}: every load fails or is abandoned at once, and vLLM's EngineCore is "
+            "left holding the GPU",
+            remedy,
+            global_timeout=timeout,
+        )
+    if timeout < worst[0]:
+        return failed(
+            f"global_timeout {timeout:g} s is shorter than the expected cold load ({worst[1]}): the first load "
+            "times out and leaves an orphaned EngineCore",
+            remedy,
+            global_timeout=timeout,
+            expected_cold_load_s=worst[0],
+        )
+    if timeout < wanted:
+        return warned(
+            f"global_timeout {timeout:g} s leaves little margin over the expected cold load ({worst[1]})",
+            remedy,
+            global_timeout=timeout,
+            expected_cold_load_s=worst[0],
+        )
+    return passed(
+        f"global_timeout {timeout:g} s covers the expected cold load ({worst[0]} s)", global_timeout=timeout
+    )
+
+
+def orphaned_engines(
+    processes: Iterable[Mapping[str, Any]], backend_pids: Iterable[int]
+) -> list[dict[str, Any]]:
+    """vLLM processes that belong to no model Lemonade has loaded (their backend pid and its children)."""
+    owned = set(backend_pids)
+    vllm = [p for p in processes if p.get("vllm")]
+    by_pid = {p.get("pid"): p for p in processes}
+
+    def owned_by_lemonade(proc: Mapping[str, Any]) -> bool:
+        seen = 0
+        while proc is not None and seen < 64:
+            if proc.get("pid") in owned:
+                return True
+            proc = by_pid.get(proc.get("ppid"))  # type: ignore[assignment]
+            seen += 1
+        return False
+
+    return [dict(p) for p in vllm if not owned_by_lemonade(p)]
+
+
+def diagnose_orphans(processes: list[Mapping[str, Any]], backend_pids: list[int]) -> Result:
+    orphans = orphaned_engines(processes, backend_pids)
+    if orphans:
+        pids = " ".join(str(p["pid"]) for p in orphans)
+        return failed(
+            f"{len(orphans)} vLLM process(es) no Lemonade model owns (an EngineCore left by a timed-out load "
+            f"holds GPU memory): {pids}",
+            f"`kill {pids}`, then `kill -9` what remains, before the next load",
+            orphans=orphans,
+        )
+    return passed("no orphaned vLLM EngineCore", backend_pids=backend_pids)
+
+
+def diagnose_utilization(
+    model: str, vllm_args: str, total: int | None, free: int | None, recommended: float | None
+) -> Result:
+    from rocmdoctor.memory_rule import passes, requested_bytes
+
+    values = flag_values(vllm_args)
+    util_text = values.get("--gpu-memory-utilization")
+    fix = f"rocmdoctor lemonade apply --model {model}"
+    if util_text is None:
+        if "--kv-cache-memory-bytes" in values:
+            return passed(
+                f"{model}: the KV cache is sized by --kv-cache-memory-bytes {values['--kv-cache-memory-bytes']}"
+            )
+        return warned(
+            f"{model}: no --gpu-memory-utilization: on this GPU Lemonade caps the KV cache at 4 GB "
+            "(--kv-cache-memory-bytes 4G), whatever memory is free",
+            fix + (f" (sets --gpu-memory-utilization {recommended:.2f})" if recommended else ""),
+        )
+    try:
+        util = float(util_text)
+    except ValueError:
+        return failed(f"{model}: --gpu-memory-utilization {util_text!r} is not a number", fix)
+    if not total or free is None:
+        return warned(
+            f"{model}: --gpu-memory-utilization {util:g}; the GPU's free memory cannot be read",
+            "rocmdoctor check says why",
+        )
+    gib = 1 << 30
+    if not passes(total, free, util):
+        return failed(
+            f"{model}: --gpu-memory-utilization {util:g} asks {requested_bytes(total, util) / gib:.2f} GiB but "
+            f"only {free / gib:.2f} of {total / gib:.2f} GiB is free: vLLM refuses to start",
+            fix + (f" (sets {recommended:.2f})" if recommended else ""),
+            utilization=util,
+        )
+    return passed(
+        f"{model}: --gpu-memory-utilization {util:g} passes vLLM's free-memory rule", utilization=util
+    )
+
+
+def diagnose_ctx(model: str, effective_ctx: Any, resolved_ctx: Any, planned: int | None) -> Result:
+    if planned is None:
+        return warned(
+            f"{model}: no memory plan (the model's files are not in the Hugging Face cache here)",
+            "download it (`lemonade pull`) and point HF_HUB_CACHE at Lemonade's cache",
+        )
+    ctx = resolved_ctx if isinstance(resolved_ctx, int) and resolved_ctx > 0 else effective_ctx
+    if not isinstance(ctx, int) or ctx <= 0:
+        return warned(
+            f"{model}: ctx_size is automatic; the plan fits {planned} tokens",
+            f"rocmdoctor lemonade apply --model {model}",
+        )
+    if ctx > planned:
+        return failed(
+            f"{model}: ctx_size {ctx} does not fit the KV cache; the plan fits {planned}",
+            f"rocmdoctor lemonade apply --model {model}",
+        )
+    return passed(f"{model}: ctx_size {ctx} fits (the plan allows {planned})", ctx_size=ctx, planned=planned)
