@@ -201,11 +201,14 @@ def compute_target(ctx: Any, entry: dict[str, Any], knee: int | None, knee_why: 
     except ArgumentError as exc:
         raise UserError(f"{model}: {exc}") from None
     settings = {s.flag: s for s in args.settings}
-    flags, reasons = {}, {}
+    flags: dict[str, str] = {}
+    reasons: dict[str, str] = {}
     for flag in ("--gpu-memory-utilization", "--max-num-seqs"):
         if flag in settings:
             flags[flag] = settings[flag].value
-            reasons[flag] = knee_why if flag == "--max-num-seqs" and knee else settings[flag].reason
+            reasons[flag] = (
+                knee_why if flag == "--max-num-seqs" and knee and knee_why else settings[flag].reason
+            )
     notes = [n for n in args.notes if not n.startswith("GPUs not pinned")]
     if knee is None and knee_why:
         notes.append(knee_why)
