@@ -4,53 +4,35 @@ host like the report's: Strix Halo, a 96 GiB VRAM carve-out, 76.45 GiB of it fre
 from __future__ import annotations
 
 import json
-import shutil
-import struct
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from conftest import FIXTURES
-from harness.hosts import fixture_root
-from harness.lemonade_server import PROTECTED, Registered, State, lemonade_server
+from harness.lemonade_server import (
+    PROTECTED,
+    Registered,
+    State,
+    lemonade_server,
+    make_report_host,
+    qwen3_8b_cache,
+)
 from rocmdoctor.cli import cli
 from rocmdoctor.provision.bench import find_knee
 
-GIB = 1 << 30
 ADMIN_KEY = "lemonade-admin-Zq7xV2kP9sW4"
 MODEL = "user.Qwen3-8B-vLLM"
 CHECKPOINT = "Qwen/Qwen3-8B"
-RENDER = "sys/devices/pci0000:00/0000:65:00.0"
-# The report's vLLM refusal: "Free memory on device (76.45/96.0 GiB) on startup is less than desired GPU
-# memory utilization (0.92, 88.32 GiB)" (issue 25); the carve-out fixture's 96 GiB is from its captures.
-REPORT_FREE = int(76.45 * GIB)
 
 
 @pytest.fixture
 def report_host(tmp_path: Path) -> Path:
-    """strix-halo-carveout with the report's free memory: mem_info_vram_used = total - 76.45 GiB."""
-    root = tmp_path / "host"
-    shutil.copytree(fixture_root("strix-halo-carveout"), root, symlinks=True)
-    total = int((root / RENDER / "mem_info_vram_total").read_text())
-    (root / RENDER / "mem_info_vram_used").write_text(f"{total - REPORT_FREE}\n")
-    return root
+    return make_report_host(tmp_path / "host")
 
 
 @pytest.fixture
 def hf_cache(tmp_path: Path) -> Path:
-    """Qwen3-8B in the Hugging Face cache layout: its real config.json and a header-only safetensors
-    file of its real size (bf16), so the memory plan is exact and no weights exist."""
-    cache = tmp_path / "hub"
-    snapshot = cache / "models--Qwen--Qwen3-8B" / "snapshots" / ("a" * 40)
-    snapshot.mkdir(parents=True)
-    (cache / "models--Qwen--Qwen3-8B" / "refs").mkdir()
-    (cache / "models--Qwen--Qwen3-8B" / "refs" / "main").write_text("a" * 40)
-    shutil.copy(FIXTURES / "model_configs/qwen3-8b/config.json", snapshot / "config.json")
-    rows = 8_190_735_360 // 4096  # Qwen3-8B: 8.19 B parameters
-    header = json.dumps({"w": {"dtype": "BF16", "shape": [rows, 4096], "data_offsets": [0, rows * 4096 * 2]}})
-    (snapshot / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header.encode())
-    return cache
+    return qwen3_8b_cache(tmp_path / "hub")
 
 
 @pytest.fixture
