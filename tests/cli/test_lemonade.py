@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from harness.hosts import fixture_root
 from harness.lemonade_server import (
     PROTECTED,
     Registered,
@@ -211,3 +212,24 @@ def test_bad_bench_report_is_exit_2(tmp_path, report_host):
     bad.write_text('{"knee": {"recommended_max_num_seqs": "ten"}}')
     result = run(report_host, "http://127.0.0.1:9", "apply", "--bench-report", str(bad))
     assert result.exit_code == 2 and "not a positive whole number" in result.output
+
+
+def test_check_without_readable_free_memory_warns_and_names_the_backend(tmp_path, hf_cache):
+    state = standin(tmp_path)
+    state.loaded[MODEL] = {
+        "model_name": MODEL,
+        "recipe": "vllm",
+        "pid": 4242,
+        "launch_command": ["/var/lib/lemonade/.cache/lemonade/bin/vllm/rocm/vllm-server"],
+    }
+    with lemonade_server(state) as server:
+        result = run(
+            fixture_root("strix-halo-carveout"), server.url, "check", "--json", hf=hf_cache, key=None
+        )
+    findings = {f["id"]: f for f in json.loads(result.output)["findings"]}
+    assert (
+        findings[f"{MODEL}.plan"]["status"] == "warn"
+        and "cannot be read" in findings[f"{MODEL}.plan"]["summary"]
+    )
+    assert findings["lemonade.backend"]["details"]["executable"].endswith("/vllm/rocm/vllm-server")
+    assert result.exit_code == 0, result.output

@@ -31,7 +31,9 @@ def test_verify_loads_and_smokes_through_lemonade_on_the_real_engine(vllm_engine
         engine_model=vllm_engine.model,
         engine_pid=vllm_engine.pid,
     )
-    state.write_saved({MODEL: {"vllm_args": "--gpu-memory-utilization 0.78 --max-num-seqs 8", "ctx_size": 512}})
+    state.write_saved(
+        {MODEL: {"vllm_args": "--gpu-memory-utilization 0.78 --max-num-seqs 8", "ctx_size": 512}}
+    )
     with lemonade_server(state) as server:
         result = CliRunner().invoke(
             cli,
@@ -51,7 +53,10 @@ def test_verify_loads_and_smokes_through_lemonade_on_the_real_engine(vllm_engine
     assert steps["version"]["details"]["version"].startswith("0.")
     assert report["lemonade"]["backend_url"] == vllm_engine.base_url + "/v1"
     launch = report["lemonade"]["launch_command"]
-    assert launch[launch.index("--gpu-memory-utilization") + 1] == "0.78" and "--kv-cache-memory-bytes" not in launch
+    assert (
+        launch[launch.index("--gpu-memory-utilization") + 1] == "0.78"
+        and "--kv-cache-memory-bytes" not in launch
+    )
     # The load went through Lemonade; the inference requests carried the key to Lemonade only.
     paths = [r["path"] for r in state.requests]
     assert "/api/v1/load" in paths and "/api/v1/chat/completions" in paths

@@ -262,7 +262,7 @@ def check_cmd(
     findings: list[tuple[str, Any]] = []
     bad = [o for o in outcomes if o.result.status in (Status.FAIL, Status.ERROR)]
     host_summary = "; ".join(f"{o.spec.id}: {o.result.summary}" for o in bad)
-    from ..model import failed, passed
+    from ..model import failed, passed, warned
 
     findings.append(
         (
@@ -284,6 +284,16 @@ def check_cmd(
         findings.append(("lemonade.timeout", lm.diagnose_timeout(config, [_checkpoint(e) for e in entries])))
         findings.append(("lemonade.orphans", lm.diagnose_orphans(procs, pids)))
         backend = _backend_state(info)
+        launched = [m.get("launch_command") for m in loaded if isinstance(m.get("launch_command"), list)]
+        if launched and launched[0] and isinstance(launched[0][0], str):
+            from dataclasses import replace
+
+            where = launched[0][0]  # where Lemonade's vllm-server lives
+            backend = replace(
+                backend,
+                summary=f"{backend.summary} at {where}",
+                details=backend.details | {"executable": where},
+            )
         findings.append(("lemonade.backend", backend))
         from .host_pools import pools_from_facts
 
@@ -308,7 +318,11 @@ def check_cmd(
                 findings.append(
                     (
                         f"{model}.plan",
-                        failed(str(exc.message), "rocmdoctor plan --model " + _checkpoint(entry)),
+                        warned(
+                            f"no settings computed: {exc.message}",
+                            "rocmdoctor check (the GPU's memory), rocmdoctor plan --model "
+                            + _checkpoint(entry),
+                        ),
                     )
                 )
                 continue
