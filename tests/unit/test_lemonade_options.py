@@ -5,15 +5,8 @@ from __future__ import annotations
 import pytest
 
 from rocmdoctor.model import Status
-from rocmdoctor.provision.lemonade import (
-    LemonadeError,
-    ModelTarget,
-    diagnose_orphans,
-    diagnose_timeout,
-    merge_vllm_args,
-    options_body,
-    refuse_protected,
-)
+from rocmdoctor.provision.lemonade import ModelTarget, diagnose_orphans, diagnose_timeout, options_body
+from rocmdoctor.provision.lemonade_args import ProtectedFlagError, merge_vllm_args, refuse_protected
 
 WANTED = {"--gpu-memory-utilization": "0.78", "--max-num-seqs": "10"}
 
@@ -66,7 +59,7 @@ def test_options_body_holds_only_what_changes():
     "args", ["--port 9000", "--served_model_name=x", "--max-model-len=4096 --enforce-eager"]
 )
 def test_a_protected_flag_never_leaves(args):
-    with pytest.raises(LemonadeError, match="refusing to send"):
+    with pytest.raises(ProtectedFlagError, match="refusing to send"):
         refuse_protected({"vllm_args": args})
 
 

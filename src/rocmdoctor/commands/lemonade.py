@@ -79,7 +79,7 @@ def _key(path: Path | None) -> str | None:
 
 
 def _url(app: App, url: str | None) -> str:
-    from ..provision.lemonade import CONFIG_FILES, DEFAULT_PORT
+    from ..provision.lemonade_api import CONFIG_FILES, DEFAULT_PORT
     from ..provision.openai_client import normalize_url
 
     if url is None:
@@ -103,7 +103,7 @@ def _url(app: App, url: str | None) -> str:
 
 
 def _client(app: App, url: str | None, key_file: Path | None, timeout_s: float) -> Any:
-    from ..provision.lemonade import Lemonade
+    from ..provision.lemonade_api import Lemonade
 
     return Lemonade(_url(app, url), _key(key_file), timeout_s)
 
@@ -120,7 +120,7 @@ def _fail(exc: Exception, as_json: bool) -> None:
 
 
 def _vllm_models(client: Any, wanted: tuple[str, ...]) -> list[dict[str, Any]]:
-    from ..provision.lemonade import VLLM_RECIPE, LemonadeError
+    from ..provision.lemonade_api import VLLM_RECIPE, LemonadeError
 
     models = client.models()
     by_id = {m["id"]: m for m in models}
@@ -253,7 +253,7 @@ def check_cmd(
     from ..checks import load_registry
     from ..model import Status, envelope, exit_code
     from ..provision import lemonade as lm
-    from ..provision.lemonade import LemonadeError
+    from ..provision.lemonade_api import VLLM_RECIPE, LemonadeError
 
     client = _client(app, url, admin_key_file, timeout_s)
     ctx = _host_context(app)
@@ -277,7 +277,7 @@ def check_cmd(
         config = client.config()
         entries = _vllm_models(client, models)
         info = client.system_info()
-        loaded = [m for m in health.get("all_models_loaded", []) if m.get("recipe") == lm.VLLM_RECIPE]
+        loaded = [m for m in health.get("all_models_loaded", []) if m.get("recipe") == VLLM_RECIPE]
         pids = [m["pid"] for m in loaded if isinstance(m.get("pid"), int)]
         orphans = next((o for o in outcomes if o.spec.id == "processes.orphans"), None)
         procs = orphans.result.details.get("gpu_processes", []) if orphans else []
@@ -434,7 +434,8 @@ def apply_cmd(
     """Save each vLLM model's ctx_size, --gpu-memory-utilization and --max-num-seqs through Lemonade's
     options API (merged: other saved keys stay). A rerun changes nothing. Exit 0, or 2 on an error."""
     from ..model import Change
-    from ..provision.lemonade import LemonadeError, apply_options
+    from ..provision.lemonade import apply_options
+    from ..provision.lemonade_api import LemonadeError
 
     knee, knee_why = _bench_knee(bench_report)
     client = _client(app, url, admin_key_file, timeout_s)
@@ -492,7 +493,7 @@ def verify_cmd(
     """Load the model through Lemonade, smoke it through Lemonade's OpenAI endpoint, and read vLLM's own
     /metrics at backend_url. Exit 0: it serves; 1: a step failed; 2: Lemonade cannot be used."""
     from ..model import envelope
-    from ..provision.lemonade import LemonadeError
+    from ..provision.lemonade_api import LemonadeError
     from ..provision.smoke import SmokeOptions, run_smoke
 
     client = _client(app, url, admin_key_file, timeout_s)
@@ -558,7 +559,7 @@ def install_backend_cmd(
 ) -> None:
     """Install Lemonade's vLLM backend through its API (idempotent: nothing when it is installed)."""
     from ..model import Change
-    from ..provision.lemonade import LemonadeError
+    from ..provision.lemonade_api import LemonadeError
 
     if not re.fullmatch(r"[a-z0-9_-]{1,32}", backend):
         raise UserError(f"--backend {backend!r}: a backend name such as rocm")
