@@ -1,5 +1,5 @@
-"""Lemonade Server as a target: its documented HTTP API, the options rocmdoctor computes for a vLLM model,
-and what is wrong with the ones it has.
+"""Lemonade Server as a target: the options rocmdoctor computes for a vLLM model, saved through Lemonade's
+options API (provision.lemonade_api), and what is wrong with the ones it has.
 
 Everything here follows Lemonade's own documents, lemonade-sdk/lemonade @
 e385039ed33551de7f54cb73194cd08088772c08 (cited below by path):
@@ -117,6 +117,27 @@ def apply_options(client: Lemonade, target: ModelTarget, check: bool) -> Change:
         saved_diff(target.model, saved, after),
         data,
     )
+
+
+def apply_timeout(client: Lemonade, checkpoints: Iterable[str], check: bool) -> Change:
+    """Raise `global_timeout` to cover the slowest expected cold load (never lower it), through
+    POST /internal/set (admin key; docs/dev/getting-started.md). --check sends nothing: /internal/set
+    has no dry run."""
+    config = client.config()
+    now = config.get("global_timeout")
+    cold_s, why = max((expected_cold_load_s(c) for c in checkpoints), default=expected_cold_load_s(""))
+    wanted = wanted_timeout_s(cold_s)
+    data = {"global_timeout": now, "wanted": wanted, "why": why}
+    if isinstance(now, (int, float)) and not isinstance(now, bool) and now >= wanted:
+        return Change(False, f"global_timeout {now:g} s covers the cold load", "", data)
+    diff = f"-global_timeout: {now}\n+global_timeout: {wanted}\n"
+    if check:
+        return Change(True, f"would set global_timeout {wanted} s ({why})", diff, data)
+    client.set_config({"global_timeout": wanted})
+    after = client.config().get("global_timeout")
+    if after != wanted:
+        raise LemonadeError("shape", f"POST /internal/set answered success but global_timeout is {after!r}")
+    return Change(True, f"set global_timeout {wanted} s ({why})", diff, data)
 
 
 # The diagnosis: each a Result (model.py) with a remedy, never printed here.

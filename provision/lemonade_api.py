@@ -127,6 +127,9 @@ class Lemonade:
     def config(self) -> dict[str, Any]:
         return _object(self.request("GET", "/internal/config"), "GET /internal/config")
 
+    def set_config(self, body: dict[str, Any]) -> dict[str, Any]:
+        return _object(self.request("POST", "/internal/set", body), "POST /internal/set")
+
     def system_info(self) -> dict[str, Any]:
         return _object(self.request("GET", f"{API}/system-info"), "GET /api/v1/system-info")
 

@@ -73,6 +73,7 @@ def test_apply_sets_the_reports_options_or_better_in_one_command(
     tmp_path, report_host, hf_cache, bench_report
 ):
     state = standin(tmp_path, api_key="regular-key-abcdef", admin_key=ADMIN_KEY)
+    state.config["global_timeout"] = 300  # shorter than a cold load with margin
     state.write_saved(
         {MODEL: {"vllm_args": "--enable-auto-tool-choice --gpu-memory-utilization 0.92", "pinned": True}}
     )
@@ -81,7 +82,7 @@ def test_apply_sets_the_reports_options_or_better_in_one_command(
             report_host, server.url, "apply", "--check", "--bench-report", str(bench_report), hf=hf_cache
         )
         assert check.exit_code == 0, check.output
-        saved_after_check = state.saved()
+        saved_after_check, timeout_after_check = state.saved(), state.config["global_timeout"]
         applied = run(
             report_host, server.url, "apply", "--json", "--bench-report", str(bench_report), hf=hf_cache
         )
@@ -96,6 +97,7 @@ def test_apply_sets_the_reports_options_or_better_in_one_command(
         "pinned": True,
     }
     assert "would change user.Qwen3-8B-vLLM" in check.output and '+  "ctx_size": 40960' in check.output
+    assert timeout_after_check == 300 and "+global_timeout: 480" in check.output
     dry = [r["body"] for r in state.requests if r["method"] == "POST"][0]
     assert dry["dry_run"] is True
 
@@ -107,6 +109,7 @@ def test_apply_sets_the_reports_options_or_better_in_one_command(
     assert saved["vllm_args"] == "--enable-auto-tool-choice --gpu-memory-utilization 0.78 --max-num-seqs 8"
     assert saved["ctx_size"] == 40960 and saved["ctx_size"] >= 8192
     assert saved["pinned"] is True  # merged: an unrelated saved key stays
+    assert state.config["global_timeout"] == 480 and doc["global_timeout"]["changed"] is True
     model_doc = doc["models"][0]
     assert "76.45 GiB free of 96.00 GiB" in model_doc["reasons"]["--gpu-memory-utilization"]
     assert "knee" in model_doc["reasons"]["--max-num-seqs"]
@@ -115,6 +118,7 @@ def test_apply_sets_the_reports_options_or_better_in_one_command(
     assert json.loads(again.output)["changed"] is False
     options_posts = [r for r in state.requests if r["method"] == "POST" and r["path"].endswith("/options")]
     assert len(options_posts) == 2  # the dry run and the one save
+    assert [r["body"] for r in state.requests if r["path"] == "/internal/set"] == [{"global_timeout": 480}]
 
     # No protected flag was ever sent.
     for body in server.posted_bodies():

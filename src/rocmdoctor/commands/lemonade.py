@@ -434,16 +434,18 @@ def apply_cmd(
     """Save each vLLM model's ctx_size, --gpu-memory-utilization and --max-num-seqs through Lemonade's
     options API (merged: other saved keys stay). A rerun changes nothing. Exit 0, or 2 on an error."""
     from ..model import Change
-    from ..provision.lemonade import apply_options
+    from ..provision.lemonade import apply_options, apply_timeout
     from ..provision.lemonade_api import LemonadeError
 
     knee, knee_why = _bench_knee(bench_report)
     client = _client(app, url, admin_key_file, timeout_s)
     ctx = _host_context(app)
     changes: list[Change] = []
+    timeout = None
     try:
         loaded = {m.get("model_name") for m in client.health().get("all_models_loaded", [])}
-        for entry in _vllm_models(client, models):
+        entries = _vllm_models(client, models)
+        for entry in entries:
             target = compute_target(ctx, entry, knee, knee_why)
             if entry["id"] in loaded:
                 target.notes.append(
@@ -451,6 +453,8 @@ def apply_cmd(
                     "saved options apply at its next load (POST /api/v1/unload, then load)"
                 )
             changes.append(apply_options(client, target, check_only))
+        if changes:
+            timeout = apply_timeout(client, [_checkpoint(e) for e in entries], check_only)
     except LemonadeError as exc:
         _fail(exc, as_json)
     if not changes:
@@ -458,11 +462,16 @@ def apply_cmd(
             UserError("Lemonade has no model with the vllm recipe; register one with `lemonade pull`"),
             as_json,
         )
+    assert timeout is not None  # set whenever changes is
     change = Change(
-        any(c.changed for c in changes),
-        "; ".join(c.msg for c in changes),
-        "".join(c.diff for c in changes),
-        {"check": check_only, "models": [c.data | {"changed": c.changed, "msg": c.msg} for c in changes]},
+        any(c.changed for c in changes) or timeout.changed,
+        "; ".join(c.msg for c in [*changes, timeout] if c.changed) or "the saved options already match",
+        "".join(c.diff for c in [*changes, timeout]),
+        {
+            "check": check_only,
+            "models": [c.data | {"changed": c.changed, "msg": c.msg} for c in changes],
+            "global_timeout": timeout.data | {"changed": timeout.changed, "msg": timeout.msg},
+        },
     )
     if as_json:
         emit_json(change.envelope())
@@ -476,6 +485,9 @@ def apply_cmd(
             click.echo(f"  note: {note}")
         if c.diff:
             click.echo(c.diff.rstrip("\n"))
+    click.echo(f"{word if timeout.changed else 'ok'} global_timeout: {timeout.msg}")
+    if timeout.diff:
+        click.echo(timeout.diff.rstrip("\n"))
     click.echo(f"changed={str(change.changed).lower()}")
 
 
