@@ -237,3 +237,20 @@ def test_check_without_readable_free_memory_warns_and_names_the_backend(tmp_path
     )
     assert findings["lemonade.backend"]["details"]["executable"].endswith("/vllm/rocm/vllm-server")
     assert result.exit_code == 0, result.output
+
+
+def test_the_port_comes_from_lemonades_config_json_under_the_root(tmp_path, report_host):
+    state = standin(tmp_path, backend_state="installable")
+    with lemonade_server(state) as server:
+        port = int(server.url.rsplit(":", 1)[1])
+        config = report_host / "var/lib/lemonade/config.json"
+        config.parent.mkdir(parents=True)
+        config.write_text(json.dumps({"port": port, "unknown_key": {"kept": True}}))
+        before = config.read_bytes()
+        result = CliRunner().invoke(
+            cli,
+            ["--root", str(report_host), "lemonade", "install-backend", "--check"],
+            env={"LEMONADE_ADMIN_API_KEY": "", "LEMONADE_API_KEY": "", "ROCMDOCTOR_LEMONADE_URL": ""},
+        )
+    assert result.exit_code == 0 and "would install vllm:rocm" in result.output, result.output
+    assert config.read_bytes() == before  # read, never written

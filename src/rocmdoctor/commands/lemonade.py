@@ -13,7 +13,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -82,7 +82,7 @@ def _url(app: App, url: str | None) -> str:
     from ..provision.lemonade_api import CONFIG_FILES, DEFAULT_PORT
     from ..provision.openai_client import normalize_url
 
-    if url is None:
+    if not url:
         port = DEFAULT_PORT
         host = app.host()
         for path in CONFIG_FILES:  # read only: never written under a running server
@@ -108,7 +108,7 @@ def _client(app: App, url: str | None, key_file: Path | None, timeout_s: float) 
     return Lemonade(_url(app, url), _key(key_file), timeout_s)
 
 
-def _fail(exc: Exception, as_json: bool) -> None:
+def _fail(exc: Exception, as_json: bool) -> NoReturn:
     """A Lemonade that cannot be used: a clear finding and exit 2."""
     kind = getattr(exc, "kind", "error")
     if as_json:
