@@ -172,6 +172,7 @@ def test_a_protected_flag_saved_by_hand_is_dropped_not_resent(tmp_path, report_h
         ("401", "the key is missing or wrong"),
         ("500", "answered 500"),
         ("slow", "no answer within 1 s"),
+        ("trickle", "did not arrive within 1 s"),
         ("wrong-shape", "not a JSON object"),
     ],
 )
@@ -254,3 +255,12 @@ def test_the_port_comes_from_lemonades_config_json_under_the_root(tmp_path, repo
         )
     assert result.exit_code == 0 and "would install vllm:rocm" in result.output, result.output
     assert config.read_bytes() == before  # read, never written
+
+
+def test_a_failure_under_json_is_a_json_document_and_exit_2(tmp_path, report_host):
+    state = standin(tmp_path, fault="500", admin_key=ADMIN_KEY)
+    with lemonade_server(state) as server:
+        result = run(report_host, server.url, "apply", "--json")
+    doc = json.loads(result.output)
+    assert result.exit_code == 2 and doc["ok"] is False and doc["error"]["kind"] == "server"
+    assert "journalctl -u lemond" in doc["error"]["message"] and doc["schema_version"]

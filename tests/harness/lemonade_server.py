@@ -40,7 +40,8 @@ RENDER = "sys/devices/pci0000:00/0000:65:00.0"
 # The report's vLLM refusal (issue 25): "Free memory on device (76.45/96.0 GiB) on startup is less than
 # desired GPU memory utilization (0.92, 88.32 GiB)"; the carve-out fixture's 96 GiB is from its captures.
 REPORT_FREE = int(76.45 * GIB)
-FAULTS = ("ok", "400", "401", "500", "slow", "wrong-shape")
+FAULTS = ("ok", "400", "401", "500", "slow", "trickle", "wrong-shape")
+TRICKLE_S = 0.3
 SLOW_S = 5.0
 # [RES] protected_flags(): Lemonade-managed process arguments, refused in vllm_args.
 PROTECTED = {
@@ -276,6 +277,14 @@ async def faults(request: web.Request, handler: Any) -> web.StreamResponse:
     if state.fault != "ok" and not inference:
         if state.fault == "slow":
             await asyncio.sleep(SLOW_S)
+        elif state.fault == "trickle":  # headers at once, then a body that never ends in time
+            response = web.StreamResponse(headers={"Content-Type": "application/json"})
+            await response.prepare(request)
+            for _ in range(int(SLOW_S / TRICKLE_S)):
+                await response.write(b" ")
+                await asyncio.sleep(TRICKLE_S)
+            await response.write(b"{}")
+            return response
         elif state.fault == "400":
             return _error(400, "bad request")
         elif state.fault == "401":
