@@ -281,3 +281,51 @@ def diagnose_ctx(model: str, effective_ctx: Any, resolved_ctx: Any, planned: int
             f"rocmdoctor lemonade apply --model {model}",
         )
     return passed(f"{model}: ctx_size {ctx} fits (the plan allows {planned})", ctx_size=ctx, planned=planned)
+
+
+def effective_vllm_args(config: Mapping[str, Any], options_effective: Mapping[str, Any]) -> str:
+    """What reaches vllm-server from the user: the global `vllm.args` (`lemonade config set vllm.args=...`)
+    and the model's `vllm_args` after them, which win a conflict (vllm.md, "Argument precedence")."""
+    section = config.get("vllm")
+    global_args = section.get("args") if isinstance(section, dict) else config.get("vllm_args")
+    model_args = options_effective.get("vllm_args")
+    parts = [a for a in (global_args, model_args) if isinstance(a, str) and a]
+    return " ".join(parts)
+
+
+def diagnose_backend(
+    info: Mapping[str, Any], loaded: Iterable[Mapping[str, Any]], backend: str = "rocm"
+) -> Result:
+    """`recipes.vllm.backends.<backend>` of GET /api/v1/system-info, and where its vllm-server lives (the
+    program of a loaded model's `launch_command`)."""
+    recipes = info.get("recipes")
+    entry = None
+    if isinstance(recipes, dict) and isinstance(recipes.get(VLLM_RECIPE), dict):
+        backends = recipes[VLLM_RECIPE].get("backends")
+        entry = backends.get(backend) if isinstance(backends, dict) else None
+    if not isinstance(entry, dict):
+        return warned(
+            f"Lemonade lists no vllm:{backend} backend",
+            "upgrade Lemonade (vLLM arrived as an experimental backend)",
+        )
+    state, version = entry.get("state"), entry.get("version")
+    if state != "installed":
+        action = entry.get("action") if isinstance(entry.get("action"), str) else ""
+        message = entry.get("message") if isinstance(entry.get("message"), str) else ""
+        return failed(
+            f"vllm:{backend} is {state}" + (f": {message}" if message else ""),
+            action or "rocmdoctor lemonade install-backend",
+            state=state,
+        )
+    programs = [
+        m["launch_command"][0]
+        for m in loaded
+        if isinstance(m.get("launch_command"), list)
+        and m["launch_command"]
+        and isinstance(m["launch_command"][0], str)
+    ]
+    where = f" at {programs[0]}" if programs else ""
+    details: dict[str, Any] = {"state": state, "version": version}
+    if programs:
+        details["executable"] = programs[0]
+    return passed(f"vllm:{backend} installed ({version or 'version not given'}){where}", **details)

@@ -21,7 +21,6 @@ from .. import params
 from .common import App, UserError, emit_json, pass_app
 
 KEY_ENV = ("LEMONADE_ADMIN_API_KEY", "LEMONADE_API_KEY")
-MAX_BENCH_REPORT_BYTES = 4 << 20
 
 
 def _options(fn: Any) -> Any:
@@ -119,111 +118,6 @@ def _fail(exc: Exception, as_json: bool) -> NoReturn:
     raise UserError(str(exc))
 
 
-def _vllm_models(client: Any, wanted: tuple[str, ...]) -> list[dict[str, Any]]:
-    from ..provision.lemonade_api import VLLM_RECIPE, LemonadeError
-
-    models = client.models()
-    by_id = {m["id"]: m for m in models}
-    if wanted:
-        missing = [m for m in wanted if m not in by_id]
-        if missing:
-            raise LemonadeError(
-                "rejected",
-                f"Lemonade has no model {', '.join(missing)}; register it: `lemonade pull user.NAME "
-                "--checkpoint main ORG/REPO --recipe vllm`",
-            )
-        chosen = [by_id[m] for m in wanted]
-        other = [m["id"] for m in chosen if m.get("recipe") != VLLM_RECIPE]
-        if other:
-            raise LemonadeError(
-                "rejected", f"{', '.join(other)}: not a vllm-recipe model; rocmdoctor tunes vLLM models"
-            )
-        return chosen
-    return [m for m in models if m.get("recipe") == VLLM_RECIPE]
-
-
-def _checkpoint(entry: dict[str, Any]) -> str:
-    checkpoint = entry.get("checkpoint")
-    return checkpoint if isinstance(checkpoint, str) and checkpoint else str(entry["id"])
-
-
-def _bench_knee(path: Path | None) -> tuple[int | None, str | None]:
-    """--max-num-seqs from a `rocmdoctor bench --json` report: its knee, when one was measured."""
-    if path is None:
-        return None, None
-    from ..rootfs import read_regular
-
-    try:
-        raw = read_regular(path, MAX_BENCH_REPORT_BYTES)
-        doc = json.loads(raw.decode("utf-8"))
-    except OSError as exc:
-        raise UserError(f"--bench-report {path}: {exc.strerror or exc}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise UserError(
-            f"--bench-report {path}: not JSON; give the output of `rocmdoctor bench --json`"
-        ) from None
-    knee = doc.get("knee") if isinstance(doc, dict) else None
-    if not isinstance(knee, dict):
-        raise UserError(f"--bench-report {path}: no `knee`; give the output of `rocmdoctor bench --json`")
-    seqs = knee.get("recommended_max_num_seqs")
-    if seqs is None:
-        return None, f"the bench found no knee ({knee.get('advice', 'throughput still rising')})"
-    if isinstance(seqs, bool) or not isinstance(seqs, int) or not 0 < seqs <= 65536:
-        raise UserError(
-            f"--bench-report {path}: knee.recommended_max_num_seqs is not a positive whole number"
-        )
-    rate = knee.get("output_tokens_per_s")
-    rate_text = (
-        f" ({rate:.0f} tokens/s)" if isinstance(rate, (int, float)) and not isinstance(rate, bool) else ""
-    )
-    return (
-        seqs,
-        f"the measured knee{rate_text}: more concurrent sequences add little throughput (rocmdoctor bench)",
-    )
-
-
-def _host_context(app: App) -> Any:
-    from ..registry import Context, Options
-
-    return Context(app.host(), Options())
-
-
-def compute_target(ctx: Any, entry: dict[str, Any], knee: int | None, knee_why: str | None) -> Any:
-    """ctx_size, --gpu-memory-utilization and --max-num-seqs for one model, from this host's free memory
-    (memory_rule), the model's memory plan and the bench knee: the same resolve() `unit` uses."""
-    from ..provision.lemonade import ModelTarget
-    from ..provision.server_args import ArgumentError, Choices, resolve
-    from .host_pools import pools_from_facts
-
-    model = str(entry["id"])
-    try:
-        args = resolve(Choices(model=_checkpoint(entry), max_num_seqs=knee), pools_from_facts(ctx))
-    except ArgumentError as exc:
-        raise UserError(f"{model}: {exc}") from None
-    settings = {s.flag: s for s in args.settings}
-    flags: dict[str, str] = {}
-    reasons: dict[str, str] = {}
-    for flag in ("--gpu-memory-utilization", "--max-num-seqs"):
-        if flag in settings:
-            flags[flag] = settings[flag].value
-            reasons[flag] = (
-                knee_why if flag == "--max-num-seqs" and knee and knee_why else settings[flag].reason
-            )
-    notes = [n for n in args.notes if not n.startswith("GPUs not pinned")]
-    if knee is None and knee_why:
-        notes.append(knee_why)
-    ctx_size = None
-    if "--max-model-len" in settings:
-        ctx_size, reasons["ctx_size"] = (
-            int(settings["--max-model-len"].value),
-            settings["--max-model-len"].reason,
-        )
-    elif args.plan is not None and args.plan.max_model_len:
-        ctx_size = int(args.plan.max_model_len)
-        reasons["ctx_size"] = f"the model's own {ctx_size} tokens fit the KV cache (rocmdoctor plan)"
-    return ModelTarget(model, ctx_size, flags, reasons, notes)
-
-
 @click.group()
 def lemonade() -> None:
     """Lemonade Server as the target: check, apply the computed vLLM options, verify.
@@ -250,103 +144,13 @@ def check_cmd(
 ) -> None:
     """Diagnose: the host checks, Lemonade's timeout, orphaned EngineCores, and each vLLM model's memory
     and context. Exit 0: no failure; 1: a failure; 2: Lemonade cannot be used."""
-    from ..checks import load_registry
-    from ..model import Status, envelope, exit_code
-    from ..provision import lemonade as lm
-    from ..provision.lemonade_api import VLLM_RECIPE, LemonadeError
+    from ..model import envelope, exit_code
+    from ..provision.lemonade_api import LemonadeError
+    from .lemonade_targets import diagnose, host_context
 
     client = _client(app, url, admin_key_file, timeout_s)
-    ctx = _host_context(app)
-    registry = load_registry()
-    outcomes = registry.run(ctx, registry.select())
-    findings: list[tuple[str, Any]] = []
-    bad = [o for o in outcomes if o.result.status in (Status.FAIL, Status.ERROR)]
-    host_summary = "; ".join(f"{o.spec.id}: {o.result.summary}" for o in bad)
-    from ..model import failed, passed, warned
-
-    findings.append(
-        (
-            "host",
-            failed(f"{len(bad)} host check(s) fail: {host_summary}", "rocmdoctor check (the remedies)")
-            if bad
-            else passed(f"{len(outcomes)} host checks, none fails"),
-        )
-    )
     try:
-        health = client.health()
-        config = client.config()
-        entries = _vllm_models(client, models)
-        info = client.system_info()
-        loaded = [m for m in health.get("all_models_loaded", []) if m.get("recipe") == VLLM_RECIPE]
-        pids = [m["pid"] for m in loaded if isinstance(m.get("pid"), int)]
-        orphans = next((o for o in outcomes if o.spec.id == "processes.orphans"), None)
-        procs = orphans.result.details.get("gpu_processes", []) if orphans else []
-        findings.append(("lemonade.timeout", lm.diagnose_timeout(config, [_checkpoint(e) for e in entries])))
-        findings.append(("lemonade.orphans", lm.diagnose_orphans(procs, pids)))
-        backend = _backend_state(info)
-        launched = [m.get("launch_command") for m in loaded if isinstance(m.get("launch_command"), list)]
-        if launched and launched[0] and isinstance(launched[0][0], str):
-            from dataclasses import replace
-
-            where = launched[0][0]  # where Lemonade's vllm-server lives
-            backend = replace(
-                backend,
-                summary=f"{backend.summary} at {where}",
-                details=backend.details | {"executable": where},
-            )
-        findings.append(("lemonade.backend", backend))
-        from .host_pools import pools_from_facts
-
-        pools = pools_from_facts(ctx)
-        pool = pools[0] if pools else None
-        global_args = _global_vllm_args(config)
-        for entry in entries:
-            model = str(entry["id"])
-            options = client.options(model)
-            effective = options["effective"]
-            args_text = " ".join(
-                a
-                for a in (
-                    global_args,
-                    effective.get("vllm_args") if isinstance(effective.get("vllm_args"), str) else "",
-                )
-                if a
-            )
-            try:
-                target = compute_target(ctx, entry, None, None)
-            except UserError as exc:
-                findings.append(
-                    (
-                        f"{model}.plan",
-                        warned(
-                            f"no settings computed: {exc.message}",
-                            "rocmdoctor check (the GPU's memory), rocmdoctor plan --model "
-                            + _checkpoint(entry),
-                        ),
-                    )
-                )
-                continue
-            util = target.flags.get("--gpu-memory-utilization")
-            findings.append(
-                (
-                    f"{model}.memory",
-                    lm.diagnose_utilization(
-                        model,
-                        args_text,
-                        pool.total if pool else None,
-                        pool.free if pool else None,
-                        float(util) if util else None,
-                    ),
-                )
-            )
-            findings.append(
-                (
-                    f"{model}.ctx_size",
-                    lm.diagnose_ctx(
-                        model, effective.get("ctx_size"), options.get("resolved_ctx_size"), target.ctx_size
-                    ),
-                )
-            )
+        health, findings = diagnose(host_context(app), client, models)
     except LemonadeError as exc:
         _fail(exc, as_json)
     code = exit_code([r.status for _, r in findings])
@@ -378,37 +182,6 @@ def check_cmd(
     sys.exit(code)
 
 
-def _global_vllm_args(config: dict[str, Any]) -> str:
-    """`vllm.args` of the runtime config (`lemonade config set vllm.args=...`), merged into every load."""
-    section = config.get("vllm")
-    args = section.get("args") if isinstance(section, dict) else config.get("vllm_args")
-    return args if isinstance(args, str) else ""
-
-
-def _backend_state(info: dict[str, Any]) -> Any:
-    from ..model import failed, passed, warned
-
-    recipes = info.get("recipes")
-    rocm = None
-    if isinstance(recipes, dict) and isinstance(recipes.get("vllm"), dict):
-        backends = recipes["vllm"].get("backends")
-        rocm = backends.get("rocm") if isinstance(backends, dict) else None
-    if not isinstance(rocm, dict):
-        return warned(
-            "Lemonade lists no vllm:rocm backend",
-            "upgrade Lemonade (vLLM arrived as an experimental backend)",
-        )
-    state, version = rocm.get("state"), rocm.get("version")
-    if state == "installed":
-        return passed(f"vllm:rocm installed ({version or 'version not given'})", version=version)
-    action = rocm.get("action") if isinstance(rocm.get("action"), str) and rocm.get("action") else ""
-    return failed(
-        f"vllm:rocm is {state}: {rocm.get('message') or ''}".rstrip(": "),
-        action or "rocmdoctor lemonade install-backend",
-        state=state,
-    )
-
-
 @lemonade.command("apply")
 @_options
 @click.option(
@@ -436,15 +209,16 @@ def apply_cmd(
     from ..model import Change
     from ..provision.lemonade import apply_options, apply_timeout
     from ..provision.lemonade_api import LemonadeError
+    from .lemonade_targets import bench_knee, checkpoint, compute_target, host_context, vllm_models
 
-    knee, knee_why = _bench_knee(bench_report)
+    knee, knee_why = bench_knee(bench_report)
     client = _client(app, url, admin_key_file, timeout_s)
-    ctx = _host_context(app)
+    ctx = host_context(app)
     changes: list[Change] = []
     timeout = None
     try:
         loaded = {m.get("model_name") for m in client.health().get("all_models_loaded", [])}
-        entries = _vllm_models(client, models)
+        entries = vllm_models(client, models)
         for entry in entries:
             target = compute_target(ctx, entry, knee, knee_why)
             if entry["id"] in loaded:
@@ -454,7 +228,7 @@ def apply_cmd(
                 )
             changes.append(apply_options(client, target, check_only))
         if changes:
-            timeout = apply_timeout(client, [_checkpoint(e) for e in entries], check_only)
+            timeout = apply_timeout(client, [checkpoint(e) for e in entries], check_only)
     except LemonadeError as exc:
         _fail(exc, as_json)
     if not changes:
@@ -507,10 +281,11 @@ def verify_cmd(
     from ..model import envelope
     from ..provision.lemonade_api import LemonadeError
     from ..provision.smoke import SmokeOptions, run_smoke
+    from .lemonade_targets import vllm_models
 
     client = _client(app, url, admin_key_file, timeout_s)
     try:
-        entries = _vllm_models(client, models)
+        entries = vllm_models(client, models)
         if not entries:
             raise LemonadeError(
                 "rejected", "Lemonade has no model with the vllm recipe; register one with `lemonade pull`"
@@ -571,14 +346,15 @@ def install_backend_cmd(
 ) -> None:
     """Install Lemonade's vLLM backend through its API (idempotent: nothing when it is installed)."""
     from ..model import Change
+    from ..provision.lemonade import diagnose_backend
     from ..provision.lemonade_api import LemonadeError
 
     if not re.fullmatch(r"[a-z0-9_-]{1,32}", backend):
         raise UserError(f"--backend {backend!r}: a backend name such as rocm")
     client = _client(app, url, admin_key_file, timeout_s)
     try:
-        before = _backend_state(client.system_info())
-        state = before.details.get("state", "installed" if before.status.value == "pass" else None)
+        before = diagnose_backend(client.system_info(), [], backend)
+        state = before.details.get("state")
         if state == "installed":
             change = Change(False, f"vllm:{backend} is installed", "", {"state": state})
         elif check_only:
