@@ -8,10 +8,12 @@ clients prefer the admin key the same way) and never appears in any output.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -23,7 +25,25 @@ from .common import App, UserError, emit_json, pass_app
 KEY_ENV = ("LEMONADE_ADMIN_API_KEY", "LEMONADE_API_KEY")
 
 
-def _options(fn: Any) -> Any:
+@dataclass(frozen=True)
+class Target:
+    """The options every subcommand takes: which Lemonade, with which key, which models."""
+
+    url: str | None
+    admin_key_file: Path | None
+    models: tuple[str, ...]
+    timeout_s: float
+    as_json: bool
+
+
+def _options(command: Any) -> Any:
+    """The shared options, handed to the command as one `Target` after the App."""
+
+    @functools.wraps(command)
+    def with_target(app: App, url, admin_key_file, models, timeout_s, as_json, **rest: Any) -> Any:
+        return command(app, Target(url, admin_key_file, models, timeout_s, as_json), **rest)
+
+    fn: Any = with_target
     fn = click.option("--json", "as_json", is_flag=True, help="Print the versioned JSON document on stdout.")(
         fn
     )
@@ -101,10 +121,10 @@ def _url(app: App, url: str | None) -> str:
         raise UserError(f"--url: {exc}") from None
 
 
-def _client(app: App, url: str | None, key_file: Path | None, timeout_s: float) -> Any:
+def _client(app: App, target: Target) -> Any:
     from ..provision.lemonade_api import Lemonade
 
-    return Lemonade(_url(app, url), _key(key_file), timeout_s)
+    return Lemonade(_url(app, target.url), _key(target.admin_key_file), target.timeout_s)
 
 
 def _fail(exc: Exception, as_json: bool) -> NoReturn:
@@ -132,15 +152,11 @@ def lemonade() -> None:
 
 
 @lemonade.command("check")
-@_options
 @pass_app
+@_options
 def check_cmd(
     app: App,
-    url: str | None,
-    admin_key_file: Path | None,
-    models: tuple[str, ...],
-    timeout_s: float,
-    as_json: bool,
+    target: Target,
 ) -> None:
     """Diagnose: the host checks, Lemonade's timeout, orphaned EngineCores, and each vLLM model's memory
     and context. Exit 0: no failure; 1: a failure; 2: Lemonade cannot be used."""
@@ -148,13 +164,13 @@ def check_cmd(
     from ..provision.lemonade_api import LemonadeError
     from .lemonade_targets import diagnose, host_context
 
-    client = _client(app, url, admin_key_file, timeout_s)
+    client = _client(app, target)
     try:
-        health, findings = diagnose(host_context(app), client, models)
+        health, findings = diagnose(host_context(app), client, target.models)
     except LemonadeError as exc:
-        _fail(exc, as_json)
+        _fail(exc, target.as_json)
     code = exit_code([r.status for _, r in findings])
-    if as_json:
+    if target.as_json:
         emit_json(
             envelope(
                 ok=code == 0,
@@ -183,7 +199,7 @@ def check_cmd(
 
 
 @lemonade.command("apply")
-@_options
+@pass_app
 @click.option(
     "--check", "check_only", is_flag=True, help="Dry run: Lemonade validates and resolves; nothing saved."
 )
@@ -193,14 +209,10 @@ def check_cmd(
     default=None,
     help="A `rocmdoctor bench --json` report: --max-num-seqs from its measured knee.",
 )
-@pass_app
+@_options
 def apply_cmd(
     app: App,
-    url: str | None,
-    admin_key_file: Path | None,
-    models: tuple[str, ...],
-    timeout_s: float,
-    as_json: bool,
+    target: Target,
     check_only: bool,
     bench_report: Path | None,
 ) -> None:
@@ -212,29 +224,29 @@ def apply_cmd(
     from .lemonade_targets import bench_knee, checkpoint, compute_target, host_context, vllm_models
 
     knee, knee_why = bench_knee(bench_report)
-    client = _client(app, url, admin_key_file, timeout_s)
+    client = _client(app, target)
     ctx = host_context(app)
     changes: list[Change] = []
     timeout = None
     try:
         loaded = {m.get("model_name") for m in client.health().get("all_models_loaded", [])}
-        entries = vllm_models(client, models)
+        entries = vllm_models(client, target.models)
         for entry in entries:
-            target = compute_target(ctx, entry, knee, knee_why)
+            wanted = compute_target(ctx, entry, knee, knee_why)
             if entry["id"] in loaded:
-                target.notes.append(
+                wanted.notes.append(
                     "the model is loaded now: its memory is not free, so the utilization is conservative; "
                     "saved options apply at its next load (POST /api/v1/unload, then load)"
                 )
-            changes.append(apply_options(client, target, check_only))
+            changes.append(apply_options(client, wanted, check_only))
         if changes:
             timeout = apply_timeout(client, [checkpoint(e) for e in entries], check_only)
     except LemonadeError as exc:
-        _fail(exc, as_json)
+        _fail(exc, target.as_json)
     if not changes:
         _fail(
             UserError("Lemonade has no model with the vllm recipe; register one with `lemonade pull`"),
-            as_json,
+            target.as_json,
         )
     assert timeout is not None  # set whenever changes is
     change = Change(
@@ -247,7 +259,7 @@ def apply_cmd(
             "global_timeout": timeout.data | {"changed": timeout.changed, "msg": timeout.msg},
         },
     )
-    if as_json:
+    if target.as_json:
         emit_json(change.envelope())
         return
     word = "would change" if check_only else "changed"
@@ -266,15 +278,11 @@ def apply_cmd(
 
 
 @lemonade.command("verify")
-@_options
 @pass_app
+@_options
 def verify_cmd(
     app: App,
-    url: str | None,
-    admin_key_file: Path | None,
-    models: tuple[str, ...],
-    timeout_s: float,
-    as_json: bool,
+    target: Target,
 ) -> None:
     """Load the model through Lemonade, smoke it through Lemonade's OpenAI endpoint, and read vLLM's own
     /metrics at backend_url. Exit 0: it serves; 1: a step failed; 2: Lemonade cannot be used."""
@@ -283,9 +291,9 @@ def verify_cmd(
     from ..provision.smoke import SmokeOptions, run_smoke
     from .lemonade_targets import vllm_models
 
-    client = _client(app, url, admin_key_file, timeout_s)
+    client = _client(app, target)
     try:
-        entries = vllm_models(client, models)
+        entries = vllm_models(client, target.models)
         if not entries:
             raise LemonadeError(
                 "rejected", "Lemonade has no model with the vllm recipe; register one with `lemonade pull`"
@@ -293,10 +301,10 @@ def verify_cmd(
         model = str(entries[0]["id"])
         config = client.config()
         load_s = config.get("global_timeout") if isinstance(config.get("global_timeout"), int) else 600
-        client.load(model, max(float(load_s or 0), timeout_s) + 30)
+        client.load(model, max(float(load_s or 0), target.timeout_s) + 30)
         health = client.health()
     except LemonadeError as exc:
-        _fail(exc, as_json)
+        _fail(exc, target.as_json)
     entry = next((m for m in health["all_models_loaded"] if m.get("model_name") == model), None)
     backend = entry.get("backend_url") if entry else None
     backend_base = None
@@ -306,7 +314,12 @@ def verify_cmd(
         backend_base = backend.rstrip("/").removesuffix("/v1")
     report = run_smoke(
         SmokeOptions(
-            client.base_url + "/api", model, client.key, max(timeout_s, 30.0), "/v1/health", backend_base
+            client.base_url + "/api",
+            model,
+            client.key,
+            max(target.timeout_s, 30.0),
+            "/v1/health",
+            backend_base,
         )
     )
     launch = entry.get("launch_command") if entry else None
@@ -318,7 +331,7 @@ def verify_cmd(
         if backend_base
         else "no loopback backend_url in /api/v1/health: /metrics read through Lemonade",
     }
-    if as_json:
+    if target.as_json:
         emit_json(envelope(**{k: v for k, v in report.items() if k != "schema_version"}))
     else:
         click.echo(f"loaded {model} through Lemonade at {client.base_url}; vLLM backend {backend or '?'}")
@@ -330,17 +343,13 @@ def verify_cmd(
 
 
 @lemonade.command("install-backend")
-@_options
+@pass_app
 @click.option("--check", "check_only", is_flag=True, help="Say whether it would install; install nothing.")
 @click.option("--backend", default="rocm", show_default=True, help="The vllm backend Lemonade installs.")
-@pass_app
+@_options
 def install_backend_cmd(
     app: App,
-    url: str | None,
-    admin_key_file: Path | None,
-    models: tuple[str, ...],
-    timeout_s: float,
-    as_json: bool,
+    target: Target,
     check_only: bool,
     backend: str,
 ) -> None:
@@ -351,7 +360,7 @@ def install_backend_cmd(
 
     if not re.fullmatch(r"[a-z0-9_-]{1,32}", backend):
         raise UserError(f"--backend {backend!r}: a backend name such as rocm")
-    client = _client(app, url, admin_key_file, timeout_s)
+    client = _client(app, target)
     try:
         before = diagnose_backend(client.system_info(), [], backend)
         state = before.details.get("state")
@@ -360,11 +369,11 @@ def install_backend_cmd(
         elif check_only:
             change = Change(True, f"would install vllm:{backend} (now {state})", "", {"state": state})
         else:
-            client.install("vllm", backend, max(timeout_s, 1800.0))
+            client.install("vllm", backend, max(target.timeout_s, 1800.0))
             change = Change(True, f"installed vllm:{backend}", "", {"state": "installed", "was": state})
     except LemonadeError as exc:
-        _fail(exc, as_json)
-    if as_json:
+        _fail(exc, target.as_json)
+    if target.as_json:
         emit_json(change.envelope())
     else:
         click.echo(change.msg)
