@@ -329,3 +329,40 @@ def diagnose_backend(
     if programs:
         details["executable"] = programs[0]
     return passed(f"vllm:{backend} installed ({version or 'version not given'}){where}", **details)
+
+
+# Lemonade's telemetry reads these vLLM gauges (vllm_server.cpp parse_vllm_metrics_text); vLLM's V1 engine
+# exports its KV-cache use as vllm:kv_cache_usage_perc (vllm/v1/metrics/loggers.py) instead.
+LEMONADE_READS_KV = "vllm:gpu_cache_usage_factor"
+VLLM_KV_USAGE = "vllm:kv_cache_usage_perc"
+
+
+def diagnose_launch(launch_command: Any, saved: Mapping[str, Any]) -> Result:
+    """Whether the running vllm-server got the saved options (a model loaded before they were saved
+    keeps its old ones until its next load: Lemonade's options doc)."""
+    if not isinstance(launch_command, list) or not all(isinstance(w, str) for w in launch_command):
+        return warned("/api/v1/health gives no launch_command for the model", "upgrade Lemonade")
+    running = flag_values(" ".join(launch_command))
+    wanted = flag_values(saved.get("vllm_args") or "") if isinstance(saved.get("vllm_args"), str) else {}
+    if isinstance(saved.get("ctx_size"), int) and saved["ctx_size"] > 0:
+        wanted["--max-model-len"] = str(saved["ctx_size"])
+    stale = {flag: (value, running.get(flag)) for flag, value in wanted.items() if running.get(flag) != value}
+    if stale:
+        said = ", ".join(f"{flag} {got or '(none)'} (saved: {value})" for flag, (value, got) in stale.items())
+        return warned(
+            f"the running vLLM has {said}: it was loaded before the options were saved",
+            "unload it (`lemonade unload`) and run `rocmdoctor lemonade verify` again",
+            stale=sorted(stale),
+        )
+    return passed("the running vLLM got the saved options", flags=sorted(wanted))
+
+
+def diagnose_telemetry(metric_names: Iterable[str]) -> Result:
+    names = set(metric_names)
+    if VLLM_KV_USAGE in names and LEMONADE_READS_KV not in names:
+        return warned(
+            f"Lemonade's telemetry reads {LEMONADE_READS_KV}, which this vLLM does not export: its KV-cache "
+            "figure stays empty",
+            f"watch {VLLM_KV_USAGE} at the backend_url's /metrics (rocmdoctor plan --url BACKEND diagnoses it)",
+        )
+    return passed("vLLM's /metrics has the gauges Lemonade reads")

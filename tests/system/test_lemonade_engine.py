@@ -57,6 +57,11 @@ def test_verify_loads_and_smokes_through_lemonade_on_the_real_engine(vllm_engine
         launch[launch.index("--gpu-memory-utilization") + 1] == "0.78"
         and "--kv-cache-memory-bytes" not in launch
     )
+    findings = {f["id"]: f for f in report["lemonade"]["findings"]}
+    assert findings["lemonade.launch"]["status"] == "pass"  # the engine got the saved options
+    # the real vLLM exports vllm:kv_cache_usage_perc, not the gauge Lemonade's telemetry reads
+    assert findings["lemonade.telemetry"]["status"] == "warn"
+    assert "vllm:gpu_cache_usage_factor" in findings["lemonade.telemetry"]["summary"]
     # The load went through Lemonade; the inference requests carried the key to Lemonade only.
     paths = [r["path"] for r in state.requests]
     assert "/api/v1/load" in paths and "/api/v1/chat/completions" in paths

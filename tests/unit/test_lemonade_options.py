@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from rocmdoctor.model import Status
-from rocmdoctor.provision.lemonade import ModelTarget, diagnose_orphans, diagnose_timeout, options_body
+from rocmdoctor.provision.lemonade import (
+    ModelTarget,
+    diagnose_launch,
+    diagnose_orphans,
+    diagnose_telemetry,
+    diagnose_timeout,
+    options_body,
+)
 from rocmdoctor.provision.lemonade_args import ProtectedFlagError, merge_vllm_args, refuse_protected
 
 WANTED = {"--gpu-memory-utilization": "0.78", "--max-num-seqs": "10"}
@@ -87,3 +94,25 @@ def test_an_engine_core_outside_every_loaded_backend_is_an_orphan():
     result = diagnose_orphans(procs, [100])
     assert result.status is Status.FAIL and [p["pid"] for p in result.details["orphans"]] == [200]
     assert diagnose_orphans(procs[:2], [100]).status is Status.PASS
+
+
+def test_a_model_loaded_before_the_save_is_said_to_run_old_options():
+    saved = {"ctx_size": 40960, "vllm_args": "--gpu-memory-utilization 0.78 --max-num-seqs 10"}
+    old = ["vllm-server", "--max-model-len", "8192", "--kv-cache-memory-bytes", "4G"]
+    new = [
+        "vllm-server",
+        "--max-model-len",
+        "40960",
+        "--gpu-memory-utilization",
+        "0.78",
+        "--max-num-seqs",
+        "10",
+    ]
+    stale = diagnose_launch(old, saved)
+    assert stale.status is Status.WARN and "--gpu-memory-utilization (none) (saved: 0.78)" in stale.summary
+    assert diagnose_launch(new, saved).status is Status.PASS
+
+
+def test_the_kv_cache_gauge_lemonade_reads_is_not_what_vllm_exports():
+    assert diagnose_telemetry({"vllm:kv_cache_usage_perc", "vllm:num_requests_running"}).status is Status.WARN
+    assert diagnose_telemetry({"vllm:gpu_cache_usage_factor"}).status is Status.PASS

@@ -176,16 +176,7 @@ def check_cmd(
                 ok=code == 0,
                 url=client.base_url,
                 version=health.get("version"),
-                findings=[
-                    {
-                        "id": i,
-                        "status": r.status.value,
-                        "summary": r.summary,
-                        "remedy": r.remedy,
-                        "details": r.details,
-                    }
-                    for i, r in findings
-                ],
+                findings=[_finding(i, r) for i, r in findings],
                 exit_code=code,
             )
         )
@@ -323,10 +314,12 @@ def verify_cmd(
         )
     )
     launch = entry.get("launch_command") if entry else None
+    findings = _backend_findings(client, model, launch, backend_base)
     report["lemonade"] = {
         "model": model,
         "backend_url": backend,
         "launch_command": launch if isinstance(launch, list) else None,
+        "findings": findings,
         "note": None
         if backend_base
         else "no loopback backend_url in /api/v1/health: /metrics read through Lemonade",
@@ -339,7 +332,48 @@ def verify_cmd(
             click.echo(f"{step['status'].upper():5} {step['title']}: {step['summary']}")
             if step["remedy"]:
                 click.echo(f"      -> {step['remedy']}")
+        for finding in findings:
+            click.echo(f"{finding['status'].upper():5} {finding['id']}: {finding['summary']}")
+            if finding["remedy"]:
+                click.echo(f"      -> {finding['remedy']}")
     sys.exit(report["exit_code"])
+
+
+def _backend_findings(client: Any, model: str, launch: Any, backend_base: str | None) -> list[dict[str, Any]]:
+    """What the running vLLM got (its launch_command against the saved options) and whether Lemonade's
+    telemetry can read its KV-cache gauge; advisory: a warning, never the verdict."""
+    from ..model import warned
+    from ..provision import lemonade as lm
+    from ..provision import prometheus
+    from ..provision.lemonade_api import LemonadeError
+    from ..provision.server_memory import MetricsError, read_metrics
+
+    results = []
+    try:
+        results.append(("lemonade.launch", lm.diagnose_launch(launch, client.options(model)["saved"])))
+    except LemonadeError as exc:
+        results.append(
+            ("lemonade.launch", warned(f"the saved options cannot be read: {exc}", "rerun verify"))
+        )
+    if backend_base:
+        try:
+            names = {s.name for s in prometheus.parse(read_metrics(backend_base + "/metrics", 10.0))}
+            results.append(("lemonade.telemetry", lm.diagnose_telemetry(names)))
+        except (MetricsError, prometheus.MetricsFormatError) as exc:
+            results.append(
+                ("lemonade.telemetry", warned(f"vLLM's /metrics: {exc}", "read it at backend_url"))
+            )
+    return [_finding(i, r) for i, r in results]
+
+
+def _finding(ident: str, result: Any) -> dict[str, Any]:
+    return {
+        "id": ident,
+        "status": result.status.value,
+        "summary": result.summary,
+        "remedy": result.remedy,
+        "details": result.details,
+    }
 
 
 @lemonade.command("install-backend")
