@@ -16,9 +16,7 @@ from typing import Any
 from rocmdoctor.provision.bounded_http import BodyTooSlow, read_body
 from rocmdoctor.provision.lemonade_args import ProtectedFlagError, refuse_protected
 
-LEMONADE_SOURCE = "lemonade-sdk/lemonade @ e385039ed33551de7f54cb73194cd08088772c08"
 DEFAULT_PORT = 13305  # docs/guide/configuration/README.md, `port`
-DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
 CONFIG_FILES = ("/var/lib/lemonade/config.json",)  # the packaged service's StateDirectory (same doc)
 START_HINT = "start it: `sudo systemctl start lemond` (packaged service), or run `lemond` in a terminal"
 API = "/api/v1"

@@ -140,6 +140,10 @@ class State:
     loaded: dict[str, dict[str, Any]] = field(default_factory=dict)
     requests: list[dict[str, Any]] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        if self.fault not in FAULTS:
+            raise ValueError(f"fault {self.fault!r} is not one of {FAULTS}")
+
     @property
     def options_file(self) -> Path:
         return self.state_dir / "recipe_options.json"
