@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jsonschema
 import pytest
 from click.testing import CliRunner
 
@@ -20,6 +21,7 @@ from harness.lemonade_server import (
 )
 from rocmdoctor.cli import cli
 from rocmdoctor.provision.bench import find_knee
+from rocmdoctor.report import load_schema
 
 ADMIN_KEY = "lemonade-admin-Zq7xV2kP9sW4"
 MODEL = "user.Qwen3-8B-vLLM"
@@ -102,6 +104,7 @@ def test_apply_sets_the_reports_options_or_better_in_one_command(
     assert dry["dry_run"] is True
 
     doc = json.loads(applied.output)
+    jsonschema.Draft202012Validator(load_schema("change.schema.json")).validate(doc)
     assert applied.exit_code == 0 and doc["changed"] is True and doc["schema_version"]
     saved = state.saved()[MODEL]
     # The report settled on 0.78 under the free-memory rule; --max-num-seqs from the measured knee (8);

@@ -398,13 +398,17 @@ def install_backend_cmd(
     try:
         before = diagnose_backend(client.system_info(), [], backend)
         state = before.details.get("state")
+        diff = f"-vllm:{backend}: {state}\n+vllm:{backend}: installed\n"
         if state == "installed":
-            change = Change(False, f"vllm:{backend} is installed", "", {"state": state})
+            change = Change(False, f"vllm:{backend} is installed", "", {"check": check_only, "state": state})
         elif check_only:
-            change = Change(True, f"would install vllm:{backend} (now {state})", "", {"state": state})
+            change = Change(
+                True, f"would install vllm:{backend} (now {state})", diff, {"check": True, "state": state}
+            )
         else:
             client.install("vllm", backend, max(target.timeout_s, 1800.0))
-            change = Change(True, f"installed vllm:{backend}", "", {"state": "installed", "was": state})
+            data = {"check": False, "state": "installed", "was": state}
+            change = Change(True, f"installed vllm:{backend}", diff, data)
     except LemonadeError as exc:
         _fail(exc, target.as_json)
     if target.as_json:
