@@ -211,6 +211,8 @@ def test_install_backend_is_idempotent(tmp_path, report_host):
         second = run(report_host, server.url, "install-backend", "--json", key=None)
     assert "would install" in check.output and check.exit_code == 0
     assert json.loads(first.output)["changed"] is True and json.loads(second.output)["changed"] is False
+    for doc in (json.loads(first.output), json.loads(second.output)):
+        jsonschema.Draft202012Validator(load_schema("change.schema.json")).validate(doc)
     installs = [r["body"] for r in state.requests if r["path"] == "/api/v1/install"]
     assert installs == [{"recipe": "vllm", "backend": "rocm", "stream": False}]
 
