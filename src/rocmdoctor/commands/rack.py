@@ -248,7 +248,7 @@ def write_layout(
 
     write = write or check_only  # --check alone: what --write would change, written nowhere
     # What is written (the ports it keeps) is read where a write goes: --target, else this host.
-    writer = HostWriter(write_root(app, target) if write else (target or app.root))
+    writer = HostWriter(write_root(app, target) if write else (target or app.root), check_mode=check_only)
     try:
         owned = rack.owned_ports(writer)  # the preview shows the ports --write would keep
     except WriteRefused as exc:
@@ -273,7 +273,7 @@ def write_layout(
         specs = rack.file_specs(
             plan, argv, served, opts["host"], ServiceLayout(prefix=opts["prefix"]), user, key, timeout_s
         )
-        report = rack.write(writer, specs, user, check=check_only)
+        report = rack.write(writer, specs, user)
     except (UnitError, WriteRefused, OSError) as exc:
         raise UserError(f"could not write the instances: {exc}") from None
     if opts["as_json"]:

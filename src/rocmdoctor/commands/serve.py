@@ -104,6 +104,7 @@ def unit(
         }
         write_layout(app, {**opts, **layout}, write, check_only, target, user, timeout_s)
         return
+    from ..host_writes import HostWriter
     from ..provision.unit import ServiceLayout, UnitError, file_specs
     from ..provision.unit import write as write_files
 
@@ -119,7 +120,7 @@ def unit(
             click.echo(specs[0].content, nl=False)
         return
     try:
-        report = write_files(write_root(app, target), specs, user, check=check_only)
+        report = write_files(HostWriter(write_root(app, target), check_mode=check_only), specs, user)
     except (UnitError, OSError) as exc:
         raise UserError(f"could not write the unit: {exc}") from None
     if opts["as_json"]:
