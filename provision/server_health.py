@@ -13,13 +13,19 @@ from __future__ import annotations
 import http.client
 import json
 import shlex
-import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from ..health_metrics import PROBE_OK, VLLM_COUNTERS, VLLM_GAUGES, VLLM_SLEEP_STATE, EngineHealth, ServerHealth
+from ..health_metrics import (
+    PROBE_OK,
+    VLLM_COUNTERS,
+    VLLM_GAUGES,
+    VLLM_SLEEP_STATE,
+    EngineHealth,
+    ServerHealth,
+)
 from ..host_writes import HostWriter, WriteRefused
 from . import instances as rack
 from . import openai_schema as schema
@@ -201,7 +207,7 @@ def _request(
         data = _read_body(response, cap, time.monotonic() + PROBE_TIMEOUT_S)
     except ConnectionRefusedError:
         raise _Answer("unreachable", f"{url}: nothing accepts connections") from None
-    except (TimeoutError, socket.timeout):
+    except TimeoutError:
         raise _Answer("timeout", f"{method} {path}: no answer in {PROBE_TIMEOUT_S:.0f} s") from None
     except (OSError, http.client.HTTPException) as exc:
         raise _Answer("unreachable", f"{method} {path}: {type(exc).__name__}: {exc}") from None

@@ -60,13 +60,18 @@ def _servers(out: _Families, run: HealthRun) -> None:
     for server in run.servers:
         out.add("rocmdoctor_server_up", int(server.up), server=server.server, url=server.url)
         for verdict in PROBE_VERDICTS:
-            out.add("rocmdoctor_server_probe", int(verdict == server.verdict), server=server.server, verdict=verdict)
+            out.add(
+                "rocmdoctor_server_probe",
+                int(verdict == server.verdict),
+                server=server.server,
+                verdict=verdict,
+            )
         out.add("rocmdoctor_server_probe_duration_seconds", round(server.probe_s, 6), server=server.server)
         for node, need in sorted(server.memory_need.items()):
             labels = by_node.get(node) or {"kfd_node": str(node)}
             out.add("rocmdoctor_server_memory_need_bytes", need, server=server.server, **labels)
         for engine in server.engines:
-            labels = dict(zip(ENGINE_LABELS, (server.server, engine.engine, engine.model_name)))
+            labels = dict(zip(ENGINE_LABELS, (server.server, engine.engine, engine.model_name), strict=True))
             for name, value in {**engine.gauges, **engine.counters}.items():
                 out.add(name, value, **labels)
             for state, value in sorted(engine.sleep_state.items()):
@@ -89,7 +94,9 @@ def families(run: HealthRun) -> _Families:
     _gpus(out, run)
     if run.bundle is not None:
         b = run.bundle
-        out.add("rocmdoctor_bundle_info", 1, tag=b.tag, family=b.family, digest=b.digest, qualified=b.qualified)
+        out.add(
+            "rocmdoctor_bundle_info", 1, tag=b.tag, family=b.family, digest=b.digest, qualified=b.qualified
+        )
     _servers(out, run)
     return out
 

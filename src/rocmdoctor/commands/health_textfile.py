@@ -24,7 +24,9 @@ METADATA_LIMIT = 1 << 20
 def textfile_problem(path: Path) -> str | None:
     """Why rocmdoctor cannot write its textfile at `path`; None when it can."""
     if path.suffix != ".prom":
-        return "node_exporter's textfile collector reads only files named *.prom; name it like rocmdoctor.prom"
+        return (
+            "node_exporter's textfile collector reads only files named *.prom; name it like rocmdoctor.prom"
+        )
     if not path.parent.is_dir():
         return (
             f"{path.parent} is not a directory: create it, and point node_exporter's "
@@ -106,7 +108,9 @@ def active_bundle(ctx: Context) -> BundleInfo | None:
         meta = {}
     meta = meta if isinstance(meta, dict) else {}
     family = str(meta.get("family") or "")
-    return BundleInfo(tag=tag, family=family, digest=_bundle_digest(meta), qualified=_qualified(tag, family, meta))
+    return BundleInfo(
+        tag=tag, family=family, digest=_bundle_digest(meta), qualified=_qualified(tag, family, meta)
+    )
 
 
 def servers(ctx: Context) -> list[ServerHealth]:
