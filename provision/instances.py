@@ -42,6 +42,7 @@ from .unit import (
     apply_file,
     command_line,
     ensure_accounts,
+    health_specs,
     readiness_url,
     systemd_running,
     wait_ready_script,
@@ -184,6 +185,7 @@ def file_specs(
         FileSpec(f"{layout.unit_dir}/{TARGET_NAME}", render_target(plan), 0o644),
         *(FileSpec(env_path(i.name), render_env(i, api_key), 0o600, secret=True) for i in plan.instances),
         FileSpec(layout.wait_ready, wait_ready_script(), 0o755),
+        *health_specs(layout),
     ]
 
 
@@ -296,7 +298,7 @@ def write(writer: HostWriter, specs: list[FileSpec], user: str, check: bool = Fa
         for name in sorted(before, key=int)
         if any(c.path == env_path(name) and c.action == "updated" for c in report.files)
     ]
-    units = any(c.changed and c.path.endswith((".service", ".target")) for c in report.files)
+    units = any(c.changed and c.path.endswith((".service", ".target", ".timer")) for c in report.files)
     if units:
         if check:
             report.daemon_reload = "would run"

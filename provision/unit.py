@@ -210,6 +210,17 @@ def file_specs(
         FileSpec(layout.unit_path, render_unit(args, layout, user, timeout_s), 0o644),
         FileSpec(layout.env_file, render_env(api_key), 0o600, secret=True),
         FileSpec(layout.wait_ready, wait_ready_script(), 0o755),
+        *health_specs(layout),
+    ]
+
+
+def health_specs(layout: ServiceLayout) -> list[FileSpec]:
+    """rocmdoctor-health.service and .timer (provision/health_unit.py), written with every server unit."""
+    from .health_unit import health_units
+
+    return [
+        FileSpec(path, content, 0o644)
+        for path, content in health_units(layout.prefix, layout.unit_dir, command_line)
     ]
 
 
@@ -285,7 +296,7 @@ def write(root: Path, specs: list[FileSpec], user: str, check: bool = False) -> 
         report.files = [apply_file(root, spec, check) for spec in specs]
     except WriteRefused as exc:
         raise UnitError(str(exc)) from None
-    unit_changed = any(f.changed and f.path.endswith(".service") for f in report.files)
+    unit_changed = any(f.changed and f.path.endswith((".service", ".timer")) for f in report.files)
     if unit_changed:
         if check:
             report.daemon_reload = "would run"
