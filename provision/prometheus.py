@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# A vLLM line is under 300 bytes (the longest: a histogram bucket with model_name, engine and le); a
+# vllm:cache_config_info carries every cache setting as a label (about 40). A vLLM line is under 300 bytes (the longest: a histogram bucket with model_name, engine and le); a
 # served model name is at most a path. Ten times that is still a metrics line, anything longer is not.
 MAX_LINE_BYTES = 4096
 MAX_LABEL_VALUE_BYTES = 1024
-MAX_LABELS = 32
+MAX_LABELS = 128
 # vLLM 0.32 on one engine writes about 600 samples; a data-parallel server multiplies that per engine.
 MAX_SAMPLES = 100_000
 

@@ -162,7 +162,7 @@ def test_engines_are_read_per_engine_under_current_names():
     [
         ("x " + "1" * 5000 + "\n", "longer than 4096 bytes"),
         ('x{a="' + "v" * 2000 + '"} 1\n', "label a is longer than 1024"),
-        ("x{" + ",".join(f'l{i}="v"' for i in range(40)) + "} 1\n", "more than 32 labels"),
+        ("x{" + ",".join(f'l{i}="v"' for i in range(130)) + "} 1\n", "more than 128 labels"),
         ("<html>this is not prometheus</html>\n{{{\n", "not the Prometheus text format"),
         ("x 1\n" * (prometheus.MAX_SAMPLES + 1), "more than 100000 samples"),
     ],
