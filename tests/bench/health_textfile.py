@@ -15,7 +15,9 @@ ROCMDOCTOR = str(Path(sys.executable).parent / "rocmdoctor")
 
 def run(root: str, out: Path) -> float:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run([ROCMDOCTOR, "--root", root, "check", "--textfile", str(out)], check=True, capture_output=True)
+    subprocess.run(
+        [ROCMDOCTOR, "--root", root, "check", "--textfile", str(out)], check=True, capture_output=True
+    )
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 

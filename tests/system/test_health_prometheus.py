@@ -74,7 +74,16 @@ def health(tmp_path_factory):
     with contextlib.ExitStack() as stack_:
         engine_stack = stack_.enter_context(contextlib.ExitStack())
         engine = engine_stack.enter_context(
-            start_engine(model, port=port, api_key=KEY, served_name="tiny", log_path=tmp / "vllm.log")
+            # float32: on this machine's AMX CPU the bf16 attention kernel's worker dies with SIGILL on the
+            # first request (/health stays 200 while every completion fails: the probe's "failing").
+            start_engine(
+                model,
+                port=port,
+                api_key=KEY,
+                served_name="tiny",
+                log_path=tmp / "vllm.log",
+                extra_args=["--dtype", "float32"],
+            )
         )
         prom = stack_.enter_context(stack(tmp, textfiles, rules, port))
         yield {
@@ -95,14 +104,32 @@ def write(env, fixture: str = "strix-halo-clean") -> None:
     assert done.exit_code == 0, done.output
 
 
+def _completions(engine, n: int) -> None:
+    import json
+    import urllib.request
+
+    for _ in range(n):
+        request = urllib.request.Request(
+            f"{engine.base_url}/v1/completions",
+            data=json.dumps({"model": "tiny", "prompt": "Hello there", "max_tokens": 32}).encode(),
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"},
+        )
+        with urllib.request.urlopen(request, timeout=60) as response:
+            assert response.status == 200
+        time.sleep(0.5)
+
+
 def test_alerts_fire_and_resolve_on_real_conditions(health):
     prom, started = health["prom"], time.time()
-    # 1. the engine runs: rocmdoctor read its /metrics per engine, Prometheus scrapes vLLM too
+    # 1. all well: the engine passes the probe, rocmdoctor read its /metrics per engine, and
+    # Prometheus scrapes vLLM too; some load for the throughput panel
     wait_for(
-        "the server's metrics in the textfile",
-        lambda: prom.query('rocmdoctor_server_up{server="vllm"} == 1'),
+        "the probe's ok verdict in Prometheus",
+        lambda: prom.query('rocmdoctor_server_probe{server="vllm",verdict="ok"} == 1'),
         lambda: write(health),
     )
+    _completions(health["engine"], 8)
+    write(health)
     assert prom.query('rocmdoctor_server_kv_cache_usage_ratio{server="vllm",engine="0",model_name="tiny"}')
     for name in VLLM_SCRAPED:  # every vLLM name the rules and dashboard read exists in the real engine
         assert prom.query(f'count({{__name__="{name}"}})'), name
