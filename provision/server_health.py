@@ -272,12 +272,12 @@ def _probe(server: Managed, health: ServerHealth) -> None:
 
 def probe(server: Managed, devices: Sequence[Device] = ()) -> ServerHealth:
     """The server's health now; never raises for anything the server does."""
-    health = ServerHealth(server.server, server.url, memory_need=memory_need(server, devices))
-    start = time.monotonic()
+    health = ServerHealth(
+        server.server, server.url, server.model or "", memory_need=memory_need(server, devices)
+    )
     try:
         _probe(server, health)
         health.verdict = PROBE_OK
     except _Answer as answer:
         health.verdict, health.detail = answer.verdict, str(answer)
-    health.probe_s = time.monotonic() - start
     return health

@@ -12,6 +12,11 @@ with its series needs no relabelling (ROCm/device-metrics-exporter docs/configur
 partitioned mode every partition is one), `gpu_partition_id` the partition's index inside its
 physical GPU (0 when unpartitioned), `gpu_compute_partition_type` the mode in lower case.
 `kfd_node` and `pci_slot` are rocmdoctor's own (the KFD topology node and the PCI address).
+
+Every label of a GPU is written once, in `rocmdoctor_gpu_info`; its values are keyed by `gpu_id`
+alone (a PromQL join adds the rest), and a server's by `server` (and `engine`), with its URL and
+model in `rocmdoctor_server_info`: a 64-partition node with one instance per partition keeps its
+file under 64 KiB (tests/bench/health_textfile.py).
 """
 
 from __future__ import annotations
@@ -31,8 +36,8 @@ PROBE_VERDICTS = (
     "failing",  # /health is 200 but a one-token completion fails: the server cannot serve
 )
 
-GPU_LABELS = ("kfd_node", "pci_slot", "gpu_id", "gpu_partition_id", "gpu_compute_partition_type")
-ENGINE_LABELS = ("server", "engine", "model_name")
+GPU_LABELS = ("gpu_id", "kfd_node", "pci_slot", "gpu_partition_id", "gpu_compute_partition_type")
+ENGINE_LABELS = ("server", "engine")
 
 # name -> (type, help). Every family the textfile can hold; HELP and TYPE are written for each.
 FAMILIES: dict[str, tuple[str, str]] = {
@@ -43,6 +48,10 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "rocmdoctor_check": ("gauge", "One series per check and status; 1 on the status the check has."),
     "rocmdoctor_action_blocked": ("gauge", "1 when a blocking check fails for this action."),
     "rocmdoctor_action_blocking_check": ("gauge", "1 for each check that blocks this action."),
+    "rocmdoctor_gpu_info": (
+        "gauge",
+        "One series per GPU (per partition): its KFD node, PCI slot and partition; join on gpu_id.",
+    ),
     "rocmdoctor_gpu_vram_total_bytes": ("gauge", "The GPU's VRAM (for an APU: its carve-out)."),
     "rocmdoctor_gpu_gtt_total_bytes": ("gauge", "The GPU's GTT: system memory it can map."),
     "rocmdoctor_gpu_memory_total_bytes": (
@@ -58,12 +67,9 @@ FAMILIES: dict[str, tuple[str, str]] = {
         "The TTM limit (ttm.pages_limit x page size): how much RAM all GPUs may map together.",
     ),
     "rocmdoctor_bundle_info": ("gauge", "The active vllm-rocm bundle, as labels."),
+    "rocmdoctor_server_info": ("gauge", "One series per managed server: its URL and served model."),
     "rocmdoctor_server_up": ("gauge", "1 when the server's /metrics was read."),
-    "rocmdoctor_server_probe": (
-        "gauge",
-        "The light probe's verdict, one series per verdict; 1 on the verdict it had.",
-    ),
-    "rocmdoctor_server_probe_duration_seconds": ("gauge", "How long the light probe took."),
+    "rocmdoctor_server_probe": ("gauge", "The light probe's verdict as a label (one series, value 1)."),
     "rocmdoctor_server_memory_need_bytes": (
         "gauge",
         "What the server's next start needs on this GPU (--gpu-memory-utilization x the pool).",
@@ -73,7 +79,7 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "rocmdoctor_server_kv_cache_usage_ratio": ("gauge", "KV cache usage of the engine, 0..1 (vLLM)."),
     "rocmdoctor_server_engine_sleep_state": (
         "gauge",
-        "The engine's sleep state, one series per state (vLLM's own gauge).",
+        "The engine's sleep state as a label (vLLM's gauge, the states it sets to non-zero).",
     ),
     "rocmdoctor_server_prompt_tokens": ("counter", "Prompt tokens the engine processed (vLLM)."),
     "rocmdoctor_server_generation_tokens": ("counter", "Tokens the engine generated (vLLM)."),
@@ -118,9 +124,9 @@ class GpuMemory:
 
     def labels(self) -> dict[str, str]:
         return {
+            "gpu_id": "" if self.gpu_id is None else str(self.gpu_id),
             "kfd_node": str(self.kfd_node),
             "pci_slot": self.pci_slot or "",
-            "gpu_id": "" if self.gpu_id is None else str(self.gpu_id),
             "gpu_partition_id": str(self.partition),
             "gpu_compute_partition_type": (self.compute_partition or "").lower(),
         }
@@ -147,10 +153,10 @@ class EngineHealth:
 class ServerHealth:
     server: str  # "vllm" for vllm.service, "vllm@N" for an instance
     url: str
+    model: str = ""  # the served model name the unit was written with ("" when it does not say)
     up: bool = False  # /metrics was read
     verdict: str = "unreachable"
     detail: str = ""
-    probe_s: float = 0.0
     engines: list[EngineHealth] = field(default_factory=list)
     # kfd node -> bytes its next start needs there
     memory_need: dict[int, int] = field(default_factory=dict)

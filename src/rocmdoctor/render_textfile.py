@@ -40,9 +40,12 @@ class _Families:
 
 
 def _gpus(out: _Families, run: HealthRun) -> None:
+    # The labels once per GPU in the info series; the values keyed by gpu_id alone (a join adds the
+    # rest), which keeps a 64-partition node's file small.
     for gpu in run.gpus:
         labels = gpu.labels()
         assert tuple(labels) == GPU_LABELS
+        out.add("rocmdoctor_gpu_info", 1, **labels)
         for name, value in (
             ("rocmdoctor_gpu_vram_total_bytes", gpu.vram_total),
             ("rocmdoctor_gpu_gtt_total_bytes", gpu.gtt_total),
@@ -50,32 +53,35 @@ def _gpus(out: _Families, run: HealthRun) -> None:
             ("rocmdoctor_gpu_memory_free_bytes", gpu.memory_free),
         ):
             if value is not None:
-                out.add(name, value, **labels)
+                out.add(name, value, gpu_id=labels["gpu_id"])
     if run.ttm_limit_bytes is not None:
         out.add("rocmdoctor_ttm_pages_limit_bytes", run.ttm_limit_bytes)
 
 
 def _servers(out: _Families, run: HealthRun) -> None:
-    by_node = {gpu.kfd_node: gpu.labels() for gpu in run.gpus}
+    gpu_ids = {gpu.kfd_node: gpu.labels()["gpu_id"] for gpu in run.gpus}
     for server in run.servers:
-        out.add("rocmdoctor_server_up", int(server.up), server=server.server, url=server.url)
-        for verdict in PROBE_VERDICTS:
-            out.add(
-                "rocmdoctor_server_probe",
-                int(verdict == server.verdict),
-                server=server.server,
-                verdict=verdict,
-            )
-        out.add("rocmdoctor_server_probe_duration_seconds", round(server.probe_s, 6), server=server.server)
+        assert server.verdict in PROBE_VERDICTS, server.verdict
+        models = sorted({e.model_name for e in server.engines if e.model_name})
+        out.add(
+            "rocmdoctor_server_info", 1, server=server.server, url=server.url, model_name=",".join(models)
+        )
+        out.add("rocmdoctor_server_up", int(server.up), server=server.server)
+        out.add("rocmdoctor_server_probe", 1, server=server.server, verdict=server.verdict)
         for node, need in sorted(server.memory_need.items()):
-            labels = by_node.get(node) or {"kfd_node": str(node)}
-            out.add("rocmdoctor_server_memory_need_bytes", need, server=server.server, **labels)
+            out.add(
+                "rocmdoctor_server_memory_need_bytes",
+                need,
+                server=server.server,
+                gpu_id=gpu_ids.get(node, ""),
+            )
         for engine in server.engines:
-            labels = dict(zip(ENGINE_LABELS, (server.server, engine.engine, engine.model_name), strict=True))
+            labels = dict(zip(ENGINE_LABELS, (server.server, engine.engine), strict=True))
             for name, value in {**engine.gauges, **engine.counters}.items():
                 out.add(name, value, **labels)
             for state, value in sorted(engine.sleep_state.items()):
-                out.add("rocmdoctor_server_engine_sleep_state", value, **labels, sleep_state=state)
+                if value:  # vLLM sets the engine's state to 1 and the others to 0
+                    out.add("rocmdoctor_server_engine_sleep_state", value, **labels, sleep_state=state)
 
 
 def families(run: HealthRun) -> _Families:

@@ -105,23 +105,32 @@ def test_gpu_labels_match_the_device_metrics_exporter_and_servers_keep_engines_a
     a = EngineHealth("0", "tiny", {"rocmdoctor_server_requests_waiting": 2.0}, {"awake": 1.0})
     b = EngineHealth("1", "tiny", {"rocmdoctor_server_requests_waiting": 5.0}, {"awake": 0.0})
     server = ServerHealth(
-        "vllm@1", "http://127.0.0.1:8001", True, "failing", engines=[a, b], memory_need={3: 1 << 34}
+        "vllm@1", "http://127.0.0.1:8001", "tiny", True, "failing", engines=[a, b], memory_need={3: 1 << 34}
     )
     families = _families(render(_run(gpus=[gpu], servers=[server])))
-    (free,) = families["rocmdoctor_gpu_memory_free_bytes"].samples
-    assert free.labels == {
+    (info,) = families["rocmdoctor_gpu_info"].samples
+    assert info.labels == {
         "kfd_node": "3",
         "pci_slot": "0000:0a:00.1",
         "gpu_id": "1",
         "gpu_partition_id": "1",
         "gpu_compute_partition_type": "cpx",
     }
+    (free,) = families["rocmdoctor_gpu_memory_free_bytes"].samples
+    assert (free.labels, free.value) == ({"gpu_id": "1"}, float(1 << 30))
     waiting = {s.labels["engine"]: s.value for s in families["rocmdoctor_server_requests_waiting"].samples}
     assert waiting == {"0": 2.0, "1": 5.0}  # never summed
-    probe = {s.labels["verdict"]: s.value for s in families["rocmdoctor_server_probe"].samples}
-    assert probe == {v: float(v == "failing") for v in PROBE_VERDICTS}
+    (probe,) = families["rocmdoctor_server_probe"].samples
+    assert probe.labels == {"server": "vllm@1", "verdict": "failing"} and "failing" in PROBE_VERDICTS
     (need,) = families["rocmdoctor_server_memory_need_bytes"].samples
-    assert need.labels["gpu_id"] == "1" and need.labels["server"] == "vllm@1" and need.value == 1 << 34
+    assert (need.labels, need.value) == ({"server": "vllm@1", "gpu_id": "1"}, float(1 << 34))
+    sleeping = [
+        (s.labels["engine"], s.labels["sleep_state"])
+        for s in families["rocmdoctor_server_engine_sleep_state"].samples
+    ]
+    assert sleeping == [("0", "awake")]  # engine 1 reports no state set
+    (served,) = families["rocmdoctor_server_info"].samples
+    assert served.labels == {"server": "vllm@1", "url": "http://127.0.0.1:8001", "model_name": "tiny"}
 
 
 def test_a_failed_run_says_so_in_the_value():

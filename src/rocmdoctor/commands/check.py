@@ -47,10 +47,11 @@ def write_health(ctx: Context, report: dict[str, Any], started: float, path: Pat
 
     run = health_run(ctx, report, started)
     write_textfile(path, render(run))
-    down = [s.server for s in run.servers if s.verdict != "ok"]
+    down = [f"{s.server} {s.verdict}" for s in run.servers if s.verdict != "ok"]
+    more = f" and {len(down) - 4} more" if len(down) > 4 else ""
     click.echo(
         f"wrote {path}: {len(run.checks)} checks, {report['summary'].get('fail', 0)} failed, "
-        f"{len(run.servers)} servers" + (f" ({', '.join(down)} not ok)" if down else ""),
+        f"{len(run.servers)} servers" + (f" (not ok: {', '.join(down[:4])}{more})" if down else ""),
         err=True,
     )
 
