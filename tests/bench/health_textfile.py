@@ -64,6 +64,26 @@ def sixty_four_partitions(dest: Path) -> Path:
     return dest
 
 
+def engine_block_bytes() -> int:
+    """What one running engine adds to the file: its series as the renderer writes them."""
+    from rocmdoctor.health_metrics import EngineHealth, HealthRun, ServerHealth
+    from rocmdoctor.render_textfile import render
+
+    def size(engines: list) -> int:
+        server = ServerHealth("vllm@63", "http://127.0.0.1:18063", "tiny", True, "ok", engines=engines)
+        return len(render(HealthRun("0.1.0", 0.0, 0.0, [], {}, servers=[server])))
+
+    engine = EngineHealth(
+        "0",
+        "tiny",
+        {"rocmdoctor_server_requests_running": 12.0, "rocmdoctor_server_requests_waiting": 3.0,
+         "rocmdoctor_server_kv_cache_usage_ratio": 0.8125},
+        {"awake": 1.0, "weights_offloaded": 0.0, "discard_all": 0.0},
+        {"rocmdoctor_server_prompt_tokens": 123456789.0, "rocmdoctor_server_generation_tokens": 98765432.0},
+    )  # fmt: skip
+    return size([engine]) - size([])
+
+
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rocmdoctor.prom"
@@ -77,6 +97,20 @@ def main() -> None:
             cpu = sorted(run(str(root), out) for _ in range(5))
             gpus = out.read_text().count("rocmdoctor_gpu_memory_free_bytes{")
             print(f"{name}: {gpus} GPU partitions, {out.stat().st_size} bytes, CPU median {cpu[2]:.3f} s")
+        # the same node with one instance per partition (`instances --write`), none of them running
+        cpx64 = roots["64 partitions (from mi308x-cpx)"]
+        (Path(tmp) / "model").mkdir()
+        subprocess.run(
+            [ROCMDOCTOR, "--root", str(cpx64), "instances", "--write", "--instances", "per-partition",
+             "--model", str(Path(tmp) / "model"), "--user", "vllm", "--port", "18000"],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        cpu = sorted(run(str(cpx64), out) for _ in range(3))
+        servers = out.read_text().count("rocmdoctor_server_info{")
+        print(
+            f"64 partitions, {servers} instances written, none running: {out.stat().st_size} bytes, CPU median {cpu[1]:.3f} s"
+        )
+        print(f"each running instance adds {engine_block_bytes()} bytes (one engine's series)")
 
 
 if __name__ == "__main__":
