@@ -111,7 +111,7 @@ def _text(collected: _Families) -> str:
     from prometheus_client import CollectorRegistry, generate_latest
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(collected)  # type: ignore[arg-type]
+    registry.register(collected)
     return generate_latest(registry).decode()
 
 

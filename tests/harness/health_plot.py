@@ -10,6 +10,8 @@ from pathlib import Path
 from harness.prometheus_stack import Prometheus
 from harness.promql import DASHBOARD
 
+PROBE_ROWS = 5  # at most one row per verdict
+
 
 def _legend(template: str, labels: dict[str, str]) -> str:
     out = template
@@ -32,17 +34,18 @@ def plot(prom: Prometheus, start: float, end: float, out: Path, step: float = 1.
     drawn: dict[str, int] = {}
     for ax, panel in zip(axes.flat, panels, strict=False):
         count = 0
+        timeline = panel["type"] == "state-timeline"  # one row per series, marked where it holds
         for target in panel["targets"]:
             expr = target["expr"].replace("$host", ".*")
             for series in prom.query_range(expr, start, end, step):
                 xs = [float(t) - start for t, _ in series["values"]]
-                ys = [float(v) for _, v in series["values"]]
-                ax.plot(
-                    xs,
-                    ys,
-                    drawstyle="steps-post",
-                    label=_legend(target["legendFormat"], series["metric"])[:60],
-                )
+                ys = [float(v) * (count + 1 if timeline else 1) for _, v in series["values"]]
+                label = _legend(target["legendFormat"], series["metric"])[:60]
+                if timeline:
+                    ax.plot(xs, ys, "s", markersize=4, label=label)
+                    ax.set_ylim(0, len(PROBE_ROWS) + 1)
+                else:
+                    ax.plot(xs, ys, drawstyle="steps-post", label=label)
                 count += 1
         drawn[panel["title"]] = count
         ax.set_title(panel["title"], fontsize=10)
