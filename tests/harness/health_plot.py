@@ -43,7 +43,7 @@ def plot(prom: Prometheus, start: float, end: float, out: Path, step: float = 1.
                 label = _legend(target["legendFormat"], series["metric"])[:60]
                 if timeline:
                     ax.plot(xs, ys, "s", markersize=4, label=label)
-                    ax.set_ylim(0, len(PROBE_ROWS) + 1)
+                    ax.set_ylim(0, PROBE_ROWS + 1)
                 else:
                     ax.plot(xs, ys, drawstyle="steps-post", label=label)
                 count += 1

@@ -179,3 +179,20 @@ def test_engines_are_read_per_engine_under_current_names():
 def test_the_parser_refuses_what_is_past_a_bound_or_not_the_format(text, message):
     with pytest.raises(prometheus.MetricsFormatError, match=message):
         prometheus.parse(text)
+
+
+def test_plans_kv_usage_is_the_fullest_engine_not_the_sum_of_data_parallel_engines():
+    from rocmdoctor.provision.server_memory import snapshot
+
+    text = "".join(
+        f'vllm:{name}{{engine="{e}",model_name="tiny"}} {value}\n'
+        for e, usage in (("0", 0.5), ("1", 0.75))
+        for name, value in (
+            ("kv_cache_usage_perc", usage),
+            ("num_requests_running", 2.0),
+            ("num_requests_waiting", 1.0),
+            ("num_preemptions_total", 0.0),
+        )
+    )
+    snap, _ = snapshot(text, "http://127.0.0.1:8000/metrics")
+    assert (snap.usage, snap.running, snap.waiting) == (0.75, 4.0, 2.0)

@@ -157,11 +157,11 @@ def check(
         ctx.options.model_bytes = weights_bytes_offline(model, env=ctx.host.env) or 0
     outcomes = registry.run(ctx, specs)
     report = build_report(str(ctx.host.root), host_facts(ctx), outcomes)
-    report["capacity"] = host_capacity(ctx)
     if textfile is not None:
         write_health(ctx, report, started, textfile)
         if not as_json:
-            return
+            return  # the timer's run: the layouts (capacity) are for people and --json only
+    report["capacity"] = host_capacity(ctx)
     if as_json:
         emit_json(report)
     else:
