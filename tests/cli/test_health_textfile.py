@@ -105,3 +105,17 @@ def test_a_textfile_path_node_exporter_cannot_read_is_refused(tmp_path, name, me
     assert done.exit_code == 2
     assert message in done.output
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_run_that_breaks_still_writes_a_file_that_says_so(tmp_path, monkeypatch):
+    from rocmdoctor.commands import health_textfile
+
+    def broken(ctx):
+        raise RuntimeError("simulated bug in the server reader")
+
+    monkeypatch.setattr(health_textfile, "servers", broken)
+    out = tmp_path / "rocmdoctor.prom"
+    done = invoke("--root", str(fixture_root("strix-halo-clean")), "check", "--textfile", str(out))
+    assert done.exit_code == 2
+    assert "simulated bug" in done.output and "rocmdoctor_up 0" in done.output
+    assert samples(out)["rocmdoctor_up"][0].value == 0.0

@@ -42,10 +42,19 @@ def host_capacity(ctx: Context) -> dict[str, Any]:
 
 
 def write_health(ctx: Context, report: dict[str, Any], started: float, path: Path) -> None:
-    from ..render_textfile import render
+    from .. import __version__
+    from ..render_textfile import render, render_failed
     from .health_textfile import health_run, write_textfile
 
-    run = health_run(ctx, report, started)
+    try:
+        run = health_run(ctx, report, started)
+    except Exception as exc:
+        # A bug of rocmdoctor's, not a finding about the host: the file says so in rocmdoctor_up 0
+        # (an alert on the value at once, not only when the file goes stale), the journal says why.
+        write_textfile(path, render_failed(__version__, time.time()))
+        raise UserError(
+            f"the health run failed ({type(exc).__name__}: {exc}); {path} says rocmdoctor_up 0"
+        ) from exc
     write_textfile(path, render(run))
     down = [f"{s.server} {s.verdict}" for s in run.servers if s.verdict != "ok"]
     more = f" and {len(down) - 4} more" if len(down) > 4 else ""
