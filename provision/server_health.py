@@ -10,12 +10,12 @@ run of the timer cheap (no event loop, no session objects).
 
 from __future__ import annotations
 
-import http.client
 import json
 import shlex
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from ..health_metrics import (
@@ -28,10 +28,13 @@ from ..health_metrics import (
 )
 from ..host_writes import HostWriter, WriteRefused
 from . import instances as rack
-from . import openai_schema as schema
-from . import prometheus
 from .layout import Device, rocr_indices
 from .unit import ENV_FILE, UNIT_DIR, UNIT_NAME
+
+if TYPE_CHECKING:
+    import http.client
+
+    from . import prometheus
 
 PROBE_TIMEOUT_S = 5.0
 UNIT_LIMIT = 1 << 20
@@ -191,6 +194,8 @@ def _read_body(response: http.client.HTTPResponse, cap: int, deadline: float) ->
 def _request(
     url: str, method: str, path: str, cap: int, api_key: str | None = None, body: dict | None = None
 ) -> tuple[int, bytes]:
+    import http.client  # here, not at the top: a host with no server written never pays for it
+
     parts = urlsplit(url)
     conn_cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     conn = conn_cls(parts.hostname or "127.0.0.1", parts.port, timeout=PROBE_TIMEOUT_S)
@@ -238,6 +243,9 @@ def engines(samples: list[prometheus.Sample]) -> list[EngineHealth]:
 
 
 def _probe(server: Managed, health: ServerHealth) -> None:
+    from . import openai_schema as schema
+    from . import prometheus
+
     status, _ = _request(server.url, "GET", "/health", schema.HEALTH_BYTES)
     if status != 200:
         raise _Answer("unhealthy", f"GET /health answered HTTP {status}: another program, or a broken server")
