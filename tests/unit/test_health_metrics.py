@@ -4,6 +4,8 @@ dashboard reading only names that rocmdoctor or vLLM write."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness.promql import dashboard_exprs, metric_names, rules
@@ -196,3 +198,13 @@ def test_plans_kv_usage_is_the_fullest_engine_not_the_sum_of_data_parallel_engin
     )
     snap, _ = snapshot(text, "http://127.0.0.1:8000/metrics")
     assert (snap.usage, snap.running, snap.waiting) == (0.75, 4.0, 2.0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.characters(codec="utf-8"), max_size=400))
+def test_the_parser_answers_any_text_with_samples_or_its_own_error(text):
+    try:
+        found = prometheus.parse(text)
+    except prometheus.MetricsFormatError:
+        return
+    assert all(isinstance(s.value, float) and isinstance(s.labels, dict) for s in found)
