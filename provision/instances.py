@@ -32,6 +32,7 @@ from .unit import (
     DEFAULT_LOAD_TIMEOUT_S,
     PLACEHOLDER,
     STATE_NAME,
+    SYSTEMD_UNITS,
     UNIT_DIR,
     FileSpec,
     ServiceLayout,
@@ -42,6 +43,7 @@ from .unit import (
     command_line,
     daemon_reload,
     ensure_accounts,
+    health_specs,
     readiness_url,
     wait_ready_script,
 )
@@ -183,6 +185,7 @@ def file_specs(
         FileSpec(f"{layout.unit_dir}/{TARGET_NAME}", render_target(plan), 0o644),
         *(FileSpec(env_path(i.name), render_env(i, api_key), 0o600, secret=True) for i in plan.instances),
         FileSpec(layout.wait_ready, wait_ready_script(), 0o755),
+        *health_specs(layout),
     ]
 
 
@@ -295,7 +298,7 @@ def write(writer: HostWriter, specs: list[FileSpec], user: str) -> Report:
         for name in sorted(before, key=int)
         if any(c.path == env_path(name) and c.action == "updated" for c in report.files)
     ]
-    if any(c.changed and c.path.endswith((".service", ".target")) for c in report.files):
+    if any(c.changed and c.path.endswith(SYSTEMD_UNITS) for c in report.files):
         try:
             report.daemon_reload = daemon_reload(writer)
         except WriteRefused as exc:

@@ -69,8 +69,13 @@ def read_metrics(url: str, timeout_s: float, session=None) -> str:
     return body.decode("utf-8", errors="replace")
 
 
-def _gauge(samples: list[prometheus.Sample], name: str, url: str) -> float:
-    value = prometheus.counter_sum(samples, name)
+def _gauge(
+    samples: list[prometheus.Sample], name: str, url: str, per_engine: Callable[[list[float]], float] = sum
+) -> float:
+    """A gauge over the server's engines: request counts add up, a ratio such as the KV cache usage
+    is per engine (`per_engine=max`: the fullest cache, never the sum of data-parallel engines)."""
+    values = [s.value for s in prometheus.matching(samples, name)]
+    value = per_engine(values) if values else None
     if value is None or math.isnan(value):
         raise MetricsError(f"{url} has no {name}: not a vLLM (V1 engine) server, or its metrics are off")
     return value
@@ -84,7 +89,7 @@ def snapshot(text: str, url: str) -> tuple[Snapshot, dict[str, str]]:
     info = next((s.labels for s in samples if s.name == CACHE_INFO), {})
     return Snapshot(
         at=time.monotonic(),
-        usage=_gauge(samples, USAGE, url),
+        usage=_gauge(samples, USAGE, url, per_engine=max),
         running=_gauge(samples, RUNNING, url),
         waiting=_gauge(samples, WAITING, url),
         preemptions=_gauge(samples, PREEMPTIONS, url),

@@ -232,6 +232,17 @@ def file_specs(
         FileSpec(layout.unit_path, render_unit(args, layout, user, timeout_s), 0o644),
         FileSpec(layout.env_file, render_env(api_key), 0o600, secret=True),
         FileSpec(layout.wait_ready, wait_ready_script(), 0o755),
+        *health_specs(layout),
+    ]
+
+
+def health_specs(layout: ServiceLayout) -> list[FileSpec]:
+    """rocmdoctor-health.service and .timer (provision/health_unit.py), written with every server unit."""
+    from .health_unit import health_units
+
+    return [
+        FileSpec(path, content, 0o644)
+        for path, content in health_units(layout.prefix, layout.unit_dir, command_line)
     ]
 
 
@@ -292,11 +303,15 @@ def write(writer: HostWriter, specs: list[FileSpec], user: str) -> WriteReport[F
     try:
         report.accounts = ensure_accounts(writer, user)
         report.files = [apply_file(writer, spec) for spec in specs]
-        if any(f.changed and f.path.endswith(".service") for f in report.files):
+        if any(f.changed and f.path.endswith(SYSTEMD_UNITS) for f in report.files):
             report.daemon_reload = daemon_reload(writer)
     except WriteRefused as exc:
         raise UnitError(str(exc)) from None
     return report
+
+
+# Files systemd reads as units: a change to one needs a daemon-reload.
+SYSTEMD_UNITS = (".service", ".target", ".timer")
 
 
 def daemon_reload(writer: HostWriter) -> str:

@@ -2,9 +2,10 @@
 # Debian packages the real-component tests use (sshd, network namespaces, systemd tools, nspawn).
 set -euo pipefail
 # gcc, binutils and libc6-dev: toolchain.jit links a real shared object; python3: Debian's 3.11.2 runs the
-# archive corpus as users run it.
+# archive corpus as users run it. prometheus (with promtool) and prometheus-node-exporter: the health tests.
 needed=(openssh-server openssh-client netcat-openbsd iproute2 systemd systemd-container debootstrap pigz curl
-        util-linux procps git gcc binutils libc6-dev python3)
+        util-linux procps git gcc binutils libc6-dev python3
+        prometheus prometheus-node-exporter)
 missing=()
 for pkg in "${needed[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

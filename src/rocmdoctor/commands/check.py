@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -37,6 +39,30 @@ def host_capacity(ctx: Context) -> dict[str, Any]:
     from .host_devices import host_devices
 
     return capacity(host_devices(ctx))
+
+
+def write_health(ctx: Context, report: dict[str, Any], started: float, path: Path) -> None:
+    from .. import __version__
+    from ..render_textfile import render, render_failed
+    from .health_textfile import health_run, write_textfile
+
+    try:
+        run = health_run(ctx, report, started)
+    except Exception as exc:
+        # A bug of rocmdoctor's, not a finding about the host: the file says so in rocmdoctor_up 0
+        # (an alert on the value at once, not only when the file goes stale), the journal says why.
+        write_textfile(path, render_failed(__version__, time.time()))
+        raise UserError(
+            f"the health run failed ({type(exc).__name__}: {exc}); {path} says rocmdoctor_up 0"
+        ) from exc
+    write_textfile(path, render(run))
+    down = [f"{s.server} {s.verdict}" for s in run.servers if s.verdict != "ok"]
+    more = f" and {len(down) - 4} more" if len(down) > 4 else ""
+    click.echo(
+        f"wrote {path}: {len(run.checks)} checks, {report['summary'].get('fail', 0)} failed, "
+        f"{len(run.servers)} servers" + (f" (not ok: {', '.join(down[:4])}{more})" if down else ""),
+        err=True,
+    )
 
 
 @click.command()
@@ -81,6 +107,15 @@ def host_capacity(ctx: Context) -> dict[str, Any]:
     metavar="SECONDS",
     help="How long the --deep probe may take before it is killed (default 180).",
 )
+@click.option(
+    "--textfile",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    metavar="PATH",
+    help="Write the diagnosis, GPU memory, the active bundle and each managed server's health as "
+    "Prometheus text for node_exporter's textfile collector (a *.prom file, replaced atomically); "
+    "exit 0 once written, whatever it found.",
+)
 @pass_app
 def check(
     app: App,
@@ -95,6 +130,7 @@ def check(
     deep: bool,
     python: str | None,
     deep_timeout: float | None,
+    textfile: Path | None,
 ) -> None:
     """Diagnose this host for vLLM on ROCm. Exit 0: no failure; 1: a failure; 2: could not run."""
     from ..checks import host_facts, load_registry
@@ -116,6 +152,13 @@ def check(
         specs = registry.select(only, skip, include_optional=deep)
     except SelectionError as exc:
         raise UserError(str(exc)) from None
+    if textfile is not None:
+        from .health_textfile import textfile_problem
+
+        problem = textfile_problem(textfile)
+        if problem:
+            raise UserError(f"--textfile {textfile}: {problem}")
+    started = time.monotonic()
     ctx = check_context(app, user, port, prefix, python, deep_timeout)
     if model is not None:
         from ..model_files import weights_bytes_offline
@@ -123,6 +166,10 @@ def check(
         ctx.options.model_bytes = weights_bytes_offline(model, env=ctx.host.env) or 0
     outcomes = registry.run(ctx, specs)
     report = build_report(str(ctx.host.root), host_facts(ctx), outcomes)
+    if textfile is not None:
+        write_health(ctx, report, started, textfile)
+        if not as_json:
+            return  # the timer's run: the layouts (capacity) are for people and --json only
     report["capacity"] = host_capacity(ctx)
     if as_json:
         emit_json(report)
