@@ -115,11 +115,15 @@ def state_shape(config: dict) -> StateShape:
     if model_type == "falcon_h1":
         # vLLM falcon_h1.py: intermediate = mamba_d_ssm, else mamba_expand * hidden_size.
         _needs(config, "Falcon-H1", "mamba_n_heads", "mamba_d_head", "mamba_d_state")
-        intermediate = config.get("mamba_d_ssm") or _positive(config, "mamba_expand", 2) * int(hidden or 0)
+        intermediate = (
+            _positive(config, "mamba_d_ssm")
+            if config.get("mamba_d_ssm") is not None
+            else _positive(config, "mamba_expand", 2) * _positive(config, "hidden_size")
+        )
         return StateShape(
             "mamba2",
             (
-                int(intermediate),
+                intermediate,
                 _positive(config, "mamba_n_groups", 1),
                 _positive(config, "mamba_n_heads"),
                 _positive(config, "mamba_d_head"),

@@ -8,26 +8,11 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
+from harness.tiny_model_builder import arch_config
 from rocmdoctor.cli import cli
 
-GRANITE_H = {
-    # Granite-4.0-H's layout in miniature: three Mamba2 layers, then attention (legacy names)
-    "architectures": ["GraniteMoeHybridForCausalLM"],
-    "model_type": "granitemoehybrid",
-    "hidden_size": 128,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 1,
-    "num_hidden_layers": 4,
-    "layer_types": ["mamba", "mamba", "mamba", "attention"],
-    "mamba_n_heads": 4,
-    "mamba_d_head": 64,
-    "mamba_d_state": 64,
-    "mamba_n_groups": 1,
-    "mamba_d_conv": 4,
-    "mamba_expand": 2,
-    "max_position_embeddings": 4096,
-    "dtype": "bfloat16",
-}
+# the engine test's tiny Granite-4.0-H: three Mamba2 layers, then attention (legacy names)
+GRANITE_H = {**arch_config("granitehybrid", 64), "dtype": "bfloat16"}
 
 
 def model_dir(tmp_path: Path, config: dict) -> Path:

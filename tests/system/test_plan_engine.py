@@ -45,8 +45,12 @@ CAPACITY = re.compile(
     r"([\d.]+)x"
 )
 REFUSED = re.compile(r"the estimated maximum model length is (\d+)")
-# vLLM 0.32 kv_cache_utils.resolve_kv_cache_block_sizes logs the groups' block size (several groups).
-BLOCK = re.compile(r"kv lcm block sizes (\d+)")
+# vLLM 0.32 logs each group's block size when there are several groups
+# (kv_cache_utils.resolve_kv_cache_block_sizes; a state group's is the state's own, max_model_len
+# without prefix caching) and the attention block when it raises it (interface.py
+# _align_hybrid_block_size).
+GROUP_BLOCKS = re.compile(r"kv cache group sizes \(([\d, ]+)\)")
+RAISED = re.compile(r"Setting attention block size to (\d+) tokens")
 # vLLM 0.32 vllm/platforms/cpu.py: on CPUs with AVX512-BF16 the SSM state is kept in float32.
 SSM_FLOAT32 = "Reset SSM cache type to float32"
 # The CPU platform's choices (vllm/platforms/cpu.py): block size 128, or 16 for the CPU MLA kernel;
@@ -59,11 +63,6 @@ LONG_CONTEXT = 1 << 20
 # (case, builder architecture, --max-model-len, extra engine args, plan settings beyond the CPU's)
 LONG = 4096  # > window 128 + 2048 in-flight tokens: one batch in flight or two changes the answer
 CASES: list[tuple[str, str, int, list[str], dict]] = [
-    ("llama", "llama", MAX_MODEL_LEN, [], {}),
-    ("qwen3", "qwen3", MAX_MODEL_LEN, [], {}),
-    ("gemma3", "gemma3", LONG, [], {}),
-    ("deepseek", "deepseek", MAX_MODEL_LEN, [], {}),
-    ("oddgqa", "oddgqa", MAX_MODEL_LEN, [], {}),
     ("granitehybrid", "granitehybrid", MAX_MODEL_LEN, [], {}),
     (
         "granitehybrid-no-prefix-caching",
@@ -76,6 +75,11 @@ CASES: list[tuple[str, str, int, list[str], dict]] = [
     ("qwen3next-layer-types", "qwen3next-types", MAX_MODEL_LEN, [], {}),
     ("cohere2-pattern", "cohere2", LONG, [], {}),
     ("cohere2-layer-types", "cohere2-types", LONG, [], {}),
+    ("llama", "llama", MAX_MODEL_LEN, [], {}),
+    ("qwen3", "qwen3", MAX_MODEL_LEN, [], {}),
+    ("gemma3", "gemma3", LONG, [], {}),
+    ("deepseek", "deepseek", MAX_MODEL_LEN, [], {}),
+    ("oddgqa", "oddgqa", MAX_MODEL_LEN, [], {}),
 ]
 # Cases whose layout has several KV cache groups, so vLLM logs the block size it settled on.
 MULTI_GROUP = {name for name, *_ in CASES} - {"llama", "qwen3", "deepseek", "oddgqa"}
@@ -150,10 +154,13 @@ def test_plan_matches_vllm_on_dense_mla_sliding_and_hybrid_architectures(tmp_pat
         assert length == max_model_len
         assert plan.kv_cache_tokens == pytest.approx(tokens, rel=0.01), name
         assert plan.max_concurrency == pytest.approx(concurrency, rel=0.01, abs=0.006), name
-        block = BLOCK.search(text)
+        groups = GROUP_BLOCKS.search(text)
+        raised = RAISED.search(text)
         if name in MULTI_GROUP:
-            assert block, f"{name}: vLLM logged no block size in {log}"
-            assert plan.block_size == int(block[1]), name
+            assert groups, f"{name}: vLLM logged no block sizes in {log}"
+            assert plan.block_size in {int(x) for x in groups[1].split(",")}, name
+        if raised or plan.block_size != plan.settings.block_size:
+            assert raised and plan.block_size == int(raised[1]), name
         row = {
             "case": name,
             "verified": "CPU engine log",
@@ -163,7 +170,8 @@ def test_plan_matches_vllm_on_dense_mla_sliding_and_hybrid_architectures(tmp_pat
             "plan_concurrency": round(plan.max_concurrency, 2),
             "vllm_concurrency": concurrency,
             "plan_block_size": plan.block_size,
-            "vllm_block_size": int(block[1]) if block else None,
+            "vllm_group_block_sizes": groups[1] if groups else None,
+            "vllm_raised_block_size": int(raised[1]) if raised else None,
             "kv_bytes_per_token": plan.kv_bytes_per_token,
             "plan_largest_len": plan.max_model_len,
         }

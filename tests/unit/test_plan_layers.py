@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from harness.tiny_model_builder import arch_config
 from rocmdoctor.model_plan import (
     GIB,
     ConfigError,
@@ -174,22 +175,8 @@ def test_qwen3_next_block_grows_to_hold_a_gated_delta_net_state():
 
 
 def test_mamba2_hybrid_takes_three_state_blocks_with_prefix_caching():
-    granite = {
-        "model_type": "granitemoehybrid",
-        "hidden_size": 128,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,
-        "num_hidden_layers": 4,
-        "layer_types": ["mamba", "mamba", "mamba", "attention"],
-        "mamba_n_heads": 4,
-        "mamba_d_head": 64,
-        "mamba_d_state": 64,
-        "mamba_n_groups": 1,
-        "mamba_d_conv": 4,
-        "mamba_expand": 2,
-        "max_position_embeddings": 4096,
-        "dtype": "bfloat16",
-    }
+    # the engine test's tiny Granite-4.0-H (tests/harness/tiny_model_builder.py), in bfloat16
+    granite = {**arch_config("granitehybrid", 64), "dtype": "bfloat16"}
     shape = shape_from_config(granite)
     settings = EngineSettings(block_size=128, async_scheduling=False, mamba_ssm_cache_dtype="float32")
     # conv (2 x 128 + 2 x 1 x 64) x 3 x 2 B + SSM 4 x 64 x 64 x 4 B = 2304 + 65536
@@ -261,3 +248,38 @@ def test_serve_plans_with_the_vllm_flags_it_passes_through():
     assert got.tensor_parallel_size == 2
     # values vLLM would reject are left to vLLM: the plan keeps its defaults
     assert engine_settings(base, ["--block-size", "zero", "--mamba-cache-dtype", "int4"]) == base
+
+
+HYBRIDS = {
+    "granitemoehybrid": {"layer_types": ["mamba", "attention"], "mamba_n_heads": 8, "mamba_d_state": 64},
+    "falcon_h1": {"mamba_n_heads": 8, "mamba_d_head": 64, "mamba_d_state": 64, "mamba_d_ssm": 512},
+    "nemotron_h": {
+        "hybrid_override_pattern": "M*",
+        "mamba_num_heads": 8,
+        "mamba_head_dim": 64,
+        "ssm_state_size": 64,
+        "n_groups": 2,
+    },
+    "qwen3_next": {
+        "linear_num_key_heads": 4,
+        "linear_num_value_heads": 8,
+        "linear_key_head_dim": 64,
+        "linear_value_head_dim": 64,
+        "full_attention_interval": 2,
+    },
+    "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1},
+    "lfm2": {"conv_L_cache": 3, "full_attn_idxs": [1]},
+}
+
+
+@pytest.mark.parametrize("family", sorted(HYBRIDS))
+@pytest.mark.parametrize("bad", ["64", -1, 0, True, 2.5, None, [1], {"x": 1}])
+def test_hostile_values_in_any_state_key_are_a_config_error(family, bad):
+    config = {**BASE, "model_type": family, "num_hidden_layers": 2, **HYBRIDS[family]}
+    plan_model("m", config, None, Memory(0, 1.0, "--kv-cache-memory", GIB))  # the good config plans
+    for key in HYBRIDS[family]:
+        hostile = {**config, key: bad}
+        try:
+            plan_model("m", hostile, None, Memory(0, 1.0, "--kv-cache-memory", GIB))
+        except ConfigError:
+            pass  # refused by name; planning with a default (None = the family's default) is fine too

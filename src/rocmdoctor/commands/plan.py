@@ -12,6 +12,8 @@ from rocmdoctor.model import EXIT_FAILURES, EXIT_OK
 
 from .common import App, UserError, emit_json, pass_app
 
+# vLLM 0.32 vllm/config/cache.py MambaDType, for --mamba-cache-dtype and --mamba-ssm-cache-dtype.
+MAMBA_DTYPES = click.Choice(["auto", "float32", "bfloat16", "float16"])
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _UNITS = {
     "": 1,
@@ -206,14 +208,14 @@ def render_diagnosis(diagnosis) -> None:
     "--mamba-cache-dtype",
     default="auto",
     show_default=True,
-    type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
+    type=MAMBA_DTYPES,
     help="vLLM's dtype of the Mamba/linear-attention state (auto: the model's).",
 )
 @click.option(
     "--mamba-ssm-cache-dtype",
     default="auto",
     show_default=True,
-    type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
+    type=MAMBA_DTYPES,
     help="vLLM's dtype of the SSM state alone (auto: as --mamba-cache-dtype).",
 )
 @click.option("--url", default=None, help="Diagnose the running vLLM server at this URL from its /metrics.")
