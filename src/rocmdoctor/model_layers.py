@@ -326,9 +326,9 @@ def cache_kinds(config: dict, num_layers: int) -> tuple[list[str], str]:
     if names is None:
         window = config.get("sliding_window")
         if config.get("use_sliding_window") is False or not isinstance(window, int) or window <= 0:
-            return ["full"] * num_layers, "no layer_types and no sliding_window: every layer full attention"
+            return ["full"] * num_layers, "no layer_types or sliding_window"
         # vLLM's Mistral/Qwen2-style models pass sliding_window to every Attention layer.
-        return ["sliding"] * num_layers, "no layer_types: sliding_window on every layer"
+        return ["sliding"] * num_layers, "no layer_types; sliding_window on every layer"
     kinds: list[str] = []
     for i, name in enumerate(names):
         caches = LAYER_TYPE_CACHES.get(name)

@@ -34,17 +34,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from rocmdoctor.model_layers import (
-    ConfigError,
-    Layer,
-    StateShape,
-    cache_kinds,
-    state_elements,
-    state_shape,
-    window_for,
-)
-
-__all__ = ["ConfigError", "Layer"]
+# ConfigError and Layer are re-exported: callers of the plan import them from here.
+from rocmdoctor.model_layers import ConfigError as ConfigError
+from rocmdoctor.model_layers import Layer as Layer
+from rocmdoctor.model_layers import StateShape, cache_kinds, state_elements, state_shape, window_for
 
 GIB = 1 << 30
 
@@ -251,9 +244,7 @@ def shape_from_config(raw_config: dict) -> ModelShape:
     else:
         kinds, source = cache_kinds(config, num_layers)
         counts = {kind: kinds.count(kind) for kind in dict.fromkeys(kinds)}
-        notes.append(
-            f"layer pattern from {source}: " + ", ".join(f"{n} {kind}" for kind, n in counts.items())
-        )
+        notes.append("layers: " + ", ".join(f"{n} {kind}" for kind, n in counts.items()) + f" ({source})")
     window = window_for(config)
     if "sliding" in kinds and window is None:
         raise ConfigError(
@@ -342,7 +333,6 @@ class KVLayout:
     group_size: int
     groups: tuple[KVGroup, ...]
     in_flight_tokens: int
-    requested_block_size: int = DEFAULT_BLOCK_SIZE
     state_page_bytes: int = 0  # one state layer's real state, before padding
 
     @property
@@ -480,9 +470,7 @@ def kv_layout(shape: ModelShape, settings: EngineSettings) -> KVLayout:
         blocks = state_blocks_per_request(state, settings) if kind == "state" and state else 0
         groups += [KVGroup(kind, window, len(range(i, count, n)), blocks) for i in range(n)]
     widest = max(group.layers for group in groups)
-    return KVLayout(
-        block, page, widest, tuple(groups), settings.in_flight_tokens, settings.block_size, state_page
-    )
+    return KVLayout(block, page, widest, tuple(groups), settings.in_flight_tokens, state_page)
 
 
 # ---------------------------------------------------------------------------------------------
