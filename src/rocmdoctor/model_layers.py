@@ -93,7 +93,6 @@ def _needs(config: dict, family: str, *keys: str) -> None:
 def state_shape(config: dict) -> StateShape:
     """The recurrent state of this family's state layers, with the config keys its vLLM model reads."""
     model_type = str(config.get("model_type", ""))
-    hidden = config.get("hidden_size")
     if model_type == "granitemoehybrid":
         # vLLM granitemoehybrid.py get_mamba_state_shape_from_config; transformers 5.19
         # GraniteMoeHybridConfig defaults (n_groups 1, d_state 256, d_conv 4, expand 2, d_head "auto").
@@ -172,11 +171,12 @@ def state_shape(config: dict) -> StateShape:
             ),
         )
     if model_type in ("lfm2", "lfm2_moe"):
-        # vLLM lfm2.py: short_conv_state_shape(conv_dim, conv_L_cache).
-        _needs(config, "LFM2 short-conv", "conv_L_cache")
+        # vLLM lfm2.py: short_conv_state_shape(conv_dim, conv_L_cache); conv_dim is read from
+        # config.json as is (transformers 5.19 Lfm2Config has no default for it; conv_L_cache 3).
+        _needs(config, "LFM2 short-conv", "conv_dim")
         return StateShape(
             "short_conv",
-            (_positive(config, "conv_dim", hidden), _positive(config, "conv_L_cache")),
+            (_positive(config, "conv_dim"), _positive(config, "conv_L_cache", 3)),
         )
     raise ConfigError(
         f"cannot plan this model exactly: model_type {model_type!r} has recurrent-state (Mamba/linear "

@@ -10,7 +10,8 @@ one global layer in six), deepseek (MLA latent cache), oddgqa (6 query heads ove
 an odd factor of 3), granitehybrid (Granite-4.0-H: 3 Mamba2 layers per attention layer),
 qwen3next / qwen3next-types (Qwen3-Next: 3 gated-delta-net linear-attention layers per full-attention
 layer, spelt as full_attention_interval or as layer_types) and cohere2 / cohere2-types (Command R7B:
-3 sliding layers per full one, spelt as sliding_window_pattern or as layer_types).
+3 sliding layers per full one, spelt as sliding_window_pattern or as layer_types), lfm2 (LFM2: 3
+short-conv layers per attention layer) and jamba (Jamba: 3 Mamba1 layers per attention layer).
 """
 
 from __future__ import annotations
@@ -211,6 +212,46 @@ def arch_config(arch: str, head_dim: int) -> dict:
             "sliding_window": 128,
             "logit_scale": 0.0625,
             "layer_norm_eps": 1e-5,
+            "max_position_embeddings": 4096,
+        }
+    if arch == "lfm2":
+        # LFM2's layout, tiny: three short-conv layers, then attention (full_attn_idxs)
+        return {
+            "architectures": ["Lfm2ForCausalLM"],
+            "model_type": "lfm2",
+            "hidden_size": 128,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "num_hidden_layers": 4,
+            "full_attn_idxs": [3],
+            "conv_dim": 128,
+            "block_dim": 128,
+            "conv_L_cache": 3,
+            "conv_bias": False,
+            "block_auto_adjust_ff_dim": False,
+            "norm_eps": 1e-5,
+            "max_position_embeddings": 4096,
+        }
+    if arch == "jamba":
+        # Jamba's layout, tiny: three Mamba1 layers, then attention (attn_layer_period/offset); dense MLP
+        return {
+            "architectures": ["JambaForCausalLM"],
+            "model_type": "jamba",
+            "hidden_size": 128,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "num_hidden_layers": 4,
+            "attn_layer_period": 4,
+            "attn_layer_offset": 3,
+            "expert_layer_period": 2,
+            "expert_layer_offset": 1,
+            "num_experts": 1,
+            "num_experts_per_tok": 1,
+            "mamba_d_state": 16,
+            "mamba_d_conv": 4,
+            "mamba_expand": 2,
+            "mamba_dt_rank": 8,
+            "use_mamba_kernels": False,
             "max_position_embeddings": 4096,
         }
     raise SystemExit(f"unknown architecture {arch!r}")

@@ -5,7 +5,8 @@ must be refused by vLLM, at the length the plan names.
 
 Beyond dense, GQA, MLA and Gemma 3: a Mamba2 hybrid (Granite-4.0-H layout) with prefix caching on
 ("align" state cache, block raised to hold a state) and off; a gated-delta-net linear-attention hybrid
-(Qwen3-Next layout) spelt with full_attention_interval and with layer_types; Cohere2 spelt with
+(Qwen3-Next layout) spelt with full_attention_interval and with layer_types; short-conv (LFM2) and
+Mamba1 (Jamba) hybrids; Cohere2 spelt with
 sliding_window_pattern and with layer_types, at a context long enough that the single batch in flight
 of the CPU engine (no async scheduling) changes the sliding-window need.
 
@@ -73,6 +74,8 @@ CASES: list[tuple[str, str, int, list[str], dict]] = [
     ),
     ("qwen3next-interval", "qwen3next", MAX_MODEL_LEN, [], {}),
     ("qwen3next-layer-types", "qwen3next-types", MAX_MODEL_LEN, [], {}),
+    ("lfm2-short-conv", "lfm2", MAX_MODEL_LEN, [], {}),
+    ("jamba-mamba1", "jamba", MAX_MODEL_LEN, [], {}),
     ("cohere2-pattern", "cohere2", LONG, [], {}),
     ("cohere2-layer-types", "cohere2-types", LONG, [], {}),
     ("llama", "llama", MAX_MODEL_LEN, [], {}),

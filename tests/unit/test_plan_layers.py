@@ -90,7 +90,7 @@ def test_gemma3_pattern_exaone4_and_other_spellings():
     jamba = {**BASE, "model_type": "jamba", "num_hidden_layers": 8, "attn_layer_period": 4}
     assert kinds({**jamba, "attn_layer_offset": 2}) == ["state", "state", "full", "state"] * 2
     # LFM2: full_attn_idxs, the rest short-conv
-    lfm2 = {**BASE, "model_type": "lfm2", "num_hidden_layers": 4, "conv_L_cache": 3}
+    lfm2 = {**BASE, "model_type": "lfm2", "num_hidden_layers": 4, "conv_L_cache": 3, "conv_dim": 1024}
     assert kinds({**lfm2, "full_attn_idxs": [1, 3]}) == ["state", "full", "state", "full"]
     # Granite-4.0-H's published "mamba"/"attention" are transformers' legacy names
     granite = {**BASE, "model_type": "granitemoehybrid", "num_hidden_layers": 4, "mamba_n_heads": 32}
@@ -268,7 +268,7 @@ HYBRIDS = {
         "full_attention_interval": 2,
     },
     "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1},
-    "lfm2": {"conv_L_cache": 3, "full_attn_idxs": [1]},
+    "lfm2": {"conv_L_cache": 3, "conv_dim": 1024, "full_attn_idxs": [1]},
 }
 
 
