@@ -259,7 +259,7 @@ def layer_type_names(config: dict, num_layers: int) -> tuple[list[str] | None, s
     window_key = "sliding_window_pattern"
     raw = config.get(window_key, config.get("_sliding_window_pattern"))
     if model_type in ("cohere2", "gemma3_text", "gemma3", "olmo3", "gemma2", "gpt_oss"):
-        if config.get("sliding_window") is None and model_type in ("cohere2", "olmo3"):
+        if config.get("sliding_window") is None:
             return ["full_attention"] * num_layers, "no sliding_window"
         # transformers 5.19: Cohere2Config and Olmo3Config default 4, Gemma3TextConfig 6,
         # Gemma2Config and GptOssConfig alternate (2); each: (i + 1) % n == 0 is full attention.
@@ -291,10 +291,6 @@ def layer_type_names(config: dict, num_layers: int) -> tuple[list[str] | None, s
         offset = config.get("attn_layer_offset", 4)
         names = ["attention" if i % period == offset else "mamba" for i in range(num_layers)]
         return names, f"attn_layer_period {period}, attn_layer_offset {offset}"
-    if model_type == "bamba":
-        indices = _index_list(config.get("attn_layer_indices") or [], "attn_layer_indices", num_layers)
-        names = ["full_attention" if i in indices else "linear_attention" for i in range(num_layers)]
-        return names, "attn_layer_indices"
     if model_type in ("lfm2", "lfm2_moe"):
         # transformers 5.19 Lfm2Config: full_attn_idxs (default: every layer).
         idxs = config.get("full_attn_idxs")

@@ -6,9 +6,9 @@ must be refused by vLLM, at the length the plan names.
 Beyond dense, GQA, MLA and Gemma 3: a Mamba2 hybrid (Granite-4.0-H layout) with prefix caching on
 ("align" state cache, block raised to hold a state) and off; a gated-delta-net linear-attention hybrid
 (Qwen3-Next layout) spelt with full_attention_interval and with layer_types; short-conv (LFM2) and
-Mamba1 (Jamba) hybrids; Cohere2 spelt with
-sliding_window_pattern and with layer_types, at a context long enough that the single batch in flight
-of the CPU engine (no async scheduling) changes the sliding-window need.
+Mamba1 (Jamba) hybrids; Cohere2 spelt with sliding_window_pattern and with layer_types, at a context
+long enough that the single batch in flight of the CPU engine (no async scheduling) changes the
+sliding-window need.
 
 One test starts the engines one after the other (~35 s each); run it under the heavy lock:
     flock /tmp/rocmdoctor-heavy.lock tests/run tests/system/test_plan_engine.py -q
