@@ -7,7 +7,9 @@ the flags come back as (flag, value, reason) triples, the shape of `server_args.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from rocmdoctor.model_plan import EngineSettings, Memory, ModelPlan, plan_from_files
 from rocmdoctor.provision.hub import load_model
@@ -69,6 +71,43 @@ def settings_from_plan(
     return out
 
 
+# vLLM's own flags (vllm/engine/arg_utils.py) that change the plan, as `serve`/`unit` pass them through.
+_INT_FLAGS = {
+    "--block-size": "block_size",
+    "--max-num-batched-tokens": "max_num_batched_tokens",
+    "--pipeline-parallel-size": "pipeline_parallel_size",
+    "-pp": "pipeline_parallel_size",
+}
+_BOOL_FLAGS = {
+    "--enable-prefix-caching": ("enable_prefix_caching", True),
+    "--no-enable-prefix-caching": ("enable_prefix_caching", False),
+    "--async-scheduling": ("async_scheduling", True),
+    "--no-async-scheduling": ("async_scheduling", False),
+}
+_DTYPE_FLAGS = {
+    "--mamba-cache-dtype": "mamba_cache_dtype",
+    "--mamba-ssm-cache-dtype": "mamba_ssm_cache_dtype",
+}
+
+
+def engine_settings(base: EngineSettings, extra: Sequence[str]) -> EngineSettings:
+    """`base` with the plan-relevant vLLM flags found in `extra` (`--flag value` or `--flag=value`);
+    a value vLLM itself would reject is left to vLLM and not planned with."""
+    changes: dict[str, Any] = {}
+    words = list(extra)
+    for i, word in enumerate(words):
+        flag, _, inline = word.partition("=")
+        value = inline if inline else (words[i + 1] if i + 1 < len(words) else "")
+        if flag in _BOOL_FLAGS and not inline:
+            name, on = _BOOL_FLAGS[flag]
+            changes[name] = on
+        elif flag in _INT_FLAGS and value.isdigit() and int(value) > 0:
+            changes[_INT_FLAGS[flag]] = int(value)
+        elif flag in _DTYPE_FLAGS and value in ("auto", "float32", "bfloat16", "float16"):
+            changes[_DTYPE_FLAGS[flag]] = value
+    return replace(base, **changes)
+
+
 def plan_for_server(
     model: str,
     *,
@@ -79,13 +118,16 @@ def plan_for_server(
     kv_cache_dtype: str = "auto",
     max_model_len: int | None = None,
     offline: bool = False,
+    extra: Sequence[str] = (),
 ) -> ModelPlan:
     """The plan for the server `unit`/`serve` are about to start (raises ModelFilesError, ConfigError)."""
     files = load_model(model, offline=offline)
     return plan_from_files(
         files,
         Memory(total_bytes, utilization, f"host: {pool_name}"),
-        settings=EngineSettings(tensor_parallel_size=tensor_parallel_size, kv_cache_dtype=kv_cache_dtype),
+        settings=engine_settings(
+            EngineSettings(tensor_parallel_size=tensor_parallel_size, kv_cache_dtype=kv_cache_dtype), extra
+        ),
         max_model_len=max_model_len,
         model=model,
     )

@@ -443,6 +443,7 @@ def model_plan_settings(
             kv_cache_dtype="fp8" if kv_dtype and kv_dtype.startswith("fp8") else "auto",
             max_model_len=choices.max_model_len,
             offline=True,
+            extra=extra,
         )
     except (ModelFilesError, ConfigError, OSError) as exc:
         notes.append(f"no memory plan for the model ({exc}); --max-model-len is vLLM's own")

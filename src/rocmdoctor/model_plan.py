@@ -12,9 +12,15 @@ vllm/v1/core/kv_cache_utils.py); each rule names the vLLM function it copies:
 - layers are grouped (`_get_kv_cache_groups_uniform_page_size`): one group for a uniform model, else
   groups of `group_size` layers per attention type, padded; a block is one page of every layer of
   the largest group (`_get_kv_cache_bytes_per_block`), num_blocks = KV bytes // bytes per block;
-- a request at max_model_len takes cdiv(len, block) blocks per full group and
+- a request at max_model_len takes cdiv(len, block) blocks per full group,
   cdiv(min(window - 1 + in-flight tokens, len), block) + 1 per sliding group
-  (`SlidingWindowSpec.max_admission_blocks_per_request`);
+  (`SlidingWindowSpec.max_admission_blocks_per_request`), cdiv(min(chunk + in-flight, len), block)
+  per chunked-local group (`ChunkedLocalAttentionSpec`) and, per recurrent-state group, 1 block
+  without prefix caching or 2 (+1 prefill checkpoint for Mamba2) in "align" mode with it
+  (`MambaSpec.max_memory_usage_bytes`); in-flight tokens = max_num_batched_tokens x the batches in
+  flight (`VllmConfig.max_concurrent_batches`: 2 with async scheduling, else the PP size);
+- a hybrid model's attention block grows until one page holds a state, and the state page is padded
+  to the attention page (`Platform._align_hybrid_block_size`, vllm/platforms/interface.py);
 - the log line `KV cache size: N tokens, Maximum concurrency for L tokens per request: Cx` is
   C = num_blocks / blocks per request and N = int(C x L) (`get_kv_cache_capacity`);
 - vLLM refuses to start when one request at max_model_len needs more than the KV memory less one
@@ -27,6 +33,11 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+# ConfigError and Layer are re-exported: callers of the plan import them from here.
+from rocmdoctor.model_layers import ConfigError as ConfigError
+from rocmdoctor.model_layers import Layer as Layer
+from rocmdoctor.model_layers import StateShape, cache_kinds, state_elements, state_shape, window_for
 
 GIB = 1 << 30
 
@@ -44,12 +55,12 @@ TORCH_DTYPE_BYTES = {
     "fp8_e5m2": 1,
 }
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")
+# vLLM 0.32 vllm/config/cache.py MambaDType: --mamba-cache-dtype / --mamba-ssm-cache-dtype.
+MAMBA_DTYPES = ("auto", "float32", "bfloat16", "float16")
 # vLLM's defaults (vllm/config/cache.py, vllm/engine/arg_utils.py for the OpenAI server).
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
-# Async scheduling (on by default on GPUs) keeps two batches in flight (`VllmConfig.max_concurrent_batches`).
-DEFAULT_CONCURRENT_BATCHES = 2
 # Keys vLLM reads the model's context length from, smallest wins (`derived_max_model_len_and_key`).
 MAX_LEN_KEYS = (
     "max_position_embeddings",
@@ -77,19 +88,6 @@ FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
         "num_key_value_heads": 4,
     },
 }
-
-
-class ConfigError(ValueError):
-    """config.json cannot be planned; the message says which field and what to do."""
-
-
-@dataclass(frozen=True, slots=True)
-class Layer:
-    """One decoder layer's cache, as vLLM's KV cache spec of it."""
-
-    kind: str  # "full" | "sliding" | "mla" | "state"
-    window: int | None = None
-    state_bytes: int = 0  # "state": bytes per sequence (Mamba / linear attention), not per token
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,12 +122,34 @@ class EngineSettings:
     kv_cache_dtype: str = "auto"
     block_size: int = DEFAULT_BLOCK_SIZE
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
-    concurrent_batches: int = DEFAULT_CONCURRENT_BATCHES
     hybrid_allocator: bool = True
+    # vLLM 0.32's defaults on a GPU: VllmConfig.__post_init__ (vllm/config/vllm.py) turns async
+    # scheduling on unless something rules it out; EngineArgs (vllm/engine/arg_utils.py) turns prefix
+    # caching on where ModelConfig.is_prefix_caching_supported, true for decoder models.
+    async_scheduling: bool = True
+    enable_prefix_caching: bool = True
+    pipeline_parallel_size: int = 1
+    mamba_cache_dtype: str = "auto"
+    mamba_ssm_cache_dtype: str = "auto"
+
+    @property
+    def concurrent_batches(self) -> int:
+        """vLLM 0.32 `VllmConfig.max_concurrent_batches` (vllm/config/vllm.py) with the V1 model
+        runner: 2 with async scheduling and no PP, else the PP size (async is turned off with PP)."""
+        if self.async_scheduling and self.pipeline_parallel_size <= 1:
+            return 2
+        return self.pipeline_parallel_size
 
     @property
     def in_flight_tokens(self) -> int:
+        """`VllmConfig.max_in_flight_tokens`: every batch in flight may hold max_num_batched_tokens."""
         return self.max_num_batched_tokens * self.concurrent_batches
+
+    @property
+    def mamba_cache_mode(self) -> str:
+        """vLLM 0.32 MambaModelConfig.verify_and_update_config (vllm/model_executor/models/config.py):
+        "align" when prefix caching is on, "none" when it is off."""
+        return "align" if self.enable_prefix_caching else "none"
 
 
 def _int(config: dict, key: str, default: int | None = None) -> int:
@@ -191,34 +211,6 @@ def derived_max_len(config: dict) -> int:
     return int(length)
 
 
-def _layer_kinds(config: dict, num_layers: int) -> list[str]:
-    """'full' / 'sliding' / 'state' per layer, from layer_types or the model family's pattern."""
-    types = config.get("layer_types")
-    if isinstance(types, list) and len(types) >= num_layers:
-        kinds = []
-        for t in types[:num_layers]:
-            if t in ("full_attention", "attention"):
-                kinds.append("full")
-            elif t in ("sliding_attention", "sliding_window_attention"):
-                kinds.append("sliding")
-            elif t in ("mamba", "linear_attention", "conv", "mamba2"):
-                kinds.append("state")
-            else:
-                raise ConfigError(f"config.json: layer type {t!r} is not one rocmdoctor can plan")
-        return kinds
-    window = config.get("sliding_window")
-    if config.get("use_sliding_window") is False or not isinstance(window, int) or window <= 0:
-        return ["full"] * num_layers
-    model_type = str(config.get("model_type", ""))
-    if model_type.startswith("gemma3"):
-        # transformers' Gemma3TextConfig: every sliding_window_pattern-th layer is global.
-        pattern = config.get("sliding_window_pattern") or config.get("_sliding_window_pattern") or 6
-        return ["full" if (i + 1) % pattern == 0 else "sliding" for i in range(num_layers)]
-    if model_type in ("gemma2", "cohere2"):
-        return ["sliding" if i % 2 == 0 else "full" for i in range(num_layers)]
-    return ["sliding"] * num_layers
-
-
 def shape_from_config(raw_config: dict) -> ModelShape:
     """Read the fields the KV arithmetic needs; ConfigError names the one that is missing or wrong."""
     config = text_config(raw_config)
@@ -234,6 +226,13 @@ def shape_from_config(raw_config: dict) -> ModelShape:
     if head_dim <= 0:
         raise ConfigError("config.json: hidden_size / num_attention_heads is 0; give head_dim")
     notes: list[str] = []
+    if raw_config.get("is_encoder_decoder") or config.get("is_encoder_decoder"):
+        # vLLM 0.32 CrossAttentionSpec sizes cross-attention by the encoder's input length
+        # (scheduler max_num_encoder_input_tokens), which config.json does not give.
+        raise ConfigError(
+            "cannot plan this model exactly: it is an encoder-decoder model (cross-attention layers); "
+            "their cache is sized by the encoder's input length, which rocmdoctor does not model"
+        )
     mla_head_size = None
     if config.get("kv_lora_rank") is not None:
         # vLLM's MLA (is_deepseek_mla): one latent head of kv_lora_rank + qk_rope_head_dim, no V.
@@ -243,25 +242,27 @@ def shape_from_config(raw_config: dict) -> ModelShape:
             f"MLA: one latent head of {config['kv_lora_rank']} + {config['qk_rope_head_dim']} per token"
         )
     else:
-        kinds = _layer_kinds(config, num_layers)
-    window = config.get("sliding_window")
-    if "sliding" in kinds and (isinstance(window, bool) or not isinstance(window, int) or window <= 0):
+        kinds, source = cache_kinds(config, num_layers)
+        counts = {kind: kinds.count(kind) for kind in dict.fromkeys(kinds)}
+        notes.append("layers: " + ", ".join(f"{n} {kind}" for kind, n in counts.items()) + f" ({source})")
+    window = window_for(config)
+    if "sliding" in kinds and window is None:
         raise ConfigError(
-            f"config.json: sliding-window layers but sliding_window is {window!r}, not a positive integer"
+            f"config.json: sliding-window layers but sliding_window is {config.get('sliding_window')!r}, "
+            "not a positive integer"
         )
+    state = state_shape(config) if "state" in kinds else None
+    chunk = _int(config, "attention_chunk_size") if "chunked" in kinds else None
     layers = []
     for kind in kinds:
         if kind == "sliding":
             layers.append(Layer("sliding", window=window))
+        elif kind == "chunked":
+            layers.append(Layer("chunked", window=chunk))
         elif kind == "state":
-            layers.append(Layer("state", state_bytes=_state_bytes(config)))
+            layers.append(Layer("state", state=state))
         else:
             layers.append(Layer(kind))
-    if any(layer.kind == "state" for layer in layers):
-        notes.append(
-            "hybrid Mamba/linear-attention: state counted per sequence; vLLM's page alignment of "
-            "attention blocks to the state size is not modelled (figures approximate)"
-        )
     intermediate = config.get("intermediate_size") or config.get("moe_intermediate_size") or 4 * hidden
     vocab = config.get("vocab_size") or 0
     return ModelShape(
@@ -280,21 +281,6 @@ def shape_from_config(raw_config: dict) -> ModelShape:
         vocab_size=int(vocab),
         notes=tuple(notes),
     )
-
-
-def _state_bytes(config: dict) -> int:
-    """Per-sequence recurrent state of one Mamba2-style layer (conv state + SSM state), in float32
-    for the SSM and the model dtype for the conv state; 0 when the config does not say."""
-    heads = config.get("mamba_n_heads") or config.get("linear_num_value_heads")
-    head_dim = config.get("mamba_d_head") or config.get("linear_value_head_dim")
-    d_state = config.get("mamba_d_state") or config.get("linear_key_head_dim") or 128
-    d_conv = config.get("mamba_d_conv") or config.get("linear_conv_kernel_dim") or 4
-    if not (isinstance(heads, int) and isinstance(head_dim, int)):
-        return 0
-    dt = TORCH_DTYPE_BYTES[model_dtype(config)]
-    conv = (d_conv - 1) * (heads * head_dim + 2 * d_state) * dt
-    ssm = heads * head_dim * d_state * 4
-    return conv + ssm
 
 
 def kv_element_bytes(shape: ModelShape, kv_cache_dtype: str) -> int:
@@ -332,21 +318,22 @@ def kv_bytes_per_token(shape: ModelShape, settings: EngineSettings) -> int:
 
 @dataclass(frozen=True, slots=True)
 class KVGroup:
-    kind: str  # "full" | "sliding" | "state"
-    window: int | None
+    kind: str  # "full" (MLA too) | "sliding" | "chunked" | "state"
+    window: int | None  # sliding window or attention chunk size
     layers: int  # real layers; the group is padded to the layout's group_size
+    state_blocks: int = 0  # "state": blocks one request holds, whatever its length
 
 
 @dataclass(frozen=True, slots=True)
 class KVLayout:
     """vLLM's KV cache groups for one GPU, and the byte cost of one block of the shared pool."""
 
-    block_size: int
-    page_bytes: int  # one layer, one block
+    block_size: int  # after the hybrid alignment
+    page_bytes: int  # one layer, one block (a state page is padded to it)
     group_size: int
     groups: tuple[KVGroup, ...]
     in_flight_tokens: int
-    state_bytes_per_seq: int
+    state_page_bytes: int = 0  # one state layer's real state, before padding
 
     @property
     def bytes_per_block(self) -> int:
@@ -355,10 +342,15 @@ class KVLayout:
     def blocks_per_request(self, length: int) -> int:
         total = 0
         for group in self.groups:
-            if group.kind == "sliding" and group.window is not None:
+            if group.kind == "state":
+                total += group.state_blocks
+            elif group.kind == "sliding" and group.window is not None:
                 tokens = min(group.window - 1 + self.in_flight_tokens, length)
                 total += math.ceil(tokens / self.block_size) + 1
-            elif group.kind != "state":
+            elif group.kind == "chunked" and group.window is not None:
+                tokens = min(group.window + self.in_flight_tokens, length)
+                total += math.ceil(tokens / self.block_size)
+            else:
                 total += math.ceil(length / self.block_size)
         return total
 
@@ -367,7 +359,7 @@ class KVLayout:
 
     def fits(self, kv_bytes: int, length: int) -> bool:
         """vLLM's start-up check: one request of `length` in the KV memory less the null block."""
-        usable = kv_bytes - self.bytes_per_block - self.state_bytes_per_seq
+        usable = kv_bytes - self.bytes_per_block
         return usable > 0 and self.bytes_per_block * self.blocks_per_request(length) <= usable
 
     def largest_fitting(self, kv_bytes: int, upper: int) -> int:
@@ -385,8 +377,6 @@ class KVLayout:
 
     def concurrency(self, kv_bytes: int, length: int) -> float:
         blocks = self.blocks_per_request(length)
-        if self.state_bytes_per_seq and blocks == 0:
-            return max(0, kv_bytes) / self.state_bytes_per_seq
         return self.num_blocks(kv_bytes) / blocks if blocks else 0.0
 
     def cache_tokens(self, kv_bytes: int, length: int) -> int:
@@ -394,24 +384,81 @@ class KVLayout:
         return int(self.concurrency(kv_bytes, length) * length)
 
 
+def _mamba_dtype_bytes(name: str, what: str) -> int:
+    if name not in MAMBA_DTYPES or name == "auto":
+        raise ConfigError(f"{what} must be one of {', '.join(MAMBA_DTYPES)}, not {name!r}")
+    return TORCH_DTYPE_BYTES[name]
+
+
+def state_page_bytes(shape: ModelShape, settings: EngineSettings) -> int:
+    """One state layer's page on one GPU (`MambaSpec.page_size_bytes` before padding); 0 without
+    state layers. Dtypes: vLLM 0.32 MambaStateDtypeCalculator (mamba_utils.py): the conv state in
+    --mamba-cache-dtype ("auto": the model's dtype), the SSM state in --mamba-ssm-cache-dtype ("auto":
+    the conv state's dtype, float32 for Nemotron-H)."""
+    state = next((layer.state for layer in shape.layers if layer.state is not None), None)
+    if state is None:
+        return 0
+    conv = TORCH_DTYPE_BYTES[shape.dtype]
+    if settings.mamba_cache_dtype != "auto":
+        conv = _mamba_dtype_bytes(settings.mamba_cache_dtype, "--mamba-cache-dtype")
+    if settings.mamba_ssm_cache_dtype != "auto":
+        ssm = _mamba_dtype_bytes(settings.mamba_ssm_cache_dtype, "--mamba-ssm-cache-dtype")
+    else:
+        ssm = 4 if state.ssm_float32_default else conv
+    conv_elements, ssm_elements = state_elements(state, settings.tensor_parallel_size)
+    return conv_elements * conv + ssm_elements * ssm
+
+
+def state_blocks_per_request(state: StateShape, settings: EngineSettings) -> int:
+    """`MambaSpec.max_memory_usage_bytes` / page: 1 block in "none" mode; 2 + the prefill checkpoint
+    blocks in "align" mode (vllm/v1/kv_cache_interface.py)."""
+    if settings.mamba_cache_mode == "align":
+        return 2 + state.prefill_checkpoint_blocks
+    return 1
+
+
+def hybrid_block_size(shape: ModelShape, settings: EngineSettings, state_page: int) -> int:
+    """vLLM 0.32 `Platform._align_hybrid_block_size` (vllm/platforms/interface.py): the smallest
+    multiple of the kernel block (here the block size; at least 128 for MLA) whose attention page
+    holds one state page; never below the block size asked for."""
+    block = settings.block_size
+    if not state_page or all(layer.kind == "state" for layer in shape.layers):
+        return block
+    align = max(block, 128) if shape.is_mla else block
+    needed = align * math.ceil(state_page / (align * layer_bytes_per_token(shape, settings)))
+    return max(block, needed)
+
+
 def kv_layout(shape: ModelShape, settings: EngineSettings) -> KVLayout:
     if settings.block_size < 1:
         raise ConfigError(f"--block-size must be positive, not {settings.block_size}")
     if settings.tensor_parallel_size < 1:
         raise ConfigError(f"--tensor-parallel-size must be 1 or more, not {settings.tensor_parallel_size}")
-    page = settings.block_size * layer_bytes_per_token(shape, settings)
+    if settings.pipeline_parallel_size < 1:
+        raise ConfigError(
+            f"--pipeline-parallel-size must be 1 or more, not {settings.pipeline_parallel_size}"
+        )
+    state_page = state_page_bytes(shape, settings)
+    block = hybrid_block_size(shape, settings, state_page)
+    attention = any(layer.kind != "state" for layer in shape.layers)
+    # A state page is padded to the attention page (`mamba_page_size_padded`); a model of state
+    # layers only keeps its own page.
+    page = block * layer_bytes_per_token(shape, settings) if attention else state_page
     buckets: dict[tuple[str, int | None], int] = {}
+    state = None
     for layer in shape.layers:
-        if layer.kind == "state":
-            continue
         key = ("full", None) if layer.kind == "mla" else (layer.kind, layer.window)
-        if key[0] == "sliding" and not settings.hybrid_allocator:
-            key = ("full", None)  # without the hybrid allocator sliding layers keep the whole context
+        if key[0] in ("sliding", "chunked") and not settings.hybrid_allocator:
+            key = ("full", None)  # without the hybrid allocator local layers keep the whole context
+        if layer.state is not None:
+            state = layer.state
         buckets[key] = buckets.get(key, 0) + 1
-    state_layers = [layer for layer in shape.layers if layer.kind == "state"]
-    state_bytes = sum(layer.state_bytes for layer in state_layers)
     if not buckets:
-        return KVLayout(settings.block_size, max(page, 1), 1, (), settings.in_flight_tokens, state_bytes)
+        raise ConfigError("config.json: the model has no layer with a KV cache")
+    # Pipeline parallelism: each GPU holds its stage's share of every group (vLLM get_pp_indices
+    # splits the layers evenly); the plan takes the largest share.
+    pp = settings.pipeline_parallel_size
+    buckets = {key: math.ceil(count / pp) for key, count in buckets.items()}
     counts = list(buckets.values())
     group_size = min(counts)
     if max(counts) < min(counts) * 1.5:
@@ -420,9 +467,10 @@ def kv_layout(shape: ModelShape, settings: EngineSettings) -> KVLayout:
     for (kind, window), count in buckets.items():
         # vLLM deals a bucket's layers round-robin into cdiv(count, group_size) groups (layers[i::n]).
         n = math.ceil(count / group_size)
-        groups += [KVGroup(kind, window, len(range(i, count, n))) for i in range(n)]
+        blocks = state_blocks_per_request(state, settings) if kind == "state" and state else 0
+        groups += [KVGroup(kind, window, len(range(i, count, n)), blocks) for i in range(n)]
     widest = max(group.layers for group in groups)
-    return KVLayout(settings.block_size, page, widest, tuple(groups), settings.in_flight_tokens, state_bytes)
+    return KVLayout(block, page, widest, tuple(groups), settings.in_flight_tokens, state_page)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -476,6 +524,8 @@ class ModelPlan:
     fits: bool | None = None
     reasons: list[str] = field(default_factory=list)
     remedies: list[Remedy] = field(default_factory=list)
+    block_size: int = DEFAULT_BLOCK_SIZE  # vLLM's, after the hybrid alignment
+    assumptions: list[str] = field(default_factory=list)
 
     @property
     def weights_per_gpu_bytes(self) -> int | None:
@@ -496,12 +546,17 @@ class ModelPlan:
             "kv_bytes_per_token": self.kv_bytes_per_token,
             "kv_cache_dtype": self.settings.kv_cache_dtype,
             "tensor_parallel_size": self.settings.tensor_parallel_size,
-            "block_size": self.settings.block_size,
+            "block_size": self.block_size,
+            "block_size_requested": self.settings.block_size,
+            "pipeline_parallel_size": self.settings.pipeline_parallel_size,
+            "async_scheduling": self.settings.async_scheduling,
+            "enable_prefix_caching": self.settings.enable_prefix_caching,
             "attention": {
                 "layers": len(shape.layers),
                 "full": sum(1 for x in shape.layers if x.kind == "full"),
                 "sliding": sum(1 for x in shape.layers if x.kind == "sliding"),
                 "mla": sum(1 for x in shape.layers if x.kind == "mla"),
+                "chunked": sum(1 for x in shape.layers if x.kind == "chunked"),
                 "state": sum(1 for x in shape.layers if x.kind == "state"),
                 "sliding_window": next((x.window for x in shape.layers if x.kind == "sliding"), None),
                 "kv_heads_per_gpu": kv_heads_per_gpu(shape, self.settings.tensor_parallel_size),
@@ -524,6 +579,7 @@ class ModelPlan:
             "reasons": list(self.reasons),
             "remedies": [r.to_json() for r in self.remedies],
             "notes": list(shape.notes),
+            "assumptions": list(self.assumptions),
         }
 
 
@@ -557,6 +613,54 @@ def _kv_budget(
         return None, None
     reserve = runtime_reserve(shape, settings, vllm_max_num_seqs_default(memory))
     return memory.requested_bytes - math.ceil(weights / settings.tensor_parallel_size) - reserve, reserve
+
+
+def assumptions(shape: ModelShape, settings: EngineSettings, layout: KVLayout) -> list[str]:
+    """Each engine setting the figures rest on, in words, for the report."""
+    s = settings
+    out = [
+        f"block size {layout.block_size}"
+        + (
+            f" (vLLM raises --block-size {s.block_size} so one attention page holds a "
+            f"{layout.state_page_bytes} B recurrent state)"
+            if layout.block_size != s.block_size
+            else " (--block-size)"
+        ),
+    ]
+    local = any(layer.kind in ("sliding", "chunked") for layer in shape.layers)
+    if local:
+        if s.pipeline_parallel_size > 1:
+            why = f"pipeline parallel size {s.pipeline_parallel_size}" + (
+                "; vLLM's V1 model runner turns async scheduling off with PP" if s.async_scheduling else ""
+            )
+        else:
+            why = "async scheduling" if s.async_scheduling else "no async scheduling"
+        out.append(
+            f"{s.concurrent_batches} batch(es) of {s.max_num_batched_tokens} tokens in flight ({why}): "
+            f"sliding/chunked layers keep {layout.in_flight_tokens} tokens beyond their window"
+        )
+    state = next((layer.state for layer in shape.layers if layer.state is not None), None)
+    if state is not None:
+        blocks = state_blocks_per_request(state, s)
+        out.append(
+            f"prefix caching {'on' if s.enable_prefix_caching else 'off'}: {state.family} state cache mode "
+            f"{s.mamba_cache_mode!r}, {blocks} block(s) per request per state group"
+        )
+        out.append(
+            f"state dtypes: conv {s.mamba_cache_dtype}, SSM {s.mamba_ssm_cache_dtype}"
+            + (
+                " (float32 for this family)"
+                if state.ssm_float32_default and s.mamba_ssm_cache_dtype == "auto"
+                else ""
+            )
+            + f": {layout.state_page_bytes} B per layer per request"
+        )
+    if s.pipeline_parallel_size > 1:
+        out.append(
+            f"pipeline parallel size {s.pipeline_parallel_size}: each GPU holds an even share of each "
+            "layer group (the largest share is planned)"
+        )
+    return out
 
 
 def _evaluate(
@@ -603,6 +707,9 @@ def plan_model(
         requested,
         typical,
     )
+    layout = kv_layout(shape, settings)
+    plan.block_size = layout.block_size
+    plan.assumptions = assumptions(shape, settings, layout)
     if max_model_len is not None and max_model_len > shape.max_position:
         plan.reasons.append(
             f"--max-model-len {max_model_len} is longer than the model's {shape.max_position}: "
@@ -650,7 +757,7 @@ def _explain(plan: ModelPlan, layout: KVLayout, memory: Memory, kv_bytes: int) -
         )
         return
     plan.reasons.append(
-        f"KV cache {_fmt_gib(kv_bytes)} = {layout.num_blocks(kv_bytes)} blocks of {s.block_size} tokens "
+        f"KV cache {_fmt_gib(kv_bytes)} = {layout.num_blocks(kv_bytes)} blocks of {layout.block_size} tokens "
         f"({layout.bytes_per_block} B each); {plan.kv_bytes_per_token} B per token per GPU at "
         f"{s.kv_cache_dtype if s.kv_cache_dtype != 'auto' else plan.shape.dtype}"
     )

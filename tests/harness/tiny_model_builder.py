@@ -6,8 +6,12 @@ it with `--load-format dummy`. Everything is offline and deterministic.
 
 ARCH (default `llama`) picks one of the attention layouts `rocmdoctor plan` must get right:
 llama (GQA 4:2), qwen3 (explicit head_dim unlike hidden/heads), gemma3 (sliding-window layers with
-one global layer in six), deepseek (MLA latent cache) and oddgqa (6 query heads over 2 KV heads:
-an odd factor of 3).
+one global layer in six), deepseek (MLA latent cache), oddgqa (6 query heads over 2 KV heads:
+an odd factor of 3), granitehybrid (Granite-4.0-H: 3 Mamba2 layers per attention layer),
+qwen3next / qwen3next-types (Qwen3-Next: 3 gated-delta-net linear-attention layers per full-attention
+layer, spelt as full_attention_interval or as layer_types) and cohere2 / cohere2-types (Command R7B:
+3 sliding layers per full one, spelt as sliding_window_pattern or as layer_types), lfm2 (LFM2: 3
+short-conv layers per attention layer) and jamba (Jamba: 3 Mamba1 layers per attention layer).
 """
 
 from __future__ import annotations
@@ -132,6 +136,123 @@ def arch_config(arch: str, head_dim: int) -> dict:
             "num_hidden_layers": 3,
             "max_position_embeddings": 4096,
             "sliding_window": None,
+        }
+    if arch == "granitehybrid":
+        # Granite-4.0-H's layout, tiny: layers 0-2 Mamba2, layer 3 attention; dense MLP (no experts)
+        return {
+            "architectures": ["GraniteMoeHybridForCausalLM"],
+            "model_type": "granitemoehybrid",
+            "hidden_size": 128,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "num_hidden_layers": 4,
+            "layer_types": ["mamba", "mamba", "mamba", "attention"],
+            "mamba_n_heads": 4,
+            "mamba_d_head": 64,
+            "mamba_d_state": 64,
+            "mamba_n_groups": 1,
+            "mamba_d_conv": 4,
+            "mamba_expand": 2,
+            "mamba_chunk_size": 64,
+            "num_local_experts": 0,
+            "shared_intermediate_size": 256,
+            "position_embedding_type": "rope",
+            "max_position_embeddings": 4096,
+        }
+    if arch in ("qwen3next", "qwen3next-types"):
+        # Qwen3-Next's layout, tiny: linear, linear, linear, full (x2); a few small experts
+        pattern = (
+            {"full_attention_interval": 4}
+            if arch == "qwen3next"
+            else {
+                "layer_types": ["linear_attention"] * 3
+                + ["full_attention"]
+                + ["linear_attention"] * 3
+                + ["full_attention"]
+            }
+        )
+        return {
+            "architectures": ["Qwen3NextForCausalLM"],
+            "model_type": "qwen3_next",
+            "hidden_size": 128,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "head_dim": head_dim,
+            "num_hidden_layers": 8,
+            **pattern,
+            "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4,
+            "linear_key_head_dim": 32,
+            "linear_value_head_dim": 32,
+            "linear_conv_kernel_dim": 4,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 64,
+            "shared_expert_intermediate_size": 64,
+            "decoder_sparse_step": 1,
+            "partial_rotary_factor": 0.25,
+            "max_position_embeddings": 4096,
+        }
+    if arch in ("cohere2", "cohere2-types"):
+        # Command R7B's layout, tiny: sliding, sliding, sliding, full (x2), window 128
+        pattern = (
+            {"sliding_window_pattern": 4}
+            if arch == "cohere2"
+            else {"layer_types": (["sliding_attention"] * 3 + ["full_attention"]) * 2}
+        )
+        return {
+            "architectures": ["Cohere2ForCausalLM"],
+            "model_type": "cohere2",
+            "hidden_size": 128,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "head_dim": head_dim,
+            "num_hidden_layers": 8,
+            **pattern,
+            "sliding_window": 128,
+            "logit_scale": 0.0625,
+            "layer_norm_eps": 1e-5,
+            "max_position_embeddings": 4096,
+        }
+    if arch == "lfm2":
+        # LFM2's layout, tiny: three short-conv layers, then attention (full_attn_idxs)
+        return {
+            "architectures": ["Lfm2ForCausalLM"],
+            "model_type": "lfm2",
+            "hidden_size": 128,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "num_hidden_layers": 4,
+            "full_attn_idxs": [3],
+            "conv_dim": 128,
+            "block_dim": 128,
+            "conv_L_cache": 3,
+            "conv_bias": False,
+            "block_auto_adjust_ff_dim": False,
+            "norm_eps": 1e-5,
+            "max_position_embeddings": 4096,
+        }
+    if arch == "jamba":
+        # Jamba's layout, tiny: three Mamba1 layers, then attention (attn_layer_period/offset); dense MLP
+        return {
+            "architectures": ["JambaForCausalLM"],
+            "model_type": "jamba",
+            "hidden_size": 128,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "num_hidden_layers": 4,
+            "attn_layer_period": 4,
+            "attn_layer_offset": 3,
+            "expert_layer_period": 2,
+            "expert_layer_offset": 1,
+            "num_experts": 1,
+            "num_experts_per_tok": 1,
+            "mamba_d_state": 16,
+            "mamba_d_conv": 4,
+            "mamba_expand": 2,
+            "mamba_dt_rank": 8,
+            "use_mamba_kernels": False,
+            "max_position_embeddings": 4096,
         }
     raise SystemExit(f"unknown architecture {arch!r}")
 

@@ -1,6 +1,14 @@
-"""The plan against the real engine: five tiny architectures served by vLLM on the CPU with a fixed KV
-cache; the plan's KV cache tokens and maximum concurrency must equal vLLM's log line within 1%, and
-a --max-model-len the plan says does not fit must be refused by vLLM, at the length the plan names.
+"""The plan against the real engine: tiny architectures served by vLLM on the CPU with a fixed KV
+cache; the plan's KV cache tokens and maximum concurrency must equal vLLM's log line within 1%, the
+block size it reports must equal the one vLLM logs, and a --max-model-len the plan says does not fit
+must be refused by vLLM, at the length the plan names.
+
+Beyond dense, GQA, MLA and Gemma 3: a Mamba2 hybrid (Granite-4.0-H layout) with prefix caching on
+("align" state cache, block raised to hold a state) and off; a gated-delta-net linear-attention hybrid
+(Qwen3-Next layout) spelt with full_attention_interval and with layer_types; short-conv (LFM2) and
+Mamba1 (Jamba) hybrids; Cohere2 spelt with sliding_window_pattern and with layer_types, at a context
+long enough that the single batch in flight of the CPU engine (no async scheduling) changes the
+sliding-window need.
 
 One test starts the engines one after the other (~35 s each); run it under the heavy lock:
     flock /tmp/rocmdoctor-heavy.lock tests/run tests/system/test_plan_engine.py -q
@@ -38,6 +46,14 @@ CAPACITY = re.compile(
     r"([\d.]+)x"
 )
 REFUSED = re.compile(r"the estimated maximum model length is (\d+)")
+# vLLM 0.32 logs each group's block size when there are several groups
+# (kv_cache_utils.resolve_kv_cache_block_sizes; a state group's is the state's own, max_model_len
+# without prefix caching) and the attention block when it raises it (interface.py
+# _align_hybrid_block_size).
+GROUP_BLOCKS = re.compile(r"kv cache group sizes \(([\d, ]+)\)")
+RAISED = re.compile(r"Setting attention block size to (\d+) tokens")
+# vLLM 0.32 vllm/platforms/cpu.py: on CPUs with AVX512-BF16 the SSM state is kept in float32.
+SSM_FLOAT32 = "Reset SSM cache type to float32"
 # The CPU platform's choices (vllm/platforms/cpu.py): block size 128, or 16 for the CPU MLA kernel;
 # no async scheduling (one batch in flight); the OpenAI server's 2048 batched tokens.
 CPU_BLOCK = {"deepseek": 16}
@@ -45,7 +61,31 @@ KV_BYTES = 1 << 30  # VLLM_CPU_KVCACHE_SPACE=1: a fixed 1 GiB KV cache
 MAX_MODEL_LEN = 512  # the llama builder's max_position_embeddings
 # The refusal run: a context of 1M tokens needs 1.5 GiB of KV cache in the qwen3 model (1536 B a token).
 LONG_CONTEXT = 1 << 20
-ARCHS = ["llama", "qwen3", "gemma3", "deepseek", "oddgqa"]
+# (case, builder architecture, --max-model-len, extra engine args, plan settings beyond the CPU's)
+LONG = 4096  # > window 128 + 2048 in-flight tokens: one batch in flight or two changes the answer
+CASES: list[tuple[str, str, int, list[str], dict]] = [
+    ("granitehybrid", "granitehybrid", MAX_MODEL_LEN, [], {}),
+    (
+        "granitehybrid-no-prefix-caching",
+        "granitehybrid",
+        MAX_MODEL_LEN,
+        ["--no-enable-prefix-caching"],
+        {"enable_prefix_caching": False},
+    ),
+    ("qwen3next-interval", "qwen3next", MAX_MODEL_LEN, [], {}),
+    ("qwen3next-layer-types", "qwen3next-types", MAX_MODEL_LEN, [], {}),
+    ("lfm2-short-conv", "lfm2", MAX_MODEL_LEN, [], {}),
+    ("jamba-mamba1", "jamba", MAX_MODEL_LEN, [], {}),
+    ("cohere2-pattern", "cohere2", LONG, [], {}),
+    ("cohere2-layer-types", "cohere2-types", LONG, [], {}),
+    ("llama", "llama", MAX_MODEL_LEN, [], {}),
+    ("qwen3", "qwen3", MAX_MODEL_LEN, [], {}),
+    ("gemma3", "gemma3", LONG, [], {}),
+    ("deepseek", "deepseek", MAX_MODEL_LEN, [], {}),
+    ("oddgqa", "oddgqa", MAX_MODEL_LEN, [], {}),
+]
+# Cases whose layout has several KV cache groups, so vLLM logs the block size it settled on.
+MULTI_GROUP = {name for name, *_ in CASES} - {"llama", "qwen3", "deepseek", "oddgqa"}
 RESULTS = Path(os.environ.get("ROCMDOCTOR_PLAN_ENGINE_RESULTS", "/tmp/rocmdoctor-plan-engine.json"))
 
 
@@ -61,14 +101,14 @@ def build(arch: str, dest: Path) -> Path:
     return dest
 
 
-def settings_for(arch: str) -> EngineSettings:
-    return EngineSettings(
-        block_size=CPU_BLOCK.get(arch, 128), max_num_batched_tokens=2048, concurrent_batches=1
-    )
+def settings_for(arch: str, **extra) -> EngineSettings:
+    # the CPU platform's choices: its block size, 2048 batched tokens, no async scheduling
+    cpu = {"block_size": CPU_BLOCK.get(arch, 128), "max_num_batched_tokens": 2048, "async_scheduling": False}
+    return EngineSettings(**{**cpu, **extra})
 
 
-def planned(arch: str, model: Path, max_model_len: int, kv_bytes: int = KV_BYTES):
-    settings = settings_for(arch)
+def planned(arch: str, model: Path, max_model_len: int, kv_bytes: int = KV_BYTES, **extra):
+    settings = settings_for(arch, **extra)
     config = json.loads((model / "config.json").read_text())
     return plan_model(
         str(model),
@@ -87,39 +127,66 @@ def engine_args(max_model_len: int) -> list[str]:
 ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
-def test_plan_matches_vllm_on_five_architectures(tmp_path: Path):
+def capacity(log: Path, name: str) -> tuple[int, int, float]:
+    match = CAPACITY.search(log.read_text(errors="replace"))
+    assert match, f"{name}: no capacity line in {log}"
+    return int(match[1].replace(",", "")), int(match[2].replace(",", "")), float(match[3])
+
+
+def test_plan_matches_vllm_on_dense_mla_sliding_and_hybrid_architectures(tmp_path: Path):
     require_vllm_python()
     rows = []
-    for arch in ARCHS:
-        model = build(arch, tmp_path / arch)
-        plan = planned(arch, model, MAX_MODEL_LEN)
-        log = tmp_path / f"{arch}.log"
+    for name, arch, max_model_len, extra_args, extra_settings in CASES:
+        model = tmp_path / arch
+        if not model.exists():
+            build(arch, model)
+        log = tmp_path / f"{name}.log"
         with start_engine(
-            model, log_path=log, extra_args=engine_args(MAX_MODEL_LEN), env=ENV, startup_timeout=240
+            model,
+            log_path=log,
+            extra_args=[*engine_args(max_model_len), *extra_args],
+            env=ENV,
+            startup_timeout=240,
         ):
             pass
-        match = CAPACITY.search(log.read_text(errors="replace"))
-        assert match, f"{arch}: no capacity line in {log}"
-        tokens, length, concurrency = (
-            int(match[1].replace(",", "")),
-            int(match[2].replace(",", "")),
-            float(match[3]),
-        )
-        assert length == MAX_MODEL_LEN
-        assert plan.kv_cache_tokens == pytest.approx(tokens, rel=0.01), arch
-        assert plan.max_concurrency == pytest.approx(concurrency, rel=0.01, abs=0.006), arch
-        rows.append(
-            {
-                "arch": arch,
-                "verified": "CPU engine log",
-                "plan_tokens": plan.kv_cache_tokens,
-                "vllm_tokens": tokens,
-                "plan_concurrency": round(plan.max_concurrency, 2),
-                "vllm_concurrency": concurrency,
-                "kv_bytes_per_token": plan.kv_bytes_per_token,
-                "plan_largest_len": plan.max_model_len,
-            }
-        )
+        text = log.read_text(errors="replace")
+        if SSM_FLOAT32 in text:
+            extra_settings = {**extra_settings, "mamba_ssm_cache_dtype": "float32"}
+        plan = planned(arch, model, max_model_len, **extra_settings)
+        tokens, length, concurrency = capacity(log, name)
+        assert length == max_model_len
+        assert plan.kv_cache_tokens == pytest.approx(tokens, rel=0.01), name
+        assert plan.max_concurrency == pytest.approx(concurrency, rel=0.01, abs=0.006), name
+        groups = GROUP_BLOCKS.search(text)
+        raised = RAISED.search(text)
+        if name in MULTI_GROUP:
+            assert groups, f"{name}: vLLM logged no block sizes in {log}"
+            assert plan.block_size in {int(x) for x in groups[1].split(",")}, name
+        if raised or plan.block_size != plan.settings.block_size:
+            assert raised and plan.block_size == int(raised[1]), name
+        row = {
+            "case": name,
+            "verified": "CPU engine log",
+            "max_model_len": max_model_len,
+            "plan_tokens": plan.kv_cache_tokens,
+            "vllm_tokens": tokens,
+            "plan_concurrency": round(plan.max_concurrency, 2),
+            "vllm_concurrency": concurrency,
+            "plan_block_size": plan.block_size,
+            "vllm_group_block_sizes": groups[1] if groups else None,
+            "vllm_raised_block_size": int(raised[1]) if raised else None,
+            "kv_bytes_per_token": plan.kv_bytes_per_token,
+            "plan_largest_len": plan.max_model_len,
+        }
+        if arch.startswith(("cohere2", "gemma3")):
+            # the setting matters: with two batches in flight (a GPU's async scheduling) the plan
+            # would give these sliding layers more blocks and vLLM's CPU figure would be missed
+            on = planned(arch, model, max_model_len, async_scheduling=True)
+            assert on.max_concurrency < concurrency * 0.99, name
+            row["plan_concurrency_async_on"] = round(on.max_concurrency, 2)
+        if arch == "granitehybrid":
+            assert plan.block_size > 128, "the attention block must grow to hold a Mamba2 state"
+        rows.append(row)
     RESULTS.write_text(json.dumps(rows, indent=2) + "\n")
     # A context the plan says does not fit in the 1 GiB: the qwen3 model with a 1M-token context;
     # vLLM must refuse to start and estimate the same largest --max-model-len as the plan.

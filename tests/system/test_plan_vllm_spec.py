@@ -75,7 +75,7 @@ def test_plan_equals_vllms_own_arithmetic_on_real_configs(tmp_path: Path):
         settings = EngineSettings(
             block_size=16,
             kv_cache_dtype=kv_dtype,
-            concurrent_batches=1,
+            async_scheduling=False,
             max_num_batched_tokens=theirs["max_in_flight_tokens"],
         )
         plan = plan_model(

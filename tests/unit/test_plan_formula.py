@@ -95,7 +95,7 @@ def test_gemma_3_27b_sliding_layers_and_groups():
         shape.max_position == 131072
     )  # transformers' default; Gemma 3's linear RoPE factor is not reapplied
     layout = kv_layout(
-        shape, EngineSettings(block_size=16, max_num_batched_tokens=2048, concurrent_batches=2)
+        shape, EngineSettings(block_size=16, max_num_batched_tokens=2048, async_scheduling=True)
     )
     # group size = min(10, 52) = 10; the 52 sliding layers deal into cdiv(52, 10) = 6 groups (9,9,9,9,8,8)
     assert sorted(g.layers for g in layout.groups if g.kind == "sliding") == [8, 8, 9, 9, 9, 9]

@@ -12,6 +12,8 @@ from rocmdoctor.model import EXIT_FAILURES, EXIT_OK
 
 from .common import App, UserError, emit_json, pass_app
 
+# vLLM 0.32 vllm/config/cache.py MambaDType, for --mamba-cache-dtype and --mamba-ssm-cache-dtype.
+MAMBA_DTYPES = click.Choice(["auto", "float32", "bfloat16", "float16"])
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _UNITS = {
     "": 1,
@@ -105,6 +107,8 @@ def render(plan) -> None:
     )
     for note in shape.notes:
         line("note", note)
+    for assumption in plan.assumptions:
+        line("assumes", assumption)
     if plan.kv_cache_bytes is None:
         line("host figures", f"none: {plan.memory_null_reason}")
         return
@@ -179,6 +183,41 @@ def render_diagnosis(diagnosis) -> None:
 @click.option(
     "--typical-len", type=int, default=None, help="Tokens per sequence --max-num-seqs is sized for."
 )
+@click.option(
+    "--pipeline-parallel-size",
+    "pp",
+    type=int,
+    default=1,
+    show_default=True,
+    help="vLLM's --pipeline-parallel-size (stages; each GPU holds its stage's layers).",
+)
+@click.option(
+    "--async-scheduling/--no-async-scheduling",
+    default=True,
+    show_default=True,
+    help="vLLM's async scheduling: two batches in flight (the GPU default) or one (the CPU engine).",
+)
+@click.option(
+    "--enable-prefix-caching/--no-enable-prefix-caching",
+    "prefix_caching",
+    default=True,
+    show_default=True,
+    help="vLLM's prefix caching: hybrid models then keep 2-3 state blocks per request, else 1.",
+)
+@click.option(
+    "--mamba-cache-dtype",
+    default="auto",
+    show_default=True,
+    type=MAMBA_DTYPES,
+    help="vLLM's dtype of the Mamba/linear-attention state (auto: the model's).",
+)
+@click.option(
+    "--mamba-ssm-cache-dtype",
+    default="auto",
+    show_default=True,
+    type=MAMBA_DTYPES,
+    help="vLLM's dtype of the SSM state alone (auto: as --mamba-cache-dtype).",
+)
 @click.option("--url", default=None, help="Diagnose the running vLLM server at this URL from its /metrics.")
 @click.option(
     "--window",
@@ -204,6 +243,11 @@ def plan(
     block_size: int,
     max_num_batched_tokens: int,
     typical_len: int | None,
+    pp: int,
+    async_scheduling: bool,
+    prefix_caching: bool,
+    mamba_cache_dtype: str,
+    mamba_ssm_cache_dtype: str,
     url: str | None,
     window_s: float,
     as_json: bool,
@@ -230,6 +274,7 @@ def plan(
         ("--tensor-parallel-size", tp),
         ("--block-size", block_size),
         ("--max-num-batched-tokens", max_num_batched_tokens),
+        ("--pipeline-parallel-size", pp),
     ):
         if value < 1:
             raise UserError(f"{name} must be 1 or more, not {value}")
@@ -258,6 +303,11 @@ def plan(
         kv_cache_dtype=kv_cache_dtype,
         block_size=block_size,
         max_num_batched_tokens=max_num_batched_tokens,
+        pipeline_parallel_size=pp,
+        async_scheduling=async_scheduling,
+        enable_prefix_caching=prefix_caching,
+        mamba_cache_dtype=mamba_cache_dtype,
+        mamba_ssm_cache_dtype=mamba_ssm_cache_dtype,
     )
     try:
         result = plan_from_files(
