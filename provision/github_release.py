@@ -11,16 +11,14 @@ still ends) and a body cap: an answer larger than a release list can be is refus
 
 from __future__ import annotations
 
-import json
 import os
-import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-import requests
-
+from .. import documents
+from ..sensitive import KeyFileError, check_token
+from . import bounded_http
 from .manifest import Asset, ManifestError, check_asset_name, order_parts, parse_asset
 
 DEFAULT_API_URL = "https://api.github.com"
@@ -81,9 +79,15 @@ def _headers() -> dict[str, str]:
         "X-GitHub-Api-Version": "2022-11-28",
         "Accept-Encoding": "identity",  # the cap counts the bytes we parse
     }
-    token = os.environ.get("GITHUB_TOKEN") or os.environ.get("GH_TOKEN")
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
+    for name in ("GITHUB_TOKEN", "GH_TOKEN"):
+        token = os.environ.get(name)
+        if token:
+            try:
+                check_token(token.strip(), name)
+            except KeyFileError as exc:
+                raise ReleaseError(f"{exc}; fix {name} or unset it") from None
+            headers["Authorization"] = f"Bearer {token.strip()}"
+            break
     return headers
 
 
@@ -94,81 +98,42 @@ def _unreachable(base_url: str, why: str) -> ReleaseError:
     )
 
 
-def _get_json_now(url: str, base_url: str, options: ApiOptions, deadline: float, box: dict[str, Any]) -> Any:
-    remaining = max(0.1, deadline - time.monotonic())
-    timeout = (min(options.connect_timeout_s, remaining), min(options.read_timeout_s, remaining))
-    try:
-        response = requests.get(url, headers=_headers(), timeout=timeout, stream=True)
-    except requests.Timeout:
-        raise _unreachable(
-            base_url, f"no answer within {timeout[0]:g}s (connect) / {timeout[1]:g}s (read)"
-        ) from None
-    except requests.RequestException as exc:
-        raise _unreachable(base_url, str(exc)[:300]) from None
-    box["response"] = response
-    with response:
-        status = response.status_code
-        if status == 404:
-            return None
-        if status in (403, 429):
-            raise ReleaseError(
-                f"the release API refused the request ({status}, rate limit?); set GITHUB_TOKEN or retry later"
-            )
-        if status != 200:
-            raise ReleaseError(f"the release API answered {status} for {url}; retry later")
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            if time.monotonic() > deadline:
-                raise ReleaseError("deadline")  # replaced by the caller's message
-            try:
-                block = response.raw.read1(1 << 16)
-            except Exception as exc:
-                raise _unreachable(base_url, f"the answer from {url} broke off ({str(exc)[:200]})") from None
-            if not block:
-                break
-            size += len(block)
-            if size > BODY_LIMIT:
-                raise ReleaseError(
-                    f"{url} sent more than {BODY_LIMIT >> 20} MiB; that is no release answer. "
-                    "Is --api-url a GitHub API?"
-                )
-            chunks.append(block)
-    try:
-        return json.loads(b"".join(chunks))
-    except ValueError as exc:
-        raise ReleaseError(f"{url} did not return JSON ({exc}); is --api-url a GitHub API?") from None
-
-
-def _get_json(url: str, base_url: str, options: ApiOptions, deadline: float) -> Any:
+def _get_json(url: str, base_url: str, options: ApiOptions, deadline: bounded_http.Deadline) -> Any:
     """GET `url` and parse its JSON (None on 404), ending by `deadline` whatever the server does."""
-    box: dict[str, Any] = {}
-    done = threading.Event()
-
-    def work() -> None:
-        try:
-            box["value"] = _get_json_now(url, base_url, options, deadline, box)
-        except BaseException as exc:
-            box["error"] = exc
-        finally:
-            done.set()
-
-    worker = threading.Thread(target=work, name="release-api", daemon=True)
-    worker.start()
-    if not done.wait(max(0.0, deadline - time.monotonic())) or (
-        isinstance(box.get("error"), ReleaseError) and str(box["error"]) == "deadline"
-    ):
-        response = box.get("response")
-        if response is not None:
-            response.close()  # wakes the worker; it is a daemon thread either way
+    try:
+        answer = bounded_http.get(
+            url,
+            deadline=deadline,
+            limit=BODY_LIMIT,
+            headers=_headers(),
+            connect_s=options.connect_timeout_s,
+            read_s=options.read_timeout_s,
+        )
+    except bounded_http.HttpTimeout:
         raise ReleaseError(
             f"the release API at {base_url} did not finish answering {url} within the "
             f"{options.deadline_s:g}s deadline (a stalled or trickling server); retry later, raise "
             "--api-deadline, or install from --mirror"
+        ) from None
+    except bounded_http.HttpError as exc:
+        raise _unreachable(base_url, str(exc)) from None
+    status = answer.status
+    if status == 404:
+        return None
+    if status in (403, 429):
+        raise ReleaseError(
+            f"the release API refused the request ({status}, rate limit?); set GITHUB_TOKEN or retry later"
         )
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
+    if status != 200:
+        raise ReleaseError(f"the release API answered {status} for {url}; retry later")
+    if len(answer.body) > BODY_LIMIT:
+        raise ReleaseError(
+            f"{url} sent more than {BODY_LIMIT >> 20} MiB; that is no release answer. Is --api-url a GitHub API?"
+        )
+    try:
+        return documents.load_value(answer.body, url, BODY_LIMIT)
+    except documents.DocumentError as exc:
+        raise ReleaseError(f"{exc}; is --api-url a GitHub API?") from None
 
 
 def _parse_release(doc: Any, repo: str, tag: str, where: str) -> Release:
@@ -212,7 +177,7 @@ def _parse_release(doc: Any, repo: str, tag: str, where: str) -> Release:
 def fetch_release(repo: str, tag: str, base_url: str, options: ApiOptions | None = None) -> Release:
     options = options or ApiOptions()
     url = f"{base_url}/repos/{repo}/releases/tags/{quote(tag, safe='')}"
-    doc = _get_json(url, base_url, options, time.monotonic() + options.deadline_s)
+    doc = _get_json(url, base_url, options, bounded_http.Deadline(options.deadline_s))
     if doc is None:
         raise ReleaseError(f"release {tag} not found in {repo} ({url}); check --tag and --repo")
     return _parse_release(doc, repo, tag, url)
@@ -221,7 +186,7 @@ def fetch_release(repo: str, tag: str, base_url: str, options: ApiOptions | None
 def list_releases(repo: str, base_url: str, options: ApiOptions | None = None) -> ReleaseList:
     """Every published (non-draft) release with bundle assets; one deadline for all pages."""
     options = options or ApiOptions()
-    deadline = time.monotonic() + options.deadline_s
+    deadline = bounded_http.Deadline(options.deadline_s)
     found = ReleaseList()
     for page in range(1, MAX_PAGES + 1):
         url = f"{base_url}/repos/{repo}/releases?per_page=100&page={page}"

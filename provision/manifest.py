@@ -24,7 +24,6 @@ stable tags carry plain versions, nightly ones dev/pre versions with a local par
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +31,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
+from .. import documents
 from .. import host_files as files
 from ..model import SCHEMA_VERSION
 
@@ -39,7 +39,8 @@ CHANNELS = ("stable", "nightly")
 DEFAULT_REPO = "lemonade-sdk/vllm-rocm"
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 REPO_PATTERN = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
-_PART = re.compile(r"\.part(\d{2})-of-(\d{2})\.tar\.gz$")
+_PART = re.compile(r"\.part(\d{2})-of-(\d{2})\.tar\.gz\Z")
+MAX_PART_BYTES = 1 << 44  # 16 TiB: a size that drives a download and a disk-space check
 PIN_FILE_LIMIT = 4 << 20  # a lock or manifest is a few kB; anything this large is not one
 
 
@@ -144,7 +145,7 @@ def _check_schema(doc: dict[str, Any], where: str) -> None:
 
 def _check_repo(doc: dict[str, Any], where: str) -> str:
     repo = _need(doc, "repo", str, where)
-    if not REPO_PATTERN.match(repo):
+    if not REPO_PATTERN.fullmatch(repo):
         raise ManifestError(f"{where}: field 'repo' must look like owner/name, not {repo!r}")
     return repo
 
@@ -154,7 +155,7 @@ _TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 
 def check_tag(tag: str, family: str, where: str) -> None:
     """Tags become directory names under <prefix>/bundles: plain names only."""
-    if not _TAG.match(tag) or not tag.endswith("-" + family):
+    if not _TAG.fullmatch(tag) or not tag.endswith("-" + family):
         raise ManifestError(
             f"{where}: field 'tag' {tag!r} must end with '-{family}' (vllm<ver>-rocm<ver>-<family>)"
         )
@@ -182,7 +183,7 @@ def parse_release_tag(tag: str) -> ReleaseTag | None:
 
     Split only on '-' from the right (family, then ROCm) and hand the rest to `packaging`: the
     version's local part may hold '+' and '.' but never '-'."""
-    if not _TAG.match(tag):
+    if not _TAG.fullmatch(tag):
         return None
     head, _, family = tag.rpartition("-")
     if not head or not family.startswith("gfx"):
@@ -243,18 +244,18 @@ def parse_asset(doc: Any, where: str, digest_required: bool = True) -> Asset:
         raise ManifestError(f"{where} must be an object")
     name = _need(doc, "name", str, where)
     size = _need(doc, "size", int, where)
-    if size <= 0:
-        raise ManifestError(f"{where}: field 'size' must be positive, not {size}")
+    if not 0 < size <= MAX_PART_BYTES:
+        raise ManifestError(f"{where}: field 'size' must be in 1..{MAX_PART_BYTES}, not {size}")
     digest = doc.get("digest")
     if digest is None and not digest_required:
         pass
-    elif not isinstance(digest, str) or not _DIGEST.match(digest):
+    elif not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
         raise ManifestError(
-            f"{where}: field 'digest' must be 'sha256:' and 64 lowercase hex digits, not {digest!r}"
+            f"{where}: field 'digest' must be 'sha256:' and 64 lowercase hex digits, not {str(digest)[:80]!r}"
         )
     url = doc.get("url")
     if url is not None and not (isinstance(url, str) and url.startswith(("http://", "https://"))):
-        raise ManifestError(f"{where}: field 'url' must be an http(s) URL, not {url!r}")
+        raise ManifestError(f"{where}: field 'url' must be an http(s) URL, not {str(url)[:200]!r}")
     return Asset(name, size, digest, url)
 
 
@@ -278,9 +279,9 @@ def order_parts(assets: list[Asset], where: str) -> tuple[Asset, ...]:
 
 def parse_lock(text: str, where: str = "lock.json") -> Lock:
     try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ManifestError(f"{where}: not valid JSON: {exc}") from None
+        doc = documents.load_value(text.encode("utf-8"), where, PIN_FILE_LIMIT)
+    except documents.DocumentError as exc:
+        raise ManifestError(str(exc)) from None
     if not isinstance(doc, dict):
         raise ManifestError(f"{where}: must be a JSON object")
     _check_schema(doc, where)

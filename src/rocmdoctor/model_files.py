@@ -36,7 +36,7 @@ class ModelFilesError(ValueError):
 
 
 def looks_like_hub_id(model: str) -> bool:
-    return bool(_HF_ID.match(model)) and ".." not in model
+    return bool(_HF_ID.fullmatch(model)) and ".." not in model
 
 
 def header_length(first8: bytes, source: str) -> int:

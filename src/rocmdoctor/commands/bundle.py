@@ -172,7 +172,7 @@ def _load_pins(kwargs: dict[str, Any], prefix: Path) -> tuple[Any, Any, Any]:
     if kwargs["repo"]:
         from ..provision.manifest import REPO_PATTERN
 
-        if not REPO_PATTERN.match(kwargs["repo"]):
+        if not REPO_PATTERN.fullmatch(kwargs["repo"]):
             raise UserError(f"--repo must look like owner/name, not {kwargs['repo']!r}")
         manifest.repo = kwargs["repo"]
     return sources, manifest, lock
