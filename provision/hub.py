@@ -159,7 +159,9 @@ class HubClient:
         url = f"{self.endpoint}/api/models/{self.model_id}/revision/{quote(self.revision, safe='')}"
         body = self._get(url, f"the file list of {self.model_id}", MAX_LISTING_BYTES)
         try:
-            info = documents.decode(body, ModelInfo, f"the Hub's file list of {self.model_id}", MAX_LISTING_BYTES)
+            info = documents.decode(
+                body, ModelInfo, f"the Hub's file list of {self.model_id}", MAX_LISTING_BYTES
+            )
         except documents.DocumentError as exc:
             raise HubError(f"{exc}; is HF_ENDPOINT a Hugging Face Hub?") from None
         return [s.rfilename for s in info.siblings]

@@ -86,6 +86,7 @@ class InstallPlan:
     on_extract: ProgressFn | None = None
     pins: LockEntry | None = None  # digests trusted on first use: recorded in <prefix>/lock.json
     check: bool = False  # dry run: report what would change, write nothing
+    retrust: bool = False  # --retrust-tag: accept digests that differ from those recorded for the tag
 
     @property
     def total_bytes(self) -> int:
@@ -230,8 +231,13 @@ class InvalidRequest(ValueError):
     """Bad input to install/rollback/prune (a path where a name belongs, a missing prefix): exit 2."""
 
 
+class DigestChanged(InvalidRequest):
+    """The release's digests differ from those this prefix recorded for the same tag: exit 2."""
+
+
 def install(plan: InstallPlan) -> InstallResult:
     layout = Layout(plan.prefix)
+    trusted = _check_recorded(layout, plan)  # TOFU, whatever supplied the pins: before any write
     if plan.check:
         return _dry_run(layout, plan)
     held = _lock(layout)
@@ -240,16 +246,19 @@ def install(plan: InstallPlan) -> InstallResult:
         before = layout.current_tag()
         if not plan.force and before == plan.tag and _matches(layout.metadata(plan.tag), plan):
             result = _result(layout, plan, False, f"{plan.tag} is already current")
+            _record_pins(layout, plan, trusted, result)
         elif not plan.force and _matches(layout.metadata(plan.tag), plan):
-            _activate(layout, plan.tag)
             result = _result(layout, plan, True, f"switched to the installed {plan.tag}")
+            _record_pins(layout, plan, trusted, result)  # before `current` moves: a failure leaves it
+            _activate(layout, plan.tag)
         else:
             downloaded = _install_tree(layout, plan)
+            result = _result(layout, plan, True, f"installed {plan.tag}")
+            _record_pins(layout, plan, trusted, result)  # before `current` moves: a failure leaves it
             _activate(layout, plan.tag)
             files.remove_tree(_staging(layout, plan), ignore_errors=True)
-            result = _result(layout, plan, True, f"installed {plan.tag}")
             result.downloaded_bytes = downloaded
-        _record_pins(layout, plan, result)
+        result.current, result.previous = layout.current_tag(), layout.previous_tag()
         _describe_older(layout, result)
         result.diff = {"before": {"current": before}, "after": {"current": result.current}}
         return result
@@ -307,27 +316,79 @@ def _pins_differ(layout: Layout, pins: LockEntry) -> bool:
     return entry is None or not _same_pins(entry, pins)
 
 
-def _record_pins(layout: Layout, plan: InstallPlan, result: InstallResult) -> None:
-    """Trust on first use: the digests the release published, verified by this install, become the
-    prefix's pins, so the next install (and --frozen) use them without asking the API."""
-    if plan.pins is None:
+def _wanted_pins(plan: InstallPlan) -> LockEntry | None:
+    """What this install records: the release's own pins, else the parts it installs when every one
+    carries a digest (a --lock, --bundles-dir, ROCMDOCTOR_BUNDLES or shipped pin)."""
+    if plan.pins is not None:
+        return plan.pins
+    assets = tuple(s.asset for s in plan.sources)
+    if assets and all(a.digest for a in assets):
+        return LockEntry(plan.family, plan.tag, True, assets)
+    return None
+
+
+def _check_recorded(layout: Layout, plan: InstallPlan) -> Lock | None:
+    """The prefix's lock, after checking the parts of `plan.tag` against the digests it recorded for that
+    tag: a part whose name or digest changed is DigestChanged (exit 2), naming both digests, unless
+    `plan.retrust`. A prefix lock that cannot be read is a ManifestError: nothing is installed past it."""
+    lock = _prefix_lock(layout)
+    recorded = lock.recorded(plan.tag) if lock else ()
+    if not recorded or plan.retrust:
+        return lock
+    then = {a.name: a.digest for a in recorded}
+    now = {s.asset.name: s.asset.digest for s in plan.sources}
+    path = layout.prefix / PREFIX_LOCK
+    fix = (
+        f"Refusing: the release was rebuilt under the same tag, or the pins were changed. If you trust "
+        f"the new build, rerun with --retrust-tag {plan.tag}"
+    )
+    for name in sorted(set(then) | set(now)):
+        if name not in now or name not in then:
+            raise DigestChanged(
+                f"{plan.tag}: its parts are now {sorted(now)}, but {path} recorded {sorted(then)} when "
+                f"this prefix first trusted the tag. {fix}"
+            )
+        if now[name] is not None and now[name] != then[name]:
+            raise DigestChanged(
+                f"{plan.tag}: part {name} now has digest {now[name]}, but {path} recorded {then[name]} "
+                f"when this prefix first trusted the tag. {fix}"
+            )
+    return lock
+
+
+def _record_pins(layout: Layout, plan: InstallPlan, lock: Lock | None, result: InstallResult) -> None:
+    """Trust on first use: the digests this install verified become the prefix's pins and its record of
+    the tag, so the next install (and --frozen) use them and a rebuilt release under the tag is refused.
+    Called before `current` moves: if the write fails, the previous bundle is still active."""
+    pins = _wanted_pins(plan)
+    if pins is None:
         return
     path = layout.prefix / PREFIX_LOCK
-    try:
-        lock = _prefix_lock(layout) or Lock(plan.repo, {}, str(path))
-    except ManifestError as exc:
-        result.notes.append(f"the digests were not recorded: {exc}; fix or remove {path}")
+    before = lock or Lock(plan.repo, {}, str(path))
+    after = before
+    entry = before.families.get(pins.family)
+    if plan.pins is not None and (entry is None or not _same_pins(entry, plan.pins)):
+        after = with_entry(after, plan.pins)
+    if _parts(after.recorded(pins.tag)) != _parts(pins.assets):
+        after = Lock(after.repo, after.families, after.source, {**after.trusted, pins.tag: pins.assets})
+    if after is before:
         return
-    entry = lock.families.get(plan.pins.family)
-    if entry is not None and _same_pins(entry, plan.pins):
-        return
-    write_json_atomic(path, with_entry(lock, plan.pins).to_json())
-    result.changed = True
-    result.pins_recorded = str(path)
-    result.msg += (
-        f"; recorded the sha256 digests the release publishes for its {len(plan.pins.assets)} part(s) "
-        f"in {path} (trusted on first use: review them; --frozen refuses releases the lock does not pin)"
-    )
+    write_json_atomic(path, after.to_json())
+    if after.families != before.families:
+        result.pins_recorded = str(path)
+        result.changed = True
+        result.msg += (
+            f"; recorded the sha256 digests the release publishes for its {len(pins.assets)} part(s) "
+            f"in {path} (trusted on first use: review them; --frozen refuses releases the lock does not pin)"
+        )
+    else:
+        result.notes.append(
+            f"recorded the digests of {pins.tag} in {path}: a rebuild under this tag is refused"
+        )
+
+
+def _parts(assets: tuple[Asset, ...]) -> list[tuple[str, str | None]]:
+    return [(a.name, a.digest) for a in assets]
 
 
 def _describe_older(layout: Layout, result: InstallResult) -> None:

@@ -83,30 +83,52 @@ class Manifest:
     source: str = ""
 
 
+def _asset_json(asset: Asset) -> dict[str, Any]:
+    return {k: v for k, v in vars(asset).items() if v is not None}
+
+
 @dataclass
 class Lock:
     repo: str
     families: dict[str, LockEntry] = field(default_factory=dict)
     source: str = ""
+    # Trust on first use, per tag: the parts and digests this prefix first installed under each tag
+    # (only in <prefix>/lock.json). Kept when a family's pin moves on, so a rebuilt release under an
+    # older tag is still recognised.
+    trusted: dict[str, tuple[Asset, ...]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        doc: dict[str, Any] = {
             "schema_version": SCHEMA_VERSION,
             "repo": self.repo,
             "families": {
-                f: {
-                    "tag": e.tag,
-                    "pinned": e.pinned,
-                    "assets": [{k: v for k, v in vars(a).items() if v is not None} for a in e.assets],
-                }
+                f: {"tag": e.tag, "pinned": e.pinned, "assets": [_asset_json(a) for a in e.assets]}
                 for f, e in sorted(self.families.items())
             },
         }
+        if self.trusted:
+            doc["trusted"] = {t: [_asset_json(a) for a in parts] for t, parts in sorted(self.trusted.items())}
+        return doc
+
+    def recorded(self, tag: str) -> tuple[Asset, ...]:
+        """The parts recorded for `tag` (trusted, else a family entry pinning it with digests)."""
+        if tag in self.trusted:
+            return self.trusted[tag]
+        for entry in self.families.values():
+            if entry.tag == tag and entry.assets and all(a.digest for a in entry.assets):
+                return entry.assets
+        return ()
 
 
 def with_entry(lock: Lock, entry: LockEntry, source: str | None = None) -> Lock:
-    """A copy of `lock` that pins `entry` for its family."""
-    return Lock(lock.repo, {**lock.families, entry.family: entry}, source or lock.source)
+    """A copy of `lock` that pins `entry` for its family (and records its parts as trusted for its tag)."""
+    trusted = dict(lock.trusted)
+    old = lock.families.get(entry.family)
+    if old is not None and old.tag not in trusted and old.assets and all(a.digest for a in old.assets):
+        trusted[old.tag] = old.assets  # the family's pin moves on; the record of its old tag stays
+    if entry.assets and all(a.digest for a in entry.assets):
+        trusted[entry.tag] = entry.assets
+    return Lock(lock.repo, {**lock.families, entry.family: entry}, source or lock.source, trusted)
 
 
 def _load_toml(text: str, where: str) -> dict[str, Any]:
@@ -300,6 +322,17 @@ def parse_lock(text: str, where: str = "lock.json") -> Lock:
         for i, asset in enumerate(assets):
             check_asset_name(asset.name, tag, f"{at}.assets[{i}]: field 'name'")
         lock.families[family] = LockEntry(family, tag, pinned, order_parts(assets, at) if assets else ())
+    trusted = doc.get("trusted", {})
+    if not isinstance(trusted, dict):
+        raise ManifestError(f"{where}: field 'trusted' must be an object")
+    for tag, raw_parts in trusted.items():
+        at = f"{where}: trusted.{tag[:100]}"
+        if not isinstance(raw_parts, list) or not raw_parts:
+            raise ManifestError(f"{at} must be a non-empty list of parts")
+        if not _TAG.fullmatch(tag) or len(tag) > 200:
+            raise ManifestError(f"{at}: the tag is not a plain release tag")
+        parts = [parse_asset(a, f"{at}[{i}]") for i, a in enumerate(raw_parts)]
+        lock.trusted[tag] = order_parts(parts, at)
     return lock
 
 

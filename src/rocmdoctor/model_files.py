@@ -204,7 +204,9 @@ def shard_names(index_data: bytes, source: str) -> list[str]:
         raise ModelFilesError(f"{source}: no weight_map")
     names = list(dict.fromkeys(index.weight_map.values()))
     if len(names) > MAX_SHARDS:
-        raise ModelFilesError(f"{source}: names {len(names)} shards, more than {MAX_SHARDS}; not a model index")
+        raise ModelFilesError(
+            f"{source}: names {len(names)} shards, more than {MAX_SHARDS}; not a model index"
+        )
     for name in names:
         if "/" in name or name.startswith(".") or not name.endswith(".safetensors") or "\x00" in name:
             raise ModelFilesError(

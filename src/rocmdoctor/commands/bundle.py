@@ -357,6 +357,13 @@ def _request(
 @click.option(
     "--prune", "prune_after", is_flag=True, help="Then remove bundles other than current and previous."
 )
+@click.option(
+    "--retrust-tag",
+    default=None,
+    metavar="TAG",
+    help="Accept new digests for TAG although <prefix>/lock.json recorded others for it (a release "
+    "rebuilt under the same tag), and record the new ones. Without it such an install is refused.",
+)
 @click.option("--check", is_flag=True, help="Dry run: say what would change, write nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print an Ansible-style JSON result on stdout.")
 @pass_app
@@ -370,6 +377,7 @@ def install(
     extractor: str,
     download_dir: Path | None,
     prune_after: bool,
+    retrust_tag: str | None,
     check: bool,
     as_json: bool,
     **kwargs: Any,
@@ -400,6 +408,8 @@ def install(
             chosen = resolve_family(family, manifest)
         request = _request(chosen, manifest, lock, kwargs, prefix, mirror)
         choice = choose_release(request, manifest, lock, api_url(kwargs["api_url"]), _api_settings(kwargs))
+        if retrust_tag is not None and retrust_tag != choice.tag:
+            raise UserError(f"--retrust-tag {retrust_tag[:200]!r} is not the release chosen ({choice.tag})")
         plan = InstallPlan(
             prefix=prefix,
             family=chosen,
@@ -413,6 +423,7 @@ def install(
             download_dir=download_dir,
             pins=choice.lock_entry if choice.trusted_on_first_use else None,
             check=check,
+            retrust=retrust_tag is not None,
         )
         with _progress(not as_json and not check, plan.total_bytes) as (on_download, on_extract):
             plan.on_download, plan.on_extract = on_download, on_extract
