@@ -258,7 +258,7 @@ def ensure_accounts(root: Path, user: str, check: bool = False) -> list[str]:
             if not check:
                 writer.add_group(group)
             created.append(f"group {group}")
-    if uid is None:
+    if uid is None or not writer.account_complete(user):  # a killed run's partial account is completed
         if not check:
             writer.add_system_user(user, f"/var/lib/{STATE_NAME}", "/usr/sbin/nologin", "vLLM server")
         created.append(f"user {user}")

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from .rootfs import read_regular, resolve_inside
+from .textnum import is_decimal
 
 META_DIR = ".rocmdoctor"
 STAT_FILE = "stat.json"
@@ -137,7 +138,8 @@ class RootError(ValueError):
 
 
 def _natural_key(name: str) -> list[Any]:
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+    # (kind, value) pairs: a number too long for int() stays text, and int never meets str in a compare
+    return [(0, int(part), "") if is_decimal(part) else (1, 0, part) for part in re.split(r"([0-9]+)", name)]
 
 
 def natural_sorted(names: Iterable[str]) -> list[str]:
@@ -556,7 +558,7 @@ class Host:
     # -- processes -----------------------------------------------------------------------
 
     def pids(self) -> list[int]:
-        return [int(n) for n in self.listdir("/proc") if n.isdigit()]
+        return [int(n) for n in self.listdir("/proc") if is_decimal(n)]
 
     # -- commands (the deep probe, daemon-reload); never raises --------------------------
 

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .atomic import fsync_dir, write_atomic
+from .textnum import is_decimal
 
 MAX_FILE_BYTES = 4 << 20
 SYSTEM_ID_RANGE = (100, 999)  # Debian's SYS_UID_MIN/SYS_UID_MAX defaults (login.defs may change them)
@@ -201,32 +202,48 @@ def _ids(lines: list[str]) -> set[int]:
     used = set()
     for line in lines:
         fields = line.split(":")
-        if len(fields) > 2 and fields[2].isdigit():
+        if len(fields) > 2 and is_decimal(fields[2]):
             used.add(int(fields[2]))
     return used
 
 
+# Ids a system account never takes, whatever a tree's login.defs says: root, the overflow and "nobody"
+# ids (65534; 65535 and 2^32-1 are (uid_t)-1 for 16 and 32 bits) and anything past 2^31-1 (a negative
+# pid_t/uid_t for much of userland).
+FORBIDDEN_IDS = frozenset({0, 65534, 65535, 4294967294, 4294967295})
+MAX_ID = 2**31 - 1
+
+
 def _system_range(root: Path, kind: str) -> tuple[int, int]:
+    """SYS_<kind>_MIN..MAX of the tree's login.defs, clamped to 1..2^31-1."""
     low, high = SYSTEM_ID_RANGE
     for line in _lines(root, "login.defs"):
         words = line.split()
-        if len(words) == 2 and words[1].isdigit():
+        if len(words) == 2 and is_decimal(words[1]):
             if words[0] == f"SYS_{kind}_MIN":
                 low = int(words[1])
             elif words[0] == f"SYS_{kind}_MAX":
                 high = int(words[1])
-    return low, high
+    return max(low, 1), min(high, MAX_ID)
+
+
+def sane_id(candidate: int) -> bool:
+    return 0 < candidate <= MAX_ID and candidate not in FORBIDDEN_IDS
 
 
 def _free_id(root: Path, kind: str, used: set[int], prefer: int | None = None) -> int:
-    """Like useradd --system: the highest free id in the system range (or `prefer` when it is free)."""
+    """Like useradd --system: the highest free id in the system range (or `prefer` when it is free);
+    never a forbidden id (FORBIDDEN_IDS, above MAX_ID)."""
     low, high = _system_range(root, kind)
-    if prefer is not None and low <= prefer <= high and prefer not in used:
+    if prefer is not None and low <= prefer <= high and prefer not in used and sane_id(prefer):
         return prefer
-    for candidate in range(high, low - 1, -1):
-        if candidate not in used:
+    for candidate in range(high, max(low, high - 100_000) - 1, -1):
+        if candidate not in used and sane_id(candidate):
             return candidate
-    raise WriteRefused(f"no free system {kind.lower()} id between {low} and {high} in {root}/etc")
+    raise WriteRefused(
+        f"no free system {kind.lower()} id in {low}..{high} (SYS_{kind}_MIN/MAX of {root}/etc/login.defs, "
+        f"kept within 1..{MAX_ID}, never 65534 or the overflow ids); fix login.defs or free an id"
+    )
 
 
 def _append(root: Path, db: str, line: str, mode: int) -> None:
@@ -255,18 +272,32 @@ def mode_of(root: Path, host_path: str, default: int) -> int:
 
 
 def add_group(root: Path, group: str, gid: int | None = None) -> int:
-    """A system group in root/etc/group (and gshadow when the tree has one); returns its gid."""
+    """A system group in root/etc/group (and gshadow when the tree has one); returns its gid. Converges:
+    a group whose gshadow line a killed run did not write gets it now."""
     if is_live(root):
         run(["groupadd", "--system", group])
         return -1
-    gid = _free_id(root, "GID", _ids(_lines(root, "group")), gid)
-    _append(root, "group", f"{group}:x:{gid}:", 0o644)
-    _append(root, "gshadow", f"{group}:!::", 0o640)
-    return gid
+    if group not in names(root, "group"):
+        gid = _free_id(root, "GID", _ids(_lines(root, "group")), gid)
+        _append(root, "group", f"{group}:x:{gid}:", 0o644)
+    if group not in names(root, "gshadow"):
+        _append(root, "gshadow", f"{group}:!::", 0o640)
+    return _gid_of(root, group)
+
+
+def account_complete(root: Path, user: str) -> bool:
+    """The user's line is in passwd, its group in group, and in shadow/gshadow where the tree has them."""
+    if is_live(root):
+        return user in names(root, "passwd")
+    if user not in names(root, "passwd") or user not in names(root, "group"):
+        return False
+    return all(read_file(root, f"/etc/{db}") is None or user in names(root, db) for db in ("shadow", "gshadow"))
 
 
 def add_system_user(root: Path, user: str, home: str, shell: str, comment: str) -> None:
-    """A system user with its own group, no login, no home created (useradd --system --user-group)."""
+    """A system user with its own group, no login, no home created (useradd --system --user-group).
+    On a tree each file is written only where the account's line is missing, so a rerun after a kill
+    between the group, gshadow, passwd and shadow writes completes the account."""
     if is_live(root):
         run(
             [
@@ -287,16 +318,20 @@ def add_system_user(root: Path, user: str, home: str, shell: str, comment: str) 
     for field in (user, home, shell, comment):
         if ":" in field or "\n" in field:
             raise WriteRefused(f"{field!r} cannot go into /etc/passwd (':' or a newline)")
-    uid = _free_id(root, "UID", _ids(_lines(root, "passwd")))
-    gid = add_group(root, user, gid=uid) if user not in names(root, "group") else _gid_of(root, user)
-    _append(root, "passwd", f"{user}:x:{uid}:{gid}:{comment}:{home}:{shell}", 0o644)
-    _append(root, "shadow", f"{user}:!:{int(time.time() // 86400)}::::::", 0o640)
+    uid = uid_of(root, user)
+    if uid is None:
+        uid = _free_id(root, "UID", _ids(_lines(root, "passwd")))
+    gid = add_group(root, user, gid=uid)
+    if user not in names(root, "passwd"):
+        _append(root, "passwd", f"{user}:x:{uid}:{gid}:{comment}:{home}:{shell}", 0o644)
+    if user not in names(root, "shadow"):
+        _append(root, "shadow", f"{user}:!:{int(time.time() // 86400)}::::::", 0o640)
 
 
 def _gid_of(root: Path, group: str) -> int:
     for line in _lines(root, "group"):
         fields = line.split(":")
-        if fields[0] == group and len(fields) > 2 and fields[2].isdigit():
+        if fields[0] == group and len(fields) > 2 and is_decimal(fields[2]):
             return int(fields[2])
     raise WriteRefused(f"group {group} has no gid in {root}/etc/group")
 
@@ -304,7 +339,7 @@ def _gid_of(root: Path, group: str) -> int:
 def uid_of(root: Path, user: str) -> int | None:
     for line in _lines(root, "passwd"):
         fields = line.split(":")
-        if fields[0] == user and len(fields) > 2 and fields[2].isdigit():
+        if fields[0] == user and len(fields) > 2 and is_decimal(fields[2]):
             return int(fields[2])
     return None
 
@@ -381,6 +416,9 @@ class HostWriter:
 
     def add_system_user(self, user: str, home: str, shell: str, comment: str) -> None:
         add_system_user(self.root, user, home, shell, comment)
+
+    def account_complete(self, user: str) -> bool:
+        return account_complete(self.root, user)
 
     def run(self, argv: list[str]) -> None:
         """A program of the live host; refused for any other root (nothing is executed for a tree)."""

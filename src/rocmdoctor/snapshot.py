@@ -35,6 +35,7 @@ from .safe_tar import (
     no_space,
 )
 from .sensitive import redact_cmdline, redact_env
+from .textnum import is_decimal
 
 PASSWD, GROUP = "/etc/passwd", "/etc/group"
 MEMBER_LIMIT = DEFAULT_READ_LIMIT  # a snapshot file is at most what one read of the Host returns
@@ -96,7 +97,7 @@ def _filter_group(text: str, users: set[str], gids: set[int], keep_gids: set[int
     out = []
     for line in text.splitlines():
         parts = line.split(":")
-        if len(parts) < 4 or not parts[2].isdigit():
+        if len(parts) < 4 or not is_decimal(parts[2]):
             continue
         members = [m for m in parts[3].split(",") if m.strip() in users]
         if members or int(parts[2]) in gids | keep_gids:

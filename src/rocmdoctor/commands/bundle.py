@@ -28,7 +28,9 @@ class Failed(click.ClickException):
     exit_code = 1
 
     def show(self, file: Any = None) -> None:
-        click.echo(f"rocmdoctor: {self.format_message()}", err=True)
+        from ..sensitive import redact_message
+
+        click.echo(f"rocmdoctor: {redact_message(self.format_message())}", err=True)
 
 
 _prefix_option = params.prefix_option(
@@ -187,6 +189,9 @@ def _failures(as_json: bool) -> Iterator[None]:
     from ..provision.plan import PlanError
 
     def report(message: str, exc_type: type[click.ClickException]) -> click.ClickException:
+        from ..sensitive import redact_message
+
+        message = redact_message(message)
         if as_json:
             emit_json(envelope(changed=False, failed=True, msg=message))
         return exc_type(message)
