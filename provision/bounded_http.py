@@ -34,6 +34,10 @@ class HttpTimeout(HttpError):
     """The deadline passed before the exchange finished."""
 
 
+class HttpNoAnswer(HttpError):
+    """One connect or read waited out its socket timeout (the server accepted nothing, or said nothing)."""
+
+
 class BodyTooSlow(HttpTimeout):
     pass
 
@@ -150,6 +154,10 @@ def get(
                 return Answer(response.status_code, dict(response.headers), body, response.url or url)
         except BodyTooSlow:
             raise
+        except requests.Timeout as exc:
+            if box.get("late"):
+                raise HttpTimeout("closed at the deadline") from None
+            raise HttpNoAnswer(redact_exception(exc)) from None
         except (requests.RequestException, urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
             if box.get("late"):
                 raise HttpTimeout("closed at the deadline") from None

@@ -115,6 +115,11 @@ def _get_json(url: str, base_url: str, options: ApiOptions, deadline: bounded_ht
             f"{options.deadline_s:g}s deadline (a stalled or trickling server); retry later, raise "
             "--api-deadline, or install from --mirror"
         ) from None
+    except bounded_http.HttpNoAnswer:
+        raise _unreachable(
+            base_url,
+            f"no answer within {options.connect_timeout_s:g}s (connect) / {options.read_timeout_s:g}s (read)",
+        ) from None
     except bounded_http.HttpError as exc:
         raise _unreachable(base_url, str(exc)) from None
     status = answer.status

@@ -16,6 +16,7 @@ Every failure leaves `current` as it was and raises InstallError with what to do
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import os
 import threading
@@ -252,7 +253,8 @@ def install(plan: InstallPlan) -> InstallResult:
             _record_pins(layout, plan, trusted, result)  # before `current` moves: a failure leaves it
             _activate(layout, plan.tag)
         else:
-            downloaded = _install_tree(layout, plan)
+            with _download_dir_held(plan):
+                downloaded = _install_tree(layout, plan)
             result = _result(layout, plan, True, f"installed {plan.tag}")
             _record_pins(layout, plan, trusted, result)  # before `current` moves: a failure leaves it
             _activate(layout, plan.tag)
@@ -432,6 +434,29 @@ def _result(layout: Layout, plan: InstallPlan, changed: bool, msg: str) -> Insta
         plan.family,
         str(layout.bundles / plan.tag),
     )
+
+
+@contextlib.contextmanager
+def _download_dir_held(plan: InstallPlan) -> Iterator[None]:
+    """A --download-dir is shared by whoever names it (the default, inside the prefix, is covered by the
+    prefix's lock): its own flock, so a second install says the directory is in use instead of losing
+    its parts to the first one's renames."""
+    if plan.download_dir is None:
+        yield
+        return
+    marker = secure_dir(plan.download_dir) / ".rocmdoctor-install.lock"
+    try:
+        fd = files.try_lock(marker)
+    except BlockingIOError:
+        raise InstallError(
+            f"the download directory {plan.download_dir} is in use by another rocmdoctor install; wait for "
+            "it to finish, or give each install its own --download-dir. Nothing was activated; the "
+            "previous bundle is still active"
+        ) from None
+    try:
+        yield
+    finally:
+        files.unlock(fd)
 
 
 def _staging(layout: Layout, plan: InstallPlan) -> Path:

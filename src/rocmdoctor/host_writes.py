@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import errno
 import os
-import secrets
 import stat
 import subprocess
 import time
@@ -23,6 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .atomic import fsync_dir, write_atomic
+from .litter import owner_gone, owner_pid, temp_name
 from .textnum import is_decimal
 
 MAX_FILE_BYTES = 4 << 20
@@ -118,7 +118,7 @@ def write_file(root: Path, host_path: str, data: bytes, mode: int) -> None:
         return
     parts = _parts(host_path)
     with _dir_fd(root, parts[:-1], create=True) as dfd:
-        tmp = f".{parts[-1]}.tmp-{secrets.token_hex(6)}"
+        tmp = temp_name(parts[-1])
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(tmp, flags, mode, dir_fd=dfd)
         try:
@@ -138,6 +138,18 @@ def write_file(root: Path, host_path: str, data: bytes, mode: int) -> None:
                 pass
             raise
         os.fsync(dfd)
+        _sweep_at(dfd, f".{parts[-1]}.tmp-")
+
+
+def _sweep_at(dfd: int, prefix: str) -> None:
+    """litter.sweep inside a tree, by directory fd: killed runs' temp files of this name, no link followed."""
+    for entry in os.listdir(dfd):
+        pid = owner_pid(entry) if entry.startswith(prefix) else None
+        if pid is not None and owner_gone(pid):
+            try:
+                os.unlink(entry, dir_fd=dfd)
+            except OSError:
+                pass
 
 
 def chmod_file(root: Path, host_path: str, mode: int) -> None:
@@ -291,7 +303,9 @@ def account_complete(root: Path, user: str) -> bool:
         return user in names(root, "passwd")
     if user not in names(root, "passwd") or user not in names(root, "group"):
         return False
-    return all(read_file(root, f"/etc/{db}") is None or user in names(root, db) for db in ("shadow", "gshadow"))
+    return all(
+        read_file(root, f"/etc/{db}") is None or user in names(root, db) for db in ("shadow", "gshadow")
+    )
 
 
 def add_system_user(root: Path, user: str, home: str, shell: str, comment: str) -> None:
@@ -361,13 +375,13 @@ def run(argv: list[str]) -> None:
 def symlink(root: Path, host_path: str, target: str) -> None:
     """Point root/host_path at `target`, atomically (a temp link renamed over the old one)."""
     if is_live(root):
-        live_tmp = Path(f"{host_path}.tmp-{secrets.token_hex(6)}")
+        live_tmp = Path(host_path).with_name(temp_name(Path(host_path).name))
         os.symlink(target, live_tmp)
         os.replace(live_tmp, host_path)
         return
     parts = _parts(host_path)
     with _dir_fd(root, parts[:-1], create=True) as dfd:
-        tmp = f".{parts[-1]}.tmp-{secrets.token_hex(6)}"
+        tmp = temp_name(parts[-1])
         os.symlink(target, tmp, dir_fd=dfd)
         os.rename(tmp, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
 

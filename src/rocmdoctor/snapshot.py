@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import os
 import re
 import tarfile
 import tempfile
@@ -23,6 +24,7 @@ from typing import Any
 
 from .atomic import atomic_file
 from .host import DEFAULT_READ_LIMIT, ENV_FILE, IDENTITY_FILE, META_DIR, STAT_FILE, Host, ReadState
+from .litter import REPLAY_PREFIX, sweep
 from .registry import CheckSpec, Context
 from .safe_tar import (
     ArchiveError,
@@ -248,7 +250,9 @@ def unpack(archive: Path) -> Path:
     import atexit
     import shutil
 
-    dest = Path(tempfile.mkdtemp(prefix="rocmdoctor-replay-"))
+    tmp = Path(tempfile.gettempdir())
+    sweep(tmp, REPLAY_PREFIX)  # trees of replays that were killed (their owner pid is gone)
+    dest = Path(tempfile.mkdtemp(prefix=f"{REPLAY_PREFIX}{os.getpid()}-", dir=tmp))
     atexit.register(shutil.rmtree, dest, ignore_errors=True)
     rule = MemberRule(SNAPSHOT_LIMITS, opaque_link=replay_keeps_link, what="a snapshot")
     try:
