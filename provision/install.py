@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import documents
 from .. import host_files as files
 from ..atomic import write_atomic
 from ..host_files import lexists, secure_dir, tree_bytes
@@ -138,11 +139,11 @@ class Layout:
         """The bundle's metadata; None when it is missing or not a JSON object (an incomplete bundle)."""
         from ..rootfs import read_regular as read_regular_file
 
+        where = str(self.bundles / tag / METADATA)
         try:
-            doc = json.loads(read_regular_file(self.bundles / tag / METADATA, METADATA_LIMIT))
-        except (OSError, ValueError):
+            return documents.load_object(read_regular_file(where, METADATA_LIMIT), where, METADATA_LIMIT)
+        except (OSError, documents.DocumentError):
             return None
-        return doc if isinstance(doc, dict) else None
 
     def installed(self) -> list[dict[str, Any]]:
         if not files.is_dir(self.bundles):

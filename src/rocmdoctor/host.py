@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import errno
 import fnmatch
-import json
 import os
 import re
 import signal
@@ -27,6 +26,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from . import documents
 from .rootfs import read_regular, resolve_inside
 from .textnum import is_decimal
 
@@ -307,9 +307,10 @@ class Host:
             meta_dir = os.path.join(self.root, META_DIR)
             try:
                 if stat_mod.S_ISDIR(os.lstat(meta_dir).st_mode):
-                    raw = read_regular(os.path.join(meta_dir, name), META_READ_LIMIT, follow_links=False)
-                    value = json.loads(raw.decode("utf-8"))
-            except (OSError, ValueError):
+                    where = os.path.join(meta_dir, name)
+                    raw = read_regular(where, META_READ_LIMIT, follow_links=False)
+                    value = documents.load_value(raw, where, META_READ_LIMIT)
+            except (OSError, documents.DocumentError):
                 value = None
         self._meta_cache[name] = value
         return value

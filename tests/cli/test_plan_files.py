@@ -256,7 +256,7 @@ def test_cli_gated_and_bad_input_exit_2_without_traceback(tmp_path: Path):
                 "--kv-cache-memory",
                 "1GiB",
             ],
-            "must be positive",
+            "'0' is out of range",
         ),
     ]
     for args, message in cases:
