@@ -33,6 +33,10 @@ class ReleaseError(RuntimeError):
     """The release could not be read; the message says what to do."""
 
 
+class TokenError(ReleaseError):
+    """GITHUB_TOKEN/GH_TOKEN is malformed (bad input: exit 2); the message never holds it."""
+
+
 @dataclass(frozen=True)
 class ApiOptions:
     connect_timeout_s: float = 10.0
@@ -85,7 +89,7 @@ def _headers() -> dict[str, str]:
             try:
                 check_token(token.strip(), name)
             except KeyFileError as exc:
-                raise ReleaseError(f"{exc}; fix {name} or unset it") from None
+                raise TokenError(f"{exc}; fix {name} or unset it") from None
             headers["Authorization"] = f"Bearer {token.strip()}"
             break
     return headers

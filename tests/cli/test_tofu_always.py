@@ -137,3 +137,37 @@ def test_lock_entries_keep_the_record_of_a_tag_when_the_family_moves_on():
         lock, LockEntry("gfx1151", other, True, (Asset(f"{other}-x64.tar.gz", 1, "sha256:" + "b" * 64),))
     )
     assert moved.recorded(TAG) == a and moved.recorded(other)[0].digest == "sha256:" + "b" * 64
+
+
+def test_prune_of_a_linked_bundle_directory_removes_the_link_never_its_target(install_lab, tmp_path):
+    lab = install_lab
+    tags = [f"vllm0.2{n}.0-rocm7.13.0-gfx1151" for n in (0, 1, 2)]
+    for tag in tags:
+        lab.pin("gfx1151", lab.bundle(tag))
+        assert lab.install("gfx1151").returncode == 0
+    oldest = lab.prefix / "bundles" / tags[0]
+    elsewhere = tmp_path / "kept-elsewhere"
+    oldest.rename(elsewhere)
+    oldest.symlink_to(elsewhere)
+    done = lab.cli("bundle", "prune", "--prefix", str(lab.prefix), "--json")
+    assert done.returncode == 0, done.stderr
+    assert not os.path.lexists(oldest) and (elsewhere / "bin" / "vllm-server").is_file()
+    assert [p.name for p in (lab.prefix / "bundles").iterdir() if p.name.startswith(".")] in (
+        [],
+        [".downloads"],
+    )
+
+
+def test_two_installs_sharing_a_download_dir_say_it_is_in_use(install_lab, tmp_path):
+    import fcntl
+
+    lab = install_lab
+    lab.pin("gfx1151", lab.bundle(TAG))
+    shared = tmp_path / "shared-downloads"
+    shared.mkdir(mode=0o700)
+    with open(shared / ".rocmdoctor-install.lock", "w") as held:  # the other install, mid-download
+        fcntl.flock(held, fcntl.LOCK_EX)
+        done = lab.install("gfx1151", "--download-dir", str(shared))
+    assert done.returncode == 1 and "is in use by another rocmdoctor install" in done.stderr
+    assert lab.current() is None
+    assert lab.install("gfx1151", "--download-dir", str(shared)).returncode == 0

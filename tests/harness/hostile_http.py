@@ -37,7 +37,10 @@ class HostileServer:
         return f"http://127.0.0.1:{self.sock.getsockname()[1]}"
 
     def _serve(self) -> None:
-        self.sock.settimeout(0.2)
+        try:
+            self.sock.settimeout(0.2)
+        except OSError:  # closed before the thread ran
+            return
         while not self.stop.is_set():
             try:
                 conn, _ = self.sock.accept()
@@ -86,6 +89,7 @@ class HostileServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
+        self.thread.join(2)
         self.sock.close()
 
 
