@@ -125,7 +125,7 @@ def test_the_sweep_removes_exactly_the_litter_of_gone_owners(tmp_path_factory, o
 
 
 def test_a_killed_replay_tree_is_removed_by_the_next_unpack(tmp_path, monkeypatch):
-    from rocmdoctor.snapshot import unpack
+    from rocmdoctor.snapshot import SnapshotError, unpack
 
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     import tempfile
@@ -137,7 +137,7 @@ def test_a_killed_replay_tree_is_removed_by_the_next_unpack(tmp_path, monkeypatc
     live.mkdir()
     archive = tmp_path / "not-a-snapshot.tar.gz"
     archive.write_bytes(b"garbage")
-    with pytest.raises(Exception):
+    with pytest.raises(SnapshotError):
         unpack(archive)
     assert not stale.exists() and live.exists()
 
