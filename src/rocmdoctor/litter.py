@@ -58,7 +58,7 @@ def remove_entry(path: Path) -> None:
 
 def sweep(directory: Path, prefix: str) -> list[str]:
     """Remove the entries of `directory` named `prefix`... whose owner pid is gone; their names."""
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(directory)
     except OSError:
