@@ -13,18 +13,22 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import quote
+
+import msgspec
+from msgspec import Meta
 
 from .. import documents
 from ..sensitive import KeyFileError, check_token
 from . import bounded_http
-from .manifest import Asset, ManifestError, check_asset_name, order_parts, parse_asset
+from .manifest import MAX_PART_BYTES, Asset, ManifestError, check_asset_name, order_parts, parse_asset
 
 DEFAULT_API_URL = "https://api.github.com"
 API_ENV = "ROCMDOCTOR_GITHUB_API"
 # A page of 100 releases with long notes is a few MB on GitHub; 16 MiB is far beyond any real answer.
 BODY_LIMIT = 16 << 20
+MAX_ASSETS = 10_000
 MAX_PAGES = 10  # 1000 releases: the newest of every family is on the first page in practice
 QUALIFICATION_REPORT = "qualification-report-{tag}.json"  # attached to releases that passed
 
@@ -102,8 +106,32 @@ def _unreachable(base_url: str, why: str) -> ReleaseError:
     )
 
 
-def _get_json(url: str, base_url: str, options: ApiOptions, deadline: bounded_http.Deadline) -> Any:
-    """GET `url` and parse its JSON (None on 404), ending by `deadline` whatever the server does."""
+class AssetDoc(msgspec.Struct, forbid_unknown_fields=False):
+    """One asset of a release, as the API answers it (GitHub's REST schema "release-asset")."""
+
+    name: Annotated[str, Meta(max_length=1024)] | None = None
+    size: Annotated[int, Meta(ge=0, le=MAX_PART_BYTES)] | None = None
+    digest: Annotated[str, Meta(max_length=200)] | None = None
+    browser_download_url: Annotated[str, Meta(max_length=4096)] | None = None
+
+
+class ReleaseDoc(msgspec.Struct, forbid_unknown_fields=False):
+    """A release (GitHub's REST schema "release"): only the fields rocmdoctor reads."""
+
+    tag_name: Annotated[str, Meta(max_length=300)] | None = None
+    draft: bool = False
+    prerelease: bool = False
+    assets: Annotated[list[AssetDoc], Meta(max_length=MAX_ASSETS)] = []
+
+
+ReleaseListDoc = Annotated[list[ReleaseDoc], Meta(max_length=100)]
+
+
+def _get_json(
+    url: str, base_url: str, options: ApiOptions, deadline: bounded_http.Deadline, schema: Any
+) -> Any:
+    """GET `url` and decode its JSON as `schema` (None on 404), ending by `deadline` whatever the server
+    does."""
     try:
         answer = bounded_http.get(
             url,
@@ -140,33 +168,29 @@ def _get_json(url: str, base_url: str, options: ApiOptions, deadline: bounded_ht
             f"{url} sent more than {BODY_LIMIT >> 20} MiB; that is no release answer. Is --api-url a GitHub API?"
         )
     try:
-        return documents.load_value(answer.body, url, BODY_LIMIT)
+        return documents.decode(answer.body, schema, url, BODY_LIMIT)
     except documents.DocumentError as exc:
         raise ReleaseError(f"{exc}; is --api-url a GitHub API?") from None
 
 
-def _parse_release(doc: Any, repo: str, tag: str, where: str) -> Release:
-    if not isinstance(doc, dict) or not isinstance(doc.get("assets"), list):
-        raise ReleaseError(f"{where} did not return a release object; is --api-url a GitHub API?")
+def _parse_release(doc: ReleaseDoc, repo: str, tag: str, where: str) -> Release:
     found = []
     names = set()
-    for index, raw in enumerate(doc["assets"]):
-        if not isinstance(raw, dict):
-            continue
-        name = raw.get("name")
-        if isinstance(name, str):
+    for index, raw in enumerate(doc.assets):
+        name = raw.name
+        if name is not None:
             names.add(name)
-        if not isinstance(name, str) or not is_bundle_asset(name, tag):
+        if name is None or not is_bundle_asset(name, tag):
             continue
         try:
             asset = parse_asset(
-                {k: raw.get(k) for k in ("name", "size", "digest")}, f"{where}: assets[{index}]", False
+                {"name": name, "size": raw.size, "digest": raw.digest}, f"{where}: assets[{index}]", False
             )
             check_asset_name(asset.name, tag, f"{where}: assets[{index}]")  # names become file names
         except ManifestError as exc:
             raise ReleaseError(str(exc)) from None
-        url = raw.get("browser_download_url")
-        url = url if isinstance(url, str) and url.startswith(("http://", "https://")) else None
+        url = raw.browser_download_url
+        url = url if url is not None and url.startswith(("http://", "https://")) else None
         found.append(Asset(asset.name, asset.size, asset.digest, url))
     if not found:
         raise ReleaseError(f"release {tag} in {repo} has no {tag}-x64 tarball assets")
@@ -178,7 +202,7 @@ def _parse_release(doc: Any, repo: str, tag: str, where: str) -> Release:
         repo,
         tag,
         parts,
-        prerelease=doc.get("prerelease") is True,
+        prerelease=doc.prerelease,
         has_qualification_report=QUALIFICATION_REPORT.format(tag=tag) in names,
     )
 
@@ -186,7 +210,7 @@ def _parse_release(doc: Any, repo: str, tag: str, where: str) -> Release:
 def fetch_release(repo: str, tag: str, base_url: str, options: ApiOptions | None = None) -> Release:
     options = options or ApiOptions()
     url = f"{base_url}/repos/{repo}/releases/tags/{quote(tag, safe='')}"
-    doc = _get_json(url, base_url, options, bounded_http.Deadline(options.deadline_s))
+    doc = _get_json(url, base_url, options, bounded_http.Deadline(options.deadline_s), ReleaseDoc)
     if doc is None:
         raise ReleaseError(f"release {tag} not found in {repo} ({url}); check --tag and --repo")
     return _parse_release(doc, repo, tag, url)
@@ -199,14 +223,12 @@ def list_releases(repo: str, base_url: str, options: ApiOptions | None = None) -
     found = ReleaseList()
     for page in range(1, MAX_PAGES + 1):
         url = f"{base_url}/repos/{repo}/releases?per_page=100&page={page}"
-        doc = _get_json(url, base_url, options, deadline)
+        doc = _get_json(url, base_url, options, deadline, ReleaseListDoc)
         if doc is None:
             raise ReleaseError(f"no releases of {repo} at {url}; check --repo and --api-url")
-        if not isinstance(doc, list):
-            raise ReleaseError(f"{url} did not return a release list; is --api-url a GitHub API?")
         for raw in doc:
-            tag = raw.get("tag_name") if isinstance(raw, dict) else None
-            if not isinstance(tag, str) or raw.get("draft") is True:
+            tag = raw.tag_name
+            if tag is None or raw.draft:
                 continue
             try:
                 found.releases.append(_parse_release(raw, repo, tag, f"{url}: {tag}"))
