@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from ..registry import Context
+from ..registry import CheckSpec, Context
 from ..snapshot import CaptureFacts, snapshot_users
+from . import load_registry as registry
 from .access import find_account
 from .disk import measured_paths
 from .processes import read_proc, redact
 
 
-def capture_facts(ctx: Context) -> CaptureFacts:
+def capture_facts(ctx: Context, specs: list[CheckSpec]) -> CaptureFacts:
+    """After a real run of `specs` with the user's options, so the capture holds what it read."""
+    registry().run(ctx, specs)
     procs = (read_proc(ctx, pid) for pid in ctx.host.pids())
     accounts = (find_account(ctx, user) for user in snapshot_users(ctx))
     return CaptureFacts(
@@ -17,4 +20,5 @@ def capture_facts(ctx: Context) -> CaptureFacts:
         account_gids=frozenset(a.gid for a in accounts if a),
         measured_paths=tuple(measured_paths(ctx)),
         redact=redact,
+        read_paths=frozenset(ctx.host.accessed),
     )

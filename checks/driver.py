@@ -141,6 +141,14 @@ def driver_loaded(ctx: Context) -> Result:
     if not ctx.host.exists("/sys/module/amdgpu"):
         problems.append("the amdgpu module is not loaded (/sys/module/amdgpu is absent)")
     kfd = ctx.host.stat(DEV_KFD)
+    unknowable = ctx.host.unknowable(DEV_KFD) if kfd is None else None
+    if unknowable:
+        return failed(
+            f"cannot read {unknowable}, so whether {DEV_KFD} exists is unknown",
+            f"Run rocmdoctor as root (`sudo rocmdoctor check`), or make {unknowable.split(' (')[0]} "
+            "readable by this user (join its group, or chmod a+r it).",
+            unreadable=[unknowable.split(" (")[0]],
+        )
     if kfd is None:
         problems.append(f"{DEV_KFD} does not exist")
     elif kfd.type != "char":

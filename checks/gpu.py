@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..families import family_names
-from ..model import Action, Result, Status, failed, passed, warned
+from ..model import Action, Result, failed, passed, warned
 from ..registry import Context
 from ..textnum import is_decimal
 from . import check
@@ -60,14 +60,13 @@ def gpu_present(ctx: Context) -> Result:
     if denied:
         identity = ctx.host.identity()
         who = identity.user if identity else "this user"
-        # The doctor could not look: an error (says nothing about the host), and every dependent skips.
-        return Result(
-            Status.ERROR,
-            f"cannot read {', '.join(denied[:3])}{' ...' if len(denied) > 3 else ''} as {who}, so whether "
-            "this host has a GPU is unknown",
+        # Unreadable is not absent: a finding that names what could not be read (every dependent skips).
+        return failed(
+            f"cannot read {', '.join(denied[:3])}{' ...' if len(denied) > 3 else ''} as {who} (permission "
+            "denied), so whether this host has a GPU is unknown",
             "Run rocmdoctor as root (`sudo rocmdoctor check`), or fix the permissions that hide the KFD "
             "topology (it is world-readable on a normal host).",
-            {"unreadable": denied},
+            unreadable=denied,
         )
     others = other_display_devices(ctx)
     instead = f"; found instead: {'; '.join(others)}" if others else ""

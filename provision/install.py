@@ -31,7 +31,7 @@ from .. import host_files as files
 from ..atomic import write_atomic
 from ..host_files import lexists, secure_dir, tree_bytes
 from ..host_processes import run_program
-from ..model import SCHEMA_VERSION
+from ..model import SCHEMA_VERSION, state_diff
 from ..safe_tar import NoSpaceLeft, human
 from ..tar_extract import ArchiveError, UnsafeArchive, extract_stream, fix_exec_bits
 from .download import (
@@ -110,7 +110,7 @@ class InstallResult:
     notes: list[str] = field(default_factory=list)
     older_bundles: list[dict[str, Any]] = field(default_factory=list)  # neither current nor previous
     older_bundles_bytes: int = 0
-    diff: dict[str, Any] = field(default_factory=dict)  # Ansible-style {"before": ..., "after": ...}
+    diff: dict[str, Any] = field(default_factory=lambda: state_diff({}, {}))  # Ansible's {before, after}
 
     def to_json(self) -> dict[str, Any]:
         return {"schema_version": SCHEMA_VERSION, **asdict(self)}
@@ -211,7 +211,7 @@ def recover(layout: Layout) -> None:
     for entry in (layout.bundles / name for name in files.list_dir(layout.bundles)):
         # .partial: a killed extraction; .<tag>.prune-<pid>: a killed prune (finish it)
         if entry.name.endswith(".partial") or (entry.name.startswith(".") and ".prune-" in entry.name):
-            files.remove_tree(entry, ignore_errors=True)
+            _remove_leftover(entry)
         elif entry.name.startswith(".") and ".old-" in entry.name:
             original = layout.bundles / entry.name[1:].rsplit(".old-", 1)[0]
             if files.exists(original):
@@ -220,6 +220,26 @@ def recover(layout: Layout) -> None:
                 files.replace(entry, original)
     for temp in files.glob(layout.prefix, ".*.tmp-*"):
         files.remove(temp)
+
+
+# A killed run's extractor (GNU tar behind a pipe) outlives it until it reads the pipe's end, and
+# may still be creating entries in its tree meanwhile.
+ORPHAN_WRITER_WAIT_S = 10.0
+
+
+def _remove_leftover(tree: Path) -> None:
+    """Remove a killed run's tree, again while an orphaned extractor is still adding to it."""
+    deadline = time.monotonic() + ORPHAN_WRITER_WAIT_S
+    while True:
+        files.remove_tree(tree, ignore_errors=True)
+        if not lexists(tree):
+            return
+        if time.monotonic() > deadline:
+            raise InstallError(
+                f"{tree}: left by a killed run and still being written by another process after "
+                f"{ORPHAN_WRITER_WAIT_S:.0f} s; stop it (fuser -v {tree}) and run again"
+            )
+        time.sleep(0.1)
 
 
 def _matches(meta: dict[str, Any] | None, plan: InstallPlan) -> bool:
@@ -263,7 +283,7 @@ def install(plan: InstallPlan) -> InstallResult:
             result.downloaded_bytes = downloaded
         result.current, result.previous = layout.current_tag(), layout.previous_tag()
         _describe_older(layout, result)
-        result.diff = {"before": {"current": before}, "after": {"current": result.current}}
+        result.diff = state_diff({"current": before}, {"current": result.current})
         return result
     except OSError as exc:
         raise InstallError(_os_failure(exc, layout)) from None
@@ -291,7 +311,7 @@ def _dry_run(layout: Layout, plan: InstallPlan) -> InstallResult:
         result.changed = True
         result.msg += f"; would record the release's digests in {layout.prefix / PREFIX_LOCK}"
     _describe_older(layout, result)
-    result.diff = {"before": {"current": before}, "after": {"current": plan.tag}}
+    result.diff = state_diff({"current": before}, {"current": plan.tag})
     return result
 
 
@@ -707,7 +727,7 @@ def rollback(prefix: Path, to: str | None = None, check: bool = False) -> Instal
                 family,
                 str(layout.bundles / target),
                 check=True,
-                diff={"before": {"current": current}, "after": {"current": target}},
+                diff=state_diff({"current": current}, {"current": target}),
             )
         _activate(layout, target)
         return InstallResult(
@@ -718,7 +738,7 @@ def rollback(prefix: Path, to: str | None = None, check: bool = False) -> Instal
             layout.previous_tag(),
             family,
             str(layout.bundles / target),
-            diff={"before": {"current": current}, "after": {"current": target}},
+            diff=state_diff({"current": current}, {"current": target}),
         )
     finally:
         if held is not None:
@@ -768,7 +788,7 @@ class PruneResult:
     removed: list[dict[str, Any]]  # {"tag", "bytes"}
     freed_bytes: int
     refused: list[dict[str, Any]]  # {"tag", "users"}: in use by a running process
-    diff: dict[str, Any] = field(default_factory=dict)
+    diff: dict[str, Any] = field(default_factory=lambda: state_diff({}, {}))
 
     @property
     def failed(self) -> bool:
@@ -875,10 +895,7 @@ def prune(prefix: Path, keep: int, host: Any, check: bool = False) -> PruneResul
             removed=removed,
             freed_bytes=freed,
             refused=refused,
-            diff={
-                "before": {"bundles": kept + doomed},
-                "after": {"bundles": kept + [r["tag"] for r in refused]},
-            },
+            diff=state_diff({"bundles": kept + doomed}, {"bundles": kept + [r["tag"] for r in refused]}),
         )
     finally:
         if held is not None:

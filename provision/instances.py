@@ -272,7 +272,7 @@ def _apply(writer: HostWriter, spec: FileSpec, check: bool) -> Change:
 def write(writer: HostWriter, specs: list[FileSpec], user: str, check: bool = False) -> Report:
     """Make the host match: files replaced atomically only when they differ, instance files the
     layout no longer has removed, accounts created, systemd reloaded when a unit changed."""
-    report = Report()
+    report = Report(check=check)
     try:
         report.accounts = ensure_accounts(writer.root, user, check)
         before = current_instances(writer)

@@ -17,6 +17,7 @@ from typing import Generic, Protocol, TypeVar
 from ..bundle_env import BUNDLE_SETTINGS
 from ..host_files import is_dir, shipped_text
 from ..host_writes import HostWriter, WriteRefused
+from ..model import envelope
 from ..params import MAX_DURATION_S, prefix_problem, service_user_problem
 from ..registry import DEFAULT_PREFIX
 from ..sensitive import KeyFileError
@@ -93,6 +94,7 @@ class FileChange:
 
 class FileResult(Protocol):
     path: str
+    diff: str
 
     @property
     def changed(self) -> bool: ...
@@ -111,18 +113,38 @@ class WriteReport(Generic[F]):
     files: list[F] = field(default_factory=list)
     accounts: list[str] = field(default_factory=list)  # what was created
     daemon_reload: str = "not needed"
+    check: bool = False  # a dry run: what a write would do
 
     @property
     def changed(self) -> bool:
         return bool(self.accounts) or any(f.changed for f in self.files)
 
+    def summary(self) -> str:
+        if not self.changed:
+            return "nothing to change"
+        files = sum(1 for f in self.files if f.changed)
+        parts = (
+            [f"{'would change' if self.check else 'changed'} {files} file{'s' * (files != 1)}"]
+            if files
+            else []
+        )
+        if self.accounts:
+            parts.append(f"{'would create' if self.check else 'created'} {', '.join(self.accounts)}")
+        return "; ".join(parts)
+
     def to_json(self) -> dict:
-        return {
-            "changed": self.changed,
-            "files": [f.to_json() for f in self.files],
-            "accounts_created": self.accounts,
-            "daemon_reload": self.daemon_reload,
-        }
+        """The change envelope (schema_version, changed, msg, diff) with the write's own fields."""
+        return envelope(
+            changed=self.changed,
+            msg=self.summary(),
+            diff="".join(
+                f.diff if f.diff.endswith("\n") else f.diff + "\n" for f in self.files if f.changed and f.diff
+            ),
+            check=self.check,
+            files=[f.to_json() for f in self.files],
+            accounts_created=self.accounts,
+            daemon_reload=self.daemon_reload,
+        )
 
 
 def systemd_quote(word: str) -> str:
@@ -279,7 +301,7 @@ def systemd_running(root: Path) -> bool:
 
 def write(root: Path, specs: list[FileSpec], user: str, check: bool = False) -> WriteReport[FileChange]:
     """Make the host match `specs`; with `check`, only report what would change (Ansible's --check)."""
-    report: WriteReport[FileChange] = WriteReport()
+    report: WriteReport[FileChange] = WriteReport(check=check)
     try:
         report.accounts = ensure_accounts(root, user, check)
         report.files = [apply_file(root, spec, check) for spec in specs]

@@ -28,10 +28,23 @@ ENGINE_FIXTURES = frozenset(
 )
 
 
+# Independent tests run in parallel (pytest-xdist with `--dist loadgroup`, from tests/run). Tests that
+# share one expensive real component run in one worker, so it starts once and nothing else competes
+# for it: the engine (one per session, shared by its tests), systemd-nspawn machines, and sshd in
+# network namespaces with Ansible. In that order: a fleet test that also serves the engine goes with it.
+SHARED_COMPONENTS = ("engine", "nspawn", "ssh")
+
+
+# tryfirst: pytest-xdist's worker reads the `xdist_group` marks in its own collection hook, which runs
+# before plain conftest and plugin hooks (and tests/plugins/kinds.py must see the engine mark).
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if ENGINE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.engine)
+        group = next((name for name in SHARED_COMPONENTS if item.get_closest_marker(name)), None)
+        if group is not None and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 def in_ci() -> bool:

@@ -189,6 +189,8 @@ class Host:
 
     root: Path = Path("/")
     accessed: set[str] = field(default_factory=set, repr=False)
+    # Host path -> why: reads refused by permissions, so a check never mistakes one for an absence.
+    denied: dict[str, str] = field(default_factory=dict, repr=False)
     _meta_cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -238,6 +240,27 @@ class Host:
             if fnmatch.fnmatchcase(path, pattern):
                 raise PermissionError(f"{path} is on the deny list (reading it blocks or has side effects)")
 
+    def unknowable(self, path: str) -> str | None:
+        """Why this user cannot tell whether `path` exists (a read refused by permissions on it, on a
+        directory above it, or on the captured device table), or None when an answer is trustworthy."""
+        if not self.is_live and path.startswith("/dev/"):
+            table = f"/{META_DIR}/{STAT_FILE}"
+            self._stat_meta()
+            if table in self.denied:
+                return f"{self.root}{table} ({self.denied[table]})"
+        for seen, why in self.denied.items():
+            if path == seen or path.startswith(seen.rstrip("/") + "/"):
+                return f"{seen} ({why})"
+        return None
+
+    def deny_listed(self, path: str) -> bool:
+        """On the deny list: never read (device nodes are stat'ed, never read)."""
+        try:
+            self._guard(path)
+        except PermissionError:
+            return not path.startswith("/dev/")
+        return False
+
     def _note(self, path: str) -> None:
         self.accessed.add(os.path.normpath(path))
 
@@ -259,6 +282,7 @@ class Host:
         except PermissionError as exc:
             if exc.errno == errno.ELOOP:
                 return Read(path, ReadState.UNREADABLE, detail="a link changed while it was read")
+            self.denied[os.path.normpath(path)] = exc.strerror or "permission denied"
             return Read(path, ReadState.DENIED, detail=exc.strerror or "")
         except OSError as exc:
             return Read(path, ReadState.UNREADABLE, detail=exc.strerror or str(exc))
@@ -310,6 +334,8 @@ class Host:
                     where = os.path.join(meta_dir, name)
                     raw = read_regular(where, META_READ_LIMIT, follow_links=False)
                     value = documents.load_value(raw, where, META_READ_LIMIT)
+            except PermissionError as exc:
+                self.denied[f"/{META_DIR}/{name}"] = exc.strerror or "permission denied"
             except (OSError, documents.DocumentError):
                 value = None
         self._meta_cache[name] = value
@@ -392,6 +418,7 @@ class Host:
         except FileNotFoundError:
             return Read(path, ReadState.MISSING)
         except PermissionError as exc:
+            self.denied[os.path.normpath(path)] = exc.strerror or "permission denied"
             return Read(path, ReadState.DENIED, detail=exc.strerror or "")
         except OSError as exc:
             return Read(path, ReadState.UNREADABLE, detail=exc.strerror or str(exc))

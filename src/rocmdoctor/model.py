@@ -100,6 +100,12 @@ class Change:
         return envelope(changed=self.changed, msg=self.msg, diff=self.diff, **self.data, **extra)
 
 
+def state_diff(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """Ansible's `{before, after}` diff, only the fields that change: a converged run diffs nothing."""
+    keys = [key for key in {**before, **after} if before.get(key) != after.get(key)]
+    return {"before": {k: before.get(k) for k in keys}, "after": {k: after.get(k) for k in keys}}
+
+
 def envelope(**fields: Any) -> dict[str, Any]:
     """The one JSON envelope of every command: schema_version first, then the command's fields."""
     return {"schema_version": SCHEMA_VERSION, **fields}

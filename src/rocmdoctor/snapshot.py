@@ -54,6 +54,9 @@ class CaptureFacts:
     account_gids: frozenset[int]
     measured_paths: tuple[str, ...]
     redact: Callable[[str], str]
+    # What a real run of the checks, with the user's options, read (Host.accessed): a prefix, a user,
+    # a port other than the defaults are captured as the run read them, so replay equals live.
+    read_paths: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -109,6 +112,10 @@ def _filter_group(text: str, users: set[str], gids: set[int], keep_gids: set[int
 
 def _capture(host: Host, snap: Snapshot, path: str, redact: Callable[[str], str]) -> None:
     """One host path into the snapshot: device node, directory, fd link or file contents."""
+    if path in snap.files or path in snap.links or path in snap.dirs or path in snap.stat:
+        return
+    if host.deny_listed(path):  # a run may have asked for it (and been refused): never read it here
+        return
     st = host.stat(path)
     if path.startswith("/dev/"):
         if st is not None:
@@ -145,7 +152,10 @@ def collect(ctx: Context, specs: list[CheckSpec], facts: CaptureFacts) -> Snapsh
     host = ctx.host
     snap = Snapshot()
     users = snapshot_users(ctx)
-    for pattern in dict.fromkeys(p for spec in specs for p in spec.reads):
+    # The declared reads (a check's documentation, and a lint against what it reads) and what the run
+    # really read: the same paths on the fixtures, and the run's wherever an option moved a read.
+    declared = [p for spec in specs for p in spec.reads]
+    for pattern in dict.fromkeys([*declared, *sorted(facts.read_paths)]):
         for path in host.glob(pattern):
             if (
                 path.startswith("/proc/")
@@ -154,6 +164,7 @@ def collect(ctx: Context, specs: list[CheckSpec], facts: CaptureFacts) -> Snapsh
             ):
                 continue
             _capture(host, snap, path, facts.redact)
+    _through_kept_links(snap)
     device_gids = {entry["gid"] for entry in snap.stat.values() if "gid" in entry}
     if PASSWD in snap.files:
         snap.files[PASSWD] = _filter_passwd(snap.files[PASSWD].decode(), users).encode()
@@ -228,8 +239,38 @@ def replay_keeps_link(path: bytes, target: bytes) -> bool:
     if path.startswith(b"sys/") and path.endswith(b"/driver"):
         return True
     if not path.startswith(b"proc/"):
-        return False
+        return stays_below(target)
     return target.startswith(b"/") or (b"/" not in target and target not in (b".", b".."))
+
+
+def stays_below(target: bytes) -> bool:
+    """A relative link to names below its own directory (`current -> bundles/<tag>`): read as text by
+    the checks, and whatever a run read through it is captured where it really is."""
+    parts = target.split(b"/")
+    return not target.startswith(b"/") and all(p not in (b"", b".", b"..") for p in parts)
+
+
+def _through_kept_links(snap: Snapshot) -> None:
+    """A file read through a kept link (`<prefix>/current/meta.json`) is stored where the link points
+    (`<prefix>/bundles/<tag>/meta.json`): nothing is extracted below a link."""
+    kept = {
+        link: str(Path(link).parent / target)
+        for link, target in snap.links.items()
+        if not link.startswith("/proc/") and stays_below(target.encode())
+    }
+    if not kept:
+        return
+
+    def moved(path: str) -> str:
+        for link, real in kept.items():
+            if path.startswith(link + "/"):
+                return real + path[len(link) :]
+        return path
+
+    snap.files = {moved(p): data for p, data in snap.files.items()}
+    snap.dirs = {moved(p) for p in snap.dirs if p not in kept}
+    snap.links = {moved(p) if p not in kept else p: t for p, t in snap.links.items()}
+    snap.stat = {moved(p): entry for p, entry in snap.stat.items()}
 
 
 class SnapshotError(ValueError):

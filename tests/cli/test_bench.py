@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -119,13 +122,22 @@ def test_plot_without_matplotlib_is_refused_before_the_run(tmp_path):
     shadow = tmp_path / "shadow" / "matplotlib"
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'matplotlib'\")\n")
-    result = rocmdoctor(
-        "bench",
-        "--url",
-        "http://127.0.0.1:9",
-        "--plot",
-        str(tmp_path / "b.png"),
-        env={"PYTHONPATH": str(tmp_path / "shadow")},
+    # A process of its own: the shadow package must be what a fresh interpreter finds first.
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rocmdoctor",
+            "bench",
+            "--url",
+            "http://127.0.0.1:9",
+            "--plot",
+            str(tmp_path / "b.png"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(tmp_path / "shadow")},
     )
     assert result.returncode == 2
     assert "pip install 'rocmdoctor[plot]'" in result.stderr

@@ -117,7 +117,7 @@ def test_persistent_500_gives_up_after_bounded_retries(lab):
 def test_stalled_server_times_out_with_a_clear_error(lab):
     part = lab.new.assets[0]
     lab.server.inject(part.name, Fault("stall", after=10_000, seconds=30, times=None))
-    proc = lab.install("gfx1151", "--retries", "1", timeout=30)
+    proc = lab.install("gfx1151", "--retries", "1")
     _failed_cleanly(lab, proc, part.name, "stalled", "rerun the same command to resume")
 
 

@@ -15,6 +15,7 @@ import time
 import click
 import pytest
 
+from harness.cli import rocmdoctor as run_in_process
 from rocmdoctor import params
 
 UNIT = ["unit", "--model", "m", "--gpu-memory-utilization", "0.5"]
@@ -63,9 +64,7 @@ BAD_VALUES = [
 
 
 def rocmdoctor(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "rocmdoctor", *argv], check=False, capture_output=True, text=True, timeout=60
-    )
+    return run_in_process(*argv)
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,6 @@
-"""When the KFD topology cannot be read, `check` says so and by whom; it never reports "no GPU".
+"""Unreadable is not absent: when the KFD topology or a tree's device table cannot be read, `check` says
+so, naming the file (a failed finding, exit 1, no check in error); it never reports "no GPU" or
+"/dev/kfd does not exist".
 
 The check runs as root without the capabilities that let root read anything (CAP_DAC_OVERRIDE and
 CAP_DAC_READ_SEARCH dropped with setpriv) against a topology directory owned by another user: the
@@ -39,7 +41,7 @@ def check_without_dac_override(root: Path) -> subprocess.CompletedProcess:
     )
 
 
-def test_unreadable_topology_is_an_error_naming_the_path_and_user(tmp_path):
+def test_unreadable_topology_is_a_finding_naming_the_path_and_user(tmp_path):
     root = tmp_path / "root"
     shutil.copytree(HOSTS / "strix-halo-clean", root, symlinks=True)
     nodes = root / "sys/class/kfd/kfd/topology/nodes"
@@ -48,8 +50,9 @@ def test_unreadable_topology_is_an_error_naming_the_path_and_user(tmp_path):
     done = check_without_dac_override(root)
     assert "Traceback" not in done.stderr, done.stderr
     report = json.loads(done.stdout)
+    assert done.returncode == 1 and report["summary"]["error"] == 0, report["summary"]
     present = next(c for c in report["checks"] if c["id"] == "gpu.present")
-    assert present["status"] == "error", present
+    assert present["status"] == "fail", present
     assert "cannot read /sys/class/kfd/kfd/topology/nodes as" in present["summary"]
     assert "none is a GPU" not in present["summary"] and "root" in present["remedy"]
     arch = next(c for c in report["checks"] if c["id"] == "gpu.arch")
@@ -60,3 +63,20 @@ def test_a_readable_topology_is_judged_as_before(tmp_path):
     done = check_without_dac_override(HOSTS / "strix-halo-clean")
     present = next(c for c in json.loads(done.stdout)["checks"] if c["id"] == "gpu.present")
     assert present["status"] == "pass"
+
+
+def test_an_unreadable_device_table_is_a_finding_not_a_missing_dev_kfd(tmp_path):
+    root = tmp_path / "root"
+    shutil.copytree(HOSTS / "strix-halo-clean", root, symlinks=True)
+    table = root / ".rocmdoctor/stat.json"
+    os.chown(table, 65534, 65534)
+    table.chmod(0o600)
+    done = check_without_dac_override(root)
+    assert "Traceback" not in done.stderr, done.stderr
+    report = json.loads(done.stdout)
+    assert done.returncode == 1 and report["summary"]["error"] == 0, report["summary"]
+    loaded = next(c for c in report["checks"] if c["id"] == "driver.loaded")
+    assert loaded["status"] == "fail", loaded
+    assert f"cannot read {table} (Permission denied)" in loaded["summary"], loaded["summary"]
+    assert "does not exist" not in loaded["summary"] and "root" in loaded["remedy"]
+    assert loaded["details"]["unreadable"] == [str(table)]

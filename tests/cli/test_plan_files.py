@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import FIXTURES
+from harness.cli import rocmdoctor
 from harness.fake_hub import GOOD_TOKEN, fake_hub, safetensors_bytes
 from rocmdoctor.model_files import (
     MAX_HEADER_BYTES,
@@ -85,18 +86,9 @@ def write_cache(hub_cache: Path, model_id: str, files: dict[str, bytes], commit:
     return snapshot
 
 
-def run_cli(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 60
-) -> subprocess.CompletedProcess:
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     # An empty root: a host without any GPU.
-    return subprocess.run(
-        [sys.executable, "-m", "rocmdoctor", "--root", tempfile.mkdtemp(prefix="plan-root-"), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-        check=False,
-    )
+    return rocmdoctor(*args, root=tempfile.mkdtemp(prefix="plan-root-"), env=env)
 
 
 def test_local_directory_weights_exact_from_sharded_headers(tmp_path: Path):

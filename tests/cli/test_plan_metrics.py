@@ -4,19 +4,19 @@ that misbehave (and the shared fake OpenAI server, whose /metrics is not vLLM's 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
+from harness.cli import rocmdoctor
 from harness.fake_openai import fake_server
+from harness.release_server import LoopbackServer
 from rocmdoctor.provision.server_memory import MAX_METRICS_BYTES, MetricsError, diagnose_url
 
 
@@ -78,7 +78,7 @@ def metrics_server(mode: str, pages: list[str] | None = None) -> Iterator[str]:
             except (BrokenPipeError, ConnectionResetError):
                 pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = LoopbackServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -90,14 +90,7 @@ def metrics_server(mode: str, pages: list[str] | None = None) -> Iterator[str]:
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "rocmdoctor", "--root", tempfile.mkdtemp(prefix="plan-root-"), *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=dict(os.environ),
-        check=False,
-    )
+    return rocmdoctor(*args, root=tempfile.mkdtemp(prefix="plan-root-"))
 
 
 @pytest.mark.parametrize(

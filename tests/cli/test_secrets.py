@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.cli import rocmdoctor as run_in_process
 from rocmdoctor.sensitive import (
     KeyFileError,
     read_api_key,
@@ -101,14 +102,8 @@ def test_environment_maps_lose_secret_values_only():
 # -- the reports: a planted process in a --root tree ----------------------------------------------------
 
 
-def rocmdoctor(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "rocmdoctor", *argv],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+def rocmdoctor(*argv: str) -> subprocess.CompletedProcess:
+    return run_in_process(*argv)
 
 
 def proc_tree(tmp_path: Path) -> Path:
@@ -210,7 +205,7 @@ def test_a_key_file_that_never_ends_is_refused_quickly(tmp_path, kind, command):
         "bench": ["bench", "--url", "http://127.0.0.1:9"],
     }[command]
     started = time.monotonic()
-    done = rocmdoctor(*argv, "--api-key-file", str(path), timeout=25)
+    done = rocmdoctor(*argv, "--api-key-file", str(path))
     assert done.returncode == 2, done.stdout + done.stderr
     assert "--api-key-file" in done.stderr and "Traceback" not in done.stderr
     assert time.monotonic() - started < 20

@@ -11,7 +11,6 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import REPO
+from harness.cli import rocmdoctor as run_in_process
 from harness.engine import require_vllm_python
 from rocmdoctor.provision.server_args import ArgumentError, Choices, GpuPool, flag_meanings, resolve
 from rocmdoctor.vllm_flags import FLAGS, VLLM_VERSION
@@ -27,12 +27,9 @@ POOLS = [GpuPool("gpu0", "gfx11", 24 << 30, 23 << 30, False)]
 
 
 def rocmdoctor(
-    *argv: str, root: Path | None = None, env: dict[str, str] | None = None, timeout: float = 60
+    *argv: str, root: Path | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "rocmdoctor"] + (["--root", str(root)] if root else []) + list(argv)
-    return subprocess.run(
-        cmd, check=False, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
-    )
+    return run_in_process(*argv, root=root, env=env)
 
 
 # word(s) after `--` -> what the refusal names
@@ -238,10 +235,10 @@ def test_a_bad_prefix_is_refused(prefix, message):
 @pytest.mark.parametrize("command", PREFIX_COMMANDS, ids=lambda c: c[0])
 @pytest.mark.parametrize("prefix", ["+/opt/rd", ""])
 def test_every_command_refuses_a_bad_prefix_from_the_option_and_the_environment(command, prefix):
-    done = rocmdoctor(*command, "--prefix", prefix, timeout=30)
+    done = rocmdoctor(*command, "--prefix", prefix)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "--prefix" in done.stderr and "Traceback" not in done.stderr
-    via_env = rocmdoctor(*command, env={"ROCMDOCTOR_PREFIX": prefix}, timeout=30)
+    via_env = rocmdoctor(*command, env={"ROCMDOCTOR_PREFIX": prefix})
     assert via_env.returncode == 2, via_env.stdout + via_env.stderr
     assert "ROCMDOCTOR_PREFIX" in via_env.stderr or "--prefix" in via_env.stderr
 

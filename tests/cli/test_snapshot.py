@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import shutil
 import tarfile
 
 import pytest
 
 from harness.hosts import FIXTURE_IDS, check_json, fixture_root, normalize, run_cli
 from rocmdoctor.checks import load_registry
+
+BUNDLE = "vllm0.1.0-rocm7.0.0-gfx1151"
 
 
 def take(root, out, *args):
@@ -140,3 +143,37 @@ def test_links_in_a_captured_tree_never_lead_outside_the_root(tmp_path):
     (tmp_path / "etc" / "inside").write_text("ok\n")
     (tmp_path / "proc" / "abs").symlink_to("/etc/inside")  # re-rooted, not read from the live /etc
     assert host.read_text("/proc/abs").value == "ok\n"
+
+
+def non_root_user(root) -> str:
+    return [line.split(":")[0] for line in (root / "etc/passwd").read_text().splitlines()][-1]
+
+
+@pytest.mark.parametrize("fixture_id", FIXTURE_IDS)
+def test_capture_then_replay_equals_live_with_a_prefix_and_user_of_its_own(fixture_id, tmp_path, install_lab):
+    """A run with options that move its reads (a bundle under /srv/rd, another user): the snapshot holds
+    what that run read, so its replay with the same options gives the same report."""
+    root = tmp_path / "host"
+    shutil.copytree(fixture_root(fixture_id), root, symlinks=True)
+    install_lab.pin("gfx1151", install_lab.bundle(BUNDLE))
+    installed = install_lab.cli(
+        "install",
+        "--family",
+        "gfx1151",
+        "--prefix",
+        str(root / "srv/rd"),
+        "--bundles-dir",
+        str(install_lab.pins),
+    )
+    assert installed.returncode == 0, installed.stderr
+    options = ("--prefix", "/srv/rd", "--user", non_root_user(root))
+    archive = tmp_path / "host.tar.gz"
+    take(root, archive, *options)
+    _, live, _ = check_json(root, *options)
+    rc, replayed, stderr = check_json(archive, *options)
+    assert "Traceback" not in stderr
+    assert normalize(replayed) == normalize(live)
+    assert rc == live["exit_code"]
+    # the options did move the reads: the same tree judged at the default prefix differs
+    _, default_prefix, _ = check_json(root, "--user", non_root_user(root))
+    assert normalize(default_prefix) != normalize(live)

@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
+from harness.cli import rocmdoctor as run_in_process
 from rocmdoctor.provision.unit import UnitError, command_line
 
 MAX_EXPOSURE = 3.5
 
 
 def rocmdoctor(*argv: str, root: Path | None = None) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "rocmdoctor"] + (["--root", str(root)] if root else []) + list(argv)
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    return run_in_process(*argv, root=root)
 
 
 def fake_prefix(base: Path) -> Path:
@@ -259,5 +259,28 @@ def test_check_mode_reports_changes_and_writes_nothing(tmp_path):
     assert not (root / "etc/systemd").exists() and (root / "etc/passwd").read_text() == passwd_before
     write_unit(root)
     assert write_unit(root, "--check")["changed"] is False
-    done = rocmdoctor("unit", "--check", "--model", "m", "--gpu-memory-utilization", "0.8")
-    assert done.returncode == 2 and "--check goes with --write" in done.stderr
+    # --check on its own is the same dry run as --write --check
+    alone = rocmdoctor(
+        "unit",
+        "--check",
+        "--json",
+        "--model",
+        "/srv/models/tiny",
+        "--gpu-memory-utilization",
+        "0.8",
+        root=root,
+    )
+    assert alone.returncode == 0, alone.stderr
+    assert json.loads(alone.stdout)["changed"] is False
+
+
+def test_the_write_json_is_the_change_envelope(tmp_path):
+    root = account_root(tmp_path)
+    planned = write_unit(root, "--check")
+    assert list(planned)[0] == "schema_version" and planned["check"] is True
+    assert planned["msg"].startswith("would change 3 files; would create") and "user vllm" in planned["msg"]
+    assert "+ExecStart=" in planned["diff"] and "secret, not shown" in planned["diff"]
+    done = write_unit(root)
+    assert done["check"] is False and done["msg"].startswith("changed 3 files; created")
+    again = write_unit(root)
+    assert (again["changed"], again["msg"], again["diff"]) == (False, "nothing to change", "")

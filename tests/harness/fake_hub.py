@@ -19,7 +19,9 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+
+from harness.release_server import LoopbackServer
 
 GOOD_TOKEN = "hf_loopback_good_token"
 
@@ -48,7 +50,7 @@ class FakeHub:
         self.mode = mode
         self.sent: Counter[str] = Counter()
         self.requests: list[tuple[str, str | None]] = []
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server = LoopbackServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 

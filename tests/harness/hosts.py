@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -67,17 +65,12 @@ def covered(path: str, pattern: str) -> bool:
 
 
 def run_cli(
-    *args: str, root: Path | str | None = None, env: dict[str, str] | None = None, timeout: float = 60
+    *args: str, root: Path | str | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """`python -m rocmdoctor [--root R] ARGS` as a real process."""
-    argv = [sys.executable, "-m", "rocmdoctor"]
-    if root is not None:
-        argv += ["--root", str(root)]
-    full_env = {k: v for k, v in os.environ.items() if k != "ROCMDOCTOR_ROOT"}
-    full_env.update(env or {})
-    return subprocess.run(
-        argv + list(args), check=False, capture_output=True, text=True, timeout=timeout, env=full_env
-    )
+    """`rocmdoctor [--root R] ARGS`, in this process (harness.cli)."""
+    from harness.cli import rocmdoctor
+
+    return rocmdoctor(*args, root=root, env=env)
 
 
 def check_json(root: Path | str, *args: str) -> tuple[int, dict[str, Any], str]:

@@ -1,34 +1,24 @@
-"""Run the real `rocmdoctor` command line in a subprocess, as a user would (or in this process, where
-a test runs it many times: no interpreter start each)."""
+"""Run the real `rocmdoctor` command line as a user would, in this process (harness.cli): no
+interpreter start each, which smoke and bench tests pay many times."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import time
 from typing import Any
 
-CLI_TIMEOUT_S = 180
+from harness.cli import rocmdoctor as run_in_process
 
 
-def rocmdoctor(
-    *args: str, timeout: float = CLI_TIMEOUT_S, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess:
-    result = subprocess.run(
-        [sys.executable, "-m", "rocmdoctor", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=None if env is None else {**os.environ, **env},
-    )
+def rocmdoctor(*args: str, env: dict[str, str] | None = None) -> Any:
+    result = run_in_process(*args, env=env)
     assert "Traceback" not in result.stderr, result.stderr
     return result
 
 
-def rocmdoctor_json(*args: str, timeout: float = CLI_TIMEOUT_S) -> tuple[int, dict[str, Any]]:
-    result = rocmdoctor(*args, "--json", timeout=timeout)
+def rocmdoctor_json(*args: str) -> tuple[int, dict[str, Any]]:
+    result = rocmdoctor(*args, "--json")
     assert result.stdout, result.stderr
     return result.returncode, json.loads(result.stdout)
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness.bundles import BuiltBundle, FileSpec, build_bundle, write_pins
+from harness.cli import rocmdoctor
 from harness.release_server import ReleaseServer
 
 REPO = "lemonade-sdk/vllm-rocm"
@@ -69,9 +70,9 @@ class InstallLab:
             draft=draft,
         )
 
-    def shipped(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    def shipped(self, *args: str) -> subprocess.CompletedProcess:
         """`rocmdoctor install` with the shipped manifest and lock, as a new user runs it."""
-        return self.cli("install", "--prefix", str(self.prefix), *FAST, *args, timeout=timeout)
+        return self.cli("install", "--prefix", str(self.prefix), *FAST, *args)
 
     def pin(self, family: str, built: BuiltBundle) -> Path:
         write_pins(self.pins, {family: built}, base_url=self.server.mirror_url)
@@ -80,14 +81,9 @@ class InstallLab:
     def env(self) -> dict[str, str]:
         return {**os.environ, "ROCMDOCTOR_GITHUB_API": self.server.api_url}
 
-    def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-m", "rocmdoctor", *args],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=self.env(),
-        )
+    def cli(self, *args: str) -> subprocess.CompletedProcess:
+        """The command line in this process (harness.cli), against this lab's release server."""
+        return rocmdoctor(*args, env={"ROCMDOCTOR_GITHUB_API": self.server.api_url})
 
     def install_args(self, family: str, *args: str) -> list[str]:
         return [
@@ -102,8 +98,8 @@ class InstallLab:
             *args,
         ]
 
-    def install(self, family: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-        return self.cli(*self.install_args(family, *args), timeout=timeout)
+    def install(self, family: str, *args: str) -> subprocess.CompletedProcess:
+        return self.cli(*self.install_args(family, *args))
 
     def spawn_install(self, family: str, *args: str) -> subprocess.Popen:
         return subprocess.Popen(

@@ -90,3 +90,46 @@ def test_a_staged_name_that_is_not_a_plain_file_name_is_refused(tmp_path: Path):
         tmp_path, {"cli": [sys.executable, "-c", COMMAND], "command": ["install"], "stage": {"a": "b"}}
     )
     assert rc != 0 and "stage needs stage_option" in out, out
+
+
+def tree_state(root: Path) -> dict[str, bytes | str]:
+    """Every entry under `root`: file bytes, link targets, directories."""
+    state: dict[str, bytes | str] = {}
+    for path in sorted(root.rglob("*")):
+        rel = str(path.relative_to(root))
+        state[rel] = (
+            f"-> {os.readlink(path)}" if path.is_symlink() else "dir" if path.is_dir() else path.read_bytes()
+        )
+    return state
+
+
+def test_check_mode_never_writes_when_command_or_args_hold_the_vllm_separator(tmp_path: Path):
+    """The module's --json/--check go before a `--`: after it they would be vLLM's arguments, the
+    "dry run" would write the unit (with `--check` in ExecStart) and create the account."""
+    root = tmp_path / "root"
+    (root / "etc").mkdir(parents=True)
+    for name in ("passwd", "group", "shadow", "gshadow", "login.defs"):
+        (root / "etc" / name).write_bytes((Path("/etc") / name).read_bytes())
+    cli = [sys.executable, "-m", "rocmdoctor", "--root", str(root)]
+    own = ["--model", "/srv/models/tiny", "--gpu-memory-utilization", "0.8"]
+    cases = [
+        {"command": ["unit", "--write", *own, "--", "--enforce-eager"], "args": []},
+        {"command": ["unit", "--write"], "args": [*own, "--", "--enforce-eager", "--seed", "1"]},
+        {"command": ["unit", "--write", *own, "--"], "args": ["--enforce-eager"]},
+    ]
+    before = tree_state(root)
+    for case in cases:
+        rc, out = run_module(tmp_path, {"cli": cli, **case}, "--check", "--diff")
+        assert rc == 0, out
+        result = result_of(out)
+        cut = result["cmd"].index("--")
+        assert {"--json", "--check"} <= set(result["cmd"][len(cli) : cut]), result["cmd"]
+        assert {"--json", "--check"}.isdisjoint(result["cmd"][cut:]), result["cmd"]
+        assert result["changed"] is True and result["result"]["check"] is True
+        assert "+ExecStart=" in out and "--enforce-eager" in out and "--check" not in result["result"]["diff"]
+        assert tree_state(root) == before, "a check-mode run wrote into the tree"
+    # and for real, once: the unit carries the vLLM arguments and not the module's flags
+    rc, out = run_module(tmp_path, {"cli": cli, **cases[1]})
+    assert rc == 0 and result_of(out)["changed"] is True, out
+    unit = (root / "etc/systemd/system/vllm.service").read_text()
+    assert "--enforce-eager --seed 1" in unit and "--check" not in unit and "--json" not in unit

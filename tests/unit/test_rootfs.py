@@ -33,11 +33,16 @@ def test_a_chain_longer_than_path_max_cannot_escape(tmp_path):
     root = tmp_path / "root"
     root.mkdir()
     name = "d" * 200
-    current = root
+    # Built through directory fds: the deepest absolute path is longer than PATH_MAX by design, so it
+    # could not be named from the top (and how long depends on where tmp_path is).
+    current = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
     for i in range(20):  # 20 x 200 chars > PATH_MAX (4096) once expanded
-        (current / name).mkdir()
-        (current / f"l{i}").symlink_to(name)
-        current = current / name
+        os.mkdir(name, dir_fd=current)
+        os.symlink(name, f"l{i}", dir_fd=current)
+        deeper = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=current)
+        os.close(current)
+        current = deeper
+    os.close(current)
     chain = "/".join(f"l{i}" for i in range(20))
     (root / "escape").symlink_to(chain + "/" + "../" * 60 + "etc/passwd")
     real = resolve_inside(str(root), "/escape")

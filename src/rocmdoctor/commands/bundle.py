@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from .. import params
-from ..model import SCHEMA_VERSION, envelope
+from ..model import SCHEMA_VERSION, envelope, state_diff
 from .common import App, UserError, emit_json, pass_app
 
 # Checks that make an install pointless: without them the bundle cannot run on this host.
@@ -633,6 +633,7 @@ def lock(
                 raise Failed(f"cannot write {target}: {exc.strerror or exc}; pass --out FILE") from None
     failed = [r for r in report if not r["pinned"]]
     verb = "would pin" if check else "pinned"
+    moved = [r["family"] for r in report if r.get("changed")]
     doc = {
         "schema_version": SCHEMA_VERSION,
         "changed": changed,
@@ -640,6 +641,10 @@ def lock(
         "failed": bool(failed),
         "lock": str(target),
         "msg": f"{verb} {len(report) - len(failed)} of {len(report)} families into {target}",
+        "diff": state_diff(
+            {f: current.families[f].tag if f in current.families else None for f in moved},
+            {f: updated.families[f].tag for f in moved},
+        ),
         "families": report,
     }
     if as_json:

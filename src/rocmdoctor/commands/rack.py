@@ -85,7 +85,8 @@ def common_argv(opts: dict[str, Any], first) -> tuple[list[str], str]:
     return argv + list(args.extra), args.served_model_name
 
 
-def show_plan(plan, stream=sys.stderr) -> None:
+def show_plan(plan, stream=None) -> None:
+    stream = stream or sys.stderr  # bound at call time: the CLI may run in-process
     for inst in plan.instances:
         devices = ", ".join(d.label for d in inst.devices)
         print(
@@ -212,8 +213,10 @@ def instances(
     given = click.get_current_context().get_parameter_source("host") is not ParameterSource.DEFAULT
     reach = opts["host"] if given else None
     if bench:
-        if write or smoke:
-            raise UserError("--bench measures what is written and running: not with --write or --smoke")
+        if write or check_only or smoke:
+            raise UserError(
+                "--bench measures what is written and running: not with --write, --check or --smoke"
+            )
         if requests < concurrency:
             raise UserError(
                 f"--requests {requests} is smaller than --concurrency {concurrency}: send at least that many"
@@ -221,7 +224,7 @@ def instances(
         bench_instances(HostWriter(app.root), reach, opts["as_json"], concurrency, requests, max_tokens)
         return
     if smoke:
-        if write:
+        if write or check_only:
             raise UserError("--smoke tests what is written: run --write first, then --smoke")
         smoke_instances(HostWriter(app.root), reach, opts["as_json"])
         return
@@ -236,8 +239,7 @@ def write_layout(
     from ..provision import instances as rack
     from ..provision.unit import ServiceLayout, UnitError, read_api_key
 
-    if check_only and not write:
-        raise UserError("--check goes with --write (it shows what --write would change)")
+    write = write or check_only  # --check alone: what --write would change, written nowhere
     writer = HostWriter(app.root)
     try:
         owned = rack.owned_ports(writer)  # the preview shows the ports --write would keep

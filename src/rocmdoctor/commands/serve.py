@@ -57,7 +57,8 @@ def api_key(opts: dict[str, Any]) -> str | None:
         raise UserError(str(exc)) from None
 
 
-def show_settings(args, stream=sys.stderr) -> None:
+def show_settings(args, stream=None) -> None:
+    stream = stream or sys.stderr  # bound at call time: the CLI may run in-process
     for setting in args.settings:
         print(f"  {setting.flag} {setting.value}  ({setting.reason})", file=stream)
     if args.extra:
@@ -111,9 +112,7 @@ def unit(
         specs = file_specs(args, ServiceLayout(prefix=opts["prefix"]), user, api_key(opts), timeout_s)
     except UnitError as exc:
         raise UserError(str(exc)) from None
-    if check_only and not write:
-        raise UserError("--check goes with --write (it shows what --write would change)")
-    if not write:
+    if not (write or check_only):
         if opts["as_json"]:
             emit_json({"unit": specs[0].content, "path": specs[0].path, "server_args": args.to_json()})
         else:

@@ -123,7 +123,7 @@ OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     ),
     "check": (
         ("--check", "check_only"),
-        {"is_flag": True, "help": "With --write: show what would change, change nothing."},
+        {"is_flag": True, "help": "Show what --write would change (diff, accounts), change nothing."},
     ),
 }
 

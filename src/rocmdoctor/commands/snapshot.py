@@ -19,10 +19,14 @@ from .common import App, UserError, pass_app
     type=params.UserName(),
     help="Also keep this user's account lines (as for check --user).",
 )
-@params.prefix_option("Install prefix whose free space is kept.")
+@click.option("--port", default=8000, show_default=True, type=params.Port(), help="As for check --port.")
+@params.prefix_option("As for check --prefix: the bundle and free space the run reads there are kept.")
 @pass_app
-def snapshot(app: App, out: Path, user: str | None, prefix: str) -> None:
-    """Write the files the checks read to OUT (.tar.gz); `rocmdoctor --root OUT check` replays it."""
+def snapshot(app: App, out: Path, user: str | None, port: int, prefix: str) -> None:
+    """Write the files the checks read to OUT (.tar.gz); `rocmdoctor --root OUT check` replays it.
+
+    Give the options you give `check` (--user, --port, --prefix): the checks run with them first,
+    and what that run read is what is kept."""
     from ..checks import load_registry
     from ..checks.capture import capture_facts
     from ..snapshot import snapshot as take_snapshot
@@ -31,9 +35,10 @@ def snapshot(app: App, out: Path, user: str | None, prefix: str) -> None:
         raise UserError(f"{out}: name the archive *.tar.gz")
     if not out.resolve().parent.is_dir():
         raise UserError(f"{out.parent} does not exist; create it or write the snapshot elsewhere")
-    ctx = check_context(app, user, 8000, prefix)
+    ctx = check_context(app, user, port, prefix)
     try:
-        snap = take_snapshot(ctx, load_registry().specs, capture_facts(ctx), out)
+        specs = load_registry().specs
+        snap = take_snapshot(ctx, specs, capture_facts(ctx, specs), out)
     except OSError as exc:
         raise UserError(f"cannot write {out}: {exc.strerror or exc}") from None
     click.echo(

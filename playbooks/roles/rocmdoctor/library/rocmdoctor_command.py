@@ -22,6 +22,8 @@ short_description: Run a changing rocmdoctor command with check mode and diffs
 description:
   - Runs C(cli + command + [--json] + [--check in check mode] + args) and reports its C(changed),
     C(msg) and diffs as Ansible does. The command's own JSON is returned as C(result).
+  - The module's own flags always go before a C(--) in C(command) or C(args): after it they would be
+    the vLLM server's arguments, and a dry run would write for real.
 options:
   cli:
     description: The rocmdoctor executable and its global options (e.g. C(--root)).
@@ -95,9 +97,10 @@ def diffs(doc: dict) -> list[dict]:
                 "after": _state_text(diff["after"]),
             }
         )
-    for item in doc.get("files") or []:
-        if isinstance(item, dict) and item.get("changed") and item.get("diff"):
-            entries.append({"prepared": str(item["diff"])})
+    if not entries:  # an older envelope: the diff only per file
+        for item in doc.get("files") or []:
+            if isinstance(item, dict) and item.get("changed") and item.get("diff"):
+                entries.append({"prepared": str(item["diff"])})
     return entries
 
 
@@ -117,6 +120,15 @@ def stage_files(module: AnsibleModule, files: dict) -> str:
     return folder
 
 
+def split_at_separator(words: list[str]) -> tuple[list[str], list[str]]:
+    """rocmdoctor's own words, and from the first `--` on, the vLLM server's (which rocmdoctor passes
+    through untouched: `--check` there would not be seen as a dry run)."""
+    if "--" in words:
+        cut = words.index("--")
+        return words[:cut], words[cut:]
+    return words, []
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
@@ -133,13 +145,15 @@ def main() -> None:
         module.fail_json(msg="stage needs stage_option (the option that names the staged directory)")
     staged = stage_files(module, params["stage"]) if params["stage"] else None
     try:
+        own, passed_through = split_at_separator([*params["command"], *params["args"]])
         argv = [
             *params["cli"],
-            *params["command"],
+            *own[: len(params["command"])],
             "--json",
             *(["--check"] if module.check_mode else []),
             *([params["stage_option"], staged] if staged else []),
-            *params["args"],
+            *own[len(params["command"]) :],
+            *passed_through,
         ]
         rc, out, err = module.run_command(argv)
     finally:

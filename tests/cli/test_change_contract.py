@@ -1,0 +1,110 @@
+"""Every command that changes a host, under --check --json: nothing written (the tree byte-identical,
+links and modes included), the one change envelope (src/rocmdoctor/schema/change.schema.json), and
+`changed`/`diff` right in both directions: "would change" before, converged after the real run."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from harness.cli import rocmdoctor
+from harness.hosts import two_instance_layout
+from rocmdoctor.report import load_schema
+
+CHANGE = jsonschema.Draft202012Validator(load_schema("change.schema.json"))
+T1, T2 = "vllm0.1.0-rocm7.0.0-gfx1151", "vllm0.2.0-rocm7.0.0-gfx1151"
+
+
+def tree_state(root: Path) -> dict[str, Any]:
+    """Every entry under `root`: content, link target, mode and type; nothing followed."""
+    state: dict[str, Any] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in sorted(dirnames + filenames):
+            path = Path(dirpath) / name
+            st = path.lstat()
+            if stat.S_ISLNK(st.st_mode):
+                state[str(path)] = ("link", os.readlink(path))
+            elif stat.S_ISREG(st.st_mode):
+                state[str(path)] = ("file", st.st_mode, path.read_bytes())
+            else:
+                state[str(path)] = ("other", st.st_mode)
+    return state
+
+
+def account_root(base: Path) -> Path:
+    root = base / "root"
+    (root / "etc").mkdir(parents=True)
+    for name in ("passwd", "group", "shadow", "gshadow", "login.defs"):
+        shutil.copy2(Path("/etc") / name, root / "etc" / name)
+    return root
+
+
+def envelope_of(done: Any) -> dict[str, Any]:
+    assert done.returncode == 0, done.stdout + done.stderr
+    doc = json.loads(done.stdout)
+    CHANGE.validate(doc)
+    return doc
+
+
+def assert_contract(watched: Path, run: Callable[..., Any], apply: tuple[str, ...] = ()) -> None:
+    """--check first (would change, writes nothing), the real run (`apply`: the flag that makes a
+    command write rather than show), then --check again (converged)."""
+    before = tree_state(watched)
+    planned = envelope_of(run("--check", "--json"))
+    assert tree_state(watched) == before, "a --check run wrote"
+    assert planned["check"] is True and planned["changed"] is True and planned["diff"], planned
+    done = envelope_of(run(*apply, "--json"))
+    assert done["check"] is False and done["changed"] is True, done
+    after = tree_state(watched)
+    again = envelope_of(run("--check", "--json"))
+    assert again["changed"] is False and tree_state(watched) == after, again
+    assert envelope_of(run(*apply, "--json"))["changed"] is False
+
+
+def test_unit(tmp_path: Path):
+    root = account_root(tmp_path)
+    model = ("--model", "/srv/models/tiny", "--gpu-memory-utilization", "0.8", "--", "--enforce-eager")
+    assert_contract(root, lambda *flags: rocmdoctor("unit", *flags, *model, root=root), ("--write",))
+
+
+def test_instances(tmp_path: Path):
+    root = account_root(tmp_path)
+    layout = (*two_instance_layout(), "--model", "/srv/models/tiny", "--port", "18000")
+    assert_contract(root, lambda *flags: rocmdoctor("instances", *flags, *layout, root=root), ("--write",))
+
+
+def test_lock_install_rollback_and_prune(install_lab):
+    lab = install_lab
+    built = {tag: lab.bundle(tag) for tag in (T1, T2)}
+    lab.pin("gfx1151", built[T1])  # the release server's newest is T2: a refresh moves the pin
+    prefix = ("--prefix", str(lab.prefix))
+    pins = ("--bundles-dir", str(lab.pins), "--family", "gfx1151", "--connect-timeout", "2")
+    assert_contract(lab.root, lambda *flags: lab.cli("bundle", "lock", *prefix, *pins, *flags))
+    lab.pin("gfx1151", built[T1])
+    lab.prefix.mkdir()
+    assert_contract(lab.root, lambda *flags: lab.install("gfx1151", *flags))
+    lab.pin("gfx1151", built[T2])
+    assert_contract(lab.root, lambda *flags: lab.install("gfx1151", *flags))
+    assert_contract(lab.root, lambda *flags: lab.cli("rollback", *prefix, "--to", T1, *flags))
+    assert_contract(lab.root, lambda *flags: lab.cli("bundle", "prune", *prefix, "--keep", "1", *flags))
+
+
+@pytest.mark.parametrize("command", ["unit", "instances"])
+def test_check_alone_needs_no_write_flag_and_says_so_in_text(tmp_path: Path, command: str):
+    root = account_root(tmp_path)
+    args = ("--model", "/srv/models/tiny") + (
+        ("--gpu-memory-utilization", "0.8") if command == "unit" else tuple(two_instance_layout())
+    )
+    before = tree_state(root)
+    done = rocmdoctor(command, "--check", *args, root=root)
+    assert done.returncode == 0, done.stderr
+    assert "would change" in done.stdout and "changed=true" in done.stdout
+    assert tree_state(root) == before
