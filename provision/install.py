@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import json
 import os
 import threading
@@ -376,6 +377,13 @@ def _check_recorded(layout: Layout, plan: InstallPlan) -> Lock | None:
                 f"{plan.tag}: part {name} now has digest {now[name]}, but {path} recorded {then[name]} "
                 f"when this prefix first trusted the tag. {fix}"
             )
+    # A part offered without a digest (an API answer from before 2025-06) is verified against the record.
+    plan.sources = [
+        s
+        if s.asset.digest
+        else dataclasses.replace(s, asset=dataclasses.replace(s.asset, digest=then[s.asset.name]))
+        for s in plan.sources
+    ]
     return lock
 
 

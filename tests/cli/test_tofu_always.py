@@ -171,3 +171,12 @@ def test_two_installs_sharing_a_download_dir_say_it_is_in_use(install_lab, tmp_p
     assert done.returncode == 1 and "is in use by another rocmdoctor install" in done.stderr
     assert lab.current() is None
     assert lab.install("gfx1151", "--download-dir", str(shared)).returncode == 0
+
+
+def test_a_part_offered_without_a_digest_is_verified_against_the_recorded_one(tmp_path):
+    name, digest = f"{TAG}-x64.tar.gz", "sha256:" + "d" * 64
+    lock = Lock("lemonade-sdk/vllm-rocm", {}, "", {TAG: (Asset(name, 10, digest),)})
+    (tmp_path / "lock.json").write_text(json.dumps(lock.to_json()))
+    plan = _plan(tmp_path, [(name, None)])  # type: ignore[list-item]
+    install_mod._check_recorded(Layout(tmp_path), plan)
+    assert [s.asset.digest for s in plan.sources] == [digest]
