@@ -135,10 +135,11 @@ class Diagnosis:
 
 def _int_label(info: dict[str, str], key: str) -> int | None:
     try:
-        value = int(float(info.get(key, "")))
+        number = float(info.get(key, ""))
     except ValueError:
         return None
-    return value if value > 0 else None
+    # inf/nan (int() of them raises) and absurd sizes are no block count or block size
+    return int(number) if math.isfinite(number) and 0 < number <= 2**40 else None
 
 
 def diagnose(snaps: list[Snapshot], info: dict[str, str], url: str) -> Diagnosis:
