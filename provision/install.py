@@ -25,7 +25,10 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import Meta
 
 from .. import documents
 from .. import host_files as files
@@ -47,7 +50,17 @@ from .download import (
     open_owned,
     verify_local,
 )
-from .manifest import Asset, Lock, LockEntry, ManifestError, check_tag, parse_lock, read_pin_file, with_entry
+from .manifest import (
+    MAX_PART_BYTES,
+    Asset,
+    Lock,
+    LockEntry,
+    ManifestError,
+    check_tag,
+    parse_lock,
+    read_pin_file,
+    with_entry,
+)
 
 ProgressFn = Callable[[int], None]
 METADATA = ".rocmdoctor-bundle.json"
@@ -62,6 +75,23 @@ class InstallError(RuntimeError):
 
 class UnsafeBundle(InstallError):
     """The verified parts hold an archive that breaks the member rule: bad input from its publisher."""
+
+
+class MetaAsset(msgspec.Struct, forbid_unknown_fields=False):
+    name: str | None = None
+    size: Annotated[int, Meta(ge=0, le=MAX_PART_BYTES)] | None = None
+    digest: str | None = None
+
+
+class BundleMeta(msgspec.Struct, forbid_unknown_fields=False):
+    """A bundle's .rocmdoctor-bundle.json as install writes it: the fields anything reads, typed (a file
+    that does not fit is an incomplete bundle)."""
+
+    tag: str | None = None
+    family: str | None = None
+    repo: str | None = None
+    installed_at: str | None = None
+    assets: Annotated[list[MetaAsset], Meta(max_length=1000)] = []
 
 
 @dataclass(frozen=True)
@@ -142,7 +172,9 @@ class Layout:
 
         where = str(self.bundles / tag / METADATA)
         try:
-            return documents.load_object(read_regular_file(where, METADATA_LIMIT), where, METADATA_LIMIT)
+            raw = read_regular_file(where, METADATA_LIMIT)
+            documents.decode(raw, BundleMeta, where, METADATA_LIMIT)  # the fields we read, typed
+            return documents.load_object(raw, where, METADATA_LIMIT)
         except (OSError, documents.DocumentError):
             return None
 

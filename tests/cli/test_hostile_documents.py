@@ -22,8 +22,8 @@ from rocmdoctor.host import Host
 from rocmdoctor.model_files import ModelFilesError, read_config, read_header, shard_names
 from rocmdoctor.provision.github_release import ApiOptions, ReleaseError, fetch_release
 from rocmdoctor.provision.hub import HubClient, HubError
-from rocmdoctor.provision.install import Layout
-from rocmdoctor.provision.manifest import ManifestError, parse_lock
+from rocmdoctor.provision.install import InstallPlan, Layout, Source, _matches
+from rocmdoctor.provision.manifest import Asset, ManifestError, parse_lock
 from rocmdoctor.provision.openai_client import ServerError, _json
 
 MAX_MESSAGE = 1200
@@ -49,6 +49,9 @@ hostile = st.one_of(
     st.integers(20, 5000).map(lambda n: b'{"num_hidden_layers": ' + b"7" * n + b"}"),
     st.integers(20, 5000).map(lambda n: b"[" + b"9" * n + b"]"),
     st.sampled_from([b"NaN", b"[Infinity]", b'{"x": -Infinity}', b"1e999", b'{"a": 1e400}']),
+    st.sampled_from(
+        [b'{"assets": "abc"}', b'{"assets": [1]}', b'{"family": 5}', b'{"weight_map": {"a": 1}}']
+    ),
     st.binary(max_size=64),
     json_values.map(lambda v: json.dumps(v).encode()),
     st.tuples(
@@ -82,7 +85,10 @@ def _metadata(tmp: Path, data: bytes) -> Any:
     bundle = tmp / "prefix" / "bundles" / TAG
     bundle.mkdir(parents=True, exist_ok=True)
     (bundle / ".rocmdoctor-bundle.json").write_bytes(data)
-    return Layout(tmp / "prefix").metadata(TAG)
+    meta = Layout(tmp / "prefix").metadata(TAG)
+    plan = InstallPlan(tmp / "prefix", "gfx1151", TAG, "o/r", [Source(Asset(f"{TAG}-x64.tar.gz", 1, None))])
+    _matches(meta, plan)  # what install does with it: never a crash
+    return Layout(tmp / "prefix").installed()
 
 
 def _meta_file(tmp: Path, data: bytes) -> Any:
@@ -187,3 +193,12 @@ def test_a_header_length_beyond_the_cap_is_refused_before_reading(tmp_path: Path
     path.write_bytes(struct.pack("<Q", 10**12) + b"{}")
     with pytest.raises(ModelFilesError, match="header length"):
         read_header(path)
+
+
+@pytest.mark.parametrize("doc", [b'{"assets": "abc"}', b'{"assets": [1]}', b'{"family": 5}', _nest(5000)])
+def test_bundle_metadata_of_the_wrong_shape_reads_as_an_incomplete_bundle(tmp_path: Path, doc: bytes):
+    bundle = tmp_path / "prefix" / "bundles" / TAG
+    bundle.mkdir(parents=True)
+    (bundle / ".rocmdoctor-bundle.json").write_bytes(doc)
+    assert Layout(tmp_path / "prefix").metadata(TAG) is None
+    assert _metadata(tmp_path, doc)[0]["family"] is None
