@@ -27,8 +27,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+import msgspec
+from msgspec import Meta
 from packaging.version import InvalidVersion, Version
 
 from .. import documents
@@ -299,9 +301,65 @@ def order_parts(assets: list[Asset], where: str) -> tuple[Asset, ...]:
     return tuple(a for _, _, a in numbered)
 
 
-def parse_lock(text: str, where: str = "lock.json") -> Lock:
+class LockAssetDoc(msgspec.Struct, forbid_unknown_fields=False):
+    name: Annotated[str, Meta(max_length=1024)]
+    size: Annotated[int, Meta(ge=1, le=MAX_PART_BYTES)]
+    digest: Annotated[str, Meta(max_length=200)] | None = None
+    url: Annotated[str, Meta(max_length=4096)] | None = None
+
+
+Parts = Annotated[list[LockAssetDoc], Meta(max_length=99)]
+
+
+class LockFamilyDoc(msgspec.Struct, forbid_unknown_fields=False):
+    tag: Annotated[str, Meta(max_length=300)]
+    pinned: bool
+    assets: Parts
+
+
+class LockDoc(msgspec.Struct, forbid_unknown_fields=False):
+    """lock.json's shape and ranges (the field rules below then check tags, digests and part names).
+    Families and trusted tags are decoded one by one, so that an error names its key."""
+
+    schema_version: int
+    repo: Annotated[str, Meta(max_length=200)]
+    families: Annotated[dict[str, msgspec.Raw], Meta(max_length=1000)]
+    trusted: Annotated[dict[str, msgspec.Raw], Meta(max_length=100_000)] = {}
+
+
+def _lock_field_error(where: str, prefix: str, exc: documents.DocumentError) -> ManifestError:
+    """msgspec's `$.assets[0].size` said the way the other lock errors say a field."""
+    path = prefix + exc.path if exc.path.startswith("[") else ".".join(p for p in (prefix, exc.path) if p)
+    if not exc.path and not exc.problem:
+        return ManifestError(f"{where}: {prefix}: {exc.why}" if prefix else str(exc))
+    parent, _, name = path.rpartition(".")
+    if name.endswith("]") or not name:  # an element of a list: the list is the field
+        parent, name = path, ""
+    problem = (exc.problem or exc.why).replace("`", "'")
+    at = f"{where}: {parent}" if parent else where
+    return ManifestError(f"{at}: field '{name}': {problem}" if name else f"{at}: {problem}")
+
+
+def _typed_lock(data: bytes, where: str) -> None:
     try:
-        doc = documents.load_value(text.encode("utf-8"), where, PIN_FILE_LIMIT)
+        top = documents.decode(data, LockDoc, where, PIN_FILE_LIMIT)
+    except documents.DocumentError as exc:
+        if exc.path.startswith("schema_version"):
+            return  # said by its own rule, with the version this rocmdoctor reads
+        raise _lock_field_error(where, "", exc) from None
+    for section, schema in (("families", LockFamilyDoc), ("trusted", Parts)):
+        for key, raw in getattr(top, section).items():
+            try:
+                documents.decode(bytes(raw), schema, where, PIN_FILE_LIMIT)
+            except documents.DocumentError as exc:
+                raise _lock_field_error(where, f"{section}.{key[:100]}", exc) from None
+
+
+def parse_lock(text: str, where: str = "lock.json") -> Lock:
+    data = text.encode("utf-8")
+    _typed_lock(data, where)
+    try:
+        doc = documents.load_value(data, where, PIN_FILE_LIMIT)
     except documents.DocumentError as exc:
         raise ManifestError(str(exc)) from None
     if not isinstance(doc, dict):

@@ -31,9 +31,11 @@ MAX_ERROR_CHARS = 300
 class DocumentError(ValueError):
     """A foreign document that cannot be used; the message names the document and the field."""
 
-    def __init__(self, source: str, why: str) -> None:
+    def __init__(self, source: str, why: str, path: str = "", problem: str = "") -> None:
         self.source = source
         self.why = why
+        self.path = path  # "families.gfx1151.assets[0].size" when a field is wrong, else ""
+        self.problem = problem  # what is wrong with it, msgspec's words
         super().__init__(f"{source}: {why}")
 
 
@@ -58,7 +60,11 @@ def decode(data: bytes, schema: type[T], source: str, limit: int) -> T:
     try:
         return msgspec.json.decode(data, type=schema)
     except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as exc:
-        raise DocumentError(source, _why(exc)) from None
+        path, problem = "", ""
+        if isinstance(exc, msgspec.ValidationError) and " - at `$" in str(exc):
+            problem, _, at = str(exc).rpartition(" - at `$")
+            path = at.rstrip("`").lstrip(".")
+        raise DocumentError(source, _why(exc), path[:200], problem[:MAX_ERROR_CHARS]) from None
 
 
 def load_value(data: bytes, source: str, limit: int) -> Any:
