@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -180,7 +181,11 @@ def _read_exact(stream: BinaryIO, n: int, source: str) -> bytes:
 def read_header(path: Path) -> SafetensorsHeader:
     """The header of one local safetensors file: 8 + N bytes read (N bounded first), nothing more."""
     try:
-        with open(path, "rb") as stream:
+        # non-blocking open and a regular file only: a FIFO named *.safetensors must not hang plan
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with open(fd, "rb") as stream:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ModelFilesError(f"{path} is not a regular file; not a safetensors shard")
             length = header_length(stream.read(8), str(path))
             return parse_header(_read_exact(stream, length, str(path)), str(path))
     except OSError as exc:

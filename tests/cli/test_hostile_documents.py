@@ -202,3 +202,12 @@ def test_bundle_metadata_of_the_wrong_shape_reads_as_an_incomplete_bundle(tmp_pa
     (bundle / ".rocmdoctor-bundle.json").write_bytes(doc)
     assert Layout(tmp_path / "prefix").metadata(TAG) is None
     assert _metadata(tmp_path, doc)[0]["family"] is None
+
+
+def test_a_fifo_named_like_a_shard_is_refused_at_once(tmp_path: Path):
+    import os
+
+    fifo = tmp_path / "model.safetensors"
+    os.mkfifo(fifo)
+    with pytest.raises(ModelFilesError, match="not a regular file"):
+        read_header(fifo)
