@@ -178,11 +178,12 @@ def open_stream(
     """A streamed response whose status line and headers arrived before `deadline` (HttpTimeout
     otherwise); its body is the caller's to read, with its own rule (downloads: a stall timeout per
     read and a minimum throughput). requests' own exceptions pass through, for the caller's retries."""
+    import requests
+
+    sender = session or requests
 
     def work(box: dict[str, Any]):
-        response = (session or __import__("requests")).get(
-            url, headers=dict(headers or {}), stream=True, timeout=(connect_s, read_s)
-        )
+        response = sender.get(url, headers=dict(headers or {}), stream=True, timeout=(connect_s, read_s))
         box["response"] = response
         if box.get("late"):
             response.close()
