@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from ..bundle_env import BUNDLE_SETTINGS
 from ..host_files import shipped_text
@@ -42,9 +41,9 @@ from .unit import (
     _environment_line,
     apply_file,
     command_line,
+    daemon_reload,
     ensure_accounts,
     readiness_url,
-    systemd_running,
     wait_ready_script,
 )
 
@@ -254,9 +253,9 @@ class Report(WriteReport[Change]):
         return {**super().to_json(), "restart_needed": self.restart}
 
 
-def _apply(writer: HostWriter, spec: FileSpec, check: bool) -> Change:
+def _apply(writer: HostWriter, spec: FileSpec) -> Change:
     existed = writer.read_current(spec.path) is not None
-    change = apply_file(writer.root, spec, check)
+    change = apply_file(writer, spec)
     if not change.changed:
         return Change(spec.path, "unchanged")
     if spec.secret:
@@ -269,20 +268,20 @@ def _apply(writer: HostWriter, spec: FileSpec, check: bool) -> Change:
     return Change(spec.path, action, change.diff)
 
 
-def write(writer: HostWriter, specs: list[FileSpec], user: str, check: bool = False) -> Report:
-    """Make the host match: files replaced atomically only when they differ, instance files the
-    layout no longer has removed, accounts created, systemd reloaded when a unit changed."""
-    report = Report(check=check)
+def write(writer: HostWriter, specs: list[FileSpec], user: str) -> Report:
+    """Make the writer's tree match: files replaced atomically only when they differ, instance files
+    the layout no longer has removed, accounts created, systemd reloaded when a unit changed (a writer
+    in check mode only reports)."""
+    report = Report(check=writer.check_mode)
     try:
-        report.accounts = ensure_accounts(writer.root, user, check)
+        report.accounts = ensure_accounts(writer, user)
         before = current_instances(writer)
-        report.files = [_apply(writer, spec, check) for spec in specs]
+        report.files = [_apply(writer, spec) for spec in specs]
         wanted = {spec.path for spec in specs}
         for name in sorted(before, key=int):
             path = env_path(name)
             if path not in wanted:
-                if not check:
-                    writer.remove_file(path)
+                writer.remove_file(path)
                 report.files.append(
                     Change(
                         path,
@@ -297,16 +296,9 @@ def write(writer: HostWriter, specs: list[FileSpec], user: str, check: bool = Fa
         for name in sorted(before, key=int)
         if any(c.path == env_path(name) and c.action == "updated" for c in report.files)
     ]
-    units = any(c.changed and c.path.endswith((".service", ".target")) for c in report.files)
-    if units:
-        if check:
-            report.daemon_reload = "would run"
-        elif systemd_running(Path(writer.root)):
-            try:
-                writer.run(["systemctl", "daemon-reload"])
-            except WriteRefused as exc:
-                raise UnitError(str(exc)) from None
-            report.daemon_reload = "done"
-        else:
-            report.daemon_reload = "skipped: systemd is not running here"
+    if any(c.changed and c.path.endswith((".service", ".target")) for c in report.files):
+        try:
+            report.daemon_reload = daemon_reload(writer)
+        except WriteRefused as exc:
+            raise UnitError(str(exc)) from None
     return report

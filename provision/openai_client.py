@@ -36,6 +36,10 @@ STREAM_CUT = "stream_cut"
 BAD_RESPONSE = "bad_response"
 
 
+# Served by vLLM itself, on the backend's address when a proxy (Lemonade) does not forward them.
+BACKEND_PATHS = ("/metrics", "/version")
+
+
 class ServerError(Exception):
     def __init__(self, kind: str, message: str, status: int | None = None) -> None:
         super().__init__(message)
@@ -70,6 +74,10 @@ class Server:
     timeout_s: float = 30.0
     # When set (time.monotonic()), no request runs past it: the command's own end.
     deadline: float | None = None
+    # A server in front of vLLM (Lemonade) has its own health path and leaves vLLM's /metrics and
+    # /version on vLLM's private address (`backend_base`), which is sent no key.
+    health_path: str = "/health"
+    backend_base: str | None = None
 
 
 def _error_message(body: bytes) -> str:
@@ -195,7 +203,14 @@ class Client:
         self._session = session
 
     def _url(self, path: str) -> str:
+        if self.server.backend_base and path in BACKEND_PATHS:
+            return self.server.backend_base + path
         return self.server.base_url + path
+
+    def _headers(self, path: str) -> dict[str, str]:
+        if self.server.api_key and not (self.server.backend_base and path in BACKEND_PATHS):
+            return {"Authorization": f"Bearer {self.server.api_key}"}
+        return {}
 
     def _limit_s(self) -> float:
         limit = self.server.timeout_s
@@ -229,7 +244,9 @@ class Client:
         async def work(progress: _Progress) -> bytes:
             async with (
                 _translated(self._url(path)),
-                self._session.request(method, self._url(path), json=body) as response,
+                self._session.request(
+                    method, self._url(path), json=body, headers=self._headers(path)
+                ) as response,
             ):
                 if response.status >= 400:
                     error = await _read_capped(path, response, schema.ERROR_BYTES, progress)
@@ -239,7 +256,7 @@ class Client:
         return await self._bounded(path, work)
 
     async def health(self) -> None:
-        await self.request("GET", "/health", cap=schema.HEALTH_BYTES)
+        await self.request("GET", self.server.health_path, cap=schema.HEALTH_BYTES)
 
     async def models(self) -> list[str]:
         payload = await self.request("GET", "/v1/models", cap=schema.MODELS_BYTES)
@@ -278,7 +295,7 @@ class Client:
             pieces: list[str] = []
             async with (
                 _translated(self._url(path)),
-                self._session.post(self._url(path), json=body) as response,
+                self._session.post(self._url(path), json=body, headers=self._headers(path)) as response,
             ):
                 if response.status >= 400:
                     error = await _read_capped(path, response, schema.ERROR_BYTES, progress)
@@ -333,9 +350,7 @@ def counter(endpoint_samples: list[prometheus.Sample], name: str, **labels: str)
 @asynccontextmanager
 async def open_client(server: Server, connections: int = 0) -> AsyncIterator[Client]:
     # identity: a compressed body could expand past every cap inside one read
-    headers = {"Accept-Encoding": "identity"}
-    if server.api_key:
-        headers["Authorization"] = f"Bearer {server.api_key}"
+    headers = {"Accept-Encoding": "identity"}  # the key goes per request (Client._headers)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=server.timeout_s)
     connector = aiohttp.TCPConnector(limit=connections, keepalive_timeout=60)
     async with aiohttp.ClientSession(

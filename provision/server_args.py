@@ -11,6 +11,7 @@ import re
 import shlex
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..memory_rule import MIN_USEFUL_UTILIZATION, recommended, requested_bytes
 from ..params import host_problem, name_problem
@@ -103,6 +104,8 @@ class ServerArgs:
     notes: list[str] = field(default_factory=list)
     # Set for the server besides the bundle's own settings: ROCR_VISIBLE_DEVICES pins its GPUs.
     environment: dict[str, str] = field(default_factory=dict)
+    # The model's memory plan (model_plan.ModelPlan) the settings came from; None without one.
+    plan: Any = None
 
     @property
     def served_model_name(self) -> str:
@@ -404,7 +407,7 @@ def resolve(choices: Choices, pools: Sequence[GpuPool]) -> ServerArgs:
                 "--tensor-parallel-size", str(len(group)), f"your choice: {len(group)} {group[0].family} GPUs"
             )
         )
-    return ServerArgs(settings, extra, notes)
+    return ServerArgs(settings, extra, notes, plan=planned.plan if planned is not None else None)
 
 
 def model_plan_settings(

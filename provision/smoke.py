@@ -39,6 +39,9 @@ class SmokeOptions:
     model: str = "auto"
     api_key: str | None = None
     timeout_s: float = 30.0
+    # Behind Lemonade: its health path, and vLLM's own address for /metrics and /version.
+    health_path: str = "/health"
+    backend_url: str | None = None
 
 
 @dataclass
@@ -381,7 +384,10 @@ async def step_version(state: _State) -> Result:
 async def run_steps(options: SmokeOptions) -> tuple[list[StepOutcome[_State]], str | None]:
     """Every step in order, each timed; returns the outcomes and the model they used."""
     deadline = time.monotonic() + options.timeout_s
-    async with oc.open_client(oc.Server(options.url, options.api_key, options.timeout_s, deadline)) as client:
+    server = oc.Server(
+        options.url, options.api_key, options.timeout_s, deadline, options.health_path, options.backend_url
+    )
+    async with oc.open_client(server) as client:
         state = _State(client, options)
 
         def precondition(_spec: StepSpec[_State]) -> Result | None:

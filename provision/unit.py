@@ -235,16 +235,14 @@ def file_specs(
     ]
 
 
-def apply_file(root: Path, spec: FileSpec, check: bool = False) -> FileChange:
-    """Make root/spec.path hold spec.content with spec.mode; inside a foreign root no link is followed."""
-    writer = HostWriter(root)
+def apply_file(writer: HostWriter, spec: FileSpec) -> FileChange:
+    """Make spec.path hold spec.content with spec.mode; inside a foreign root no link is followed."""
     raw = writer.read_current(spec.path)
     old_mode = writer.current_mode(spec.path)
     old = raw.decode(errors="replace") if raw is not None else None
     if old == spec.content:
         if old_mode != spec.mode:
-            if not check:
-                writer.chmod(spec.path, spec.mode)
+            writer.chmod(spec.path, spec.mode)
             return FileChange(spec.path, True, f"mode {old_mode:04o} -> {spec.mode:04o}")
         return FileChange(spec.path, False)
     if spec.secret:
@@ -258,40 +256,29 @@ def apply_file(root: Path, spec: FileSpec, check: bool = False) -> FileChange:
                 tofile=spec.path,
             )
         )
-    if not check:
-        writer.write_file(spec.path, spec.content.encode(), spec.mode)
+    writer.write_file(spec.path, spec.content.encode(), spec.mode)
     return FileChange(spec.path, True, diff)
 
 
-def ensure_accounts(root: Path, user: str, check: bool = False) -> list[str]:
+def ensure_accounts(writer: HostWriter, user: str) -> list[str]:
     """The service user (system account, own group, no login) and the device groups, if missing.
 
     On a foreign root the account files are edited by rocmdoctor itself (nothing from the tree runs)."""
-    writer = HostWriter(root)
     uid = writer.uid_of(user)
     if uid in FORBIDDEN_UIDS:
         raise UnitError(
-            f"--user {user} has uid {uid} ({FORBIDDEN_UIDS[uid]}) in {root}/etc/passwd; "
+            f"--user {user} has uid {uid} ({FORBIDDEN_UIDS[uid]}) in {writer.root}/etc/passwd; "
             "the server must run as a dedicated unprivileged account such as vllm"
         )
     created = []
     for group in DEVICE_GROUPS:
         if group not in writer.group_names():
-            if not check:
-                writer.add_group(group)
+            writer.add_group(group)
             created.append(f"group {group}")
     if uid is None or not writer.account_complete(user):  # a killed run's partial account is completed
-        if not check:
-            writer.add_system_user(user, f"/var/lib/{STATE_NAME}", "/usr/sbin/nologin", "vLLM server")
+        writer.add_system_user(user, f"/var/lib/{STATE_NAME}", "/usr/sbin/nologin", "vLLM server")
         created.append(f"user {user}")
     return created
-
-
-def _run(root: Path, argv: list[str]) -> None:
-    try:
-        HostWriter(root).run(argv)
-    except WriteRefused as exc:
-        raise UnitError(str(exc)) from None
 
 
 def systemd_running(root: Path) -> bool:
@@ -299,21 +286,24 @@ def systemd_running(root: Path) -> bool:
     return root == Path("/") and is_dir(Path("/run/systemd/system"))
 
 
-def write(root: Path, specs: list[FileSpec], user: str, check: bool = False) -> WriteReport[FileChange]:
-    """Make the host match `specs`; with `check`, only report what would change (Ansible's --check)."""
-    report: WriteReport[FileChange] = WriteReport(check=check)
+def write(writer: HostWriter, specs: list[FileSpec], user: str) -> WriteReport[FileChange]:
+    """Make the writer's tree match `specs`; a writer in check mode only reports (Ansible's --check)."""
+    report: WriteReport[FileChange] = WriteReport(check=writer.check_mode)
     try:
-        report.accounts = ensure_accounts(root, user, check)
-        report.files = [apply_file(root, spec, check) for spec in specs]
+        report.accounts = ensure_accounts(writer, user)
+        report.files = [apply_file(writer, spec) for spec in specs]
+        if any(f.changed and f.path.endswith(".service") for f in report.files):
+            report.daemon_reload = daemon_reload(writer)
     except WriteRefused as exc:
         raise UnitError(str(exc)) from None
-    unit_changed = any(f.changed and f.path.endswith(".service") for f in report.files)
-    if unit_changed:
-        if check:
-            report.daemon_reload = "would run"
-        elif systemd_running(root):
-            _run(root, ["systemctl", "daemon-reload"])
-            report.daemon_reload = "done"
-        else:
-            report.daemon_reload = "skipped: systemd is not running here"
     return report
+
+
+def daemon_reload(writer: HostWriter) -> str:
+    """systemd re-reads its units where it runs; what happened, for the report."""
+    if writer.check_mode:
+        return "would run"
+    if not systemd_running(writer.root):
+        return "skipped: systemd is not running here"
+    writer.run(["systemctl", "daemon-reload"])
+    return "done"

@@ -19,6 +19,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from .atomic import fsync_dir, write_atomic
@@ -386,11 +387,29 @@ def symlink(root: Path, host_path: str, target: str) -> None:
         os.rename(tmp, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
 
 
-class HostWriter:
-    """The functions above, bound to one root."""
+@dataclass(frozen=True)
+class Operation:
+    """One change a writer made or, in check mode, would have made."""
 
-    def __init__(self, root: Path | str = "/") -> None:
+    action: str  # write, chmod, remove, symlink, group, user, run
+    subject: str  # the host path, the account, or the program
+
+
+class HostWriter:
+    """The one seam that changes a tree (or, at `/`, this host): the functions above, bound to one root.
+
+    Every change is recorded in `operations`; in check mode none is made, so a dry run cannot write
+    whatever the code above it does (reads still read, so the diff is against what is there)."""
+
+    def __init__(self, root: Path | str = "/", check_mode: bool = False) -> None:
         self.root = Path(root)
+        self.check_mode = check_mode
+        self.operations: list[Operation] = []
+
+    def _change(self, action: str, subject: str) -> bool:
+        """Record one change; True when it is to be made."""
+        self.operations.append(Operation(action, subject))
+        return not self.check_mode
 
     @property
     def is_live(self) -> bool:
@@ -405,19 +424,24 @@ class HostWriter:
         return None if mode == -1 else mode
 
     def write_file(self, host_path: str, content: bytes, mode: int = 0o644) -> None:
-        write_file(self.root, host_path, content, mode)
+        if self._change("write", host_path):
+            write_file(self.root, host_path, content, mode)
 
     def chmod(self, host_path: str, mode: int) -> None:
-        chmod_file(self.root, host_path, mode)
+        if self._change("chmod", host_path):
+            chmod_file(self.root, host_path, mode)
 
     def listdir(self, host_dir: str) -> list[str]:
         return list_dir(self.root, host_dir)
 
     def remove_file(self, host_path: str) -> bool:
-        return remove_file(self.root, host_path)
+        if self._change("remove", host_path):
+            return remove_file(self.root, host_path)
+        return self.current_mode(host_path) is not None
 
     def symlink(self, host_path: str, target: str) -> None:
-        symlink(self.root, host_path, target)
+        if self._change("symlink", host_path):
+            symlink(self.root, host_path, target)
 
     def group_names(self) -> set[str]:
         return names(self.root, "group")
@@ -426,10 +450,12 @@ class HostWriter:
         return uid_of(self.root, user)
 
     def add_group(self, group: str) -> None:
-        add_group(self.root, group)
+        if self._change("group", group):
+            add_group(self.root, group)
 
     def add_system_user(self, user: str, home: str, shell: str, comment: str) -> None:
-        add_system_user(self.root, user, home, shell, comment)
+        if self._change("user", user):
+            add_system_user(self.root, user, home, shell, comment)
 
     def account_complete(self, user: str) -> bool:
         return account_complete(self.root, user)
@@ -440,4 +466,5 @@ class HostWriter:
             raise WriteRefused(
                 f"not running {argv[0]} for --root {self.root}: nothing is executed for a tree"
             )
-        run(argv)
+        if self._change("run", " ".join(argv)):
+            run(argv)

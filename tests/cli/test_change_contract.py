@@ -5,9 +5,6 @@ links and modes included), the one change envelope (src/rocmdoctor/schema/change
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,34 +14,11 @@ import pytest
 
 from harness.cli import rocmdoctor
 from harness.hosts import two_instance_layout
+from harness.trees import account_root, tree_state
 from rocmdoctor.report import load_schema
 
 CHANGE = jsonschema.Draft202012Validator(load_schema("change.schema.json"))
 T1, T2 = "vllm0.1.0-rocm7.0.0-gfx1151", "vllm0.2.0-rocm7.0.0-gfx1151"
-
-
-def tree_state(root: Path) -> dict[str, Any]:
-    """Every entry under `root`: content, link target, mode and type; nothing followed."""
-    state: dict[str, Any] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in sorted(dirnames + filenames):
-            path = Path(dirpath) / name
-            st = path.lstat()
-            if stat.S_ISLNK(st.st_mode):
-                state[str(path)] = ("link", os.readlink(path))
-            elif stat.S_ISREG(st.st_mode):
-                state[str(path)] = ("file", st.st_mode, path.read_bytes())
-            else:
-                state[str(path)] = ("other", st.st_mode)
-    return state
-
-
-def account_root(base: Path) -> Path:
-    root = base / "root"
-    (root / "etc").mkdir(parents=True)
-    for name in ("passwd", "group", "shadow", "gshadow", "login.defs"):
-        shutil.copy2(Path("/etc") / name, root / "etc" / name)
-    return root
 
 
 def envelope_of(done: Any) -> dict[str, Any]:
@@ -72,13 +46,21 @@ def assert_contract(watched: Path, run: Callable[..., Any], apply: tuple[str, ..
 def test_unit(tmp_path: Path):
     root = account_root(tmp_path)
     model = ("--model", "/srv/models/tiny", "--gpu-memory-utilization", "0.8", "--", "--enforce-eager")
-    assert_contract(root, lambda *flags: rocmdoctor("unit", *flags, *model, root=root), ("--write",))
+    assert_contract(
+        root,
+        lambda *flags: rocmdoctor("unit", *flags, "--target", str(root), *model, root=root),
+        ("--write",),
+    )
 
 
 def test_instances(tmp_path: Path):
     root = account_root(tmp_path)
     layout = (*two_instance_layout(), "--model", "/srv/models/tiny", "--port", "18000")
-    assert_contract(root, lambda *flags: rocmdoctor("instances", *flags, *layout, root=root), ("--write",))
+    assert_contract(
+        root,
+        lambda *flags: rocmdoctor("instances", *flags, "--target", str(root), *layout, root=root),
+        ("--write",),
+    )
 
 
 def test_lock_install_rollback_and_prune(install_lab):
@@ -104,7 +86,7 @@ def test_check_alone_needs_no_write_flag_and_says_so_in_text(tmp_path: Path, com
         ("--gpu-memory-utilization", "0.8") if command == "unit" else tuple(two_instance_layout())
     )
     before = tree_state(root)
-    done = rocmdoctor(command, "--check", *args, root=root)
+    done = rocmdoctor(command, "--check", "--target", str(root), *args, root=root)
     assert done.returncode == 0, done.stderr
     assert "would change" in done.stdout and "changed=true" in done.stdout
     assert tree_state(root) == before

@@ -115,7 +115,16 @@ def test_the_servers_are_reached_where_the_written_template_reaches_them(tmp_pat
     (tmp_path / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/bash\n")
     (tmp_path / "etc/group").write_text("root:x:0:\n")
     written = run_cli(
-        "instances", *two_instance_layout(), "--host", "127.0.0.2", "--model", "m", "--write", root=tmp_path
+        "instances",
+        *two_instance_layout(),
+        "--host",
+        "127.0.0.2",
+        "--model",
+        "m",
+        "--write",
+        "--target",
+        str(tmp_path),
+        root=tmp_path,
     )
     assert written.returncode == 0, written.stderr
     with fake_server("--api-key", KEY) as server:  # listens on 127.0.0.1 only

@@ -35,6 +35,8 @@ def write(root: Path, *args: str, check: bool = False) -> dict:
         "--served-model-name",
         "tiny",
         "--write",
+        "--target",
+        str(root),
         "--json",
         "--port",
         "18000",
@@ -114,6 +116,8 @@ def test_write_needs_a_model_and_refuses_computed_flags(root: Path):
         "--instances",
         "per-partition",
         "--write",
+        "--target",
+        str(root),
         root=root,
     )
     assert proc.returncode == 2 and "--write needs --model" in proc.stderr
@@ -126,6 +130,8 @@ def test_write_needs_a_model_and_refuses_computed_flags(root: Path):
         "--model",
         "m",
         "--write",
+        "--target",
+        str(root),
         "--",
         "--port",
         "9",
@@ -171,6 +177,8 @@ def test_unit_instances_is_the_same_layout(root: Path):
         "4",
         *base,
         "--write",
+        "--target",
+        str(root),
         root=root,
         env={"ROCMDOCTOR_ROOT": ""},
     )

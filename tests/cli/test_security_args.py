@@ -271,7 +271,7 @@ def hostile_root(tmp_path: Path) -> Path:
 
 def test_write_into_a_foreign_root_runs_nothing_from_it_and_edits_the_account_files(tmp_path):
     root = hostile_root(tmp_path)
-    done = rocmdoctor(*UNIT, "--write", "--json", root=root)
+    done = rocmdoctor(*UNIT, "--write", "--target", str(root), "--json", root=root)
     assert done.returncode == 0, done.stderr
     assert not (tmp_path / "executed").exists(), "a program from inside --root was executed"
     assert set(json.loads(done.stdout)["accounts_created"]) == {"group render", "user vllm"}
@@ -283,7 +283,7 @@ def test_write_into_a_foreign_root_runs_nothing_from_it_and_edits_the_account_fi
     assert int(groups["vllm"][2]) == gid and "render" in groups and groups["video"][2] == "44"
     assert any(line.startswith("vllm:!:") for line in (root / "etc/shadow").read_text().splitlines())
     assert oct((root / "etc/shadow").stat().st_mode & 0o777) == "0o640"
-    again = rocmdoctor(*UNIT, "--write", "--json", root=root)
+    again = rocmdoctor(*UNIT, "--write", "--target", str(root), "--json", root=root)
     assert json.loads(again.stdout)["changed"] is False
 
 
@@ -292,7 +292,7 @@ def test_a_link_out_of_the_root_is_never_read_or_written(tmp_path):
     outside = tmp_path / "victim"
     outside.write_text("secret: do not show\n")
     (root / "etc/systemd/system/vllm.service").symlink_to(outside)
-    done = rocmdoctor(*UNIT, "--write", root=root)
+    done = rocmdoctor(*UNIT, "--write", "--target", str(root), root=root)
     assert done.returncode == 2 and "refusing to follow it" in done.stderr
     assert "do not show" not in done.stdout + done.stderr
     assert outside.read_text() == "secret: do not show\n"
@@ -303,7 +303,7 @@ def test_a_linked_directory_in_the_root_is_not_followed(tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (root / "opt").symlink_to(elsewhere)
-    done = rocmdoctor(*UNIT, "--write", root=root)
+    done = rocmdoctor(*UNIT, "--write", "--target", str(root), root=root)
     assert done.returncode == 2 and "refusing to follow it" in done.stderr
     assert list(elsewhere.iterdir()) == []
 
@@ -312,7 +312,7 @@ def test_an_existing_uid_0_account_is_refused(tmp_path):
     root = hostile_root(tmp_path)
     with (root / "etc/passwd").open("a") as passwd:
         passwd.write("toor:x:0:0::/root:/bin/sh\n")
-    done = rocmdoctor(*UNIT, "--write", "--user", "toor", root=root)
+    done = rocmdoctor(*UNIT, "--write", "--target", str(root), "--user", "toor", root=root)
     assert done.returncode == 2 and "uid 0" in done.stderr
     assert not (root / "etc/systemd/system/vllm.service").exists()
 

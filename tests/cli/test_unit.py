@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
+from harness import trees
 from harness.cli import rocmdoctor as run_in_process
 from rocmdoctor.provision.unit import UnitError, command_line
 
@@ -115,11 +116,8 @@ def test_exec_words_are_quoted_for_systemd():
 
 
 def account_root(tmp_path: Path) -> Path:
-    """A root with this machine's account databases, so useradd/groupadd --root can act on a copy."""
-    root = tmp_path / "root"
-    (root / "etc").mkdir(parents=True)
-    for name in ("passwd", "group", "shadow", "gshadow", "login.defs"):
-        shutil.copy2(Path("/etc") / name, root / "etc" / name)
+    """A root with this machine's account databases, without a `render` group."""
+    root = trees.account_root(tmp_path)
     # Minimal Debian has no `render` group: take it out so --write must create it.
     group = root / "etc" / "group"
     group.write_text(
@@ -132,6 +130,8 @@ def write_unit(root: Path, *argv: str) -> dict:
     done = rocmdoctor(
         "unit",
         "--write",
+        "--target",
+        str(root),
         "--json",
         "--model",
         "/srv/models/tiny",
@@ -183,14 +183,18 @@ def test_write_is_idempotent_and_keeps_the_secret_file_private(tmp_path):
 
 def test_write_text_output_shows_the_diff_and_changed(tmp_path):
     root = account_root(tmp_path)
-    first = rocmdoctor("unit", "--write", "--model", "m", "--gpu-memory-utilization", "0.8", root=root)
+    first = rocmdoctor(
+        "unit", "--write", "--target", str(root), "--model", "m", "--gpu-memory-utilization", "0.8", root=root
+    )
     assert first.returncode == 0, first.stderr
     assert (
         "changed /etc/systemd/system/vllm.service" in first.stdout
         and "+KillMode=control-group" in first.stdout
     )
     assert first.stdout.rstrip().endswith("changed=true")
-    again = rocmdoctor("unit", "--write", "--model", "m", "--gpu-memory-utilization", "0.8", root=root)
+    again = rocmdoctor(
+        "unit", "--write", "--target", str(root), "--model", "m", "--gpu-memory-utilization", "0.8", root=root
+    )
     assert again.stdout.rstrip().endswith("changed=false") and "+KillMode" not in again.stdout
 
 
@@ -206,7 +210,18 @@ def test_write_text_output_shows_the_diff_and_changed(tmp_path):
 )
 def test_bad_input_is_refused_without_writing(tmp_path, argv, message):
     root = account_root(tmp_path)
-    done = rocmdoctor("unit", "--write", "--model", "m", "--gpu-memory-utilization", "0.8", *argv, root=root)
+    done = rocmdoctor(
+        "unit",
+        "--write",
+        "--target",
+        str(root),
+        "--model",
+        "m",
+        "--gpu-memory-utilization",
+        "0.8",
+        *argv,
+        root=root,
+    )
     assert done.returncode == 2
     assert message in done.stderr and "Traceback" not in done.stderr
     assert not (root / "etc/systemd").exists()
@@ -263,6 +278,8 @@ def test_check_mode_reports_changes_and_writes_nothing(tmp_path):
     alone = rocmdoctor(
         "unit",
         "--check",
+        "--target",
+        str(root),
         "--json",
         "--model",
         "/srv/models/tiny",

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from harness.fleet import ANSIBLE_PLAYBOOK, PLAYBOOKS
+from harness.trees import account_root, tree_state
 
 ANSIBLE = ANSIBLE_PLAYBOOK.parent / "ansible"
 LIBRARY = PLAYBOOKS / "roles/rocmdoctor/library"
@@ -92,26 +93,12 @@ def test_a_staged_name_that_is_not_a_plain_file_name_is_refused(tmp_path: Path):
     assert rc != 0 and "stage needs stage_option" in out, out
 
 
-def tree_state(root: Path) -> dict[str, bytes | str]:
-    """Every entry under `root`: file bytes, link targets, directories."""
-    state: dict[str, bytes | str] = {}
-    for path in sorted(root.rglob("*")):
-        rel = str(path.relative_to(root))
-        state[rel] = (
-            f"-> {os.readlink(path)}" if path.is_symlink() else "dir" if path.is_dir() else path.read_bytes()
-        )
-    return state
-
-
 def test_check_mode_never_writes_when_command_or_args_hold_the_vllm_separator(tmp_path: Path):
     """The module's --json/--check go before a `--`: after it they would be vLLM's arguments, the
     "dry run" would write the unit (with `--check` in ExecStart) and create the account."""
-    root = tmp_path / "root"
-    (root / "etc").mkdir(parents=True)
-    for name in ("passwd", "group", "shadow", "gshadow", "login.defs"):
-        (root / "etc" / name).write_bytes((Path("/etc") / name).read_bytes())
+    root = account_root(tmp_path)
     cli = [sys.executable, "-m", "rocmdoctor", "--root", str(root)]
-    own = ["--model", "/srv/models/tiny", "--gpu-memory-utilization", "0.8"]
+    own = ["--target", str(root), "--model", "/srv/models/tiny", "--gpu-memory-utilization", "0.8"]
     cases = [
         {"command": ["unit", "--write", *own, "--", "--enforce-eager"], "args": []},
         {"command": ["unit", "--write"], "args": [*own, "--", "--enforce-eager", "--seed", "1"]},

@@ -80,6 +80,8 @@ def rack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rack]:
         "--api-key-file",
         str(key_file),
         "--write",
+        "--target",
+        str(root),
         "--json",
         "--",
         "--load-format",

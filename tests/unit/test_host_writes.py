@@ -75,3 +75,38 @@ def test_symlinks_are_swapped_atomically_inside_the_tree(tree):
 
 def test_the_live_root_is_recognised_by_identity_not_by_spelling(tmp_path):
     assert is_live(Path("/")) and is_live(Path("/.")) and not is_live(tmp_path)
+
+
+def test_a_writer_in_check_mode_records_every_change_and_makes_none(tmp_path):
+    """The dry run is a property of the writer, not of the code above it: every change is recorded
+    and none is made, whatever calls it."""
+    from harness.trees import account_root, tree_state
+
+    root = account_root(tmp_path)
+    (root / "etc/existing.conf").write_text("old\n")
+    before = tree_state(root)
+    writer = HostWriter(root, check_mode=True)
+    writer.write_file("/etc/new.conf", b"new\n", 0o600)
+    writer.write_file("/etc/existing.conf", b"changed\n")
+    writer.chmod("/etc/existing.conf", 0o600)
+    assert writer.remove_file("/etc/existing.conf") is True and writer.remove_file("/etc/none") is False
+    writer.symlink("/etc/link", "existing.conf")
+    writer.add_group("render")
+    writer.add_system_user("vllm", "/var/lib/vllm", "/usr/sbin/nologin", "vLLM")
+    assert tree_state(root) == before
+    assert [(op.action, op.subject) for op in writer.operations] == [
+        ("write", "/etc/new.conf"),
+        ("write", "/etc/existing.conf"),
+        ("chmod", "/etc/existing.conf"),
+        ("remove", "/etc/existing.conf"),
+        ("remove", "/etc/none"),
+        ("symlink", "/etc/link"),
+        ("group", "render"),
+        ("user", "vllm"),
+    ]
+    # the same calls for real change the tree, and are recorded the same way
+    live = HostWriter(root)
+    live.write_file("/etc/new.conf", b"new\n", 0o600)
+    live.add_group("render")
+    assert (root / "etc/new.conf").read_bytes() == b"new\n" and "render:" in (root / "etc/group").read_text()
+    assert [op.action for op in live.operations] == ["write", "group"]

@@ -86,8 +86,8 @@ def test_a_killed_account_creation_is_completed_by_the_rerun(tmp_path_factory, d
     for db in WRITES[:done]:
         with open(root / "etc" / db, "a") as fh:
             fh.write(lines[db] + "\n")
-    ensure_accounts(root, "vllm")
-    ensure_accounts(root, "vllm")  # and once more: nothing left to do, nothing duplicated
+    ensure_accounts(HostWriter(root), "vllm")
+    ensure_accounts(HostWriter(root), "vllm")  # and once more: nothing left to do, nothing duplicated
     for db in WRITES:
         names = [x.split(":", 1)[0] for x in (root / "etc" / db).read_text().splitlines()]
         assert names.count("vllm") == 1, (db, done)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import click
@@ -11,9 +12,22 @@ import click
 from ..cli import App, UserError
 from ..report import dumps
 
-__all__ = ["App", "UserError", "echo_write_report", "emit_json", "pass_app"]
+__all__ = ["App", "UserError", "echo_write_report", "emit_json", "pass_app", "write_root"]
 
 pass_app = click.make_pass_decorator(App)
+
+
+def write_root(app: App, target: Path | None) -> Path:
+    """Where a command that writes writes: `--target`, else this host. `--root` only reads, so a command
+    given another root writes only when told where (`--target`, `/` included)."""
+    if target is not None:
+        return target
+    if app.root != Path("/"):
+        raise UserError(
+            f"--root {app.root} only reads the host: pass --target {app.root} to write into that tree, "
+            "or leave --root out to write on this host"
+        )
+    return Path("/")
 
 
 def emit_json(document: Any) -> None:

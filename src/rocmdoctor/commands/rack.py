@@ -13,7 +13,7 @@ from click.core import ParameterSource
 from .. import params
 from ..model import envelope
 from ..textnum import is_decimal
-from .common import App, UserError, echo_write_report, emit_json, pass_app
+from .common import App, UserError, echo_write_report, emit_json, pass_app, write_root
 from .server_options import LAYOUT_CHOICES, choices, server_option, server_options
 
 
@@ -154,6 +154,7 @@ def show_plan(plan, stream=None) -> None:
     server_option("timeout", help="Seconds systemd waits for each server to load and answer a completion."),
     server_option("write", help="Write vllm@.service, vllm.target and one env file per server."),
     "check",
+    "target",
 )
 @click.option(
     "--smoke",
@@ -192,6 +193,7 @@ def instances(
     app: App,
     write: bool,
     check_only: bool,
+    target: Path | None,
     user: str,
     timeout_s: int,
     smoke: bool,
@@ -228,11 +230,17 @@ def instances(
             raise UserError("--smoke tests what is written: run --write first, then --smoke")
         smoke_instances(HostWriter(app.root), reach, opts["as_json"])
         return
-    write_layout(app, opts, write, check_only, user, timeout_s)
+    write_layout(app, opts, write, check_only, target, user, timeout_s)
 
 
 def write_layout(
-    app: App, opts: dict[str, Any], write: bool, check_only: bool, user: str, timeout_s: int
+    app: App,
+    opts: dict[str, Any],
+    write: bool,
+    check_only: bool,
+    target: Path | None,
+    user: str,
+    timeout_s: int,
 ) -> None:
     """Show the layout, or with `write` install it; `rocmdoctor unit --instances` comes here too."""
     from ..host_writes import HostWriter, WriteRefused
@@ -240,7 +248,8 @@ def write_layout(
     from ..provision.unit import ServiceLayout, UnitError, read_api_key
 
     write = write or check_only  # --check alone: what --write would change, written nowhere
-    writer = HostWriter(app.root)
+    # What is written (the ports it keeps) is read where a write goes: --target, else this host.
+    writer = HostWriter(write_root(app, target) if write else (target or app.root), check_mode=check_only)
     try:
         owned = rack.owned_ports(writer)  # the preview shows the ports --write would keep
     except WriteRefused as exc:
@@ -265,7 +274,7 @@ def write_layout(
         specs = rack.file_specs(
             plan, argv, served, opts["host"], ServiceLayout(prefix=opts["prefix"]), user, key, timeout_s
         )
-        report = rack.write(writer, specs, user, check=check_only)
+        report = rack.write(writer, specs, user)
     except (UnitError, WriteRefused, OSError) as exc:
         raise UserError(f"could not write the instances: {exc}") from None
     if opts["as_json"]:

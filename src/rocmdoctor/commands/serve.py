@@ -12,7 +12,7 @@ import click
 
 from .. import params
 from ..report import strict
-from .common import App, UserError, echo_write_report, emit_json, pass_app
+from .common import App, UserError, echo_write_report, emit_json, pass_app, write_root
 from .server_options import LAYOUT_CHOICES, SINGLE_SERVER, choices, server_option, server_options
 
 
@@ -68,7 +68,7 @@ def show_settings(args, stream=None) -> None:
 
 
 @click.command(cls=params.VllmPassThrough)
-@server_options("write", "check", "user", "timeout")
+@server_options("write", "check", "target", "user", "timeout")
 @click.option(
     "--instances",
     "instances_layout",
@@ -83,6 +83,7 @@ def unit(
     app: App,
     write: bool,
     check_only: bool,
+    target: Path | None,
     user: str,
     timeout_s: int,
     instances_layout: str | None,
@@ -102,8 +103,9 @@ def unit(
             "family": None,
             "devices_from": None,
         }
-        write_layout(app, {**opts, **layout}, write, check_only, user, timeout_s)
+        write_layout(app, {**opts, **layout}, write, check_only, target, user, timeout_s)
         return
+    from ..host_writes import HostWriter
     from ..provision.unit import ServiceLayout, UnitError, file_specs
     from ..provision.unit import write as write_files
 
@@ -119,7 +121,7 @@ def unit(
             click.echo(specs[0].content, nl=False)
         return
     try:
-        report = write_files(app.root, specs, user, check=check_only)
+        report = write_files(HostWriter(write_root(app, target), check_mode=check_only), specs, user)
     except (UnitError, OSError) as exc:
         raise UserError(f"could not write the unit: {exc}") from None
     if opts["as_json"]:

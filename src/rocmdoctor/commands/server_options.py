@@ -125,6 +125,15 @@ OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
         ("--check", "check_only"),
         {"is_flag": True, "help": "Show what --write would change (diff, accounts), change nothing."},
     ),
+    "target": (
+        ("--target",),
+        {
+            "default": None,
+            "type": params.NonEmptyPath(file_okay=False, exists=True, path_type=Path),
+            "help": "Write into this tree (an image being prepared, a test root) instead of this host. "
+            "--root only reads: with --root, name the tree to write into here.",
+        },
+    ),
 }
 
 

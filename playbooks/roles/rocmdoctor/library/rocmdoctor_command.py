@@ -1,9 +1,10 @@
 #!/usr/bin/python
 """Ansible module: run a rocmdoctor command that changes a host, with Ansible's check and diff modes.
 
-rocmdoctor's changing commands (`unit --write`, `install`, `rollback`, `bundle lock`, `bundle prune`)
-all print one JSON envelope with `--json` ({"schema_version", "changed", "msg", "diff" or
-"files": [{"path", "changed", "diff"}]}) and take `--check` for a dry run. This module maps them onto
+rocmdoctor's changing commands (`unit --write`, `instances --write`, `install`, `rollback`, `bundle lock`,
+`bundle prune`, `lemonade apply`) all print one JSON envelope with `--json` (rocmdoctor's
+schema/change.schema.json: {"schema_version", "changed", "check", "msg", "diff"}, the diff a unified
+text or a `{before, after}` state) and take `--check` for a dry run. The module reads only that. This module maps them onto
 Ansible's contract, so `ansible-playbook site.yml --check --diff` shows what each would change.
 """
 
@@ -97,10 +98,6 @@ def diffs(doc: dict) -> list[dict]:
                 "after": _state_text(diff["after"]),
             }
         )
-    if not entries:  # an older envelope: the diff only per file
-        for item in doc.get("files") or []:
-            if isinstance(item, dict) and item.get("changed") and item.get("diff"):
-                entries.append({"prepared": str(item["diff"])})
     return entries
 
 

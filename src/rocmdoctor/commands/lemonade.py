@@ -1,0 +1,418 @@
+"""`rocmdoctor lemonade`: Lemonade Server as the target: diagnose its vLLM models, apply the options
+rocmdoctor computes through Lemonade's options API, verify through its OpenAI endpoint.
+
+The one place the diagnosis (host checks, the GPU's free memory) meets Lemonade (provision.lemonade).
+The admin key comes from --admin-key-file or LEMONADE_ADMIN_API_KEY / LEMONADE_API_KEY (Lemonade's own
+clients prefer the admin key the same way) and never appears in any output.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+
+from .. import params
+from .common import App, UserError, emit_json, pass_app
+
+KEY_ENV = ("LEMONADE_ADMIN_API_KEY", "LEMONADE_API_KEY")
+
+
+@dataclass(frozen=True)
+class Target:
+    """The options every subcommand takes: which Lemonade, with which key, which models."""
+
+    url: str | None
+    admin_key_file: Path | None
+    models: tuple[str, ...]
+    timeout_s: float
+    as_json: bool
+
+
+def _options(command: Any) -> Any:
+    """The shared options, handed to the command as one `Target` after the App."""
+
+    @functools.wraps(command)
+    def with_target(app: App, url, admin_key_file, models, timeout_s, as_json, **rest: Any) -> Any:
+        return command(app, Target(url, admin_key_file, models, timeout_s, as_json), **rest)
+
+    fn: Any = with_target
+    fn = click.option("--json", "as_json", is_flag=True, help="Print the versioned JSON document on stdout.")(
+        fn
+    )
+    fn = click.option(
+        "--timeout",
+        "timeout_s",
+        type=params.Duration(max_s=3600),
+        default=30.0,
+        show_default=True,
+        help="Seconds one request to Lemonade may take (a load takes Lemonade's global_timeout).",
+    )(fn)
+    fn = click.option(
+        "--model",
+        "models",
+        multiple=True,
+        metavar="ID",
+        help="A Lemonade model id (e.g. user.Qwen3-4B-vLLM); default: every model with the vllm recipe.",
+    )(fn)
+    fn = click.option(
+        "--admin-key-file",
+        type=params.NonEmptyPath(path_type=Path, dir_okay=False),
+        callback=params.key_file(),
+        default=None,
+        help="File holding LEMONADE_ADMIN_API_KEY (default: that variable, then LEMONADE_API_KEY).",
+    )(fn)
+    fn = click.option(
+        "--url",
+        default=None,
+        envvar="ROCMDOCTOR_LEMONADE_URL",
+        help="Lemonade Server (default: the port in /var/lib/lemonade/config.json, else 13305 on loopback).",
+    )(fn)
+    return fn
+
+
+def _key(path: Path | None) -> str | None:
+    from ..sensitive import API_KEY_PATTERN, KeyFileError, read_api_key
+
+    if path is not None:
+        try:
+            return read_api_key(path, where=f"--admin-key-file {path}")
+        except KeyFileError as exc:
+            raise UserError(f"{exc}; write the key lemond was started with into it") from None
+    for name in KEY_ENV:
+        value = os.environ.get(name, "").strip()
+        if value:
+            if not API_KEY_PATTERN.fullmatch(value):
+                raise UserError(
+                    f"{name} holds characters a Bearer token cannot carry; set it to the key itself"
+                )
+            return value
+    return None
+
+
+def _url(app: App, url: str | None) -> str:
+    from ..provision.lemonade_api import CONFIG_FILES, DEFAULT_PORT
+    from ..provision.openai_client import normalize_url
+
+    if not url:
+        port = DEFAULT_PORT
+        host = app.host()
+        for path in CONFIG_FILES:  # read only: never written under a running server
+            read = host.read_text(path, limit=1 << 20)
+            if not read.ok:
+                continue
+            try:
+                doc = json.loads(read.value)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(doc, dict) and isinstance(doc.get("port"), int) and 0 < doc["port"] < 65536:
+                port = doc["port"]
+        url = f"http://127.0.0.1:{port}"
+    try:
+        return normalize_url(url).removesuffix("/api")
+    except ValueError as exc:
+        raise UserError(f"--url: {exc}") from None
+
+
+def _client(app: App, target: Target) -> Any:
+    from ..provision.lemonade_api import Lemonade
+
+    return Lemonade(_url(app, target.url), _key(target.admin_key_file), target.timeout_s)
+
+
+def _fail(exc: Exception, as_json: bool) -> NoReturn:
+    """A Lemonade that cannot be used: a clear finding and exit 2."""
+    kind = getattr(exc, "kind", "error")
+    if as_json:
+        from ..model import envelope
+
+        emit_json(envelope(ok=False, error={"kind": kind, "message": str(exc)}))
+        sys.exit(2)
+    raise UserError(str(exc))
+
+
+@click.group()
+def lemonade() -> None:
+    """Lemonade Server as the target: check, apply the computed vLLM options, verify.
+
+    \b
+    rocmdoctor lemonade check            what is wrong with Lemonade's vLLM models on this host
+    rocmdoctor lemonade apply --check    the options rocmdoctor would save (Lemonade's dry run), as a diff
+    rocmdoctor lemonade apply            save them through /api/v1/models/{id}/options
+    rocmdoctor lemonade verify           load, smoke through Lemonade, vLLM's /metrics via backend_url
+    rocmdoctor lemonade install-backend  POST /api/v1/install {"recipe": "vllm", "backend": "rocm"}
+    """
+
+
+@lemonade.command("check")
+@pass_app
+@_options
+def check_cmd(
+    app: App,
+    target: Target,
+) -> None:
+    """Diagnose: the host checks, Lemonade's timeout, orphaned EngineCores, and each vLLM model's memory
+    and context. Exit 0: no failure; 1: a failure; 2: Lemonade cannot be used."""
+    from ..model import envelope, exit_code
+    from ..provision.lemonade_api import LemonadeError
+    from .lemonade_targets import diagnose, host_context
+
+    client = _client(app, target)
+    try:
+        health, findings = diagnose(host_context(app), client, target.models)
+    except LemonadeError as exc:
+        _fail(exc, target.as_json)
+    code = exit_code([r.status for _, r in findings])
+    if target.as_json:
+        emit_json(
+            envelope(
+                ok=code == 0,
+                url=client.base_url,
+                version=health.get("version"),
+                findings=[_finding(i, r) for i, r in findings],
+                exit_code=code,
+            )
+        )
+    else:
+        click.echo(f"Lemonade {health.get('version', '?')} at {client.base_url}")
+        for ident, result in findings:
+            click.echo(f"{result.status.value.upper():5} {ident}: {result.summary}")
+            if result.remedy:
+                click.echo(f"      -> {result.remedy}")
+    sys.exit(code)
+
+
+@lemonade.command("apply")
+@pass_app
+@click.option(
+    "--check", "check_only", is_flag=True, help="Dry run: Lemonade validates and resolves; nothing saved."
+)
+@click.option(
+    "--bench-report",
+    type=params.NonEmptyPath(path_type=Path, dir_okay=False),
+    default=None,
+    help="A `rocmdoctor bench --json` report: --max-num-seqs from its measured knee.",
+)
+@_options
+def apply_cmd(
+    app: App,
+    target: Target,
+    check_only: bool,
+    bench_report: Path | None,
+) -> None:
+    """Save each vLLM model's ctx_size, --gpu-memory-utilization and --max-num-seqs through Lemonade's
+    options API (merged: other saved keys stay). A rerun changes nothing. Exit 0, or 2 on an error."""
+    from ..model import Change
+    from ..provision.lemonade import apply_options, apply_timeout
+    from ..provision.lemonade_api import LemonadeError
+    from .lemonade_targets import bench_knee, checkpoint, compute_target, host_context, vllm_models
+
+    knee, knee_why = bench_knee(bench_report)
+    client = _client(app, target)
+    ctx = host_context(app)
+    changes: list[Change] = []
+    timeout = None
+    try:
+        loaded = {m.get("model_name") for m in client.health().get("all_models_loaded", [])}
+        entries = vllm_models(client, target.models)
+        for entry in entries:
+            wanted = compute_target(ctx, entry, knee, knee_why)
+            if entry["id"] in loaded:
+                wanted.notes.append(
+                    "the model is loaded now: its memory is not free, so the utilization is conservative; "
+                    "saved options apply at its next load (POST /api/v1/unload, then load)"
+                )
+            changes.append(apply_options(client, wanted, check_only))
+        if changes:
+            timeout = apply_timeout(client, [checkpoint(e) for e in entries], check_only)
+    except LemonadeError as exc:
+        _fail(exc, target.as_json)
+    if not changes:
+        _fail(
+            UserError("Lemonade has no model with the vllm recipe; register one with `lemonade pull`"),
+            target.as_json,
+        )
+    assert timeout is not None  # set whenever changes is
+    change = Change(
+        any(c.changed for c in changes) or timeout.changed,
+        "; ".join(c.msg for c in [*changes, timeout] if c.changed) or "the saved options already match",
+        "".join(c.diff for c in [*changes, timeout]),
+        {
+            "check": check_only,
+            "models": [c.data | {"changed": c.changed, "msg": c.msg} for c in changes],
+            "global_timeout": timeout.data | {"changed": timeout.changed, "msg": timeout.msg},
+        },
+    )
+    if target.as_json:
+        emit_json(change.envelope())
+        return
+    word = "would change" if check_only else "changed"
+    for c in changes:
+        click.echo(f"{word if c.changed else 'ok'} {c.data['model']}")
+        for key, why in c.data["reasons"].items():
+            click.echo(f"  {key}: {why}")
+        for note in c.data["notes"]:
+            click.echo(f"  note: {note}")
+        if c.diff:
+            click.echo(c.diff.rstrip("\n"))
+    click.echo(f"{word if timeout.changed else 'ok'} global_timeout: {timeout.msg}")
+    if timeout.diff:
+        click.echo(timeout.diff.rstrip("\n"))
+    click.echo(f"changed={str(change.changed).lower()}")
+
+
+@lemonade.command("verify")
+@pass_app
+@_options
+def verify_cmd(
+    app: App,
+    target: Target,
+) -> None:
+    """Load the model through Lemonade, smoke it through Lemonade's OpenAI endpoint, and read vLLM's own
+    /metrics at backend_url. Exit 0: it serves; 1: a step failed; 2: Lemonade cannot be used."""
+    from ..model import envelope
+    from ..provision.lemonade_api import LemonadeError
+    from ..provision.smoke import SmokeOptions, run_smoke
+    from .lemonade_targets import vllm_models
+
+    client = _client(app, target)
+    try:
+        entries = vllm_models(client, target.models)
+        if not entries:
+            raise LemonadeError(
+                "rejected", "Lemonade has no model with the vllm recipe; register one with `lemonade pull`"
+            )
+        model = str(entries[0]["id"])
+        config = client.config()
+        load_s = config.get("global_timeout") if isinstance(config.get("global_timeout"), int) else 600
+        client.load(model, max(float(load_s or 0), target.timeout_s) + 30)
+        health = client.health()
+    except LemonadeError as exc:
+        _fail(exc, target.as_json)
+    entry = next((m for m in health["all_models_loaded"] if m.get("model_name") == model), None)
+    backend = entry.get("backend_url") if entry else None
+    backend_base = None
+    if isinstance(backend, str) and re.match(
+        r"^https?://(127\.0\.0\.1|localhost|\[::1\])(:\d+)?(/|$)", backend
+    ):
+        backend_base = backend.rstrip("/").removesuffix("/v1")
+    report = run_smoke(
+        SmokeOptions(
+            client.base_url + "/api",
+            model,
+            client.key,
+            max(target.timeout_s, 30.0),
+            "/v1/health",
+            backend_base,
+        )
+    )
+    launch = entry.get("launch_command") if entry else None
+    findings = _backend_findings(client, model, launch, backend_base)
+    report["lemonade"] = {
+        "model": model,
+        "backend_url": backend,
+        "launch_command": launch if isinstance(launch, list) else None,
+        "findings": findings,
+        "note": None
+        if backend_base
+        else "no loopback backend_url in /api/v1/health: /metrics read through Lemonade",
+    }
+    if target.as_json:
+        emit_json(envelope(**{k: v for k, v in report.items() if k != "schema_version"}))
+    else:
+        click.echo(f"loaded {model} through Lemonade at {client.base_url}; vLLM backend {backend or '?'}")
+        for step in report["steps"]:
+            click.echo(f"{step['status'].upper():5} {step['title']}: {step['summary']}")
+            if step["remedy"]:
+                click.echo(f"      -> {step['remedy']}")
+        for finding in findings:
+            click.echo(f"{finding['status'].upper():5} {finding['id']}: {finding['summary']}")
+            if finding["remedy"]:
+                click.echo(f"      -> {finding['remedy']}")
+    sys.exit(report["exit_code"])
+
+
+def _backend_findings(client: Any, model: str, launch: Any, backend_base: str | None) -> list[dict[str, Any]]:
+    """What the running vLLM got (its launch_command against the saved options) and whether Lemonade's
+    telemetry can read its KV-cache gauge; advisory: a warning, never the verdict."""
+    from ..model import warned
+    from ..provision import lemonade as lm
+    from ..provision import prometheus
+    from ..provision.lemonade_api import LemonadeError
+    from ..provision.server_memory import MetricsError, read_metrics
+
+    results = []
+    try:
+        results.append(("lemonade.launch", lm.diagnose_launch(launch, client.options(model)["saved"])))
+    except LemonadeError as exc:
+        results.append(
+            ("lemonade.launch", warned(f"the saved options cannot be read: {exc}", "rerun verify"))
+        )
+    if backend_base:
+        try:
+            names = {s.name for s in prometheus.parse(read_metrics(backend_base + "/metrics", 10.0))}
+            results.append(("lemonade.telemetry", lm.diagnose_telemetry(names)))
+        except (MetricsError, prometheus.MetricsFormatError) as exc:
+            results.append(
+                ("lemonade.telemetry", warned(f"vLLM's /metrics: {exc}", "read it at backend_url"))
+            )
+    return [_finding(i, r) for i, r in results]
+
+
+def _finding(ident: str, result: Any) -> dict[str, Any]:
+    return {
+        "id": ident,
+        "status": result.status.value,
+        "summary": result.summary,
+        "remedy": result.remedy,
+        "details": result.details,
+    }
+
+
+@lemonade.command("install-backend")
+@pass_app
+@click.option("--check", "check_only", is_flag=True, help="Say whether it would install; install nothing.")
+@click.option("--backend", default="rocm", show_default=True, help="The vllm backend Lemonade installs.")
+@_options
+def install_backend_cmd(
+    app: App,
+    target: Target,
+    check_only: bool,
+    backend: str,
+) -> None:
+    """Install Lemonade's vLLM backend through its API (idempotent: nothing when it is installed)."""
+    from ..model import Change
+    from ..provision.lemonade import diagnose_backend
+    from ..provision.lemonade_api import LemonadeError
+
+    if not re.fullmatch(r"[a-z0-9_-]{1,32}", backend):
+        raise UserError(f"--backend {backend!r}: a backend name such as rocm")
+    client = _client(app, target)
+    try:
+        before = diagnose_backend(client.system_info(), [], backend)
+        state = before.details.get("state")
+        diff = f"-vllm:{backend}: {state}\n+vllm:{backend}: installed\n"
+        if state == "installed":
+            change = Change(False, f"vllm:{backend} is installed", "", {"check": check_only, "state": state})
+        elif check_only:
+            change = Change(
+                True, f"would install vllm:{backend} (now {state})", diff, {"check": True, "state": state}
+            )
+        else:
+            client.install("vllm", backend, max(target.timeout_s, 1800.0))
+            data = {"check": False, "state": "installed", "was": state}
+            change = Change(True, f"installed vllm:{backend}", diff, data)
+    except LemonadeError as exc:
+        _fail(exc, target.as_json)
+    if target.as_json:
+        emit_json(change.envelope())
+    else:
+        click.echo(change.msg)
+        click.echo(f"changed={str(change.changed).lower()}")
