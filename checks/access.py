@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from ..host import StatInfo
 from ..model import Result, failed, passed, warned
 from ..registry import Context
+from ..textnum import is_decimal
 from . import check
 from .driver import DEV_KFD, RENDER_NODES, render_nodes
 
@@ -51,7 +52,7 @@ def groups_table(ctx: Context) -> dict[int, tuple[str, set[str]]]:
     raw = ctx.host.read_text(GROUP)
     table: dict[int, tuple[str, set[str]]] = {}
     for parts in parse_colon_file(raw.value if raw.ok else "", 4):
-        if parts[2].isdigit():
+        if is_decimal(parts[2]):
             table.setdefault(int(parts[2]), (parts[0], {m.strip() for m in parts[3].split(",") if m.strip()}))
     return table
 
@@ -59,7 +60,7 @@ def groups_table(ctx: Context) -> dict[int, tuple[str, set[str]]]:
 def find_account(ctx: Context, name: str) -> Account | None:
     raw = ctx.host.read_text(PASSWD)
     for parts in parse_colon_file(raw.value if raw.ok else "", 7):
-        if parts[0] == name and parts[2].isdigit() and parts[3].isdigit():
+        if parts[0] == name and is_decimal(parts[2]) and is_decimal(parts[3]):
             return Account(name, int(parts[2]), int(parts[3]), parts[5])
     identity = ctx.host.identity()
     if identity is not None and identity.user == name:
@@ -105,7 +106,7 @@ def acl_grants(ctx: Context, st: StatInfo, uid: int, gids: set[int]) -> bool | N
     entries = [e.split(":", 2) for e in read.value if e.count(":") == 2]
     mask = next((perm for kind, _, perm in entries if kind == "mask"), "rw-")
     for kind, qualifier, perm in entries:
-        if not qualifier.isdigit():
+        if not is_decimal(qualifier):
             continue
         named = (kind == "user" and int(qualifier) == uid) or (kind == "group" and int(qualifier) in gids)
         if named and all(ch in perm and ch in mask for ch in "rw"):
@@ -120,7 +121,7 @@ def id_map(ctx: Context, path: str) -> list[tuple[int, int, int]] | None:
     rows = []
     for line in raw.value.splitlines():
         parts = line.split()
-        if len(parts) == 3 and all(p.isdigit() for p in parts):
+        if len(parts) == 3 and all(is_decimal(p) for p in parts):
             rows.append((int(parts[0]), int(parts[1]), int(parts[2])))
     return rows or None
 

@@ -8,11 +8,11 @@ prints no report ends in gpu.runtime, and the other two skip behind it.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import documents
 from ..deep_probe import probe_environment, probe_path
 from ..memory_rule import DEFAULT_MARGIN_BYTES, MIN_USEFUL_UTILIZATION, largest_passing, passes, recommended
 from ..model import Probe, Result, Severity, Status, failed, passed, skipped, warned
@@ -171,8 +171,10 @@ def run_probe(ctx: Context) -> ProbeRun:
 def parse_report(stdout: str) -> dict[str, Any] | None:
     """The probe's one JSON document, or None for anything else (garbage, truncation, a crash)."""
     try:
-        report = json.loads(stdout)
-    except ValueError:
+        report = documents.load_value(
+            stdout.encode("utf-8", errors="replace"), "the probe's report", 16 << 20
+        )
+    except documents.DocumentError:
         return None
     if not isinstance(report, dict) or report.get("probe") != PROBE_MARKER:
         return None

@@ -6,6 +6,7 @@ import re
 
 from ..model import Action, Result, failed, passed, warned
 from ..registry import DEFAULT_PREFIX, Context
+from ..textnum import is_decimal
 from . import check
 from .facts import GPU_READS, OSRELEASE, GpuNode, gpus, kernel_release
 
@@ -126,7 +127,7 @@ def instinct_dkms(ctx: Context, gpu: GpuNode, signals: dict[str, str]) -> Result
 
 
 def render_nodes(ctx: Context) -> list[str]:
-    return [p for p in ctx.host.glob(RENDER_NODES) if p.rsplit("renderD", 1)[-1].isdigit()]
+    return [p for p in ctx.host.glob(RENDER_NODES) if is_decimal(p.rsplit("renderD", 1)[-1])]
 
 
 @check(

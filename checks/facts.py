@@ -17,6 +17,7 @@ from typing import Any
 from ..families import family_for_gfx
 from ..host import Read, ReadState
 from ..registry import Context
+from ..textnum import is_decimal
 
 KFD_NODES = "/sys/class/kfd/kfd/topology/nodes"
 DRM = "/sys/class/drm"
@@ -204,7 +205,7 @@ def unreadable_topology(ctx: Context) -> list[str]:
 
 
 def kfd_node_ids(ctx: Context) -> list[int]:
-    return [int(n) for n in ctx.host.listdir(KFD_NODES) if n.isdigit()]
+    return [int(n) for n in ctx.host.listdir(KFD_NODES) if is_decimal(n)]
 
 
 def drm_device_dirs(ctx: Context) -> list[str]:
@@ -213,7 +214,7 @@ def drm_device_dirs(ctx: Context) -> list[str]:
     return [
         f"{DRM}/{n}/device"
         for n in names
-        if (n.startswith("card") and n[4:].isdigit()) or (n.startswith("renderD") and n[7:].isdigit())
+        if (n.startswith("card") and is_decimal(n[4:])) or (n.startswith("renderD") and is_decimal(n[7:]))
     ]
 
 

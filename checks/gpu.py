@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..families import family_names
 from ..model import Action, Result, failed, passed, warned
 from ..registry import Context
+from ..textnum import is_decimal
 from . import check
 from .facts import (
     AMD_VENDOR_ID,
@@ -81,7 +82,7 @@ def gpu_present(ctx: Context) -> Result:
             "Load amdgpu (`sudo modprobe amdgpu`) on a host with a supported AMD GPU; vLLM on ROCm needs /dev/kfd.",
             other_devices=others,
         )
-    nodes = [n for n in ctx.host.listdir(KFD_NODES) if n.isdigit()]
+    nodes = [n for n in ctx.host.listdir(KFD_NODES) if is_decimal(n)]
     return failed(
         f"KFD topology has {len(nodes)} node(s) but none is a GPU (gfx_target_version 0 everywhere){instead}",
         "Check `dmesg | grep -i amdgpu` for a driver that failed to initialise the GPU; in WSL or a VM pass the GPU through.",

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from ..model import Probe, Result, Severity, passed, warned
 from ..registry import Context
 from ..sensitive import redact_argv
+from ..textnum import is_decimal
 from . import check
 from .facts import sentence
 
@@ -63,7 +64,7 @@ def read_proc(ctx: Context, pid: int) -> Proc | None:
     status = ctx.host.read_text(f"/proc/{pid}/status", limit=16384)
     if status.ok:
         for line in status.value.splitlines():
-            if line.startswith("PPid:") and line[5:].strip().isdigit():
+            if line.startswith("PPid:") and is_decimal(line[5:].strip()):
                 ppid = int(line[5:].strip())
                 break
     proc = Proc(pid, comm.value.strip(), cmdline, ppid)
@@ -73,7 +74,7 @@ def read_proc(ctx: Context, pid: int) -> Proc | None:
             continue
         if target.value in GPU_DEVICES:
             proc.gpu_fds += 1
-        elif target.value.startswith("socket:[") and target.value[8:-1].isdigit():
+        elif target.value.startswith("socket:[") and is_decimal(target.value[8:-1]):
             proc.sockets.add(int(target.value[8:-1]))
     return proc
 

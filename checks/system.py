@@ -6,6 +6,7 @@ from __future__ import annotations
 from ..host import ReadState
 from ..model import Result, Severity, passed, skipped, warned
 from ..registry import Context
+from ..textnum import is_decimal
 from . import check
 from .facts import DISTRO_READS, GPU_READS, KFD_NODES, distro_info, gpus, kfd_node_ids, read_properties
 
@@ -47,7 +48,7 @@ def count_ranges(text: str) -> int | None:
     total = 0
     for part in text.strip().split(","):
         low, sep, high = part.partition("-")
-        if not low.isdigit() or (sep and not high.isdigit()):
+        if not is_decimal(low) or (sep and not is_decimal(high)):
             return None
         total += int(high) - int(low) + 1 if sep else 1
     return total

@@ -1,19 +1,67 @@
-"""Read an HTTP body with a byte cap and a total deadline, even from a server that drips it.
+"""The one HTTP client of rocmdoctor's foreign servers (the release API, bundle downloads, the Hugging
+Face Hub, vLLM's /metrics): one total deadline over connect, response headers and body.
 
-`requests`' timeouts bound each socket read, not the whole body: a server sending one byte every few
-seconds keeps `iter_content` busy forever. urllib3's `read1` returns whatever one socket read gave, so
-the deadline is checked between reads and a drip cannot outlast it.
+`requests`' timeouts bound each socket read, not the whole exchange: a server that drips its status line
+or headers one byte a second, or its body, keeps a plain `requests.get` busy forever. Here the exchange
+runs in a worker thread and the caller waits for it at most until the deadline; when the deadline
+passes, the response (if any) is closed, which ends the worker's next read, and the caller gets
+`HttpTimeout` at once. Between reads the worker checks the deadline too (urllib3's `read1` returns
+whatever one socket read gave), so a drip cannot outlast it either.
+
+Error texts go through `sensitive.redact_exception`: an exception of requests can quote a header or a
+URL with userinfo, and with them a token.
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from rocmdoctor.sensitive import redact_exception
 
 CHUNK = 64 << 10
+T = TypeVar("T")
 
 
-class BodyTooSlow(Exception):
+class HttpError(Exception):
+    """The exchange failed: no connection, a broken answer. The text is redacted."""
+
+
+class HttpTimeout(HttpError):
+    """The deadline passed before the exchange finished."""
+
+
+class HttpNoAnswer(HttpError):
+    """One connect or read waited out its socket timeout (the server accepted nothing, or said nothing)."""
+
+
+class BodyTooSlow(HttpTimeout):
     pass
+
+
+@dataclass
+class Answer:
+    status: int
+    headers: Mapping[str, str]
+    body: bytes = b""
+    url: str = ""
+
+
+@dataclass
+class Deadline:
+    """One total deadline for an operation (several requests share it)."""
+
+    seconds: float
+    end: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.end = time.monotonic() + self.seconds
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
 
 
 def read_body(response, limit: int, deadline: float) -> bytes:
@@ -32,3 +80,113 @@ def read_body(response, limit: int, deadline: float) -> bytes:
         chunks.append(chunk)
         size += len(chunk)
     return b"".join(chunks)
+
+
+def within(deadline: Deadline, work: Callable[[dict[str, Any]], T], name: str = "http") -> T:
+    """`work(box)` in a worker thread, waited for until `deadline` at most. `work` puts the response it
+    opens into box["response"], so that it can be closed when the deadline passes (HttpTimeout)."""
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            box["value"] = work(box)
+        except BaseException as exc:
+            box["error"] = exc
+        finally:
+            done.set()
+
+    worker = threading.Thread(target=run, name=name, daemon=True)
+    worker.start()
+    if not done.wait(max(0.0, deadline.left())) or isinstance(box.get("error"), BodyTooSlow):
+        box["late"] = True
+        response = box.get("response")
+        if response is not None:
+            try:
+                response.close()  # wakes the worker; it is a daemon thread either way
+            except Exception:
+                pass
+        raise HttpTimeout(f"no complete answer within {deadline.seconds:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def _timeouts(deadline: Deadline, connect_s: float, read_s: float) -> tuple[float, float]:
+    left = max(0.05, deadline.left())
+    return (min(connect_s, left), min(read_s, left))
+
+
+def get(
+    url: str,
+    *,
+    deadline: Deadline,
+    limit: int,
+    headers: Mapping[str, str] | None = None,
+    session=None,
+    byte_range: tuple[int, int] | None = None,
+    connect_s: float = 10.0,
+    read_s: float = 30.0,
+) -> Answer:
+    """GET `url`: status, headers and at most `limit` bytes of body (limit + 1 read without a range, so
+    the caller can tell a body over the cap), all before `deadline`. With `byte_range`, a server that
+    ignores Range (200 from byte 0) is read only up to the range's end and the range is cut out."""
+    import requests
+    import urllib3
+
+    sender = session or requests
+    sent = dict(headers or {})
+    if byte_range:
+        sent["Range"] = f"bytes={byte_range[0]}-{byte_range[1]}"
+
+    def work(box: dict[str, Any]) -> Answer:
+        try:
+            response = sender.get(
+                url, headers=sent, stream=True, timeout=_timeouts(deadline, connect_s, read_s)
+            )
+            box["response"] = response
+            with response:
+                skip = byte_range[0] if byte_range and response.status_code == 200 else 0
+                want = skip + limit + (0 if byte_range else 1)
+                body = b""
+                if response.status_code in (200, 206):
+                    body = read_body(response, want, deadline.end)[skip:]
+                return Answer(response.status_code, dict(response.headers), body, response.url or url)
+        except BodyTooSlow:
+            raise
+        except requests.Timeout as exc:
+            if box.get("late"):
+                raise HttpTimeout("closed at the deadline") from None
+            raise HttpNoAnswer(redact_exception(exc)) from None
+        except (requests.RequestException, urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
+            if box.get("late"):
+                raise HttpTimeout("closed at the deadline") from None
+            raise HttpError(redact_exception(exc)) from None
+
+    return within(deadline, work, "http-get")
+
+
+def open_stream(
+    url: str,
+    *,
+    deadline: Deadline,
+    headers: Mapping[str, str] | None = None,
+    session=None,
+    connect_s: float = 10.0,
+    read_s: float = 30.0,
+):
+    """A streamed response whose status line and headers arrived before `deadline` (HttpTimeout
+    otherwise); its body is the caller's to read, with its own rule (downloads: a stall timeout per
+    read and a minimum throughput). requests' own exceptions pass through, for the caller's retries."""
+    import requests
+
+    sender = session or requests
+
+    def work(box: dict[str, Any]):
+        response = sender.get(url, headers=dict(headers or {}), stream=True, timeout=(connect_s, read_s))
+        box["response"] = response
+        if box.get("late"):
+            response.close()
+        return response
+
+    return within(deadline, work, "http-open")

@@ -32,6 +32,7 @@ from .. import host_files as files
 from ..host_files import UnsafeDirectory as UnsafeDirectory  # the bundle command catches it from here
 from ..host_files import lexists as lexists
 from ..host_files import secure_dir as secure_dir
+from . import bounded_http
 from .manifest import Asset
 
 ProgressFn = Callable[[int], None]
@@ -284,9 +285,21 @@ class Downloader:
             if etag:
                 headers["If-Range"] = etag
         try:
-            response = self._session().get(
-                url, headers=headers, stream=True, timeout=(opts.connect_timeout_s, opts.read_timeout_s)
+            # Status line and headers within connect + read timeout in total (a drip cannot hold us);
+            # the body then has its own rule: a stall timeout per read and the minimum throughput.
+            response = bounded_http.open_stream(
+                url,
+                deadline=bounded_http.Deadline(opts.connect_timeout_s + opts.read_timeout_s),
+                headers=headers,
+                session=self._session(),
+                connect_s=opts.connect_timeout_s,
+                read_s=opts.read_timeout_s,
             )
+        except bounded_http.HttpTimeout:
+            raise _Retryable(
+                f"{url} did not send its response headers within "
+                f"{opts.connect_timeout_s + opts.read_timeout_s:g}s"
+            ) from None
         except requests.Timeout:
             raise _Retryable(
                 f"no answer from {url} within {opts.connect_timeout_s:g}s/{opts.read_timeout_s:g}s"

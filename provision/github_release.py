@@ -11,28 +11,34 @@ still ends) and a body cap: an answer larger than a release list can be is refus
 
 from __future__ import annotations
 
-import json
 import os
-import threading
-import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import quote
 
-import requests
+import msgspec
+from msgspec import Meta
 
-from .manifest import Asset, ManifestError, check_asset_name, order_parts, parse_asset
+from .. import documents
+from ..sensitive import KeyFileError, check_token
+from . import bounded_http
+from .manifest import MAX_PART_BYTES, Asset, ManifestError, check_asset_name, order_parts, parse_asset
 
 DEFAULT_API_URL = "https://api.github.com"
 API_ENV = "ROCMDOCTOR_GITHUB_API"
 # A page of 100 releases with long notes is a few MB on GitHub; 16 MiB is far beyond any real answer.
 BODY_LIMIT = 16 << 20
+MAX_ASSETS = 10_000
 MAX_PAGES = 10  # 1000 releases: the newest of every family is on the first page in practice
 QUALIFICATION_REPORT = "qualification-report-{tag}.json"  # attached to releases that passed
 
 
 class ReleaseError(RuntimeError):
     """The release could not be read; the message says what to do."""
+
+
+class TokenError(ReleaseError):
+    """GITHUB_TOKEN/GH_TOKEN is malformed (bad input: exit 2); the message never holds it."""
 
 
 @dataclass(frozen=True)
@@ -81,9 +87,15 @@ def _headers() -> dict[str, str]:
         "X-GitHub-Api-Version": "2022-11-28",
         "Accept-Encoding": "identity",  # the cap counts the bytes we parse
     }
-    token = os.environ.get("GITHUB_TOKEN") or os.environ.get("GH_TOKEN")
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
+    for name in ("GITHUB_TOKEN", "GH_TOKEN"):
+        token = os.environ.get(name)
+        if token:
+            try:
+                check_token(token.strip(), name)
+            except KeyFileError as exc:
+                raise TokenError(f"{exc}; fix {name} or unset it") from None
+            headers["Authorization"] = f"Bearer {token.strip()}"
+            break
     return headers
 
 
@@ -94,105 +106,91 @@ def _unreachable(base_url: str, why: str) -> ReleaseError:
     )
 
 
-def _get_json_now(url: str, base_url: str, options: ApiOptions, deadline: float, box: dict[str, Any]) -> Any:
-    remaining = max(0.1, deadline - time.monotonic())
-    timeout = (min(options.connect_timeout_s, remaining), min(options.read_timeout_s, remaining))
+class AssetDoc(msgspec.Struct, forbid_unknown_fields=False):
+    """One asset of a release, as the API answers it (GitHub's REST schema "release-asset")."""
+
+    name: Annotated[str, Meta(max_length=1024)] | None = None
+    size: Annotated[int, Meta(ge=0, le=MAX_PART_BYTES)] | None = None
+    digest: Annotated[str, Meta(max_length=200)] | None = None
+    browser_download_url: Annotated[str, Meta(max_length=4096)] | None = None
+
+
+class ReleaseDoc(msgspec.Struct, forbid_unknown_fields=False):
+    """A release (GitHub's REST schema "release"): only the fields rocmdoctor reads."""
+
+    tag_name: Annotated[str, Meta(max_length=300)] | None = None
+    draft: bool = False
+    prerelease: bool = False
+    assets: Annotated[list[AssetDoc], Meta(max_length=MAX_ASSETS)] = []
+
+
+ReleaseListDoc = Annotated[list[ReleaseDoc], Meta(max_length=100)]
+
+
+def _get_json(
+    url: str, base_url: str, options: ApiOptions, deadline: bounded_http.Deadline, schema: Any
+) -> Any:
+    """GET `url` and decode its JSON as `schema` (None on 404), ending by `deadline` whatever the server
+    does."""
     try:
-        response = requests.get(url, headers=_headers(), timeout=timeout, stream=True)
-    except requests.Timeout:
-        raise _unreachable(
-            base_url, f"no answer within {timeout[0]:g}s (connect) / {timeout[1]:g}s (read)"
-        ) from None
-    except requests.RequestException as exc:
-        raise _unreachable(base_url, str(exc)[:300]) from None
-    box["response"] = response
-    with response:
-        status = response.status_code
-        if status == 404:
-            return None
-        if status in (403, 429):
-            raise ReleaseError(
-                f"the release API refused the request ({status}, rate limit?); set GITHUB_TOKEN or retry later"
-            )
-        if status != 200:
-            raise ReleaseError(f"the release API answered {status} for {url}; retry later")
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            if time.monotonic() > deadline:
-                raise ReleaseError("deadline")  # replaced by the caller's message
-            try:
-                block = response.raw.read1(1 << 16)
-            except Exception as exc:
-                raise _unreachable(base_url, f"the answer from {url} broke off ({str(exc)[:200]})") from None
-            if not block:
-                break
-            size += len(block)
-            if size > BODY_LIMIT:
-                raise ReleaseError(
-                    f"{url} sent more than {BODY_LIMIT >> 20} MiB; that is no release answer. "
-                    "Is --api-url a GitHub API?"
-                )
-            chunks.append(block)
-    try:
-        return json.loads(b"".join(chunks))
-    except ValueError as exc:
-        raise ReleaseError(f"{url} did not return JSON ({exc}); is --api-url a GitHub API?") from None
-
-
-def _get_json(url: str, base_url: str, options: ApiOptions, deadline: float) -> Any:
-    """GET `url` and parse its JSON (None on 404), ending by `deadline` whatever the server does."""
-    box: dict[str, Any] = {}
-    done = threading.Event()
-
-    def work() -> None:
-        try:
-            box["value"] = _get_json_now(url, base_url, options, deadline, box)
-        except BaseException as exc:
-            box["error"] = exc
-        finally:
-            done.set()
-
-    worker = threading.Thread(target=work, name="release-api", daemon=True)
-    worker.start()
-    if not done.wait(max(0.0, deadline - time.monotonic())) or (
-        isinstance(box.get("error"), ReleaseError) and str(box["error"]) == "deadline"
-    ):
-        response = box.get("response")
-        if response is not None:
-            response.close()  # wakes the worker; it is a daemon thread either way
+        answer = bounded_http.get(
+            url,
+            deadline=deadline,
+            limit=BODY_LIMIT,
+            headers=_headers(),
+            connect_s=options.connect_timeout_s,
+            read_s=options.read_timeout_s,
+        )
+    except bounded_http.HttpTimeout:
         raise ReleaseError(
             f"the release API at {base_url} did not finish answering {url} within the "
             f"{options.deadline_s:g}s deadline (a stalled or trickling server); retry later, raise "
             "--api-deadline, or install from --mirror"
+        ) from None
+    except bounded_http.HttpNoAnswer:
+        raise _unreachable(
+            base_url,
+            f"no answer within {options.connect_timeout_s:g}s (connect) / {options.read_timeout_s:g}s (read)",
+        ) from None
+    except bounded_http.HttpError as exc:
+        raise _unreachable(base_url, str(exc)) from None
+    status = answer.status
+    if status == 404:
+        return None
+    if status in (403, 429):
+        raise ReleaseError(
+            f"the release API refused the request ({status}, rate limit?); set GITHUB_TOKEN or retry later"
         )
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
+    if status != 200:
+        raise ReleaseError(f"the release API answered {status} for {url}; retry later")
+    if len(answer.body) > BODY_LIMIT:
+        raise ReleaseError(
+            f"{url} sent more than {BODY_LIMIT >> 20} MiB; that is no release answer. Is --api-url a GitHub API?"
+        )
+    try:
+        return documents.decode(answer.body, schema, url, BODY_LIMIT)
+    except documents.DocumentError as exc:
+        raise ReleaseError(f"{exc}; is --api-url a GitHub API?") from None
 
 
-def _parse_release(doc: Any, repo: str, tag: str, where: str) -> Release:
-    if not isinstance(doc, dict) or not isinstance(doc.get("assets"), list):
-        raise ReleaseError(f"{where} did not return a release object; is --api-url a GitHub API?")
+def _parse_release(doc: ReleaseDoc, repo: str, tag: str, where: str) -> Release:
     found = []
     names = set()
-    for index, raw in enumerate(doc["assets"]):
-        if not isinstance(raw, dict):
-            continue
-        name = raw.get("name")
-        if isinstance(name, str):
+    for index, raw in enumerate(doc.assets):
+        name = raw.name
+        if name is not None:
             names.add(name)
-        if not isinstance(name, str) or not is_bundle_asset(name, tag):
+        if name is None or not is_bundle_asset(name, tag):
             continue
         try:
             asset = parse_asset(
-                {k: raw.get(k) for k in ("name", "size", "digest")}, f"{where}: assets[{index}]", False
+                {"name": name, "size": raw.size, "digest": raw.digest}, f"{where}: assets[{index}]", False
             )
             check_asset_name(asset.name, tag, f"{where}: assets[{index}]")  # names become file names
         except ManifestError as exc:
             raise ReleaseError(str(exc)) from None
-        url = raw.get("browser_download_url")
-        url = url if isinstance(url, str) and url.startswith(("http://", "https://")) else None
+        url = raw.browser_download_url
+        url = url if url is not None and url.startswith(("http://", "https://")) else None
         found.append(Asset(asset.name, asset.size, asset.digest, url))
     if not found:
         raise ReleaseError(f"release {tag} in {repo} has no {tag}-x64 tarball assets")
@@ -204,7 +202,7 @@ def _parse_release(doc: Any, repo: str, tag: str, where: str) -> Release:
         repo,
         tag,
         parts,
-        prerelease=doc.get("prerelease") is True,
+        prerelease=doc.prerelease,
         has_qualification_report=QUALIFICATION_REPORT.format(tag=tag) in names,
     )
 
@@ -212,7 +210,7 @@ def _parse_release(doc: Any, repo: str, tag: str, where: str) -> Release:
 def fetch_release(repo: str, tag: str, base_url: str, options: ApiOptions | None = None) -> Release:
     options = options or ApiOptions()
     url = f"{base_url}/repos/{repo}/releases/tags/{quote(tag, safe='')}"
-    doc = _get_json(url, base_url, options, time.monotonic() + options.deadline_s)
+    doc = _get_json(url, base_url, options, bounded_http.Deadline(options.deadline_s), ReleaseDoc)
     if doc is None:
         raise ReleaseError(f"release {tag} not found in {repo} ({url}); check --tag and --repo")
     return _parse_release(doc, repo, tag, url)
@@ -221,18 +219,16 @@ def fetch_release(repo: str, tag: str, base_url: str, options: ApiOptions | None
 def list_releases(repo: str, base_url: str, options: ApiOptions | None = None) -> ReleaseList:
     """Every published (non-draft) release with bundle assets; one deadline for all pages."""
     options = options or ApiOptions()
-    deadline = time.monotonic() + options.deadline_s
+    deadline = bounded_http.Deadline(options.deadline_s)
     found = ReleaseList()
     for page in range(1, MAX_PAGES + 1):
         url = f"{base_url}/repos/{repo}/releases?per_page=100&page={page}"
-        doc = _get_json(url, base_url, options, deadline)
+        doc = _get_json(url, base_url, options, deadline, ReleaseListDoc)
         if doc is None:
             raise ReleaseError(f"no releases of {repo} at {url}; check --repo and --api-url")
-        if not isinstance(doc, list):
-            raise ReleaseError(f"{url} did not return a release list; is --api-url a GitHub API?")
         for raw in doc:
-            tag = raw.get("tag_name") if isinstance(raw, dict) else None
-            if not isinstance(tag, str) or raw.get("draft") is True:
+            tag = raw.tag_name
+            if tag is None or raw.draft:
                 continue
             try:
                 found.releases.append(_parse_release(raw, repo, tag, f"{url}: {tag}"))

@@ -10,13 +10,16 @@ Every request shares one total deadline; every body is capped.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 from urllib.parse import quote
 
-from rocmdoctor.host_files import read_head
+import msgspec
+from msgspec import Meta
+
+from rocmdoctor import documents
+from rocmdoctor.host_files import lexists
 from rocmdoctor.model_files import (
     CONFIG_FILE,
     INDEX_FILE,
@@ -24,53 +27,57 @@ from rocmdoctor.model_files import (
     MAX_INDEX_BYTES,
     ModelFiles,
     ModelFilesError,
+    check_revision,
+    decode_config,
     header_length,
     looks_like_hub_id,
     parse_header,
     shard_names,
 )
-from rocmdoctor.provision.bounded_http import BodyTooSlow, read_body
+from rocmdoctor.provision import bounded_http
+from rocmdoctor.sensitive import KeyFileError, check_token, read_api_key
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 DEFAULT_DEADLINE_S = 60.0
 MAX_LISTING_BYTES = 16 << 20
+MAX_FILES = 100_000
 
 
 class HubError(ModelFilesError):
     """The Hub could not give us the files; the message says why and what to do."""
 
 
+class Sibling(msgspec.Struct, forbid_unknown_fields=False):
+    rfilename: Annotated[str, Meta(max_length=1024)]
+
+
+class ModelInfo(msgspec.Struct, forbid_unknown_fields=False):
+    """GET /api/models/{id}/revision/{rev}: only the file list is used."""
+
+    siblings: Annotated[list[Sibling], Meta(max_length=MAX_FILES)] = []
+
+
 def hub_token(env: Mapping[str, str] = os.environ) -> str | None:
-    """The user's token the way huggingface_hub finds it: HF_TOKEN, then the token file."""
+    """The user's token the way huggingface_hub finds it: HF_TOKEN, then the token file (read under the
+    key-file rule: a regular file, no link followed, ours or root's, bounded). A malformed token is
+    HubError without its text."""
     for key in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
         if env.get(key, "").strip():
-            return env[key].strip()
+            try:
+                return check_token(env[key].strip(), key)
+            except KeyFileError as exc:
+                raise HubError(f"{exc}; fix {key} or unset it") from None
     path = env.get("HF_TOKEN_PATH") or str(
         Path(env.get("HF_HOME") or Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "huggingface")
         / "token"
     )
-    try:
-        token = read_head(Path(path).expanduser(), 4096 * 4).decode("utf-8", errors="replace")[:4096].strip()
-    except OSError:
+    token_file = Path(path).expanduser()
+    if not lexists(token_file):
         return None
-    return token or None
-
-
-@dataclass
-class Deadline:
-    seconds: float
-
-    def __post_init__(self) -> None:
-        self.end = time.monotonic() + self.seconds
-
-    def remaining(self, what: str) -> float:
-        left = self.end - time.monotonic()
-        if left <= 0:
-            raise HubError(
-                f"the Hub did not answer within {self.seconds:.0f} s (while fetching {what}); "
-                "retry, or use a local directory / the cache (--offline)"
-            )
-        return left
+    try:
+        return read_api_key(token_file, where=f"the Hugging Face token file {token_file}")
+    except KeyFileError as exc:
+        raise HubError(f"{exc}; or log in again (`huggingface-cli login`)") from None
 
 
 class HubClient:
@@ -89,10 +96,10 @@ class HubClient:
         if not looks_like_hub_id(model_id):
             raise HubError(f"{model_id!r} is not a Hugging Face model id (org/name)")
         self.model_id = model_id
-        self.revision = revision
+        self.revision = check_revision(revision)
         self.endpoint = (endpoint or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
         self.token = token
-        self.deadline = Deadline(deadline_s)
+        self.deadline = bounded_http.Deadline(deadline_s)
         self.session = session or requests.Session()
         self.bytes_read = 0
 
@@ -100,36 +107,32 @@ class HubClient:
         return f"{self.endpoint}/{self.model_id}/resolve/{quote(self.revision, safe='')}/{quote(filename)}"
 
     def _get(self, url: str, what: str, limit: int, byte_range: tuple[int, int] | None = None) -> bytes:
-        import requests
-        import urllib3
-
         headers = {"User-Agent": "rocmdoctor-plan"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
-        if byte_range:
-            headers["Range"] = f"bytes={byte_range[0]}-{byte_range[1]}"
-        timeout = min(10.0, self.deadline.remaining(what))
         try:
-            with self.session.get(
-                url, headers=headers, stream=True, timeout=(timeout, timeout), allow_redirects=True
-            ) as response:
-                self._raise_for(response.status_code, what)
-                # A server that ignores Range answers 200 from byte 0: read up to the range's end only.
-                skip = byte_range[0] if byte_range and response.status_code == 200 else 0
-                want = skip + limit + (0 if byte_range else 1)
-                body = read_body(response, want, self.deadline.end)
-                self.bytes_read += len(body)
-                body = body[skip:]
-        except BodyTooSlow:
+            answer = bounded_http.get(
+                url,
+                deadline=self.deadline,
+                limit=limit,
+                headers=headers,
+                session=self.session,
+                byte_range=byte_range,
+                connect_s=10.0,
+                read_s=10.0,
+            )
+        except bounded_http.HttpTimeout:
             raise HubError(
-                f"the Hub did not send {what} within {self.deadline.seconds:.0f} s; retry, or use a "
-                "local directory / the cache"
+                f"the Hub did not send {what} within {self.deadline.seconds:g} s (its deadline); retry, "
+                "or use a local directory / the cache (--offline)"
             ) from None
-        except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
-            raise HubError(f"cannot fetch {what} from {self.endpoint}: {type(exc).__name__}: {exc}") from None
-        if byte_range is None and len(body) > limit:
+        except bounded_http.HttpError as exc:
+            raise HubError(f"cannot fetch {what} from {self.endpoint}: {exc}") from None
+        self._raise_for(answer.status, what)
+        self.bytes_read += len(answer.body)
+        if byte_range is None and len(answer.body) > limit:
             raise HubError(f"{what} is larger than {limit} bytes; refusing to read it")
-        return body[:limit]
+        return answer.body[:limit]
 
     def _raise_for(self, status: int, what: str) -> None:
         if status in (200, 206):
@@ -153,29 +156,20 @@ class HubClient:
         raise HubError(f"the Hub answered HTTP {status} for {what}")
 
     def listing(self) -> list[str]:
-        import json
-
         url = f"{self.endpoint}/api/models/{self.model_id}/revision/{quote(self.revision, safe='')}"
         body = self._get(url, f"the file list of {self.model_id}", MAX_LISTING_BYTES)
         try:
-            info = json.loads(body)
-            return [s["rfilename"] for s in info.get("siblings", []) if isinstance(s.get("rfilename"), str)]
-        except (ValueError, AttributeError, TypeError, KeyError):
-            raise HubError(f"the Hub's file list of {self.model_id} is not the JSON it should be") from None
+            info = documents.decode(
+                body, ModelInfo, f"the Hub's file list of {self.model_id}", MAX_LISTING_BYTES
+            )
+        except documents.DocumentError as exc:
+            raise HubError(f"{exc}; is HF_ENDPOINT a Hugging Face Hub?") from None
+        return [s.rfilename for s in info.siblings]
 
-    def json_file(self, filename: str, limit: int) -> dict:
-        import json
+    def file(self, filename: str, limit: int) -> bytes:
+        return self._get(self._url(filename), filename, limit)
 
-        body = self._get(self._url(filename), filename, limit)
-        try:
-            value = json.loads(body)
-        except ValueError:
-            raise HubError(f"{filename} of {self.model_id} is not valid JSON") from None
-        if not isinstance(value, dict):
-            raise HubError(f"{filename} of {self.model_id} is not a JSON object")
-        return value
-
-    def header(self, filename: str) -> dict:
+    def header(self, filename: str):
         url = self._url(filename)
         first = self._get(url, f"{filename} (header length)", 8, (0, 7))
         length = header_length(first, filename)
@@ -200,11 +194,10 @@ def fetch_model(
         raise HubError(
             f"{model_id} has no config.json on the Hub (revision {revision!r}); not a transformers model"
         )
-    files = ModelFiles(
-        "Hugging Face Hub", f"{client.endpoint}/{model_id}", client.json_file(CONFIG_FILE, MAX_CONFIG_BYTES)
-    )
+    config = decode_config(client.file(CONFIG_FILE, MAX_CONFIG_BYTES), f"{model_id}: {CONFIG_FILE}")
+    files = ModelFiles("Hugging Face Hub", f"{client.endpoint}/{model_id}", config)
     if INDEX_FILE in names:
-        shards = shard_names(client.json_file(INDEX_FILE, MAX_INDEX_BYTES), INDEX_FILE)
+        shards = shard_names(client.file(INDEX_FILE, MAX_INDEX_BYTES), f"{model_id}: {INDEX_FILE}")
     else:
         shards = sorted(n for n in names if n.endswith(".safetensors") and "/" not in n)
     if not shards:

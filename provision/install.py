@@ -16,6 +16,8 @@ Every failure leaves `current` as it was and raises InstallError with what to do
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import dataclasses
 import json
 import os
 import threading
@@ -23,8 +25,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+import msgspec
+from msgspec import Meta
+
+from .. import documents
 from .. import host_files as files
 from ..atomic import write_atomic
 from ..host_files import lexists, secure_dir, tree_bytes
@@ -44,7 +50,17 @@ from .download import (
     open_owned,
     verify_local,
 )
-from .manifest import Asset, Lock, LockEntry, ManifestError, check_tag, parse_lock, read_pin_file, with_entry
+from .manifest import (
+    MAX_PART_BYTES,
+    Asset,
+    Lock,
+    LockEntry,
+    ManifestError,
+    check_tag,
+    parse_lock,
+    read_pin_file,
+    with_entry,
+)
 
 ProgressFn = Callable[[int], None]
 METADATA = ".rocmdoctor-bundle.json"
@@ -59,6 +75,23 @@ class InstallError(RuntimeError):
 
 class UnsafeBundle(InstallError):
     """The verified parts hold an archive that breaks the member rule: bad input from its publisher."""
+
+
+class MetaAsset(msgspec.Struct, forbid_unknown_fields=False):
+    name: str | None = None
+    size: Annotated[int, Meta(ge=0, le=MAX_PART_BYTES)] | None = None
+    digest: str | None = None
+
+
+class BundleMeta(msgspec.Struct, forbid_unknown_fields=False):
+    """A bundle's .rocmdoctor-bundle.json as install writes it: the fields anything reads, typed (a file
+    that does not fit is an incomplete bundle)."""
+
+    tag: str | None = None
+    family: str | None = None
+    repo: str | None = None
+    installed_at: str | None = None
+    assets: Annotated[list[MetaAsset], Meta(max_length=1000)] = []
 
 
 @dataclass(frozen=True)
@@ -86,6 +119,7 @@ class InstallPlan:
     on_extract: ProgressFn | None = None
     pins: LockEntry | None = None  # digests trusted on first use: recorded in <prefix>/lock.json
     check: bool = False  # dry run: report what would change, write nothing
+    retrust: bool = False  # --retrust-tag: accept digests that differ from those recorded for the tag
 
     @property
     def total_bytes(self) -> int:
@@ -136,11 +170,13 @@ class Layout:
         """The bundle's metadata; None when it is missing or not a JSON object (an incomplete bundle)."""
         from ..rootfs import read_regular as read_regular_file
 
+        where = str(self.bundles / tag / METADATA)
         try:
-            doc = json.loads(read_regular_file(self.bundles / tag / METADATA, METADATA_LIMIT))
-        except (OSError, ValueError):
+            raw = read_regular_file(where, METADATA_LIMIT)
+            documents.decode(raw, BundleMeta, where, METADATA_LIMIT)  # the fields we read, typed
+            return documents.load_object(raw, where, METADATA_LIMIT)
+        except (OSError, documents.DocumentError):
             return None
-        return doc if isinstance(doc, dict) else None
 
     def installed(self) -> list[dict[str, Any]]:
         if not files.is_dir(self.bundles):
@@ -250,8 +286,13 @@ class InvalidRequest(ValueError):
     """Bad input to install/rollback/prune (a path where a name belongs, a missing prefix): exit 2."""
 
 
+class DigestChanged(InvalidRequest):
+    """The release's digests differ from those this prefix recorded for the same tag: exit 2."""
+
+
 def install(plan: InstallPlan) -> InstallResult:
     layout = Layout(plan.prefix)
+    trusted = _check_recorded(layout, plan)  # TOFU, whatever supplied the pins: before any write
     if plan.check:
         return _dry_run(layout, plan)
     held = _lock(layout)
@@ -260,16 +301,20 @@ def install(plan: InstallPlan) -> InstallResult:
         before = layout.current_tag()
         if not plan.force and before == plan.tag and _matches(layout.metadata(plan.tag), plan):
             result = _result(layout, plan, False, f"{plan.tag} is already current")
+            _record_pins(layout, plan, trusted, result)
         elif not plan.force and _matches(layout.metadata(plan.tag), plan):
-            _activate(layout, plan.tag)
             result = _result(layout, plan, True, f"switched to the installed {plan.tag}")
+            _record_pins(layout, plan, trusted, result)  # before `current` moves: a failure leaves it
+            _activate(layout, plan.tag)
         else:
-            downloaded = _install_tree(layout, plan)
+            with _download_dir_held(plan):
+                downloaded = _install_tree(layout, plan)
+            result = _result(layout, plan, True, f"installed {plan.tag}")
+            _record_pins(layout, plan, trusted, result)  # before `current` moves: a failure leaves it
             _activate(layout, plan.tag)
             files.remove_tree(_staging(layout, plan), ignore_errors=True)
-            result = _result(layout, plan, True, f"installed {plan.tag}")
             result.downloaded_bytes = downloaded
-        _record_pins(layout, plan, result)
+        result.current, result.previous = layout.current_tag(), layout.previous_tag()
         _describe_older(layout, result)
         result.diff = state_diff({"current": before}, {"current": result.current})
         return result
@@ -327,27 +372,86 @@ def _pins_differ(layout: Layout, pins: LockEntry) -> bool:
     return entry is None or not _same_pins(entry, pins)
 
 
-def _record_pins(layout: Layout, plan: InstallPlan, result: InstallResult) -> None:
-    """Trust on first use: the digests the release published, verified by this install, become the
-    prefix's pins, so the next install (and --frozen) use them without asking the API."""
-    if plan.pins is None:
+def _wanted_pins(plan: InstallPlan) -> LockEntry | None:
+    """What this install records: the release's own pins, else the parts it installs when every one
+    carries a digest (a --lock, --bundles-dir, ROCMDOCTOR_BUNDLES or shipped pin)."""
+    if plan.pins is not None:
+        return plan.pins
+    assets = tuple(s.asset for s in plan.sources)
+    if assets and all(a.digest for a in assets):
+        return LockEntry(plan.family, plan.tag, True, assets)
+    return None
+
+
+def _check_recorded(layout: Layout, plan: InstallPlan) -> Lock | None:
+    """The prefix's lock, after checking the parts of `plan.tag` against the digests it recorded for that
+    tag: a part whose name or digest changed is DigestChanged (exit 2), naming both digests, unless
+    `plan.retrust`. A prefix lock that cannot be read is a ManifestError: nothing is installed past it."""
+    lock = _prefix_lock(layout)
+    recorded = lock.recorded(plan.tag) if lock else ()
+    if not recorded or plan.retrust:
+        return lock
+    then = {a.name: a.digest for a in recorded}
+    now = {s.asset.name: s.asset.digest for s in plan.sources}
+    path = layout.prefix / PREFIX_LOCK
+    fix = (
+        f"Refusing: the release was rebuilt under the same tag, or the pins were changed. If you trust "
+        f"the new build, rerun with --retrust-tag {plan.tag}"
+    )
+    for name in sorted(set(then) | set(now)):
+        if name not in now or name not in then:
+            raise DigestChanged(
+                f"{plan.tag}: its parts are now {sorted(now)}, but {path} recorded {sorted(then)} when "
+                f"this prefix first trusted the tag. {fix}"
+            )
+        if now[name] is not None and now[name] != then[name]:
+            raise DigestChanged(
+                f"{plan.tag}: part {name} now has digest {now[name]}, but {path} recorded {then[name]} "
+                f"when this prefix first trusted the tag. {fix}"
+            )
+    # A part offered without a digest (an API answer from before 2025-06) is verified against the record.
+    plan.sources = [
+        s
+        if s.asset.digest
+        else dataclasses.replace(s, asset=dataclasses.replace(s.asset, digest=then[s.asset.name]))
+        for s in plan.sources
+    ]
+    return lock
+
+
+def _record_pins(layout: Layout, plan: InstallPlan, lock: Lock | None, result: InstallResult) -> None:
+    """Trust on first use: the digests this install verified become the prefix's pins and its record of
+    the tag, so the next install (and --frozen) use them and a rebuilt release under the tag is refused.
+    Called before `current` moves: if the write fails, the previous bundle is still active."""
+    pins = _wanted_pins(plan)
+    if pins is None:
         return
     path = layout.prefix / PREFIX_LOCK
-    try:
-        lock = _prefix_lock(layout) or Lock(plan.repo, {}, str(path))
-    except ManifestError as exc:
-        result.notes.append(f"the digests were not recorded: {exc}; fix or remove {path}")
+    before = lock or Lock(plan.repo, {}, str(path))
+    after = before
+    entry = before.families.get(pins.family)
+    if plan.pins is not None and (entry is None or not _same_pins(entry, plan.pins)):
+        after = with_entry(after, plan.pins)
+    if _parts(after.recorded(pins.tag)) != _parts(pins.assets):
+        after = Lock(after.repo, after.families, after.source, {**after.trusted, pins.tag: pins.assets})
+    if after is before:
         return
-    entry = lock.families.get(plan.pins.family)
-    if entry is not None and _same_pins(entry, plan.pins):
-        return
-    write_json_atomic(path, with_entry(lock, plan.pins).to_json())
-    result.changed = True
-    result.pins_recorded = str(path)
-    result.msg += (
-        f"; recorded the sha256 digests the release publishes for its {len(plan.pins.assets)} part(s) "
-        f"in {path} (trusted on first use: review them; --frozen refuses releases the lock does not pin)"
-    )
+    write_json_atomic(path, after.to_json())
+    if after.families != before.families:
+        result.pins_recorded = str(path)
+        result.changed = True
+        result.msg += (
+            f"; recorded the sha256 digests the release publishes for its {len(pins.assets)} part(s) "
+            f"in {path} (trusted on first use: review them; --frozen refuses releases the lock does not pin)"
+        )
+    else:
+        result.notes.append(
+            f"recorded the digests of {pins.tag} in {path}: a rebuild under this tag is refused"
+        )
+
+
+def _parts(assets: tuple[Asset, ...]) -> list[tuple[str, str | None]]:
+    return [(a.name, a.digest) for a in assets]
 
 
 def _describe_older(layout: Layout, result: InstallResult) -> None:
@@ -391,6 +495,29 @@ def _result(layout: Layout, plan: InstallPlan, changed: bool, msg: str) -> Insta
         plan.family,
         str(layout.bundles / plan.tag),
     )
+
+
+@contextlib.contextmanager
+def _download_dir_held(plan: InstallPlan) -> Iterator[None]:
+    """A --download-dir is shared by whoever names it (the default, inside the prefix, is covered by the
+    prefix's lock): its own flock, so a second install says the directory is in use instead of losing
+    its parts to the first one's renames."""
+    if plan.download_dir is None:
+        yield
+        return
+    marker = secure_dir(plan.download_dir) / ".rocmdoctor-install.lock"
+    try:
+        fd = files.try_lock(marker)
+    except BlockingIOError:
+        raise InstallError(
+            f"the download directory {plan.download_dir} is in use by another rocmdoctor install; wait for "
+            "it to finish, or give each install its own --download-dir. Nothing was activated; the "
+            "previous bundle is still active"
+        ) from None
+    try:
+        yield
+    finally:
+        files.unlock(fd)
 
 
 def _staging(layout: Layout, plan: InstallPlan) -> Path:

@@ -26,6 +26,7 @@ from ..bundle_env import BUNDLE_SETTINGS
 from ..host_files import shipped_text
 from ..host_writes import HostWriter, WriteRefused
 from ..params import service_user_problem
+from ..textnum import is_decimal
 from .layout import Instance, Plan
 from .server_args import ServerArgs, Setting
 from .unit import (
@@ -228,7 +229,7 @@ def owned_ports(writer: HostWriter) -> set[int]:
     ports = set()
     for env in current_instances(writer).values():
         value = env.get(PORT_VAR, "")
-        if value.isdigit() and 0 < int(value) < 65536:
+        if is_decimal(value) and 0 < int(value) < 65536:
             ports.add(int(value))
     return ports
 

@@ -24,14 +24,16 @@ stable tags carry plain versions, nightly ones dev/pre versions with a local par
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+import msgspec
+from msgspec import Meta
 from packaging.version import InvalidVersion, Version
 
+from .. import documents
 from .. import host_files as files
 from ..model import SCHEMA_VERSION
 
@@ -39,7 +41,8 @@ CHANNELS = ("stable", "nightly")
 DEFAULT_REPO = "lemonade-sdk/vllm-rocm"
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 REPO_PATTERN = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
-_PART = re.compile(r"\.part(\d{2})-of-(\d{2})\.tar\.gz$")
+_PART = re.compile(r"\.part(\d{2})-of-(\d{2})\.tar\.gz\Z")
+MAX_PART_BYTES = 1 << 44  # 16 TiB: a size that drives a download and a disk-space check
 PIN_FILE_LIMIT = 4 << 20  # a lock or manifest is a few kB; anything this large is not one
 
 
@@ -82,30 +85,52 @@ class Manifest:
     source: str = ""
 
 
+def _asset_json(asset: Asset) -> dict[str, Any]:
+    return {k: v for k, v in vars(asset).items() if v is not None}
+
+
 @dataclass
 class Lock:
     repo: str
     families: dict[str, LockEntry] = field(default_factory=dict)
     source: str = ""
+    # Trust on first use, per tag: the parts and digests this prefix first installed under each tag
+    # (only in <prefix>/lock.json). Kept when a family's pin moves on, so a rebuilt release under an
+    # older tag is still recognised.
+    trusted: dict[str, tuple[Asset, ...]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        doc: dict[str, Any] = {
             "schema_version": SCHEMA_VERSION,
             "repo": self.repo,
             "families": {
-                f: {
-                    "tag": e.tag,
-                    "pinned": e.pinned,
-                    "assets": [{k: v for k, v in vars(a).items() if v is not None} for a in e.assets],
-                }
+                f: {"tag": e.tag, "pinned": e.pinned, "assets": [_asset_json(a) for a in e.assets]}
                 for f, e in sorted(self.families.items())
             },
         }
+        if self.trusted:
+            doc["trusted"] = {t: [_asset_json(a) for a in parts] for t, parts in sorted(self.trusted.items())}
+        return doc
+
+    def recorded(self, tag: str) -> tuple[Asset, ...]:
+        """The parts recorded for `tag` (trusted, else a family entry pinning it with digests)."""
+        if tag in self.trusted:
+            return self.trusted[tag]
+        for entry in self.families.values():
+            if entry.tag == tag and entry.assets and all(a.digest for a in entry.assets):
+                return entry.assets
+        return ()
 
 
 def with_entry(lock: Lock, entry: LockEntry, source: str | None = None) -> Lock:
-    """A copy of `lock` that pins `entry` for its family."""
-    return Lock(lock.repo, {**lock.families, entry.family: entry}, source or lock.source)
+    """A copy of `lock` that pins `entry` for its family (and records its parts as trusted for its tag)."""
+    trusted = dict(lock.trusted)
+    old = lock.families.get(entry.family)
+    if old is not None and old.tag not in trusted and old.assets and all(a.digest for a in old.assets):
+        trusted[old.tag] = old.assets  # the family's pin moves on; the record of its old tag stays
+    if entry.assets and all(a.digest for a in entry.assets):
+        trusted[entry.tag] = entry.assets
+    return Lock(lock.repo, {**lock.families, entry.family: entry}, source or lock.source, trusted)
 
 
 def _load_toml(text: str, where: str) -> dict[str, Any]:
@@ -144,7 +169,7 @@ def _check_schema(doc: dict[str, Any], where: str) -> None:
 
 def _check_repo(doc: dict[str, Any], where: str) -> str:
     repo = _need(doc, "repo", str, where)
-    if not REPO_PATTERN.match(repo):
+    if not REPO_PATTERN.fullmatch(repo):
         raise ManifestError(f"{where}: field 'repo' must look like owner/name, not {repo!r}")
     return repo
 
@@ -154,7 +179,7 @@ _TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 
 def check_tag(tag: str, family: str, where: str) -> None:
     """Tags become directory names under <prefix>/bundles: plain names only."""
-    if not _TAG.match(tag) or not tag.endswith("-" + family):
+    if not _TAG.fullmatch(tag) or not tag.endswith("-" + family):
         raise ManifestError(
             f"{where}: field 'tag' {tag!r} must end with '-{family}' (vllm<ver>-rocm<ver>-<family>)"
         )
@@ -182,7 +207,7 @@ def parse_release_tag(tag: str) -> ReleaseTag | None:
 
     Split only on '-' from the right (family, then ROCm) and hand the rest to `packaging`: the
     version's local part may hold '+' and '.' but never '-'."""
-    if not _TAG.match(tag):
+    if not _TAG.fullmatch(tag):
         return None
     head, _, family = tag.rpartition("-")
     if not head or not family.startswith("gfx"):
@@ -243,18 +268,18 @@ def parse_asset(doc: Any, where: str, digest_required: bool = True) -> Asset:
         raise ManifestError(f"{where} must be an object")
     name = _need(doc, "name", str, where)
     size = _need(doc, "size", int, where)
-    if size <= 0:
-        raise ManifestError(f"{where}: field 'size' must be positive, not {size}")
+    if not 0 < size <= MAX_PART_BYTES:
+        raise ManifestError(f"{where}: field 'size' must be in 1..{MAX_PART_BYTES}, not {size}")
     digest = doc.get("digest")
     if digest is None and not digest_required:
         pass
-    elif not isinstance(digest, str) or not _DIGEST.match(digest):
+    elif not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
         raise ManifestError(
-            f"{where}: field 'digest' must be 'sha256:' and 64 lowercase hex digits, not {digest!r}"
+            f"{where}: field 'digest' must be 'sha256:' and 64 lowercase hex digits, not {str(digest)[:80]!r}"
         )
     url = doc.get("url")
     if url is not None and not (isinstance(url, str) and url.startswith(("http://", "https://"))):
-        raise ManifestError(f"{where}: field 'url' must be an http(s) URL, not {url!r}")
+        raise ManifestError(f"{where}: field 'url' must be an http(s) URL, not {str(url)[:200]!r}")
     return Asset(name, size, digest, url)
 
 
@@ -276,11 +301,67 @@ def order_parts(assets: list[Asset], where: str) -> tuple[Asset, ...]:
     return tuple(a for _, _, a in numbered)
 
 
-def parse_lock(text: str, where: str = "lock.json") -> Lock:
+class LockAssetDoc(msgspec.Struct, forbid_unknown_fields=False):
+    name: Annotated[str, Meta(max_length=1024)]
+    size: Annotated[int, Meta(ge=1, le=MAX_PART_BYTES)]
+    digest: Annotated[str, Meta(max_length=200)] | None = None
+    url: Annotated[str, Meta(max_length=4096)] | None = None
+
+
+Parts = Annotated[list[LockAssetDoc], Meta(max_length=99)]
+
+
+class LockFamilyDoc(msgspec.Struct, forbid_unknown_fields=False):
+    tag: Annotated[str, Meta(max_length=300)]
+    pinned: bool
+    assets: Parts
+
+
+class LockDoc(msgspec.Struct, forbid_unknown_fields=False):
+    """lock.json's shape and ranges (the field rules below then check tags, digests and part names).
+    Families and trusted tags are decoded one by one, so that an error names its key."""
+
+    schema_version: int
+    repo: Annotated[str, Meta(max_length=200)]
+    families: Annotated[dict[str, msgspec.Raw], Meta(max_length=1000)]
+    trusted: Annotated[dict[str, msgspec.Raw], Meta(max_length=100_000)] = {}
+
+
+def _lock_field_error(where: str, prefix: str, exc: documents.DocumentError) -> ManifestError:
+    """msgspec's `$.assets[0].size` said the way the other lock errors say a field."""
+    path = prefix + exc.path if exc.path.startswith("[") else ".".join(p for p in (prefix, exc.path) if p)
+    if not exc.path and not exc.problem:
+        return ManifestError(f"{where}: {prefix}: {exc.why}" if prefix else str(exc))
+    parent, _, name = path.rpartition(".")
+    if name.endswith("]") or not name:  # an element of a list: the list is the field
+        parent, name = path, ""
+    problem = (exc.problem or exc.why).replace("`", "'")
+    at = f"{where}: {parent}" if parent else where
+    return ManifestError(f"{at}: field '{name}': {problem}" if name else f"{at}: {problem}")
+
+
+def _typed_lock(data: bytes, where: str) -> None:
     try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ManifestError(f"{where}: not valid JSON: {exc}") from None
+        top = documents.decode(data, LockDoc, where, PIN_FILE_LIMIT)
+    except documents.DocumentError as exc:
+        if exc.path.startswith("schema_version"):
+            return  # said by its own rule, with the version this rocmdoctor reads
+        raise _lock_field_error(where, "", exc) from None
+    for section, schema in (("families", LockFamilyDoc), ("trusted", Parts)):
+        for key, raw in getattr(top, section).items():
+            try:
+                documents.decode(bytes(raw), schema, where, PIN_FILE_LIMIT)
+            except documents.DocumentError as exc:
+                raise _lock_field_error(where, f"{section}.{key[:100]}", exc) from None
+
+
+def parse_lock(text: str, where: str = "lock.json") -> Lock:
+    data = text.encode("utf-8")
+    _typed_lock(data, where)
+    try:
+        doc = documents.load_value(data, where, PIN_FILE_LIMIT)
+    except documents.DocumentError as exc:
+        raise ManifestError(str(exc)) from None
     if not isinstance(doc, dict):
         raise ManifestError(f"{where}: must be a JSON object")
     _check_schema(doc, where)
@@ -299,6 +380,17 @@ def parse_lock(text: str, where: str = "lock.json") -> Lock:
         for i, asset in enumerate(assets):
             check_asset_name(asset.name, tag, f"{at}.assets[{i}]: field 'name'")
         lock.families[family] = LockEntry(family, tag, pinned, order_parts(assets, at) if assets else ())
+    trusted = doc.get("trusted", {})
+    if not isinstance(trusted, dict):
+        raise ManifestError(f"{where}: field 'trusted' must be an object")
+    for tag, raw_parts in trusted.items():
+        at = f"{where}: trusted.{tag[:100]}"
+        if not isinstance(raw_parts, list) or not raw_parts:
+            raise ManifestError(f"{at} must be a non-empty list of parts")
+        if not _TAG.fullmatch(tag) or len(tag) > 200:
+            raise ManifestError(f"{at}: the tag is not a plain release tag")
+        parts = [parse_asset(a, f"{at}[{i}]") for i, a in enumerate(raw_parts)]
+        lock.trusted[tag] = order_parts(parts, at)
     return lock
 
 

@@ -13,7 +13,6 @@ ends in TIMEOUT by then. Every body is capped by what its endpoint can legitimat
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -23,6 +22,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from rocmdoctor import documents
 from rocmdoctor.provision import openai_schema as schema
 from rocmdoctor.provision import prometheus
 
@@ -61,6 +61,11 @@ def normalize_url(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}{path}"
 
 
+# The bodies parsed here were already capped by their endpoint's limit (_read_capped); this bound is
+# the reader's own backstop.
+MAX_ANSWER_BYTES = 64 << 20
+
+
 @dataclass(frozen=True)
 class Server:
     base_url: str
@@ -77,8 +82,8 @@ class Server:
 
 def _error_message(body: bytes) -> str:
     try:
-        document = json.loads(body)
-    except ValueError:
+        document = documents.load_value(body, "the error answer", MAX_ANSWER_BYTES)
+    except documents.DocumentError:
         return body.decode(errors="replace").strip()[:300]
     if not isinstance(document, dict):
         return str(document)[:300]
@@ -120,9 +125,11 @@ async def _translated(where: str) -> AsyncIterator[None]:
 
 def _json(path: str, payload: bytes) -> Any:
     try:
-        return json.loads(payload)
-    except (ValueError, RecursionError):
-        raise ServerError(BAD_RESPONSE, f"{path}: the answer is not JSON: {payload[:120]!r}") from None
+        return documents.load_value(payload, path, MAX_ANSWER_BYTES)
+    except documents.DocumentError as exc:
+        raise ServerError(
+            BAD_RESPONSE, f"{path}: the answer is not JSON ({exc.why}): {payload[:120]!r}"
+        ) from None
 
 
 def _too_large(path: str, cap: int, what: str = "") -> ServerError:

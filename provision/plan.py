@@ -27,6 +27,7 @@ from .github_release import (
     Release,
     ReleaseError,
     ReleaseList,
+    TokenError,
     download_url,
     fetch_release,
     list_releases,
@@ -276,7 +277,7 @@ def choose_release(request: Request, manifest: Manifest, lock: Lock, api: str, o
         choice.notes[:0] = notes
         return choice
     except ReleaseError as exc:
-        raise InstallError(str(exc)) from None
+        raise (PlanError if isinstance(exc, TokenError) else InstallError)(str(exc)) from None
 
 
 def _by_tag(tag: str, request: Request, lock: Lock, repo: str, api: str, options: ApiOptions) -> Choice:
@@ -297,7 +298,7 @@ def available(
     try:
         listing = list_releases(manifest.repo, api, options)
     except ReleaseError as exc:
-        raise InstallError(str(exc)) from None
+        raise (PlanError if isinstance(exc, TokenError) else InstallError)(str(exc)) from None
     entry = lock.families.get(family)
     rows = []
     for c in candidates(listing, family):

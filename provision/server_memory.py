@@ -14,8 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rocmdoctor.provision import prometheus
-from rocmdoctor.provision.bounded_http import BodyTooSlow, read_body
+from rocmdoctor.provision import bounded_http, prometheus
 
 MAX_METRICS_BYTES = 8 << 20
 MAX_WINDOW_S = 120.0
@@ -46,27 +45,31 @@ class Snapshot:
 
 
 def read_metrics(url: str, timeout_s: float, session=None) -> str:
-    import requests
-    import urllib3
-
-    session = session or requests
+    """GET /metrics through the one bounded client: `timeout_s` is the total deadline (connect, headers
+    and body), the body is capped."""
     try:
-        with session.get(url, stream=True, timeout=(timeout_s, timeout_s)) as response:
-            if response.status_code != 200:
-                raise MetricsError(
-                    f"GET {url} answered HTTP {response.status_code}; is this vLLM's address "
-                    "(rocmdoctor plan --url http://HOST:PORT)?"
-                )
-            body = read_body(response, MAX_METRICS_BYTES + 1, time.monotonic() + timeout_s)
-    except BodyTooSlow:
-        raise MetricsError(f"GET {url}: the body did not arrive within {timeout_s:.0f} s") from None
-    except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
-        raise MetricsError(f"cannot read {url}: {type(exc).__name__}: {exc}") from None
-    if len(body) > MAX_METRICS_BYTES:
+        answer = bounded_http.get(
+            url,
+            deadline=bounded_http.Deadline(timeout_s),
+            limit=MAX_METRICS_BYTES,
+            session=session,
+            connect_s=timeout_s,
+            read_s=timeout_s,
+        )
+    except bounded_http.HttpTimeout:
+        raise MetricsError(f"GET {url}: the answer did not arrive within {timeout_s:g} s") from None
+    except bounded_http.HttpError as exc:
+        raise MetricsError(f"cannot read {url}: {exc}") from None
+    if answer.status != 200:
+        raise MetricsError(
+            f"GET {url} answered HTTP {answer.status}; is this vLLM's address "
+            "(rocmdoctor plan --url http://HOST:PORT)?"
+        )
+    if len(answer.body) > MAX_METRICS_BYTES:
         raise MetricsError(
             f"GET {url}: the body is larger than {MAX_METRICS_BYTES} bytes; not vLLM's /metrics"
         )
-    return body.decode("utf-8", errors="replace")
+    return answer.body.decode("utf-8", errors="replace")
 
 
 def _gauge(
@@ -137,10 +140,11 @@ class Diagnosis:
 
 def _int_label(info: dict[str, str], key: str) -> int | None:
     try:
-        value = int(float(info.get(key, "")))
+        number = float(info.get(key, ""))
     except ValueError:
         return None
-    return value if value > 0 else None
+    # inf/nan (int() of them raises) and absurd sizes are no block count or block size
+    return int(number) if math.isfinite(number) and 0 < number <= 2**40 else None
 
 
 def diagnose(snaps: list[Snapshot], info: dict[str, str], url: str) -> Diagnosis:

@@ -286,7 +286,7 @@ def ensure_accounts(writer: HostWriter, user: str) -> list[str]:
         if group not in writer.group_names():
             writer.add_group(group)
             created.append(f"group {group}")
-    if uid is None:
+    if uid is None or not writer.account_complete(user):  # a killed run's partial account is completed
         writer.add_system_user(user, f"/var/lib/{STATE_NAME}", "/usr/sbin/nologin", "vLLM server")
         created.append(f"user {user}")
     return created

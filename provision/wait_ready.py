@@ -72,7 +72,11 @@ def request(url, body=None, timeout=30.0, key=None, cap=COMPLETION_BYTES):
         connection.request("GET" if body is None else "POST", parts.path or "/", body=data, headers=headers)
         reply = connection.getresponse()
         length = reply.getheader("Content-Length")
-        if length and length.strip().isdigit() and int(length) > cap:
+        if (
+            length
+            and (length.strip().isascii() and length.strip().isdecimal() and len(length.strip()) < 20)
+            and int(length) > cap
+        ):
             raise NotReady("%s answered %s bytes, more than %d" % (parts.path, length.strip(), cap))
         payload = reply.read(cap + 1)
         if len(payload) > cap:

@@ -1,7 +1,8 @@
 """Atomic file writes: readers see the old file or the new one, never half of one.
 
 Temp file beside the target (same filesystem), fsync, rename, fsync the directory. Temp names are
-`.<name>.tmp-<random>`, so a run killed mid-write leaves something a later run can recognise.
+`.<name>.tmp-<pid>-<random>` (litter.temp_name): the next write of the same file removes the temps of
+runs that were killed mid-write (their pid is gone).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
+
+from .litter import sweep
 
 
 def fsync_dir(path: Path) -> None:
@@ -26,7 +29,7 @@ def fsync_dir(path: Path) -> None:
 def atomic_file(path: Path, mode: int = 0o644) -> Iterator[BinaryIO]:
     """A binary file object that becomes `path` (with `mode`) only if the block completes."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent)
     try:
         os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as out:
@@ -38,6 +41,7 @@ def atomic_file(path: Path, mode: int = 0o644) -> Iterator[BinaryIO]:
         Path(tmp).unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+    sweep(path.parent, f".{path.name}.tmp-")
 
 
 def write_atomic(path: Path, content: str | bytes, mode: int = 0o644) -> None:

@@ -42,7 +42,9 @@ class UserError(click.ClickException):
     exit_code = 2
 
     def show(self, file: Any = None) -> None:
-        click.echo(f"rocmdoctor: {self.format_message()}", err=True)
+        from .sensitive import redact_message
+
+        click.echo(f"rocmdoctor: {redact_message(self.format_message())}", err=True)
 
 
 def _app(ctx: click.Context) -> App:
@@ -183,8 +185,10 @@ def main() -> None:
     except Exception as exc:
         if os.environ.get("ROCMDOCTOR_DEBUG"):
             raise
+        from .sensitive import redact_exception
+
         click.echo(
-            f"rocmdoctor: internal error: {type(exc).__name__}: {exc}\n"
+            f"rocmdoctor: internal error: {redact_exception(exc, 2000)}\n"
             "This is a rocmdoctor bug; rerun with ROCMDOCTOR_DEBUG=1 for the traceback and report it.",
             err=True,
         )

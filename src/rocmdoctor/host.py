@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import errno
 import fnmatch
-import json
 import os
 import re
 import signal
@@ -27,7 +26,9 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from . import documents
 from .rootfs import read_regular, resolve_inside
+from .textnum import is_decimal
 
 META_DIR = ".rocmdoctor"
 STAT_FILE = "stat.json"
@@ -137,7 +138,8 @@ class RootError(ValueError):
 
 
 def _natural_key(name: str) -> list[Any]:
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+    # (kind, value) pairs: a number too long for int() stays text, and int never meets str in a compare
+    return [(0, int(part), "") if is_decimal(part) else (1, 0, part) for part in re.split(r"([0-9]+)", name)]
 
 
 def natural_sorted(names: Iterable[str]) -> list[str]:
@@ -329,11 +331,12 @@ class Host:
             meta_dir = os.path.join(self.root, META_DIR)
             try:
                 if stat_mod.S_ISDIR(os.lstat(meta_dir).st_mode):
-                    raw = read_regular(os.path.join(meta_dir, name), META_READ_LIMIT, follow_links=False)
-                    value = json.loads(raw.decode("utf-8"))
+                    where = os.path.join(meta_dir, name)
+                    raw = read_regular(where, META_READ_LIMIT, follow_links=False)
+                    value = documents.load_value(raw, where, META_READ_LIMIT)
             except PermissionError as exc:
                 self.denied[f"/{META_DIR}/{name}"] = exc.strerror or "permission denied"
-            except (OSError, ValueError):
+            except (OSError, documents.DocumentError):
                 value = None
         self._meta_cache[name] = value
         return value
@@ -583,7 +586,7 @@ class Host:
     # -- processes -----------------------------------------------------------------------
 
     def pids(self) -> list[int]:
-        return [int(n) for n in self.listdir("/proc") if n.isdigit()]
+        return [int(n) for n in self.listdir("/proc") if is_decimal(n)]
 
     # -- commands (the deep probe, daemon-reload); never raises --------------------------
 

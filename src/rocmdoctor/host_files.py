@@ -160,7 +160,15 @@ def replace(source: Path, target: Path) -> None:
 
 
 def remove_tree(path: Path, ignore_errors: bool = False) -> None:
-    """Remove a tree rocmdoctor made (links inside are removed, never followed)."""
+    """Remove a tree rocmdoctor made (links inside are removed, never followed). When `path` itself is a
+    link (a bundle directory someone linked elsewhere), the link goes and its target stays."""
+    if path.is_symlink():
+        try:
+            path.unlink()
+        except OSError:
+            if not ignore_errors:
+                raise
+        return
     shutil.rmtree(path, ignore_errors=ignore_errors)
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import errno
 import os
-import secrets
 import stat
 import subprocess
 import time
@@ -24,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .atomic import fsync_dir, write_atomic
+from .litter import owner_gone, owner_pid, temp_name
+from .textnum import is_decimal
 
 MAX_FILE_BYTES = 4 << 20
 SYSTEM_ID_RANGE = (100, 999)  # Debian's SYS_UID_MIN/SYS_UID_MAX defaults (login.defs may change them)
@@ -118,7 +119,7 @@ def write_file(root: Path, host_path: str, data: bytes, mode: int) -> None:
         return
     parts = _parts(host_path)
     with _dir_fd(root, parts[:-1], create=True) as dfd:
-        tmp = f".{parts[-1]}.tmp-{secrets.token_hex(6)}"
+        tmp = temp_name(parts[-1])
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(tmp, flags, mode, dir_fd=dfd)
         try:
@@ -138,6 +139,18 @@ def write_file(root: Path, host_path: str, data: bytes, mode: int) -> None:
                 pass
             raise
         os.fsync(dfd)
+        _sweep_at(dfd, f".{parts[-1]}.tmp-")
+
+
+def _sweep_at(dfd: int, prefix: str) -> None:
+    """litter.sweep inside a tree, by directory fd: killed runs' temp files of this name, no link followed."""
+    for entry in os.listdir(dfd):
+        pid = owner_pid(entry) if entry.startswith(prefix) else None
+        if pid is not None and owner_gone(pid):
+            try:
+                os.unlink(entry, dir_fd=dfd)
+            except OSError:
+                pass
 
 
 def chmod_file(root: Path, host_path: str, mode: int) -> None:
@@ -202,32 +215,48 @@ def _ids(lines: list[str]) -> set[int]:
     used = set()
     for line in lines:
         fields = line.split(":")
-        if len(fields) > 2 and fields[2].isdigit():
+        if len(fields) > 2 and is_decimal(fields[2]):
             used.add(int(fields[2]))
     return used
 
 
+# Ids a system account never takes, whatever a tree's login.defs says: root, the overflow and "nobody"
+# ids (65534; 65535 and 2^32-1 are (uid_t)-1 for 16 and 32 bits) and anything past 2^31-1 (a negative
+# pid_t/uid_t for much of userland).
+FORBIDDEN_IDS = frozenset({0, 65534, 65535, 4294967294, 4294967295})
+MAX_ID = 2**31 - 1
+
+
 def _system_range(root: Path, kind: str) -> tuple[int, int]:
+    """SYS_<kind>_MIN..MAX of the tree's login.defs, clamped to 1..2^31-1."""
     low, high = SYSTEM_ID_RANGE
     for line in _lines(root, "login.defs"):
         words = line.split()
-        if len(words) == 2 and words[1].isdigit():
+        if len(words) == 2 and is_decimal(words[1]):
             if words[0] == f"SYS_{kind}_MIN":
                 low = int(words[1])
             elif words[0] == f"SYS_{kind}_MAX":
                 high = int(words[1])
-    return low, high
+    return max(low, 1), min(high, MAX_ID)
+
+
+def sane_id(candidate: int) -> bool:
+    return 0 < candidate <= MAX_ID and candidate not in FORBIDDEN_IDS
 
 
 def _free_id(root: Path, kind: str, used: set[int], prefer: int | None = None) -> int:
-    """Like useradd --system: the highest free id in the system range (or `prefer` when it is free)."""
+    """Like useradd --system: the highest free id in the system range (or `prefer` when it is free);
+    never a forbidden id (FORBIDDEN_IDS, above MAX_ID)."""
     low, high = _system_range(root, kind)
-    if prefer is not None and low <= prefer <= high and prefer not in used:
+    if prefer is not None and low <= prefer <= high and prefer not in used and sane_id(prefer):
         return prefer
-    for candidate in range(high, low - 1, -1):
-        if candidate not in used:
+    for candidate in range(high, max(low, high - 100_000) - 1, -1):
+        if candidate not in used and sane_id(candidate):
             return candidate
-    raise WriteRefused(f"no free system {kind.lower()} id between {low} and {high} in {root}/etc")
+    raise WriteRefused(
+        f"no free system {kind.lower()} id in {low}..{high} (SYS_{kind}_MIN/MAX of {root}/etc/login.defs, "
+        f"kept within 1..{MAX_ID}, never 65534 or the overflow ids); fix login.defs or free an id"
+    )
 
 
 def _append(root: Path, db: str, line: str, mode: int) -> None:
@@ -256,18 +285,34 @@ def mode_of(root: Path, host_path: str, default: int) -> int:
 
 
 def add_group(root: Path, group: str, gid: int | None = None) -> int:
-    """A system group in root/etc/group (and gshadow when the tree has one); returns its gid."""
+    """A system group in root/etc/group (and gshadow when the tree has one); returns its gid. Converges:
+    a group whose gshadow line a killed run did not write gets it now."""
     if is_live(root):
         run(["groupadd", "--system", group])
         return -1
-    gid = _free_id(root, "GID", _ids(_lines(root, "group")), gid)
-    _append(root, "group", f"{group}:x:{gid}:", 0o644)
-    _append(root, "gshadow", f"{group}:!::", 0o640)
-    return gid
+    if group not in names(root, "group"):
+        gid = _free_id(root, "GID", _ids(_lines(root, "group")), gid)
+        _append(root, "group", f"{group}:x:{gid}:", 0o644)
+    if group not in names(root, "gshadow"):
+        _append(root, "gshadow", f"{group}:!::", 0o640)
+    return _gid_of(root, group)
+
+
+def account_complete(root: Path, user: str) -> bool:
+    """The user's line is in passwd, its group in group, and in shadow/gshadow where the tree has them."""
+    if is_live(root):
+        return user in names(root, "passwd")
+    if user not in names(root, "passwd") or user not in names(root, "group"):
+        return False
+    return all(
+        read_file(root, f"/etc/{db}") is None or user in names(root, db) for db in ("shadow", "gshadow")
+    )
 
 
 def add_system_user(root: Path, user: str, home: str, shell: str, comment: str) -> None:
-    """A system user with its own group, no login, no home created (useradd --system --user-group)."""
+    """A system user with its own group, no login, no home created (useradd --system --user-group).
+    On a tree each file is written only where the account's line is missing, so a rerun after a kill
+    between the group, gshadow, passwd and shadow writes completes the account."""
     if is_live(root):
         run(
             [
@@ -288,16 +333,20 @@ def add_system_user(root: Path, user: str, home: str, shell: str, comment: str) 
     for field in (user, home, shell, comment):
         if ":" in field or "\n" in field:
             raise WriteRefused(f"{field!r} cannot go into /etc/passwd (':' or a newline)")
-    uid = _free_id(root, "UID", _ids(_lines(root, "passwd")))
-    gid = add_group(root, user, gid=uid) if user not in names(root, "group") else _gid_of(root, user)
-    _append(root, "passwd", f"{user}:x:{uid}:{gid}:{comment}:{home}:{shell}", 0o644)
-    _append(root, "shadow", f"{user}:!:{int(time.time() // 86400)}::::::", 0o640)
+    uid = uid_of(root, user)
+    if uid is None:
+        uid = _free_id(root, "UID", _ids(_lines(root, "passwd")))
+    gid = add_group(root, user, gid=uid)
+    if user not in names(root, "passwd"):
+        _append(root, "passwd", f"{user}:x:{uid}:{gid}:{comment}:{home}:{shell}", 0o644)
+    if user not in names(root, "shadow"):
+        _append(root, "shadow", f"{user}:!:{int(time.time() // 86400)}::::::", 0o640)
 
 
 def _gid_of(root: Path, group: str) -> int:
     for line in _lines(root, "group"):
         fields = line.split(":")
-        if fields[0] == group and len(fields) > 2 and fields[2].isdigit():
+        if fields[0] == group and len(fields) > 2 and is_decimal(fields[2]):
             return int(fields[2])
     raise WriteRefused(f"group {group} has no gid in {root}/etc/group")
 
@@ -305,7 +354,7 @@ def _gid_of(root: Path, group: str) -> int:
 def uid_of(root: Path, user: str) -> int | None:
     for line in _lines(root, "passwd"):
         fields = line.split(":")
-        if fields[0] == user and len(fields) > 2 and fields[2].isdigit():
+        if fields[0] == user and len(fields) > 2 and is_decimal(fields[2]):
             return int(fields[2])
     return None
 
@@ -327,13 +376,13 @@ def run(argv: list[str]) -> None:
 def symlink(root: Path, host_path: str, target: str) -> None:
     """Point root/host_path at `target`, atomically (a temp link renamed over the old one)."""
     if is_live(root):
-        live_tmp = Path(f"{host_path}.tmp-{secrets.token_hex(6)}")
+        live_tmp = Path(host_path).with_name(temp_name(Path(host_path).name))
         os.symlink(target, live_tmp)
         os.replace(live_tmp, host_path)
         return
     parts = _parts(host_path)
     with _dir_fd(root, parts[:-1], create=True) as dfd:
-        tmp = f".{parts[-1]}.tmp-{secrets.token_hex(6)}"
+        tmp = temp_name(parts[-1])
         os.symlink(target, tmp, dir_fd=dfd)
         os.rename(tmp, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
 
@@ -407,6 +456,9 @@ class HostWriter:
     def add_system_user(self, user: str, home: str, shell: str, comment: str) -> None:
         if self._change("user", user):
             add_system_user(self.root, user, home, shell, comment)
+
+    def account_complete(self, user: str) -> bool:
+        return account_complete(self.root, user)
 
     def run(self, argv: list[str]) -> None:
         """A program of the live host; refused for any other root (nothing is executed for a tree)."""

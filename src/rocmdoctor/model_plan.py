@@ -841,23 +841,10 @@ def remedies(plan: ModelPlan, config: dict, memory: Memory) -> list[Remedy]:
     return out
 
 
-def weights_from_headers(headers: Iterable[dict]) -> int:
-    """Exact bytes of every tensor in these safetensors headers (data_offsets end - begin)."""
-    total = 0
-    for header in headers:
-        for name, entry in header.items():
-            if name == "__metadata__":
-                continue
-            offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
-            if (
-                not isinstance(offsets, list)
-                or len(offsets) != 2
-                or not all(isinstance(o, int) and o >= 0 for o in offsets)
-                or offsets[1] < offsets[0]
-            ):
-                raise ConfigError(f"safetensors header: tensor {name!r} has no valid data_offsets")
-            total += offsets[1] - offsets[0]
-    return total
+def weights_from_headers(headers: Iterable) -> int:
+    """Exact bytes of every tensor in these safetensors headers (model_files.SafetensorsHeader records,
+    whose data_offsets the reader already validated)."""
+    return sum(header.tensor_bytes for header in headers)
 
 
 def plan_from_files(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from importlib import resources
 from typing import Any
 
@@ -63,8 +64,26 @@ def list_checks(specs: list[CheckSpec]) -> list[dict[str, Any]]:
     ]
 
 
+def strict(value: Any) -> Any:
+    """`value` with every NaN or infinity replaced by null, and a sibling `<key>_null_reason` saying why
+    (a JSON parser must never meet `NaN` or `Infinity`: they are not JSON)."""
+    if isinstance(value, dict):
+        out: dict[Any, Any] = {}
+        for key, item in value.items():
+            if isinstance(item, float) and not math.isfinite(item):
+                out[key] = None
+                out.setdefault(f"{key}_null_reason", f"not a finite number ({item!r}): nothing to report")
+            else:
+                out[key] = strict(item)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [None if isinstance(i, float) and not math.isfinite(i) else strict(i) for i in value]
+    return value
+
+
 def dumps(document: Any) -> str:
-    return json.dumps(document, indent=2, sort_keys=False, default=str) + "\n"
+    """The one JSON renderer of every command's --json: strict JSON (allow_nan=False after `strict`)."""
+    return json.dumps(strict(document), indent=2, sort_keys=False, default=str, allow_nan=False) + "\n"
 
 
 def load_schema(name: str = "check-report.schema.json") -> dict[str, Any]:

@@ -58,21 +58,34 @@ SECRET_FLAGS = _secret_flag_names()
 
 def read_api_key(path: Path | str, min_length: int = 1, where: str | None = None) -> str:
     """The key in `path`: a regular file of at most MAX_KEY_FILE_BYTES holding one key (surrounding
-    blank lines and spaces ignored). Raises KeyFileError with the reason (naming the file as `where`);
-    never blocks, never reads more than the limit."""
+    blank lines and spaces ignored), not a link, owned by us or root. Raises KeyFileError with the
+    reason (naming the file as `where`, never its content); never blocks, never reads more than the limit.
+
+    The link and owner rules are why `sudo -E` with `~/.cache/huggingface/token -> /etc/shadow` prints
+    nothing of /etc/shadow: the link is refused before the open follows it."""
     where = where or f"--api-key-file {path}"
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW | getattr(os, "O_NOCTTY", 0)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0))
+        fd = os.open(path, flags)
     except FileNotFoundError:
         raise KeyFileError(
             f"{where}: no such file; write the key into it "
             "(e.g. `openssl rand -hex 32 > FILE; chmod 600 FILE`)"
         ) from None
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise KeyFileError(
+                f"{where} is a symbolic link; refusing to follow it (give the file itself)"
+            ) from None
         reason = "permission denied (run as its owner or root)" if exc.errno == errno.EACCES else exc.strerror
         raise KeyFileError(f"{where}: cannot open it ({reason})") from None
     try:
         info = os.fstat(fd)
+        if stat.S_ISREG(info.st_mode) and info.st_uid not in (os.geteuid(), 0):
+            raise KeyFileError(
+                f"{where} belongs to uid {info.st_uid}, neither you (uid {os.geteuid()}) nor root; "
+                "a key file is read only from its owner (chown it, or copy it)"
+            )
         if not stat.S_ISREG(info.st_mode):
             kind = (
                 "a FIFO"
@@ -111,14 +124,63 @@ def read_api_key(path: Path | str, min_length: int = 1, where: str | None = None
         raise KeyFileError(f"{where} is empty; put the key in it")
     if len(lines) > 1:
         raise KeyFileError(f"{where} holds {len(lines)} lines; it should hold one key")
-    key = lines[0]
-    if not API_KEY_PATTERN.fullmatch(key) or not min_length <= len(key) <= MAX_KEY_LENGTH:
+    return check_token(lines[0], where, min_length)
+
+
+def check_token(value: str, where: str, min_length: int = 1) -> str:
+    """`value` if it is one token of the characters a Bearer header carries (RFC 6750); KeyFileError
+    otherwise, without the value (a line break in it would make requests quote it in InvalidHeader)."""
+    if not API_KEY_PATTERN.fullmatch(value) or not min_length <= len(value) <= MAX_KEY_LENGTH:
         raise KeyFileError(
             f"{where} must hold one key of {min_length}-{MAX_KEY_LENGTH} characters from "
-            "A-Z a-z 0-9 . _ ~ + / = - "
+            "A-Z a-z 0-9 . _ ~ + / = - (not shown; a line break or a space in it?) "
             "(e.g. `openssl rand -hex 32 > FILE`)"
         )
-    return key
+    register_secret(value)
+    return value
+
+
+# -- messages: the one redactor for every text that can quote a credential ---------------------------
+
+_SECRETS: set[str] = set()
+SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "GITHUB_TOKEN", "GH_TOKEN", "VLLM_API_KEY")
+_HEADER = re.compile(
+    r"(?i)\b(authorization|proxy-authorization|x-api-key|api-key|cookie)(['\"]?\s*[:=]\s*['\"]?)"
+    r"((?:bearer|basic|token)\s+)?[^\s'\",}]+"
+)
+_SCHEME_TOKEN = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+")
+# The shapes of the credentials rocmdoctor meets: Hugging Face and GitHub tokens.
+_KNOWN_TOKEN = re.compile(r"\b(hf_[A-Za-z0-9]{8,}|gh[pousr]_[A-Za-z0-9]{8,}|github_pat_[A-Za-z0-9_]{8,})")
+
+
+def register_secret(value: str) -> None:
+    """A credential this process holds: its exact text is redacted from every message from now on."""
+    if len(value) >= 4:
+        _SECRETS.add(value)
+
+
+def redact_message(text: str) -> str:
+    """A message or exception text fit to print: credentials this process holds (registered, or in the
+    usual environment variables), Authorization-like headers, Bearer/Basic values, token shapes, secret
+    flags and assignments, and URL userinfo, replaced by ***."""
+    secrets = set(_SECRETS)
+    secrets.update(v for name in SECRET_ENV if len(v := os.environ.get(name, "")) >= 4)
+    for secret in sorted(secrets, key=len, reverse=True):
+        for form in {secret, repr(secret)[1:-1], secret.strip()}:
+            if len(form) >= 4:
+                text = text.replace(form, REDACTED)
+        for part in secret.split():  # a token with a line break is quoted in pieces
+            if len(part) >= 4:
+                text = text.replace(part, REDACTED)
+    text = _HEADER.sub(lambda m: f"{m.group(1)}{m.group(2)}{m.group(3) or ''}{REDACTED}", text)
+    text = _SCHEME_TOKEN.sub(lambda m: f"{m.group(1)} {REDACTED}", text)
+    text = _KNOWN_TOKEN.sub(REDACTED, text)
+    return redact_text(text)
+
+
+def redact_exception(exc: BaseException, limit: int = 300) -> str:
+    """`Type: message` of an exception, redacted and cut to `limit` characters."""
+    return f"{type(exc).__name__}: {redact_message(str(exc))}"[:limit]
 
 
 def is_secret_name(name: str) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import os
 import re
 import tarfile
 import tempfile
@@ -23,6 +24,7 @@ from typing import Any
 
 from .atomic import atomic_file
 from .host import DEFAULT_READ_LIMIT, ENV_FILE, IDENTITY_FILE, META_DIR, STAT_FILE, Host, ReadState
+from .litter import REPLAY_PREFIX, sweep
 from .registry import CheckSpec, Context
 from .safe_tar import (
     ArchiveError,
@@ -35,6 +37,7 @@ from .safe_tar import (
     no_space,
 )
 from .sensitive import redact_cmdline, redact_env
+from .textnum import is_decimal
 
 PASSWD, GROUP = "/etc/passwd", "/etc/group"
 MEMBER_LIMIT = DEFAULT_READ_LIMIT  # a snapshot file is at most what one read of the Host returns
@@ -99,7 +102,7 @@ def _filter_group(text: str, users: set[str], gids: set[int], keep_gids: set[int
     out = []
     for line in text.splitlines():
         parts = line.split(":")
-        if len(parts) < 4 or not parts[2].isdigit():
+        if len(parts) < 4 or not is_decimal(parts[2]):
             continue
         members = [m for m in parts[3].split(",") if m.strip() in users]
         if members or int(parts[2]) in gids | keep_gids:
@@ -288,7 +291,9 @@ def unpack(archive: Path) -> Path:
     import atexit
     import shutil
 
-    dest = Path(tempfile.mkdtemp(prefix="rocmdoctor-replay-"))
+    tmp = Path(tempfile.gettempdir())
+    sweep(tmp, REPLAY_PREFIX)  # trees of replays that were killed (their owner pid is gone)
+    dest = Path(tempfile.mkdtemp(prefix=f"{REPLAY_PREFIX}{os.getpid()}-", dir=tmp))
     atexit.register(shutil.rmtree, dest, ignore_errors=True)
     rule = MemberRule(SNAPSHOT_LIMITS, opaque_link=replay_keeps_link, what="a snapshot")
     try:

@@ -28,7 +28,9 @@ class Failed(click.ClickException):
     exit_code = 1
 
     def show(self, file: Any = None) -> None:
-        click.echo(f"rocmdoctor: {self.format_message()}", err=True)
+        from ..sensitive import redact_message
+
+        click.echo(f"rocmdoctor: {redact_message(self.format_message())}", err=True)
 
 
 _prefix_option = params.prefix_option(
@@ -172,7 +174,7 @@ def _load_pins(kwargs: dict[str, Any], prefix: Path) -> tuple[Any, Any, Any]:
     if kwargs["repo"]:
         from ..provision.manifest import REPO_PATTERN
 
-        if not REPO_PATTERN.match(kwargs["repo"]):
+        if not REPO_PATTERN.fullmatch(kwargs["repo"]):
             raise UserError(f"--repo must look like owner/name, not {kwargs['repo']!r}")
         manifest.repo = kwargs["repo"]
     return sources, manifest, lock
@@ -187,6 +189,9 @@ def _failures(as_json: bool) -> Iterator[None]:
     from ..provision.plan import PlanError
 
     def report(message: str, exc_type: type[click.ClickException]) -> click.ClickException:
+        from ..sensitive import redact_message
+
+        message = redact_message(message)
         if as_json:
             emit_json(envelope(changed=False, failed=True, msg=message))
         return exc_type(message)
@@ -357,6 +362,13 @@ def _request(
 @click.option(
     "--prune", "prune_after", is_flag=True, help="Then remove bundles other than current and previous."
 )
+@click.option(
+    "--retrust-tag",
+    default=None,
+    metavar="TAG",
+    help="Accept new digests for TAG although <prefix>/lock.json recorded others for it (a release "
+    "rebuilt under the same tag), and record the new ones. Without it such an install is refused.",
+)
 @click.option("--check", is_flag=True, help="Dry run: say what would change, write nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print an Ansible-style JSON result on stdout.")
 @pass_app
@@ -370,6 +382,7 @@ def install(
     extractor: str,
     download_dir: Path | None,
     prune_after: bool,
+    retrust_tag: str | None,
     check: bool,
     as_json: bool,
     **kwargs: Any,
@@ -400,6 +413,8 @@ def install(
             chosen = resolve_family(family, manifest)
         request = _request(chosen, manifest, lock, kwargs, prefix, mirror)
         choice = choose_release(request, manifest, lock, api_url(kwargs["api_url"]), _api_settings(kwargs))
+        if retrust_tag is not None and retrust_tag != choice.tag:
+            raise UserError(f"--retrust-tag {retrust_tag[:200]!r} is not the release chosen ({choice.tag})")
         plan = InstallPlan(
             prefix=prefix,
             family=chosen,
@@ -413,6 +428,7 @@ def install(
             download_dir=download_dir,
             pins=choice.lock_entry if choice.trusted_on_first_use else None,
             check=check,
+            retrust=retrust_tag is not None,
         )
         with _progress(not as_json and not check, plan.total_bytes) as (on_download, on_extract):
             plan.on_download, plan.on_extract = on_download, on_extract

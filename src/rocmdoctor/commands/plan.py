@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from rocmdoctor import params
 from rocmdoctor.model import EXIT_FAILURES, EXIT_OK
 
 from .common import App, UserError, emit_json, pass_app
@@ -146,9 +147,19 @@ def render_diagnosis(diagnosis) -> None:
 )
 @click.option("--revision", default="main", show_default=True, help="Hub branch, tag or commit.")
 @click.option("--offline", is_flag=True, help="Never ask the Hub: local directory or the HF cache only.")
-@click.option("--max-model-len", type=int, default=None, help="Context to plan for (default: the model's).")
 @click.option(
-    "--tensor-parallel-size", "tp", type=int, default=1, show_default=True, help="GPUs in the group."
+    "--max-model-len",
+    type=params.Count(1, 1 << 30),
+    default=None,
+    help="Context to plan for (default: the model's).",
+)
+@click.option(
+    "--tensor-parallel-size",
+    "tp",
+    type=params.Count(1, 1024),
+    default=1,
+    show_default=True,
+    help="GPUs in the group.",
 )
 @click.option(
     "--kv-cache-dtype",
@@ -162,7 +173,7 @@ def render_diagnosis(diagnosis) -> None:
 @click.option(
     "--gpu-memory-utilization",
     "utilization",
-    type=float,
+    type=params.Fraction(),
     default=None,
     help="Share of --memory vLLM takes (default: vLLM's 0.92; on this host: the free-memory rule).",
 )
@@ -172,21 +183,26 @@ def render_diagnosis(diagnosis) -> None:
     metavar="SIZE",
     help="KV cache bytes per GPU, as vLLM's --kv-cache-memory-bytes (weights then do not count).",
 )
-@click.option("--block-size", type=int, default=16, show_default=True, help="vLLM's --block-size.")
+@click.option(
+    "--block-size", type=params.Count(1, 1 << 16), default=16, show_default=True, help="vLLM's --block-size."
+)
 @click.option(
     "--max-num-batched-tokens",
-    type=int,
+    type=params.Count(1, 1 << 30),
     default=2048,
     show_default=True,
     help="vLLM's --max-num-batched-tokens (sizes a sliding window's blocks and the activations).",
 )
 @click.option(
-    "--typical-len", type=int, default=None, help="Tokens per sequence --max-num-seqs is sized for."
+    "--typical-len",
+    type=params.Count(1, 1 << 30),
+    default=None,
+    help="Tokens per sequence --max-num-seqs is sized for.",
 )
 @click.option(
     "--pipeline-parallel-size",
     "pp",
-    type=int,
+    type=params.Count(1, 1024),
     default=1,
     show_default=True,
     help="vLLM's --pipeline-parallel-size (stages; each GPU holds its stage's layers).",
@@ -270,16 +286,6 @@ def plan(
         sys.exit(EXIT_FAILURES if diagnosis.verdict == "preempting" else EXIT_OK)
     if not model:
         raise UserError("pass --model DIR|HF_ID to plan a model, or --url URL to diagnose a running server")
-    for name, value in (
-        ("--tensor-parallel-size", tp),
-        ("--block-size", block_size),
-        ("--max-num-batched-tokens", max_num_batched_tokens),
-        ("--pipeline-parallel-size", pp),
-    ):
-        if value < 1:
-            raise UserError(f"{name} must be 1 or more, not {value}")
-    if utilization is not None and not 0 < utilization <= 1:
-        raise UserError(f"--gpu-memory-utilization must be in (0, 1], not {utilization}")
     from rocmdoctor.model_plan import (
         DEFAULT_GPU_MEMORY_UTILIZATION,
         ConfigError,

@@ -12,6 +12,7 @@ from click.core import ParameterSource
 
 from .. import params
 from ..model import envelope
+from ..textnum import is_decimal
 from .common import App, UserError, echo_write_report, emit_json, pass_app, write_root
 from .server_options import LAYOUT_CHOICES, choices, server_option, server_options
 
@@ -309,7 +310,7 @@ def written_targets(writer, host: str | None) -> list:
     for name in sorted(written, key=int):
         env = written[name]
         port = env.get(rack.PORT_VAR, "")
-        if not port.isdigit() or not 0 < int(port) < 65536:
+        if not is_decimal(port) or not 0 < int(port) < 65536:
             raise UserError(
                 f"{rack.env_path(name)}: no valid {rack.PORT_VAR}; rerun `rocmdoctor instances --write`"
             )

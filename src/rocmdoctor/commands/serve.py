@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from .. import params
+from ..report import strict
 from .common import App, UserError, echo_write_report, emit_json, pass_app, write_root
 from .server_options import LAYOUT_CHOICES, SINGLE_SERVER, choices, server_option, server_options
 
@@ -266,7 +267,7 @@ class Events:
 
     def emit(self, event: str, message: str, **data: Any) -> None:
         if self.as_json:
-            sys.stdout.write(json.dumps({"event": event, **data}) + "\n")
+            sys.stdout.write(json.dumps(strict({"event": event, **data}), allow_nan=False) + "\n")
             sys.stdout.flush()
         else:
             print(message, file=sys.stderr)
