@@ -86,6 +86,10 @@ EXPECTED_VERDICTS = {
     "wsl": {"gpu.present": "fail", "memory.gpu": "skip"},
     # gfx950's CWSR size has the LDS term: the real MI350X export 22687744 passes.
     "mi350x": {"kernel.cwsr": "pass", "gpu.arch": "pass", "memory.gpu": "warn"},
+    # Mixed families, both enumeration orders: every check judges the R9700 (its VRAM use is not captured).
+    "r9700-beside-780m": {"memory.gpu": "warn", "memory.ttm": "skip", "kernel.cwsr": "pass"},
+    "r9700-beside-780m-igpu-first": {"memory.gpu": "warn", "memory.ttm": "skip", "kernel.cwsr": "pass"},
+    "strix-halo-beside-r9700": {"memory.gpu": "warn", "memory.ttm": "skip", "kernel.cwsr": "pass"},
 }
 
 

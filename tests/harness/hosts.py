@@ -28,6 +28,9 @@ FIXTURE_IDS = (
     "r9700-beside-nvidia",
     "wsl",
     "mi350x",
+    "r9700-beside-780m",
+    "r9700-beside-780m-igpu-first",
+    "strix-halo-beside-r9700",
 )
 ROOT_PLACEHOLDER = "<root>"
 VERSION_PLACEHOLDER = "<version>"
