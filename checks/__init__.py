@@ -19,6 +19,7 @@ check = REGISTRY.check
 from . import system  # noqa: E402,I001
 from . import gpu  # noqa: E402
 from . import vendor  # noqa: E402
+from . import pci_bind  # noqa: E402
 from . import driver  # noqa: E402
 from . import kernel  # noqa: E402
 from . import firmware  # noqa: E402
@@ -34,6 +35,7 @@ MODULES = (
     system,
     gpu,
     vendor,
+    pci_bind,
     driver,
     kernel,
     firmware,

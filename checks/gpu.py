@@ -19,6 +19,8 @@ from .facts import (
     physical_summary,
     unreadable_topology,
 )
+from .pci_bind import READS as PCI_BIND_READS
+from .pci_bind import unbound_finding
 
 KFD_ROOT = "/sys/class/kfd"
 WSL_DEVICE = "/dev/dxg"
@@ -47,7 +49,7 @@ def other_display_devices(ctx: Context) -> list[str]:
 @check(
     "gpu.present",
     "AMD GPU in the KFD topology",
-    reads=(KFD_ROOT, WSL_DEVICE, *GPU_READS),
+    reads=(KFD_ROOT, WSL_DEVICE, *GPU_READS, *PCI_BIND_READS),
     blocks=(Action.INSTALL, Action.SERVE),
 )
 def gpu_present(ctx: Context) -> Result:
@@ -70,6 +72,11 @@ def gpu_present(ctx: Context) -> Result:
         )
     others = other_display_devices(ctx)
     instead = f"; found instead: {'; '.join(others)}" if others else ""
+    unbound = unbound_finding(ctx)
+    if unbound is not None and ctx.host.stat(WSL_DEVICE) is None:
+        # The GPU is there and amdgpu did not take it: name it and why, not "no GPU" and a bare modprobe.
+        summary, remedy, details = unbound
+        return failed(f"no KFD GPU node: {summary}", remedy, other_devices=others, **details)
     if ctx.host.stat(WSL_DEVICE) is not None:
         return failed(
             f"this is WSL ({WSL_DEVICE}): its GPU passthrough has no KFD topology{instead}",

@@ -31,6 +31,7 @@ FIXTURE_IDS = (
     "r9700-beside-780m",
     "r9700-beside-780m-igpu-first",
     "strix-halo-beside-r9700",
+    "strix-halo-unbound",
 )
 ROOT_PLACEHOLDER = "<root>"
 VERSION_PLACEHOLDER = "<version>"
