@@ -48,7 +48,7 @@ MODULES = (
     deep,
 )
 # Modules in checks/ that register no checks: shared facts and pure rules.
-HELPER_MODULES = ("facts", "kernel_rules", "kernel_guidance", "memory_guidance", "capture")
+HELPER_MODULES = ("facts", "container", "kernel_rules", "kernel_guidance", "memory_guidance", "capture")
 
 
 def load_registry() -> Registry:

@@ -7,6 +7,10 @@ import re
 from ..model import Action, Result, failed, passed, warned
 from ..registry import DEFAULT_PREFIX, Context
 from . import check
+from .container import ENV as CONTAINER_ENV
+from .container import READS as CONTAINER_READS
+from .container import detect as detect_container
+from .container import run_remedy
 from .facts import GPU_READS, OSRELEASE, GpuNode, gpus, kernel_release
 
 DEV_KFD = "/dev/kfd"
@@ -133,7 +137,8 @@ def render_nodes(ctx: Context) -> list[str]:
     "driver.loaded",
     "amdgpu loaded with /dev/kfd and a render node",
     depends=("gpu.present",),
-    reads=("/sys/module/amdgpu", DEV_KFD, "/dev/dri", RENDER_NODES),
+    reads=("/sys/module/amdgpu", DEV_KFD, "/dev/dri", RENDER_NODES, *CONTAINER_READS),
+    env=CONTAINER_ENV,
 )
 def driver_loaded(ctx: Context) -> Result:
     problems = []
@@ -148,6 +153,16 @@ def driver_loaded(ctx: Context) -> Result:
     if not renders:
         problems.append("no /dev/dri/renderD* node")
     details = {"kfd": kfd.to_json() if kfd else None, "render_nodes": renders}
+    container = detect_container(ctx)
+    if container is not None and container.oci and (kfd is None or not renders):
+        # Inside Docker/Podman the host's driver may be fine: the container was started without the nodes.
+        return failed(
+            "; ".join(problems) + f" in this {container.kind} container ({container.evidence})",
+            run_remedy(ctx, container, [])
+            + "; if the host lacks them too, run `rocmdoctor check` on the host.",
+            container=container.to_json(),
+            **details,
+        )
     if problems:
         return failed(
             "; ".join(problems),

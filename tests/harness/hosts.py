@@ -32,6 +32,7 @@ FIXTURE_IDS = (
     "r9700-beside-780m-igpu-first",
     "strix-halo-beside-r9700",
     "strix-halo-unbound",
+    "r9700-docker-unmapped-gid",
 )
 ROOT_PLACEHOLDER = "<root>"
 VERSION_PLACEHOLDER = "<version>"

@@ -28,6 +28,7 @@ EXPECTED = {
     "r9700-beside-780m-igpu-first": ({1}, {2}),
     "strix-halo-beside-r9700": ({1}, {2}),
     "strix-halo-unbound": (set(), set()),
+    "r9700-docker-unmapped-gid": (set(), {1}),
     "r9700-beside-nvidia": (set(), {1}),
     "wsl": (set(), set()),
     "mi350x": (set(), {1}),
