@@ -12,6 +12,7 @@ from .container import READS as CONTAINER_READS
 from .container import detect as detect_container
 from .container import run_remedy
 from .facts import GPU_READS, OSRELEASE, GpuNode, gpus, kernel_release
+from .host_rules import rules
 
 DEV_KFD = "/dev/kfd"
 RENDER_NODES = "/dev/dri/renderD*"
@@ -43,6 +44,7 @@ SUPPORTED_SKEW = 2  # releases either way
 # Production releases in order; TheRock's 7.9+ previews (the bundles' rocm7.12/7.13) have no place in AMD's matrix.
 KNOWN_RELEASES = ((6, 0), (6, 1), (6, 2), (6, 3), (6, 4), (7, 0), (7, 1), (7, 2))
 ROCM_INFO_VERSION = "/opt/rocm/.info/version"
+ROCM_CORE_GLOB = "/opt/rocm/core-*"
 BUNDLE_LINK = f"{DEFAULT_PREFIX}/current"
 _ROCM_IN_TAG = re.compile(r"rocm(\d+)\.(\d+)")
 _VERSION = re.compile(r"^(\d+)\.(\d+)")
@@ -72,6 +74,20 @@ def userspace_rocm(ctx: Context) -> tuple[tuple[int, int], str] | None:
     info = ctx.host.read_text(ROCM_INFO_VERSION, limit=256)
     if info.ok and (match := _VERSION.match(info.value.strip())):
         return (int(match[1]), int(match[2])), f"{ROCM_INFO_VERSION} ({info.value.strip()[:40]})"
+    return rocm_core_sdk(ctx)
+
+
+def rocm_core_sdk(ctx: Context) -> tuple[tuple[int, int], str] | None:
+    """ROCm Core SDK 10+ (TheRock): /opt/rocm/core-<major>.<minor> from amdrocm-* packages, no .info/version
+    at the old place (checks/data/host_rules.json rocm_layouts)."""
+    for layout in rules()["rocm_layouts"]:
+        for path in sorted(ctx.host.glob(layout["glob"]), reverse=True):
+            match = _VERSION.match(path.rsplit("-", 1)[-1])
+            if match and ctx.host.is_dir(path):
+                return (
+                    int(match[1]),
+                    int(match[2]),
+                ), f"{path} (ROCm Core SDK layout, {layout['packages']} packages)"
     return None
 
 
@@ -226,12 +242,17 @@ def dkms_signals(ctx: Context) -> dict[str, str]:
         "/lib/modules/*/modules.dep",
         BUNDLE_LINK,
         ROCM_INFO_VERSION,
+        ROCM_CORE_GLOB,
     ),
 )
 def driver_dkms(ctx: Context) -> Result:
     signals = dkms_signals(ctx)
+    user = userspace_rocm(ctx)
+    seen = {"userspace_rocm": {"release": ".".join(map(str, user[0])), "seen_in": user[1]}} if user else {}
     if not signals:
-        return passed("in-tree amdgpu (no module version, no amdkcl/amdttm, no updates/dkms or extra module)")
+        return passed(
+            "in-tree amdgpu (no module version, no amdkcl/amdttm, no updates/dkms or extra module)", **seen
+        )
     apus = [g for g in gpus(ctx) if g.apu and g.gfx.startswith("gfx115")]
     evidence = "; ".join(signals.values())
     instinct = [g for g in gpus(ctx) if is_instinct(g)]
@@ -247,4 +268,5 @@ def driver_dkms(ctx: Context) -> Result:
         f"amdgpu DKMS build in use: {evidence}",
         "Fine on supported dGPUs; if the GPU hangs or lacks the CWSR export, remove it: " + DKMS_REMEDY_APT,
         signals=signals,
+        **seen,
     )

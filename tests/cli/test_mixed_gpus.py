@@ -125,3 +125,23 @@ def test_igpu_of_the_dgpus_family_is_not_grouped_with_it():
     ]
     keep, hidden = usable(devices, None)
     assert [d.kfd_node for d in keep] == [2] and [d.kfd_node for d in hidden] == [1]
+
+
+def test_unit_for_two_rdna_gpus_turns_legacy_ipc_off():
+    code, text = cli(
+        "--root",
+        str(fixture_root("r9700-x2-ipc-legacy")),
+        "unit",
+        "--model",
+        "m",
+        "--gpu-memory-utilization",
+        "0.9",
+        "--tensor-parallel-size",
+        "2",
+    )
+    assert code == 0, text
+    assert re.search(r"\bROCR_VISIBLE_DEVICES=0,1\b", text) and re.search(
+        r"\bHSA_ENABLE_IPC_MODE_LEGACY=0\b", text
+    )
+    code, text = unit_text("r9700-x2-ipc-legacy")
+    assert code == 0 and "HSA_ENABLE_IPC_MODE_LEGACY" not in text  # one GPU: no IPC between ranks

@@ -38,7 +38,18 @@ def resolve_args(app: App, opts: dict[str, Any]):
             "pinned (ROCR_VISIBLE_DEVICES, ROCm's KFD-order numbering): "
             + ", ".join(f"vLLM device {i} = {d.label}" for i, d in enumerate(group))
         )
+        ipc_mode(args, group)
     return args
+
+
+def ipc_mode(args: Any, group: list[Any]) -> None:
+    """Tensor parallelism over RDNA GPUs: legacy IPC mode off (it breaks IPC there: env.multi_gpu's rule)."""
+    from ..checks.host_rules import rules
+
+    data = rules()["ipc_legacy"]
+    if len(group) >= 2 and all(d.gfx.startswith(tuple(data["gfx_prefixes"])) for d in group):
+        args.environment[data["variable"]] = "0"
+        args.notes.append(f"{data['variable']}=0: {data['source']}")
 
 
 def pinned_group(ctx: Any, gpus: tuple[str, ...], tensor_parallel_size: int) -> tuple[list[Any], list[str]]:
