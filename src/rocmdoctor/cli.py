@@ -32,6 +32,7 @@ COMMANDS: dict[str, str] = {
     "bench": "bench:bench",
     "instances": "rack:instances",
     "plan": "plan:plan",
+    "fix": "fix:fix",
 }
 
 
