@@ -142,7 +142,9 @@ def test_steps_it_cannot_apply_stay_printed_like_fix_kernel():
     assert code == 0
     assert "not applied by fix" in out and "Boot a kernel with the CWSR export" in out
     # The package removal runs the package manager: on this machine only, and said so for a tree.
-    assert "[refused] dkms" in out and "apt-get remove --purge -y amdgpu-dkms" in out and "booted machine" in out
+    assert (
+        "[refused] dkms" in out and "apt-get remove --purge -y amdgpu-dkms" in out and "booted machine" in out
+    )
 
 
 def test_without_yes_on_a_pipe_it_refuses(tmp_path):
