@@ -95,7 +95,7 @@ class Item:
         return bool(self.files or self.run or self.groups or self.pids)
 
     def diff(self) -> str:
-        parts = []
+        parts: list[str] = []
         for path, old, new, _mode in self.files:
             parts += difflib.unified_diff(
                 (old or b"").decode(errors="replace").splitlines(keepends=True),
@@ -223,8 +223,8 @@ def cmdline_item(writer: HostWriter, wanted: Wanted) -> Item | None:
     if entries:
         for name in sorted(entries):
             path = f"{LOADER_ENTRIES}/{name}"
-            current = _text(writer, path) or b""
-            lines = current.decode(errors="replace").splitlines()
+            entry = _text(writer, path) or b""
+            lines = entry.decode(errors="replace").splitlines()
             new_lines = [
                 "options "
                 + " ".join(_edit_cmdline(ln.split()[1:], wanted.cmdline_add, wanted.cmdline_remove))
@@ -232,9 +232,9 @@ def cmdline_item(writer: HostWriter, wanted: Wanted) -> Item | None:
                 else ln
                 for ln in lines
             ]
-            new = ("\n".join(new_lines) + "\n").encode()
-            if new != current:
-                item.files.append((path, current, new, 0o644))
+            edited = ("\n".join(new_lines) + "\n").encode()
+            if edited != entry:
+                item.files.append((path, entry, edited, 0o644))
         return item
     current = _text(writer, GRUB_DEFAULT)
     if current is None:

@@ -189,7 +189,8 @@ def usable(
             + "; ".join(gpu_options(serving_nodes(ordered)))
             + " (or --family with one of them)"
         )
-    chosen = family or (serving_families(ordered) or [None])[0]
+    named = serving_families(ordered)
+    chosen = family or (named[0] if named else None)
     keep = serving_nodes([d for d in supported if d.family == chosen])
     return keep, [d for d in ordered if d not in keep]
 

@@ -245,12 +245,10 @@ def _verify(app: App, target_root: Path, user: str, only: tuple[str, ...], appli
         if item.refused or not item.changes:
             continue
         left = again.get(item.id)
-        done = left is None or not left.changes
-        rows.append(
-            {
-                "id": item.id,
-                "state": "ok" if done else "still pending",
-                "note": item.before_check if done else (left.refused or left.diff().strip()[:200]),
-            }
-        )
+        if left is None or not left.changes:
+            rows.append({"id": item.id, "state": "ok", "note": item.before_check})
+        else:
+            rows.append(
+                {"id": item.id, "state": "still pending", "note": left.refused or left.diff().strip()[:200]}
+            )
     return rows
