@@ -5,6 +5,7 @@ named by identity; an open choice is refused with the `--gpu` options named."""
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
@@ -145,3 +146,22 @@ def test_unit_for_two_rdna_gpus_turns_legacy_ipc_off():
     )
     code, text = unit_text("r9700-x2-ipc-legacy")
     assert code == 0 and "HSA_ENABLE_IPC_MODE_LEGACY" not in text  # one GPU: no IPC between ranks
+
+
+# The units these hosts produce, kept beside their golden reports (regenerate with ROCMDOCTOR_UPDATE_GOLDEN=1).
+UNIT_CASES = {
+    "r9700-beside-780m": (),
+    "r9700-beside-780m-igpu-first": (),
+    "strix-halo-beside-r9700": (),
+    "r9700-x2-ipc-legacy": ("--tensor-parallel-size", "2"),
+}
+
+
+@pytest.mark.parametrize("fixture_id", sorted(UNIT_CASES))
+def test_unit_matches_golden(fixture_id):
+    code, text = unit_text(fixture_id, *UNIT_CASES[fixture_id])
+    assert code == 0, text
+    golden = fixture_root(fixture_id) / "expected-unit.service"
+    if os.environ.get("ROCMDOCTOR_UPDATE_GOLDEN") == "1":
+        golden.write_text(text)
+    assert text == golden.read_text()
