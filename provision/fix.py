@@ -175,10 +175,9 @@ def ttm_item(writer: HostWriter, wanted: Wanted) -> Item | None:
         current = _text(writer, path)
         line = f"options {module} pages_limit={wanted.ttm_pages}"
         kept = [
-            ln
-            for ln in (current or b"").decode(errors="replace").splitlines()
-            if not ln.startswith(f"options {module} ")
+            _without_pages_limit(ln, module) for ln in (current or b"").decode(errors="replace").splitlines()
         ]
+        kept = [ln for ln in edited if ln is not None]
         new = ("\n".join([*kept, line]) + "\n").encode()
         if current != new:
             item.files.append((path, current, new, 0o644))
@@ -186,6 +185,15 @@ def ttm_item(writer: HostWriter, wanted: Wanted) -> Item | None:
         initramfs = INITRAMFS.get(wanted.family, ["dracut", "-f"])
         item.before_check = f"`{' '.join(initramfs)}` and a reboot (ttm reads its limit when it loads)"
     return item
+
+
+def _without_pages_limit(line: str, module: str) -> str | None:
+    """A modprobe.d line without its `pages_limit=` for `module` (None when nothing else is left)."""
+    words = line.split()
+    if words[:2] != ["options", module]:
+        return line
+    rest = [w for w in words[2:] if not w.startswith("pages_limit=")]
+    return " ".join(["options", module, *rest]) if rest else None
 
 
 def _edit_cmdline(words: list[str], add: tuple[str, ...], remove: tuple[str, ...]) -> list[str]:
