@@ -174,7 +174,7 @@ def ttm_item(writer: HostWriter, wanted: Wanted) -> Item | None:
         path = f"/etc/modprobe.d/{module}.conf"
         current = _text(writer, path)
         line = f"options {module} pages_limit={wanted.ttm_pages}"
-        kept = [
+        edited = [
             _without_pages_limit(ln, module) for ln in (current or b"").decode(errors="replace").splitlines()
         ]
         kept = [ln for ln in edited if ln is not None]
