@@ -561,7 +561,8 @@ def distro_info(ctx: Context) -> dict[str, Any]:
     return ctx.memo("facts.distro", ctx.host.distro)
 
 
-def gpu_summary(gpu: GpuNode) -> dict[str, Any]:
+def gpu_summary(gpu: GpuNode, index: int | None = None) -> dict[str, Any]:
+    """The report's record of one GPU node; `index` is its ROCR_VISIBLE_DEVICES index."""
     return {
         "node": gpu.node,
         "gfx": gpu.gfx,
@@ -573,6 +574,7 @@ def gpu_summary(gpu: GpuNode) -> dict[str, Any]:
         "gtt_used": gpu.gtt_used,
         "render_minor": gpu.render_minor,
         "pci_slot": gpu.pci_slot,
+        "rocr_index": index,
         "device_id": gpu.device_id,
         "simd_count": gpu.simd_count,
         "apu_basis": gpu.apu_basis,
@@ -603,7 +605,7 @@ def host_facts(ctx: Context) -> dict[str, Any]:
             "version": info["version"] or None,
             "name": info["name"] or None,
         },
-        "gpus": [gpu_summary(g) for g in gpus(ctx)],
+        "gpus": [gpu_summary(g, i) for i, g in enumerate(gpus(ctx))],
         "physical_gpus": [physical_summary(p) for p in physical_gpus(ctx)],
     }
 

@@ -12,11 +12,14 @@ from .facts import (
     KFD_NODES,
     GpuNode,
     drm_device_dirs,
+    gpu_label,
     gpu_summary,
     gpus,
     parse_uevent,
     physical_gpus,
     physical_summary,
+    rocr_index,
+    serving_gpus,
     unreadable_topology,
 )
 from .pci_bind import READS as PCI_BIND_READS
@@ -126,7 +129,7 @@ def describe_gpus(ctx: Context) -> str:
 @check("gpu.arch", "GPU architecture and vllm-rocm bundle family", depends=("gpu.present",), reads=GPU_READS)
 def gpu_arch(ctx: Context) -> Result:
     found = gpus(ctx)
-    rows = [gpu_summary(g) for g in found]
+    rows = [gpu_summary(g, i) for i, g in enumerate(found)]
     described = describe_gpus(ctx)
     partitioned = [physical_summary(p) for p in physical_gpus(ctx) if p.partitioned]
     unsupported = sorted({g.gfx for g in found if g.family is None})
@@ -135,12 +138,14 @@ def gpu_arch(ctx: Context) -> Result:
     if unsupported and supported:
         # ROCm enumerates every GPU it can see, and vLLM starts on the first: the unsupported one must be
         # hidden (the runtime's order is not sysfs order, so by PCI address or UUID, not by node index).
+        served = serving_gpus(ctx)
+        pin = ",".join(str(rocr_index(ctx, g)) for g in served)
         return warned(
             f"vLLM can run on {', '.join(supported)}, but {', '.join(unsupported)} is visible beside it "
             f"({described})",
-            f"Hide {', '.join(unsupported)} from ROCm: set ROCR_VISIBLE_DEVICES to the {', '.join(supported)} "
-            "GPU only (its UUID from `rocminfo`, not its sysfs node index), or disable the other GPU in the "
-            "firmware.",
+            f"Hide {', '.join(unsupported)} from ROCm: ROCR_VISIBLE_DEVICES={pin} shows only "
+            f"{', '.join(gpu_label(ctx, g) for g in served)} (ROCm counts GPU nodes in KFD order, the unsupported "
+            "one included); `rocmdoctor unit` and `serve` set it, or disable the other GPU in the firmware.",
             gpus=rows,
             families=sorted({g.family for g in found if g.family}),
             unsupported=unsupported,
