@@ -74,25 +74,13 @@ class AmdPciGpu:
 
 def amd_pci_gpus(ctx: Context) -> list[AmdPciGpu]:
     """AMD display and accelerator functions on the PCI bus, bound or not."""
-    found = []
-    for path in ctx.host.glob(f"{PCI_DEVICES}/*"):
-        vendor = ctx.host.read_int(f"{path}/vendor")
-        if not vendor.ok or vendor.value != AMD_VENDOR_ID:
-            continue
-        pci_class = ctx.host.read_int(f"{path}/class")
-        if not pci_class.ok or pci_class.value >> 16 not in GPU_CLASSES:
-            continue
-        device = ctx.host.read_int(f"{path}/device")
-        link = ctx.host.readlink(f"{path}/driver")
-        found.append(
-            AmdPciGpu(
-                slot=path.rsplit("/", 1)[-1].lower(),
-                device=device.value if device.ok else None,
-                pci_class=pci_class.value,
-                driver=link.value.rstrip("/").rsplit("/", 1)[-1] if link.ok else None,
-            )
-        )
-    return found
+    # Imported here: importing vendor at module load would register its check before gpu.present's.
+    from .vendor import pci_display_devices
+
+    return [
+        AmdPciGpu(g.slot.lower(), g.device, g.pci_class, g.driver)
+        for g in pci_display_devices(ctx, AMD_VENDOR_ID, GPU_CLASSES)
+    ]
 
 
 def _modprobe_blocks(ctx: Context) -> list[str]:
