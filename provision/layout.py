@@ -376,11 +376,7 @@ def plan(
         for i, (group, port, (util, reason)) in enumerate(zip(groups, ports, sizing, strict=True))
     ]
     notes = [f"port {p} is in use: skipped" for p in skipped]
-    notes += [
-        f"hidden from the servers: {d.label} ("
-        + (f"no vllm-rocm bundle for {d.gfx})" if not d.family else f"family {d.family}, not the one served)")
-        for d in hidden
-    ]
+    notes += [f"hidden from the servers: {d.label} ({_why_hidden(d, keep)})" for d in hidden]
     for inst in instances:
         numas = {d.numa_node for d in inst.devices if d.numa_node is not None}
         if len(numas) > 1:
@@ -389,6 +385,14 @@ def plan(
                 f"{inst.tensor_parallel_size} fits one"
             )
     return Plan(layout, instances, skipped, hidden, notes)
+
+
+def _why_hidden(device: Device, served: Sequence[Device]) -> str:
+    if not device.family:
+        return f"no vllm-rocm bundle for {device.gfx}"
+    if device.apu and any(d.apu is False for d in served):
+        return "an iGPU beside a supported dGPU; --gpu to serve it"
+    return f"family {device.family}, not the one served"
 
 
 def single_server_group(

@@ -165,3 +165,13 @@ def test_unit_matches_golden(fixture_id):
     if os.environ.get("ROCMDOCTOR_UPDATE_GOLDEN") == "1":
         golden.write_text(text)
     assert text == golden.read_text()
+
+
+def test_instances_pin_the_same_gpu_and_say_why_the_igpu_is_hidden():
+    root = str(fixture_root("r9700-beside-780m-igpu-first"))
+    code, text = cli("--root", root, "instances", "--model", "m", "--gpu-memory-utilization", "0.9")
+    assert code == 0, text
+    assert "ROCR_VISIBLE_DEVICES=1" in text and "[node 2 (gfx1201 0000:05:00.0)]" in text
+    assert "hidden from the servers: node 1 (gfx1103 0000:64:00.0) (an iGPU beside a supported dGPU" in text
+    code, text = cli("--root", root, "instances", "--model", "m", "--gpu", "0000:64:00.0")
+    assert code == 0 and "ROCR_VISIBLE_DEVICES=0" in text and "[node 1 (gfx1103 0000:64:00.0)]" in text
