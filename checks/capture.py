@@ -6,6 +6,7 @@ from ..registry import Context
 from ..snapshot import CaptureFacts, snapshot_users
 from .access import find_account
 from .disk import measured_paths
+from .multi_gpu import DEV_SHM
 from .processes import read_proc, redact
 
 
@@ -15,6 +16,6 @@ def capture_facts(ctx: Context) -> CaptureFacts:
     return CaptureFacts(
         reported_pids=frozenset(p.pid for p in procs if p and (p.is_vllm or p.gpu_fds)),
         account_gids=frozenset(a.gid for a in accounts if a),
-        measured_paths=tuple(measured_paths(ctx)),
+        measured_paths=(*measured_paths(ctx), DEV_SHM),  # env.multi_gpu weighs /dev/shm's free space
         redact=redact,
     )
