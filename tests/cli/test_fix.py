@@ -152,3 +152,11 @@ def test_without_yes_on_a_pipe_it_refuses(tmp_path):
     code, out = run("--root", str(fixture_root("strix-halo-default-ttm")), "fix", "--target", str(target))
     assert code == 2 and "--yes" in out
     assert not (target / "etc/modprobe.d").exists()
+
+
+def test_in_a_docker_container_groups_are_left_to_the_hosts_run_options(tmp_path):
+    target = image(tmp_path)
+    code, out = run(
+        "--root", str(fixture_root("r9700-docker-unmapped-gid")), "fix", "--target", str(target), "--check"
+    )
+    assert code == 0 and "groups" not in out and "nothing to change" in out

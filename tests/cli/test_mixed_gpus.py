@@ -175,3 +175,11 @@ def test_instances_pin_the_same_gpu_and_say_why_the_igpu_is_hidden():
     assert "hidden from the servers: node 1 (gfx1103 0000:64:00.0) (an iGPU beside a supported dGPU" in text
     code, text = cli("--root", root, "instances", "--model", "m", "--gpu", "0000:64:00.0")
     assert code == 0 and "ROCR_VISIBLE_DEVICES=0" in text and "[node 1 (gfx1103 0000:64:00.0)]" in text
+
+
+def test_ray_backend_keeps_the_pin():
+    code, text = unit_text(
+        "r9700-x2-ipc-legacy", "--tensor-parallel-size", "2", "--", "--distributed-executor-backend", "ray"
+    )
+    assert code == 0, text
+    assert re.search(r"\bRAY_EXPERIMENTAL_NOSET_ROCR_VISIBLE_DEVICES=1\b", text)

@@ -95,6 +95,11 @@ def wanted_from(findings: dict[str, Any], distro: dict[str, Any], target: Any, u
     multi = findings.get("env.multi_gpu")
     iommu = bool(multi and any("no iommu=pt" in f["finding"] for f in multi.details.get("findings", [])))
     gpu_found = "access.devices" in findings and findings["access.devices"].status != "skip"
+    container = (findings["access.devices"].details.get("container") or {}) if gpu_found else {}
+    if container.get("kind") in ("docker", "podman", "kubernetes", "oci"):
+        gpu_found = (
+            False  # the device nodes' gid comes from the host's `run`: access.devices names --group-add
+        )
     render_gid = int(table["render"]) if table.get("render", "").isdigit() else None
     return Wanted(
         user=user,

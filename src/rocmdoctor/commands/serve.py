@@ -50,6 +50,12 @@ def ipc_mode(args: Any, group: list[Any]) -> None:
     if len(group) >= 2 and all(d.gfx.startswith(tuple(data["gfx_prefixes"])) for d in group):
         args.environment[data["variable"]] = "0"
         args.notes.append(f"{data['variable']}=0: {data['source']}")
+    extra = " ".join(args.extra).replace("=", " ")
+    if "--distributed-executor-backend ray" in extra:
+        # Ray would re-mask each worker through ROCR_VISIBLE_DEVICES over the pin (vllm#12572).
+        noset = rules()["visibility"]["ray_noset"]
+        args.environment[noset] = "1"
+        args.notes.append(f"{noset}=1: {rules()['visibility']['source']}")
 
 
 def pinned_group(ctx: Any, gpus: tuple[str, ...], tensor_parallel_size: int) -> tuple[list[Any], list[str]]:
