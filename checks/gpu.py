@@ -120,7 +120,9 @@ def describe_gpus(ctx: Context) -> str:
             )
         else:
             parts.extend(
-                f"node {n}: {by_node[n].gfx} {kind(by_node[n])} -> {by_node[n].family or 'no bundle'}"
+                f"node {n}: {by_node[n].gfx} {kind(by_node[n])}"
+                + (f" at {by_node[n].pci_slot}" if by_node[n].pci_slot and len(by_node) > 1 else "")
+                + f" -> {by_node[n].family or 'no bundle'}"
                 for n in phys.nodes
             )
     return ", ".join(parts)
