@@ -15,7 +15,7 @@ from importlib import resources
 from typing import Any
 
 from ..families import family_for_gfx
-from ..gpu_choice import ambiguous, serving_nodes
+from ..gpu_choice import ambiguous, gpu_spec_matches, serving_nodes
 from ..host import Read, ReadState
 from ..registry import Context
 
@@ -616,8 +616,18 @@ def rocr_index(ctx: Context, gpu: GpuNode) -> int:
 
 
 def serving_gpus(ctx: Context) -> list[GpuNode]:
-    """The GPUs vLLM serves on (rocmdoctor.gpu_choice's rule, the one `unit` and `instances` pin)."""
-    return serving_nodes(gpus(ctx))
+    """The GPUs vLLM serves on: those `--gpu` names, else rocmdoctor.gpu_choice's rule (the one `unit` and
+    `instances` pin)."""
+    found = gpus(ctx)
+    if ctx.options.gpus:
+        picked = [
+            g
+            for g in found
+            if any(gpu_spec_matches(s, g.node, g.pci_slot or g.physical_slot) for s in ctx.options.gpus)
+        ]
+        if picked:
+            return picked
+    return serving_nodes(found)
 
 
 def gpu_identity(ctx: Context, gpu: GpuNode) -> dict[str, Any]:
@@ -629,7 +639,7 @@ def gpu_identity(ctx: Context, gpu: GpuNode) -> dict[str, Any]:
         "pci_slot": gpu.pci_slot,
         "render_node": f"/dev/dri/renderD{gpu.render_minor}" if gpu.render_minor is not None else None,
         "rocr_index": rocr_index(ctx, gpu),
-        "served": gpu in served and not ambiguous(gpus(ctx)),
+        "served": gpu in served and (bool(ctx.options.gpus) or not ambiguous(gpus(ctx))),
     }
 
 
@@ -645,11 +655,16 @@ def gpu_label(ctx: Context, gpu: GpuNode) -> str:
 def not_served(ctx: Context) -> list[str]:
     """The GPUs vLLM does not serve on by default, each with why (for the findings that skip them)."""
     found = gpus(ctx)
-    served = serving_nodes(found)
+    served = serving_gpus(ctx)
     out = []
     for gpu in found:
         if gpu in served:
             continue
-        why = f"no vllm-rocm bundle for {gpu.gfx}" if not gpu.family else "an iGPU beside a supported dGPU"
+        if not gpu.family:
+            why = f"no vllm-rocm bundle for {gpu.gfx}"
+        elif ctx.options.gpus:
+            why = "not named by --gpu"
+        else:
+            why = "an iGPU beside a supported dGPU"
         out.append(f"{gpu_label(ctx, gpu)}: {why}")
     return out

@@ -23,7 +23,7 @@ from .facts import (
     serving_gpus,
     usable_memory,
 )
-from .memory_guidance import carveout_advice, ttm_matters
+from .memory_guidance import carveout_advice
 
 GIB = 1 << 30
 PAGES_PER_GIB = 262144  # 4 KiB pages
@@ -176,7 +176,7 @@ def ttm_setting(pages: int, names: list[str]) -> str:
 )
 def memory_ttm(ctx: Context) -> Result:
     nodes = gpus(ctx)
-    if not ttm_matters(nodes):
+    if not any(g.apu for g in serving_gpus(ctx)):
         if any(g.apu for g in nodes):
             served = ", ".join(gpu_label(ctx, g) for g in serving_gpus(ctx))
             return skipped(

@@ -15,7 +15,6 @@ from typing import Any
 
 from ..memory_rule import requested_bytes
 from .layout import (
-    AmbiguousGpus,
     Device,
     LayoutError,
     group_utilization,
@@ -89,7 +88,7 @@ def _family_layouts(devices: list[Device], family: str, several: bool) -> list[d
     return out
 
 
-def capacity(devices: Sequence[Device]) -> dict[str, Any]:
+def capacity(devices: Sequence[Device], gpus: Sequence[str] = ()) -> dict[str, Any]:
     """The `capacity` section of the check report, for every GPU node of the host (in any order)."""
     ordered = sorted(devices, key=lambda d: d.kfd_node)
     families = list(dict.fromkeys(d.family for d in ordered if d.family))
@@ -99,7 +98,7 @@ def capacity(devices: Sequence[Device]) -> dict[str, Any]:
         keep, _other_families = usable(ordered, family)
         layouts += _family_layouts(keep, family, len(families) > 1)
     return {
-        "serving": serving(ordered),
+        "serving": serving(ordered, gpus),
         "devices": sum(1 for d in ordered if d.family),
         "families": families,
         "unsupported": unsupported,
@@ -108,13 +107,13 @@ def capacity(devices: Sequence[Device]) -> dict[str, Any]:
     }
 
 
-def serving(devices: Sequence[Device]) -> dict[str, Any]:
+def serving(devices: Sequence[Device], gpus: Sequence[str] = ()) -> dict[str, Any]:
     """The GPUs a server serves on when nobody picks (gpu_choice's rule, the one memory.gpu, memory.ttm
     and kernel.cwsr judge and `unit` pins), by identity and ROCR index; or why the choice is open."""
     index = rocr_indices(devices)
     try:
-        keep, _hidden = usable(devices, None)
-    except AmbiguousGpus as exc:
+        keep, _hidden = usable(devices, None, gpus)
+    except LayoutError as exc:  # an open choice, or a --gpu that names nothing here
         return {"family": None, "gpus": [], "ambiguous": str(exc)}
     return {
         "family": keep[0].family if keep else None,

@@ -75,5 +75,5 @@ def render_capacity(capacity: dict[str, Any] | None, console: Any) -> None:
             f"node {g['kfd_node']} ({g['pci_slot']}, ROCR index {g['rocr_index']})" for g in serving["gpus"]
         )
         console.print(
-            Text(f"  served by default (unit, serve; --gpu to choose): {chosen} [{serving['family']}]")
+            Text(f"  served (as unit and serve pin it; --gpu chooses): {chosen} [{serving['family']}]")
         )

@@ -183,3 +183,18 @@ def test_ray_backend_keeps_the_pin():
     )
     assert code == 0, text
     assert re.search(r"\bRAY_EXPERIMENTAL_NOSET_ROCR_VISIBLE_DEVICES=1\b", text)
+
+
+def test_check_and_fix_with_gpu_judge_the_igpu_and_agree():
+    root = str(fixture_root("r9700-beside-780m"))
+    code, text = cli("--root", root, "check", "--json", "--gpu", "0000:64:00.0")
+    report = json.loads(text)
+    by_id = {c["id"]: c for c in report["checks"]}
+    (row,) = by_id["memory.gpu"]["details"]["gpus"]
+    assert row["identity"]["kfd_node"] == 2 and row["pool"] == "gtt"
+    assert by_id["memory.ttm"]["status"] == "warn" and by_id["memory.ttm"]["details"]["gpu"]["kfd_node"] == 2
+    assert [g["kfd_node"] for g in report["capacity"]["serving"]["gpus"]] == [2]
+    code, text = cli("--root", root, "fix", "--check", "--gpu", "node:2")
+    assert code == 0 and "+options ttm pages_limit=" in text
+    code, text = cli("--root", root, "check", "--gpu", "node:9")
+    assert code == 2 and "--gpu 0000:05:00.0" in text

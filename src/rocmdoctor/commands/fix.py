@@ -12,8 +12,9 @@ import click
 
 from .. import params
 from ..registry import DEFAULT_PREFIX
-from .check import check_context
+from .check import check_context, choose_gpus
 from .common import App, UserError, emit_json, pass_app
+from .server_options import server_option
 
 FIX_IDS = ("groups", "ttm", "cmdline", "udev", "orphans", "dkms")
 # Checks whose findings the fix answers (fix-kernel's, and the access, process and multi-GPU ones).
@@ -171,6 +172,7 @@ def _print(items: list[Any], unapplied: list[dict[str, Any]], show_diff: bool, n
     help="The service user to fix for.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the change envelope as JSON on stdout.")
+@server_option("gpu", help="The GPUs vLLM will serve, as for check (PCI slot or node:N; repeatable).")
 @pass_app
 def fix(
     app: App,
@@ -181,6 +183,7 @@ def fix(
     target: Path | None,
     user: str,
     as_json: bool,
+    gpus: tuple[str, ...] = (),
 ) -> None:
     """Apply the safe remedies the diagnosis found (group membership, the TTM modprobe file, the kernel
     command line, a udev rule, orphaned vLLM engines, a shadowing DKMS driver), then verify.
@@ -191,6 +194,7 @@ def fix(
     from ..provision.fix import FixError, apply, change, plan
 
     ctx = check_context(app, user, 8000, DEFAULT_PREFIX)
+    choose_gpus(ctx, gpus)
     notes: list[str] = []
     target_root = target if target is not None else Path(app.root)
     if target is None and not is_live(Path(app.root)):
@@ -216,7 +220,7 @@ def fix(
             apply(writer, items)
         except FixError as exc:
             raise UserError(f"could not apply {exc}") from None
-        verify = _verify(app, target_root, user, only, items)
+        verify = _verify(app, target_root, user, only, items, gpus)
     else:
         verify = []
     result = change(items, check_only, notes)
@@ -229,7 +233,9 @@ def fix(
     click.echo(f"changed={str(result.changed).lower()}")
 
 
-def _verify(app: App, target_root: Path, user: str, only: tuple[str, ...], applied: list[Any]) -> list[dict]:
+def _verify(
+    app: App, target_root: Path, user: str, only: tuple[str, ...], applied: list[Any], gpus: tuple[str, ...]
+) -> list[dict]:
     """Diagnose again (a fresh read of the host and the target) and plan again: an applied item must now
     have nothing left to change; its check passes once what `before_check` names has happened."""
     from ..checks.facts import distro_info
@@ -238,6 +244,7 @@ def _verify(app: App, target_root: Path, user: str, only: tuple[str, ...], appli
     from ..provision.fix import plan
 
     ctx = check_context(app, user, 8000, DEFAULT_PREFIX)
+    ctx.options.gpus = gpus
     findings = _diagnose(ctx)
     again = {
         i.id: i
