@@ -131,7 +131,7 @@ def test_igpu_of_the_dgpus_family_is_not_grouped_with_it():
 def test_unit_for_two_rdna_gpus_turns_legacy_ipc_off():
     code, text = cli(
         "--root",
-        str(fixture_root("r9700-x2-ipc-legacy")),
+        str(fixture_root("r9700-x4-ipc-legacy")),
         "unit",
         "--model",
         "m",
@@ -144,7 +144,7 @@ def test_unit_for_two_rdna_gpus_turns_legacy_ipc_off():
     assert re.search(r"\bROCR_VISIBLE_DEVICES=0,1\b", text) and re.search(
         r"\bHSA_ENABLE_IPC_MODE_LEGACY=0\b", text
     )
-    code, text = unit_text("r9700-x2-ipc-legacy")
+    code, text = unit_text("r9700-x4-ipc-legacy")
     assert code == 0 and "HSA_ENABLE_IPC_MODE_LEGACY" not in text  # one GPU: no IPC between ranks
 
 
@@ -153,7 +153,7 @@ UNIT_CASES = {
     "r9700-beside-780m": (),
     "r9700-beside-780m-igpu-first": (),
     "strix-halo-beside-r9700": (),
-    "r9700-x2-ipc-legacy": ("--tensor-parallel-size", "2"),
+    "r9700-x4-ipc-legacy": ("--tensor-parallel-size", "2"),
 }
 
 
@@ -179,7 +179,7 @@ def test_instances_pin_the_same_gpu_and_say_why_the_igpu_is_hidden():
 
 def test_ray_backend_keeps_the_pin():
     code, text = unit_text(
-        "r9700-x2-ipc-legacy", "--tensor-parallel-size", "2", "--", "--distributed-executor-backend", "ray"
+        "r9700-x4-ipc-legacy", "--tensor-parallel-size", "2", "--", "--distributed-executor-backend", "ray"
     )
     assert code == 0, text
     assert re.search(r"\bRAY_EXPERIMENTAL_NOSET_ROCR_VISIBLE_DEVICES=1\b", text)

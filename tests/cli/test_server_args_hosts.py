@@ -27,7 +27,7 @@ UNREADABLE_MEMORY = (
     "r9700-beside-nvidia",
     "r9700-beside-780m",
     "r9700-docker-unmapped-gid",
-    "r9700-x2-ipc-legacy",
+    "r9700-x4-ipc-legacy",
     "r9700-rocm10-kernel7",
 )
 # An iGPU enumerated before the R9700: the server is sized from the GPU it is pinned to, not node order.

@@ -33,7 +33,7 @@ FIXTURE_IDS = (
     "strix-halo-beside-r9700",
     "strix-halo-unbound",
     "r9700-docker-unmapped-gid",
-    "r9700-x2-ipc-legacy",
+    "r9700-x4-ipc-legacy",
     "r9700-rocm10-kernel7",
 )
 ROOT_PLACEHOLDER = "<root>"

@@ -29,7 +29,7 @@ EXPECTED = {
     "strix-halo-beside-r9700": ({1}, {2}),
     "strix-halo-unbound": (set(), set()),
     "r9700-docker-unmapped-gid": (set(), {1}),
-    "r9700-x2-ipc-legacy": (set(), {1, 2}),
+    "r9700-x4-ipc-legacy": (set(), {1, 2, 3, 4}),
     "r9700-rocm10-kernel7": (set(), {1}),
     "r9700-beside-nvidia": (set(), {1}),
     "wsl": (set(), set()),
