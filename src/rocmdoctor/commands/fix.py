@@ -204,6 +204,9 @@ def fix(
         )
     findings = _diagnose(ctx)
     distro = distro_info(ctx)
+    present = findings.get("gpu.present")
+    if present is not None and present.status != "pass":
+        notes.append(f"no AMD GPU to fix for: {present.summary}")
     target_host = Host(target_root)
     writer = HostWriter(target_root)
     items = plan(writer, wanted_from(findings, distro, target_host, user), only)
