@@ -169,3 +169,19 @@ def test_in_a_docker_container_groups_are_left_to_the_hosts_run_options(tmp_path
         "--root", str(fixture_root("r9700-docker-unmapped-gid")), "fix", "--target", str(target), "--check"
     )
     assert code == 0 and "groups" not in out and "nothing to change" in out
+
+
+def test_device_nodes_outside_render_get_a_udev_rule(tmp_path):
+    root = tmp_path / "diagnosed"
+    shutil.copytree(fixture_root("r9700"), root, symlinks=True)
+    stat = root / ".rocmdoctor/stat.json"
+    nodes = json.loads(stat.read_text())
+    nodes["/dev/kfd"].update(gid=0, mode="0600")  # root:root 0600, as before udev's render rule
+    stat.write_text(json.dumps(nodes))
+    target = image(tmp_path)
+    code, out = run(
+        "--root", str(root), "fix", "--target", str(target), "--only", "udev", "--user", "user", "--yes"
+    )
+    assert code == 0, out
+    rule = (target / "etc/udev/rules.d/70-rocmdoctor-amdgpu.rules").read_text()
+    assert 'KERNEL=="kfd", GROUP="render", MODE="0660"' in rule and "verify udev: ok" in out

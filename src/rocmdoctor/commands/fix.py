@@ -22,6 +22,7 @@ DIAGNOSED = ("kernel.version", "kernel.cwsr", "driver.dkms", "memory.ttm", "acce
 # The fix-kernel steps `fix` applies itself; the others stay printed.
 APPLIED_STEPS = ("ttm", "gttsize", "dkms")
 DEVICE_GROUPS = ("render", "video")
+OCI_KINDS = ("docker", "podman", "kubernetes", "oci")
 TOOL_PATHS = {"grubby": ("/usr/sbin/grubby", "/usr/bin/grubby"), "kernelstub": ("/usr/bin/kernelstub",)}
 
 
@@ -61,19 +62,21 @@ def check_context_for(host: Any) -> Any:
     return Context(host, Options(prefix=DEFAULT_PREFIX))
 
 
-def _device_nodes_need_udev(findings: dict[str, Any], render_gid: int | None) -> bool:
+def _device_nodes_need_udev(ctx: Any, findings: dict[str, Any]) -> bool:
+    """A KFD or render node of the diagnosed host that is not its group render with mode 0660 (outside a
+    container, where the host's `run` decides)."""
+    from ..checks.access import groups_table
+    from ..checks.driver import DEV_KFD, render_nodes
+
+    render_gid = next((gid for gid, (name, _) in groups_table(ctx).items() if name == "render"), None)
     access = findings.get("access.devices")
-    if access is None or render_gid is None or access.details.get("container"):
+    if render_gid is None or (access is not None and access.details.get("container")):
         return False
-    devices = access.details.get("devices") or {}
-    return any(
-        st.get("gid") != render_gid or int(str(st.get("mode", "0")), 8) & 0o060 != 0o060
-        for path, st in devices.items()
-        if path == "/dev/kfd" or path.startswith("/dev/dri/renderD")
-    )
+    nodes = [st for st in (ctx.host.stat(p) for p in [DEV_KFD, *render_nodes(ctx)]) if st is not None]
+    return any(st.gid != render_gid or st.mode & 0o060 != 0o060 for st in nodes)
 
 
-def wanted_from(findings: dict[str, Any], distro: dict[str, Any], target: Any, user: str) -> Any:
+def wanted_from(ctx: Any, findings: dict[str, Any], distro: dict[str, Any], target: Any, user: str) -> Any:
     """What the diagnosis asks for, as provision's plain Wanted (the one place checks meet provision here)."""
     from ..checks.kernel_guidance import distro_family, ttm_steps
     from ..provision.fix import Wanted
@@ -95,13 +98,10 @@ def wanted_from(findings: dict[str, Any], distro: dict[str, Any], target: Any, u
             ttm_pages = int(pairs[0][1])
     multi = findings.get("env.multi_gpu")
     iommu = bool(multi and any("no iommu=pt" in f["finding"] for f in multi.details.get("findings", [])))
-    gpu_found = "access.devices" in findings and findings["access.devices"].status != "skip"
-    container = (findings["access.devices"].details.get("container") or {}) if gpu_found else {}
-    if container.get("kind") in ("docker", "podman", "kubernetes", "oci"):
-        gpu_found = (
-            False  # the device nodes' gid comes from the host's `run`: access.devices names --group-add
-        )
-    render_gid = int(table["render"]) if table.get("render", "").isdigit() else None
+    access = findings.get("access.devices")
+    container = (access.details.get("container") or {}) if access else {}
+    # In an OCI container the nodes' gid comes from the host's `run`: access.devices names --group-add.
+    gpu_found = access is not None and access.status != "skip" and container.get("kind") not in OCI_KINDS
     return Wanted(
         user=user,
         family=family,
@@ -110,7 +110,7 @@ def wanted_from(findings: dict[str, Any], distro: dict[str, Any], target: Any, u
         ttm_modules=modules,
         cmdline_add=("iommu=pt",) if iommu else (),
         cmdline_remove=("amdgpu.gttsize",) if "gttsize" in steps else (),
-        udev=_device_nodes_need_udev(findings, render_gid),
+        udev=_device_nodes_need_udev(ctx, findings),
         orphans=tuple(_orphans(target)) if target.is_live else (),
         dkms_remove=removing_dkms,
         tools=tuple(name for name, paths in TOOL_PATHS.items() if any(target.exists(p) for p in paths)),
@@ -209,7 +209,7 @@ def fix(
         notes.append(f"no AMD GPU to fix for: {present.summary}")
     target_host = Host(target_root)
     writer = HostWriter(target_root)
-    items = plan(writer, wanted_from(findings, distro, target_host, user), only)
+    items = plan(writer, wanted_from(ctx, findings, distro, target_host, user), only)
     unapplied = [] if only else _unapplied(distro, kernel_release(ctx), findings)
     pending = [i for i in items if i.changes and not i.refused]
     if not as_json:
@@ -252,7 +252,9 @@ def _verify(
     again = {
         i.id: i
         for i in plan(
-            HostWriter(target_root), wanted_from(findings, distro_info(ctx), Host(target_root), user), only
+            HostWriter(target_root),
+            wanted_from(ctx, findings, distro_info(ctx), Host(target_root), user),
+            only,
         )
     }
     rows = []
