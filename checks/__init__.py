@@ -19,8 +19,10 @@ check = REGISTRY.check
 from . import system  # noqa: E402,I001
 from . import gpu  # noqa: E402
 from . import vendor  # noqa: E402
+from . import pci_bind  # noqa: E402
 from . import driver  # noqa: E402
 from . import kernel  # noqa: E402
+from . import multi_gpu  # noqa: E402
 from . import firmware  # noqa: E402
 from . import access  # noqa: E402
 from . import memory  # noqa: E402
@@ -34,8 +36,10 @@ MODULES = (
     system,
     gpu,
     vendor,
+    pci_bind,
     driver,
     kernel,
+    multi_gpu,
     firmware,
     access,
     memory,
@@ -46,7 +50,15 @@ MODULES = (
     deep,
 )
 # Modules in checks/ that register no checks: shared facts and pure rules.
-HELPER_MODULES = ("facts", "kernel_rules", "kernel_guidance", "memory_guidance", "capture")
+HELPER_MODULES = (
+    "facts",
+    "container",
+    "host_rules",
+    "kernel_rules",
+    "kernel_guidance",
+    "memory_guidance",
+    "capture",
+)
 
 
 def load_registry() -> Registry:

@@ -10,6 +10,10 @@ from ..model import Result, failed, passed, warned
 from ..registry import Context
 from ..textnum import is_decimal
 from . import check
+from .container import ENV as CONTAINER_ENV
+from .container import READS as CONTAINER_READS
+from .container import detect as detect_container
+from .container import run_remedy
 from .driver import DEV_KFD, RENDER_NODES, render_nodes
 
 PASSWD = "/etc/passwd"
@@ -153,7 +157,9 @@ def overflow_gid(ctx: Context) -> int:
         UID_MAP,
         GID_MAP,
         OVERFLOW_GID,
+        *CONTAINER_READS,
     ),
+    env=CONTAINER_ENV,
 )
 def access_devices(ctx: Context) -> Result:
     name = target_user(ctx)
@@ -179,6 +185,22 @@ def access_devices(ctx: Context) -> Result:
     userns = user_namespace(ctx)
     if userns:
         details["user_namespace"] = userns
+    container = detect_container(ctx)
+    if container is not None:
+        details["container"] = container.to_json()
+    blocked_now = [st for st in devices if not can_open(account.uid, member_of, st)]
+    if container is not None and container.oci and blocked_now:
+        # The nodes and their gids come from the host's `docker run`: only its options can fix them.
+        gids = sorted({st.gid for st in blocked_now})
+        named = [
+            f"{st.path} (gid {st.gid}{', ' + groups[st.gid][0] if st.gid in groups else ', no name inside'})"
+            for st in blocked_now
+        ]
+        return failed(
+            f"{name} cannot open {', '.join(named)} in this {container.kind} container ({container.evidence})",
+            run_remedy(ctx, container, gids) + ".",
+            **details,
+        )
     kfd_opens = any(st.path == DEV_KFD and can_open(account.uid, member_of, st) for st in devices)
     unmapped = [
         st for st in devices if st.gid == overflow_gid(ctx) and not can_open(account.uid, member_of, st)

@@ -7,6 +7,7 @@ from ..snapshot import CaptureFacts, snapshot_users
 from . import load_registry as registry
 from .access import find_account
 from .disk import measured_paths
+from .multi_gpu import DEV_SHM
 from .processes import read_proc, redact
 
 
@@ -18,7 +19,7 @@ def capture_facts(ctx: Context, specs: list[CheckSpec]) -> CaptureFacts:
     return CaptureFacts(
         reported_pids=frozenset(p.pid for p in procs if p and (p.is_vllm or p.gpu_fds)),
         account_gids=frozenset(a.gid for a in accounts if a),
-        measured_paths=tuple(measured_paths(ctx)),
+        measured_paths=(*measured_paths(ctx), DEV_SHM),  # env.multi_gpu weighs /dev/shm's free space
         redact=redact,
         read_paths=frozenset(ctx.host.accessed),
     )

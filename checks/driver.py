@@ -8,7 +8,12 @@ from ..model import Action, Result, failed, passed, warned
 from ..registry import DEFAULT_PREFIX, Context
 from ..textnum import is_decimal
 from . import check
+from .container import ENV as CONTAINER_ENV
+from .container import READS as CONTAINER_READS
+from .container import detect as detect_container
+from .container import run_remedy
 from .facts import GPU_READS, OSRELEASE, GpuNode, gpus, kernel_release
+from .host_rules import rules
 
 DEV_KFD = "/dev/kfd"
 RENDER_NODES = "/dev/dri/renderD*"
@@ -40,6 +45,7 @@ SUPPORTED_SKEW = 2  # releases either way
 # Production releases in order; TheRock's 7.9+ previews (the bundles' rocm7.12/7.13) have no place in AMD's matrix.
 KNOWN_RELEASES = ((6, 0), (6, 1), (6, 2), (6, 3), (6, 4), (7, 0), (7, 1), (7, 2))
 ROCM_INFO_VERSION = "/opt/rocm/.info/version"
+ROCM_CORE_GLOB = "/opt/rocm/core-*"
 BUNDLE_LINK = f"{DEFAULT_PREFIX}/current"
 _ROCM_IN_TAG = re.compile(r"rocm(\d+)\.(\d+)")
 _VERSION = re.compile(r"^(\d+)\.(\d+)")
@@ -69,6 +75,20 @@ def userspace_rocm(ctx: Context) -> tuple[tuple[int, int], str] | None:
     info = ctx.host.read_text(ROCM_INFO_VERSION, limit=256)
     if info.ok and (match := _VERSION.match(info.value.strip())):
         return (int(match[1]), int(match[2])), f"{ROCM_INFO_VERSION} ({info.value.strip()[:40]})"
+    return rocm_core_sdk(ctx)
+
+
+def rocm_core_sdk(ctx: Context) -> tuple[tuple[int, int], str] | None:
+    """ROCm Core SDK 10+ (TheRock): /opt/rocm/core-<major>.<minor> from amdrocm-* packages, no .info/version
+    at the old place (checks/data/host_rules.json rocm_layouts)."""
+    for layout in rules()["rocm_layouts"]:
+        for path in sorted(ctx.host.glob(layout["glob"]), reverse=True):
+            match = _VERSION.match(path.rsplit("-", 1)[-1])
+            if match and ctx.host.is_dir(path):
+                return (
+                    int(match[1]),
+                    int(match[2]),
+                ), f"{path} (ROCm Core SDK layout, {layout['packages']} packages)"
     return None
 
 
@@ -134,7 +154,8 @@ def render_nodes(ctx: Context) -> list[str]:
     "driver.loaded",
     "amdgpu loaded with /dev/kfd and a render node",
     depends=("gpu.present",),
-    reads=("/sys/module/amdgpu", DEV_KFD, "/dev/dri", RENDER_NODES),
+    reads=("/sys/module/amdgpu", DEV_KFD, "/dev/dri", RENDER_NODES, *CONTAINER_READS),
+    env=CONTAINER_ENV,
 )
 def driver_loaded(ctx: Context) -> Result:
     problems = []
@@ -157,6 +178,16 @@ def driver_loaded(ctx: Context) -> Result:
     if not renders:
         problems.append("no /dev/dri/renderD* node")
     details = {"kfd": kfd.to_json() if kfd else None, "render_nodes": renders}
+    container = detect_container(ctx)
+    if container is not None and container.oci and (kfd is None or not renders):
+        # Inside Docker/Podman the host's driver may be fine: the container was started without the nodes.
+        return failed(
+            "; ".join(problems) + f" in this {container.kind} container ({container.evidence})",
+            run_remedy(ctx, container, [])
+            + "; if the host lacks them too, run `rocmdoctor check` on the host.",
+            container=container.to_json(),
+            **details,
+        )
     if problems:
         return failed(
             "; ".join(problems),
@@ -220,12 +251,17 @@ def dkms_signals(ctx: Context) -> dict[str, str]:
         "/lib/modules/*/modules.dep",
         BUNDLE_LINK,
         ROCM_INFO_VERSION,
+        ROCM_CORE_GLOB,
     ),
 )
 def driver_dkms(ctx: Context) -> Result:
     signals = dkms_signals(ctx)
+    user = userspace_rocm(ctx)
+    seen = {"userspace_rocm": {"release": ".".join(map(str, user[0])), "seen_in": user[1]}} if user else {}
     if not signals:
-        return passed("in-tree amdgpu (no module version, no amdkcl/amdttm, no updates/dkms or extra module)")
+        return passed(
+            "in-tree amdgpu (no module version, no amdkcl/amdttm, no updates/dkms or extra module)", **seen
+        )
     apus = [g for g in gpus(ctx) if g.apu and g.gfx.startswith("gfx115")]
     evidence = "; ".join(signals.values())
     instinct = [g for g in gpus(ctx) if is_instinct(g)]
@@ -241,4 +277,5 @@ def driver_dkms(ctx: Context) -> Result:
         f"amdgpu DKMS build in use: {evidence}",
         "Fine on supported dGPUs; if the GPU hangs or lacks the CWSR export, remove it: " + DKMS_REMEDY_APT,
         signals=signals,
+        **seen,
     )

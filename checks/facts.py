@@ -15,6 +15,7 @@ from importlib import resources
 from typing import Any
 
 from ..families import family_for_gfx
+from ..gpu_choice import ambiguous, gpu_spec_matches, serving_nodes
 from ..host import Read, ReadState
 from ..registry import Context
 from ..textnum import is_decimal
@@ -561,7 +562,8 @@ def distro_info(ctx: Context) -> dict[str, Any]:
     return ctx.memo("facts.distro", ctx.host.distro)
 
 
-def gpu_summary(gpu: GpuNode) -> dict[str, Any]:
+def gpu_summary(gpu: GpuNode, index: int | None = None) -> dict[str, Any]:
+    """The report's record of one GPU node; `index` is its ROCR_VISIBLE_DEVICES index."""
     return {
         "node": gpu.node,
         "gfx": gpu.gfx,
@@ -573,6 +575,7 @@ def gpu_summary(gpu: GpuNode) -> dict[str, Any]:
         "gtt_used": gpu.gtt_used,
         "render_minor": gpu.render_minor,
         "pci_slot": gpu.pci_slot,
+        "rocr_index": index,
         "device_id": gpu.device_id,
         "simd_count": gpu.simd_count,
         "apu_basis": gpu.apu_basis,
@@ -603,6 +606,66 @@ def host_facts(ctx: Context) -> dict[str, Any]:
             "version": info["version"] or None,
             "name": info["name"] or None,
         },
-        "gpus": [gpu_summary(g) for g in gpus(ctx)],
+        "gpus": [gpu_summary(g, i) for i, g in enumerate(gpus(ctx))],
         "physical_gpus": [physical_summary(p) for p in physical_gpus(ctx)],
     }
+
+
+def rocr_index(ctx: Context, gpu: GpuNode) -> int:
+    """The index ROCR_VISIBLE_DEVICES gives this GPU node: its rank among all GPU nodes in KFD order."""
+    return [g.node for g in gpus(ctx)].index(gpu.node)
+
+
+def serving_gpus(ctx: Context) -> list[GpuNode]:
+    """The GPUs vLLM serves on: those `--gpu` names, else rocmdoctor.gpu_choice's rule (the one `unit` and
+    `instances` pin)."""
+    found = gpus(ctx)
+    if ctx.options.gpus:
+        picked = [
+            g
+            for g in found
+            if any(gpu_spec_matches(s, g.node, g.pci_slot or g.physical_slot) for s in ctx.options.gpus)
+        ]
+        if picked:
+            return picked
+    return serving_nodes(found)
+
+
+def gpu_identity(ctx: Context, gpu: GpuNode) -> dict[str, Any]:
+    """How a finding names a GPU: stable identity (KFD node, PCI slot, render node), the index
+    ROCR_VISIBLE_DEVICES uses for it, and whether vLLM serves on it by default."""
+    served = serving_gpus(ctx)
+    return {
+        "kfd_node": gpu.node,
+        "pci_slot": gpu.pci_slot,
+        "render_node": f"/dev/dri/renderD{gpu.render_minor}" if gpu.render_minor is not None else None,
+        "rocr_index": rocr_index(ctx, gpu),
+        "served": gpu in served and (bool(ctx.options.gpus) or not ambiguous(gpus(ctx))),
+    }
+
+
+def gpu_label(ctx: Context, gpu: GpuNode) -> str:
+    """'gfx1201 node 1 (0000:05:00.0, renderD128, ROCR index 0)'."""
+    where = [gpu.pci_slot or "no PCI address"]
+    if gpu.render_minor is not None:
+        where.append(f"renderD{gpu.render_minor}")
+    where.append(f"ROCR index {rocr_index(ctx, gpu)}")
+    return f"{gpu.gfx} node {gpu.node} ({', '.join(where)})"
+
+
+def not_served(ctx: Context) -> list[str]:
+    """The GPUs vLLM does not serve on by default, each with why (for the findings that skip them)."""
+    found = gpus(ctx)
+    served = serving_gpus(ctx)
+    out = []
+    for gpu in found:
+        if gpu in served:
+            continue
+        if not gpu.family:
+            why = f"no vllm-rocm bundle for {gpu.gfx}"
+        elif ctx.options.gpus:
+            why = "not named by --gpu"
+        else:
+            why = "an iGPU beside a supported dGPU"
+        out.append(f"{gpu_label(ctx, gpu)}: {why}")
+    return out

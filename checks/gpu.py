@@ -13,13 +13,18 @@ from .facts import (
     KFD_NODES,
     GpuNode,
     drm_device_dirs,
+    gpu_label,
     gpu_summary,
     gpus,
     parse_uevent,
     physical_gpus,
     physical_summary,
+    rocr_index,
+    serving_gpus,
     unreadable_topology,
 )
+from .pci_bind import READS as PCI_BIND_READS
+from .pci_bind import unbound_finding
 
 KFD_ROOT = "/sys/class/kfd"
 WSL_DEVICE = "/dev/dxg"
@@ -48,7 +53,7 @@ def other_display_devices(ctx: Context) -> list[str]:
 @check(
     "gpu.present",
     "AMD GPU in the KFD topology",
-    reads=(KFD_ROOT, WSL_DEVICE, *GPU_READS),
+    reads=(KFD_ROOT, WSL_DEVICE, *GPU_READS, *PCI_BIND_READS),
     blocks=(Action.INSTALL, Action.SERVE),
 )
 def gpu_present(ctx: Context) -> Result:
@@ -70,6 +75,11 @@ def gpu_present(ctx: Context) -> Result:
         )
     others = other_display_devices(ctx)
     instead = f"; found instead: {'; '.join(others)}" if others else ""
+    unbound = unbound_finding(ctx)
+    if unbound is not None and ctx.host.stat(WSL_DEVICE) is None:
+        # The GPU is there and amdgpu did not take it: name it and why, not "no GPU" and a bare modprobe.
+        summary, remedy, details = unbound
+        return failed(f"no KFD GPU node: {summary}", remedy, other_devices=others, **details)
     if ctx.host.stat(WSL_DEVICE) is not None:
         return failed(
             f"this is WSL ({WSL_DEVICE}): its GPU passthrough has no KFD topology{instead}",
@@ -110,7 +120,9 @@ def describe_gpus(ctx: Context) -> str:
             )
         else:
             parts.extend(
-                f"node {n}: {by_node[n].gfx} {kind(by_node[n])} -> {by_node[n].family or 'no bundle'}"
+                f"node {n}: {by_node[n].gfx} {kind(by_node[n])}"
+                + (f" at {by_node[n].pci_slot}" if by_node[n].pci_slot and len(by_node) > 1 else "")
+                + f" -> {by_node[n].family or 'no bundle'}"
                 for n in phys.nodes
             )
     return ", ".join(parts)
@@ -119,7 +131,7 @@ def describe_gpus(ctx: Context) -> str:
 @check("gpu.arch", "GPU architecture and vllm-rocm bundle family", depends=("gpu.present",), reads=GPU_READS)
 def gpu_arch(ctx: Context) -> Result:
     found = gpus(ctx)
-    rows = [gpu_summary(g) for g in found]
+    rows = [gpu_summary(g, i) for i, g in enumerate(found)]
     described = describe_gpus(ctx)
     partitioned = [physical_summary(p) for p in physical_gpus(ctx) if p.partitioned]
     unsupported = sorted({g.gfx for g in found if g.family is None})
@@ -128,12 +140,14 @@ def gpu_arch(ctx: Context) -> Result:
     if unsupported and supported:
         # ROCm enumerates every GPU it can see, and vLLM starts on the first: the unsupported one must be
         # hidden (the runtime's order is not sysfs order, so by PCI address or UUID, not by node index).
+        served = serving_gpus(ctx)
+        pin = ",".join(str(rocr_index(ctx, g)) for g in served)
         return warned(
             f"vLLM can run on {', '.join(supported)}, but {', '.join(unsupported)} is visible beside it "
             f"({described})",
-            f"Hide {', '.join(unsupported)} from ROCm: set ROCR_VISIBLE_DEVICES to the {', '.join(supported)} "
-            "GPU only (its UUID from `rocminfo`, not its sysfs node index), or disable the other GPU in the "
-            "firmware.",
+            f"Hide {', '.join(unsupported)} from ROCm: ROCR_VISIBLE_DEVICES={pin} shows only "
+            f"{', '.join(gpu_label(ctx, g) for g in served)} (ROCm counts GPU nodes in KFD order, the unsupported "
+            "one included); `rocmdoctor unit` and `serve` set it, or disable the other GPU in the firmware.",
             gpus=rows,
             families=sorted({g.family for g in found if g.family}),
             unsupported=unsupported,

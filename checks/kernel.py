@@ -5,7 +5,18 @@ from __future__ import annotations
 from ..model import Action, Result, failed, passed, warned
 from ..registry import Context
 from . import check
-from .facts import DISTRO_READS, GPU_READS, OSRELEASE, GpuNode, distro_info, gpus, kernel_release
+from .facts import (
+    DISTRO_READS,
+    GPU_READS,
+    OSRELEASE,
+    GpuNode,
+    distro_info,
+    gpu_identity,
+    gpu_label,
+    gpus,
+    kernel_release,
+    serving_gpus,
+)
 from .kernel_rules import (
     CWSR_REQUIRED_TARGETS,
     VGPR_BUMPED,
@@ -73,8 +84,10 @@ def kernel_cwsr(ctx: Context) -> Result:
     wrong: list[str] = []
     fine: list[str] = []
     not_needed: list[str] = []
+    hidden: list[str] = []
     unbumped = False
     rows = []
+    served = serving_gpus(ctx)
     for gpu in gpus(ctx):
         expected = expected_cwsr(gpu.properties)
         exported = (gpu.properties.get("cwsr_size"), gpu.properties.get("ctl_stack_size"))
@@ -86,10 +99,14 @@ def kernel_cwsr(ctx: Context) -> Result:
                 "ctl_stack_size": exported[1],
                 "expected": list(expected) if expected else None,
                 "required": needs_cwsr(gpu),
+                "identity": gpu_identity(ctx, gpu),
             }
         )
         label = f"{gpu.gfx} (node {gpu.node})"
-        if not exports_cwsr(gpu):
+        if not exports_cwsr(gpu) and needs_cwsr(gpu) and gpu not in served:
+            # The pin (ROCR_VISIBLE_DEVICES) keeps ROCr from opening it: its missing sizes cannot hurt vLLM.
+            hidden.append(gpu_label(ctx, gpu))
+        elif not exports_cwsr(gpu):
             (missing if needs_cwsr(gpu) else not_needed).append(label)
         elif expected is not None and exported != expected:
             unbumped = unbumped or (
@@ -125,4 +142,8 @@ def kernel_cwsr(ctx: Context) -> Result:
         parts.append(f"exported as expected on {', '.join(fine)}")
     if not_needed:
         parts.append(f"not exported on {', '.join(not_needed)} (not required there)")
+    if hidden:
+        parts.append(
+            f"not exported on {', '.join(hidden)}, which vLLM does not serve (hidden by the unit's pin)"
+        )
     return passed("; ".join(parts) or "no GPU node to check", gpus=rows)

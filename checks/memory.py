@@ -13,13 +13,17 @@ from .facts import (
     MEMINFO,
     MEMINFO_READS,
     GpuNode,
+    gpu_identity,
+    gpu_label,
     gpus,
     meminfo,
     memory_pool,
+    not_served,
     partition_of,
+    serving_gpus,
     usable_memory,
 )
-from .memory_guidance import carveout_advice, serving_nodes, ttm_matters
+from .memory_guidance import carveout_advice
 
 GIB = 1 << 30
 PAGES_PER_GIB = 262144  # 4 KiB pages
@@ -53,6 +57,7 @@ def gpu_pool(ctx: Context, gpu: GpuNode) -> dict[str, Any]:
     row: dict[str, Any] = {
         "node": gpu.node,
         "gfx": gpu.gfx,
+        "identity": gpu_identity(ctx, gpu),
         "pool": memory_pool(gpu),
         "total_bytes": total,
         "free_bytes": free,
@@ -84,7 +89,10 @@ def gpu_pool(ctx: Context, gpu: GpuNode) -> dict[str, Any]:
 
 def describe(row: dict[str, Any]) -> str:
     part = row.get("partition")
+    ident = row.get("identity") or {}
     where = f"node {row['node']} {row['gfx']}"
+    if ident.get("pci_slot") and not part:
+        where += f" at {ident['pci_slot']}"
     if part:
         mode = f"{part['mode']} " if part["mode"] else ""
         where += f" ({mode}partition {part['index'] + 1} of {part['of']} of GPU {part['physical_gpu']})"
@@ -98,10 +106,10 @@ def describe(row: dict[str, Any]) -> str:
     reads=(*GPU_READS, *MEMINFO_READS),
 )
 def memory_gpu(ctx: Context) -> Result:
-    found = gpus(ctx)
-    # vLLM runs on the GPUs a bundle exists for; an unsupported iGPU beside them does not size it.
-    candidates = [g for g in found if g.family] or found
-    rows = [gpu_pool(ctx, g) for g in candidates]
+    # vLLM runs on the GPUs gpu_choice picks (a supported dGPU before an iGPU beside it), the same ones
+    # memory.ttm, kernel.cwsr, the capacity section and the unit's pin judge.
+    rows = [gpu_pool(ctx, g) for g in serving_gpus(ctx)]
+    skipped_gpus = not_served(ctx)
     unknown = [r for r in rows if r["recommended"] is None]
     if unknown:
         r = unknown[0]
@@ -114,6 +122,7 @@ def memory_gpu(ctx: Context) -> Result:
             "memory banks under /sys/class/kfd/kfd/topology/nodes/*/mem_banks); until then start vLLM "
             "with a conservative --gpu-memory-utilization.",
             gpus=rows,
+            not_served=skipped_gpus,
             recommended_gpu_memory_utilization=None,
         )
     worst = min(rows, key=lambda r: r["recommended"])
@@ -123,6 +132,7 @@ def memory_gpu(ctx: Context) -> Result:
         "total_bytes": worst["total_bytes"],
         "free_bytes": worst["free_bytes"],
         "pool": worst["pool"],
+        "not_served": skipped_gpus,
     }
     where = f"{describe(worst)} {worst['pool'].upper()}"
     usage = f"{gib(worst['free_bytes'])} free of {gib(worst['total_bytes'])} ({where})"
@@ -166,11 +176,16 @@ def ttm_setting(pages: int, names: list[str]) -> str:
 )
 def memory_ttm(ctx: Context) -> Result:
     nodes = gpus(ctx)
-    if not ttm_matters(nodes):
+    if not any(g.apu for g in serving_gpus(ctx)):
         if any(g.apu for g in nodes):
-            return skipped("the GPU vLLM will use is not an APU: the TTM limit only bounds unified memory")
+            served = ", ".join(gpu_label(ctx, g) for g in serving_gpus(ctx))
+            return skipped(
+                f"the GPU vLLM will use, {served}, is not an APU: the TTM limit only bounds unified memory",
+                gpus=[gpu_identity(ctx, g) for g in serving_gpus(ctx)],
+                not_served=not_served(ctx),
+            )
         return skipped("no APU: the TTM limit only bounds unified memory")
-    apus = [g for g in serving_nodes(nodes) if g.apu]
+    apus = [g for g in serving_gpus(ctx) if g.apu]
     ram = meminfo(ctx).get("MemTotal")
     limits = ttm_limits(ctx)
     # With a DKMS amdgpu, amdttm is the TTM the GPU uses; the in-tree ttm may be loaded beside it.
@@ -179,7 +194,13 @@ def memory_ttm(ctx: Context) -> Result:
     pages = limits.get(governing)
     gtt_total = apus[0].gtt_total
     limit_bytes = pages * 4096 if pages else gtt_total
-    details = {"pages_limit": limits, "governing": governing, "mem_total": ram, "gtt_total": gtt_total}
+    details = {
+        "pages_limit": limits,
+        "governing": governing,
+        "mem_total": ram,
+        "gtt_total": gtt_total,
+        "gpu": gpu_identity(ctx, apus[0]),
+    }
     if ram is None or limit_bytes is None:
         return warned(
             "cannot compare the TTM limit with RAM: /proc/meminfo or the TTM parameters are unreadable",

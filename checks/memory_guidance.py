@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any
+
+from ..gpu_choice import NodeT, serving_nodes
 
 GIB = 1 << 30
 PAGES_PER_GIB = 262144  # 4 KiB pages
@@ -20,27 +22,6 @@ OS_RESERVE_GIB = 4  # what memory.ttm leaves the OS when it suggests a limit
 SMALL_CARVEOUT = 512 << 20  # AMD's advice for Strix Halo: 0.5 GB
 # A carve-out at or above this is the "VRAM in BIOS" setting, not the UMA default (512 MiB-4 GiB).
 LARGE_CARVEOUT = 8 << 30
-
-
-class Node(Protocol):
-    @property
-    def apu(self) -> bool | None: ...
-
-    @property
-    def family(self) -> str | None: ...
-
-
-NodeT = TypeVar("NodeT", bound=Node)
-
-
-def serving_nodes(nodes: Sequence[NodeT]) -> list[NodeT]:
-    """The GPU nodes vLLM will run on: those with a bundle family, discrete ones first (a supported dGPU
-    beside an iGPU is the one the unit pins); all nodes when none has a bundle."""
-    supported = [n for n in nodes if n.family]
-    if not supported:
-        return list(nodes)
-    discrete = [n for n in supported if n.apu is False]
-    return discrete or supported
 
 
 def ttm_matters(nodes: Sequence[NodeT]) -> bool:

@@ -54,15 +54,18 @@ class PciGpu:
         return f"{self.vendor:04x}:{device} at {self.slot} (driver {self.driver or 'none'})"
 
 
-def pci_display_devices(ctx: Context, vendor: int) -> list[PciGpu]:
-    """Display-class PCI functions (VGA, 3D, other) of one vendor, from /sys/bus/pci/devices."""
+def pci_display_devices(
+    ctx: Context, vendor: int, classes: tuple[int, ...] = (PCI_CLASS_DISPLAY,)
+) -> list[PciGpu]:
+    """PCI functions of one vendor and base class (display by default: VGA, 3D, other), from
+    /sys/bus/pci/devices."""
     found = []
     for path in ctx.host.glob(f"{PCI_DEVICES}/*"):
         vendor_read = ctx.host.read_int(f"{path}/vendor")
         if not vendor_read.ok or vendor_read.value != vendor:
             continue
         class_read = ctx.host.read_int(f"{path}/class")
-        if not class_read.ok or class_read.value >> 16 != PCI_CLASS_DISPLAY:
+        if not class_read.ok or class_read.value >> 16 not in classes:
             continue
         device_read = ctx.host.read_int(f"{path}/device")
         link = ctx.host.readlink(f"{path}/driver")

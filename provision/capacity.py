@@ -14,7 +14,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..memory_rule import requested_bytes
-from .layout import Device, LayoutError, group_utilization, layout_options, offered, usable
+from .layout import (
+    Device,
+    LayoutError,
+    group_utilization,
+    layout_options,
+    offered,
+    rocr_indices,
+    usable,
+)
 
 NO_GPU = "no GPU that a vllm-rocm bundle supports: there is no layout to choose"
 
@@ -80,7 +88,7 @@ def _family_layouts(devices: list[Device], family: str, several: bool) -> list[d
     return out
 
 
-def capacity(devices: Sequence[Device]) -> dict[str, Any]:
+def capacity(devices: Sequence[Device], gpus: Sequence[str] = ()) -> dict[str, Any]:
     """The `capacity` section of the check report, for every GPU node of the host (in any order)."""
     ordered = sorted(devices, key=lambda d: d.kfd_node)
     families = list(dict.fromkeys(d.family for d in ordered if d.family))
@@ -90,9 +98,28 @@ def capacity(devices: Sequence[Device]) -> dict[str, Any]:
         keep, _other_families = usable(ordered, family)
         layouts += _family_layouts(keep, family, len(families) > 1)
     return {
+        "serving": serving(ordered, gpus),
         "devices": sum(1 for d in ordered if d.family),
         "families": families,
         "unsupported": unsupported,
         "note": None if families else NO_GPU,
         "layouts": layouts,
+    }
+
+
+def serving(devices: Sequence[Device], gpus: Sequence[str] = ()) -> dict[str, Any]:
+    """The GPUs a server serves on when nobody picks (gpu_choice's rule, the one memory.gpu, memory.ttm
+    and kernel.cwsr judge and `unit` pins), by identity and ROCR index; or why the choice is open."""
+    index = rocr_indices(devices)
+    try:
+        keep, _hidden = usable(devices, None, gpus)
+    except LayoutError as exc:  # an open choice, or a --gpu that names nothing here
+        return {"family": None, "gpus": [], "ambiguous": str(exc)}
+    return {
+        "family": keep[0].family if keep else None,
+        "gpus": [
+            {"kfd_node": d.kfd_node, "pci_slot": d.pci_slot, "rocr_index": index[d.kfd_node], "apu": d.apu}
+            for d in keep
+        ],
+        "ambiguous": None,
     }

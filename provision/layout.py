@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from ..gpu_choice import ambiguous, gpu_spec_matches, gpu_spec_valid, serving_families, serving_nodes
 from ..memory_rule import MIN_USEFUL_UTILIZATION, recommended, requested_bytes
 
 LAYOUTS = ("one", "per-gpu", "per-partition")
@@ -126,21 +127,71 @@ def visible_devices(all_devices: Sequence[Device], chosen: Sequence[Device]) -> 
     return ",".join(str(index[d.kfd_node]) for d in chosen)
 
 
-def usable(devices: Sequence[Device], family: str | None) -> tuple[list[Device], list[Device]]:
-    """(devices a server may use, GPU nodes to hide), in ROCm order."""
+class AmbiguousGpus(LayoutError):
+    """GPUs of several families could serve: the operator picks (`--gpu`, `--family`); nothing guesses."""
+
+
+def gpu_options(devices: Sequence[Device]) -> list[str]:
+    """`--gpu` values that pick each supported device, by PCI slot (KFD node when it has none)."""
+    return [
+        f"--gpu {d.pci_slot or f'node:{d.kfd_node}'} ({d.label}, family {d.family})"
+        for d in devices
+        if d.family
+    ]
+
+
+def _picked(ordered: list[Device], specs: Sequence[str]) -> list[Device]:
+    """The devices `--gpu` names (each spec must name one), in ROCm order."""
+    for spec in specs:
+        if not gpu_spec_valid(spec):
+            raise LayoutError(f"--gpu {spec!r}: give a PCI slot (0000:03:00.0) or a KFD node (node:2)")
+        if not any(gpu_spec_matches(spec, d.kfd_node, d.pci_slot or d.physical_slot) for d in ordered):
+            raise LayoutError(
+                f"--gpu {spec}: no GPU node here has that PCI slot or KFD node; choose one of: "
+                + "; ".join(gpu_options(ordered))
+            )
+    picked = [
+        d
+        for d in ordered
+        if any(gpu_spec_matches(s, d.kfd_node, d.pci_slot or d.physical_slot) for s in specs)
+    ]
+    unsupported = [d.label for d in picked if not d.family]
+    if unsupported:
+        raise LayoutError(f"--gpu: no vllm-rocm bundle runs on {', '.join(unsupported)}")
+    families = list(dict.fromkeys(d.family for d in picked))
+    if len(families) > 1:
+        raise LayoutError(
+            f"--gpu names GPUs of several families ({', '.join(str(f) for f in families)}); "
+            "one bundle runs one family"
+        )
+    return picked
+
+
+def usable(
+    devices: Sequence[Device], family: str | None, gpus: Sequence[str] = ()
+) -> tuple[list[Device], list[Device]]:
+    """(devices a server may use, GPU nodes to hide), in ROCm order: the GPUs `--gpu` names, else those
+    of `--family`, else gpu_choice's rule (a supported dGPU before an iGPU beside it); GPUs of several
+    families left after that rule are ambiguous and refused with the options named."""
     ordered = sorted(devices, key=lambda d: d.kfd_node)
     supported = [d for d in ordered if d.family]
     families = list(dict.fromkeys(d.family for d in supported))
-    if family is None and len(families) > 1:
-        raise LayoutError(
-            f"this host has GPUs of several families ({', '.join(str(f) for f in families)}); "
-            "one bundle runs one family: pass --family with one of them"
-        )
+    if gpus:
+        keep = _picked(ordered, gpus)
+        return keep, [d for d in ordered if d not in keep]
     if family is not None and family not in families:
         found = ", ".join(str(f) for f in families) or "none"
         raise LayoutError(f"--family {family}: no GPU of that family here (found: {found})")
-    chosen = family or (families[0] if families else None)
-    keep = [d for d in supported if d.family == chosen]
+    if family is None and ambiguous(ordered):
+        raise AmbiguousGpus(
+            f"this host has GPUs of several families ({', '.join(serving_families(ordered))}) and none is "
+            "the obvious one to serve; one bundle runs one family, so pick the GPU(s): "
+            + "; ".join(gpu_options(serving_nodes(ordered)))
+            + " (or --family with one of them)"
+        )
+    named = serving_families(ordered)
+    chosen = family or (named[0] if named else None)
+    keep = serving_nodes([d for d in supported if d.family == chosen])
     return keep, [d for d in ordered if d not in keep]
 
 
@@ -307,9 +358,10 @@ def plan(
     owned_ports: set[int] | None = None,
     gpu_memory_utilization: float | None = None,
     family: str | None = None,
+    gpus: Sequence[str] = (),
 ) -> Plan:
     """The instances of `layout` on these devices (every GPU node of the host, in any order)."""
-    keep, hidden = usable(devices, family)
+    keep, hidden = usable(devices, family, gpus)
     try:
         groups = structure(layout, keep, tensor_parallel_size, count)
     except LayoutError as exc:
@@ -324,11 +376,7 @@ def plan(
         for i, (group, port, (util, reason)) in enumerate(zip(groups, ports, sizing, strict=True))
     ]
     notes = [f"port {p} is in use: skipped" for p in skipped]
-    notes += [
-        f"hidden from the servers: {d.label} ("
-        + (f"no vllm-rocm bundle for {d.gfx})" if not d.family else f"family {d.family}, not the one served)")
-        for d in hidden
-    ]
+    notes += [f"hidden from the servers: {d.label} ({_why_hidden(d, keep)})" for d in hidden]
     for inst in instances:
         numas = {d.numa_node for d in inst.devices if d.numa_node is not None}
         if len(numas) > 1:
@@ -339,11 +387,32 @@ def plan(
     return Plan(layout, instances, skipped, hidden, notes)
 
 
-def single_server_devices(
-    devices: Sequence[Device], tensor_parallel_size: int = 1, family: str | None = None
-) -> str:
-    """ROCR_VISIBLE_DEVICES for the one server `rocmdoctor unit` writes: the devices layout `one`
-    gives it (an unsupported iGPU hidden, the GPUs of one family and hive), in ROCm's numbering."""
-    keep, _hidden = usable(devices, family)
+def _why_hidden(device: Device, served: Sequence[Device]) -> str:
+    if not device.family:
+        return f"no vllm-rocm bundle for {device.gfx}"
+    if device.apu and any(d.apu is False for d in served):
+        return "an iGPU beside a supported dGPU; --gpu to serve it"
+    return f"family {device.family}, not the one served"
+
+
+def single_server_group(
+    devices: Sequence[Device],
+    tensor_parallel_size: int = 1,
+    family: str | None = None,
+    gpus: Sequence[str] = (),
+) -> list[Device]:
+    """The devices layout `one` gives the one server `rocmdoctor unit` writes (an unsupported iGPU
+    hidden, the GPUs of one family and hive), in the order vLLM will number them."""
+    keep, _hidden = usable(devices, family, gpus)
     (group,) = structure("one", keep, tensor_parallel_size, None)
-    return visible_devices(devices, group)
+    return group
+
+
+def single_server_devices(
+    devices: Sequence[Device],
+    tensor_parallel_size: int = 1,
+    family: str | None = None,
+    gpus: Sequence[str] = (),
+) -> str:
+    """ROCR_VISIBLE_DEVICES for the one server: single_server_group in ROCm's numbering."""
+    return visible_devices(devices, single_server_group(devices, tensor_parallel_size, family, gpus))

@@ -33,6 +33,7 @@ COMMANDS: dict[str, str] = {
     "instances": "rack:instances",
     "plan": "plan:plan",
     "lemonade": "lemonade:lemonade",
+    "fix": "fix:fix",
 }
 
 

@@ -164,3 +164,30 @@ class ProcessGroup:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop(grace_s=0.0)
+
+
+def stop_pids(pids: list[int], grace_s: float = 10.0) -> dict[int, str]:
+    """Stop these processes of this machine (SIGTERM, `grace_s`, then SIGKILL): pid -> how it ended
+    ("terminated", "killed", "gone", or why it could not be stopped)."""
+    out: dict[int, str] = {}
+    procs = []
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            proc.terminate()
+            procs.append(proc)
+        except psutil.NoSuchProcess:
+            out[pid] = "gone"
+        except psutil.AccessDenied:
+            out[pid] = "not allowed to signal it (run as root)"
+    _gone, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for proc in procs:
+        out[proc.pid] = "terminated"
+    for proc in alive:
+        try:
+            proc.kill()
+            out[proc.pid] = "killed"
+        except psutil.NoSuchProcess:
+            out[proc.pid] = "terminated"
+    psutil.wait_procs(alive, timeout=KILL_WAIT_S)
+    return out

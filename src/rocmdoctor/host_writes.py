@@ -468,3 +468,41 @@ class HostWriter:
             )
         if self._change("run", " ".join(argv)):
             run(argv)
+
+    def add_to_groups(self, user: str, groups: list[str]) -> None:
+        if groups and self._change("groups", f"{user}: {','.join(groups)}"):
+            add_to_groups(self.root, user, groups)
+
+
+# -- group membership (rocmdoctor fix) ------------------------------------------------------------
+
+
+def with_members(text: str, user: str, groups: list[str], members_field: int) -> str:
+    """`text` (group or gshadow) with `user` added to the member list of each of `groups`."""
+    out = []
+    for line in text.splitlines():
+        fields = line.split(":")
+        if fields[0] in groups and len(fields) > members_field:
+            members = [m for m in fields[members_field].split(",") if m]
+            if user not in members:
+                fields[members_field] = ",".join([*members, user])
+            line = ":".join(fields)
+        out.append(line)
+    return "\n".join(out) + ("\n" if text.endswith("\n") or not text else "")
+
+
+def add_to_groups(root: Path, user: str, groups: list[str]) -> None:
+    """Make `user` a member of `groups` (usermod -aG on this machine; /etc/group and gshadow in a tree)."""
+    if not groups:
+        return
+    if is_live(root):
+        run(["usermod", "-aG", ",".join(groups), user])
+        return
+    if ":" in user or "," in user or "\n" in user:
+        raise WriteRefused(f"{user!r} cannot go into /etc/group")
+    for db, field_index, mode in (("group", 3, 0o644), ("gshadow", 3, 0o640)):
+        existing = read_file(root, f"/etc/{db}")
+        if existing is None:
+            continue
+        new = with_members(existing.decode(), user, groups, field_index)
+        write_file(root, f"/etc/{db}", new.encode(), mode_of(root, f"/etc/{db}", mode))

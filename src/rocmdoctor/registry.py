@@ -54,6 +54,7 @@ class Options:
     model_bytes: int = 0  # expected weights size, for disk.space
     python: str | None = None  # interpreter for --deep probes
     deep_timeout_s: float = 180.0
+    gpus: tuple[str, ...] = ()  # `--gpu`: the GPUs vLLM will serve (gpu_choice's rule when empty)
 
 
 @dataclass

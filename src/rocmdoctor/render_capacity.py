@@ -67,3 +67,13 @@ def render_capacity(capacity: dict[str, Any] | None, console: Any) -> None:
         console.print(Text(f"  {name:<{width}}  {layout_line(entry)}", style=style))
     for unused in capacity["unsupported"]:
         console.print(Text(f"  not used: {unused}", style="dim"))
+    serving = capacity.get("serving") or {}
+    if several and serving.get("ambiguous"):
+        console.print(Text(f"  no default GPU: {serving['ambiguous']}", style="yellow"))
+    elif several and serving.get("gpus"):
+        chosen = ", ".join(
+            f"node {g['kfd_node']} ({g['pci_slot']}, ROCR index {g['rocr_index']})" for g in serving["gpus"]
+        )
+        console.print(
+            Text(f"  served (as unit and serve pin it; --gpu chooses): {chosen} [{serving['family']}]")
+        )

@@ -160,6 +160,7 @@ def collect(ctx: Context, specs: list[CheckSpec], facts: CaptureFacts) -> Snapsh
             if (
                 path.startswith("/proc/")
                 and path.endswith("/cmdline")
+                and path.split("/")[2].isdigit()  # /proc/cmdline is the kernel's, not a process's
                 and int(path.split("/")[2]) not in facts.reported_pids
             ):
                 continue

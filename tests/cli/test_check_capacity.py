@@ -237,6 +237,7 @@ def test_dgpu_beside_an_unsupported_igpu_lays_out_the_dgpu_only():
 def test_no_amd_gpu_says_so(fixture_id):
     cap = capacity_of(fixture_root(fixture_id))
     assert cap == {
+        "serving": {"family": None, "gpus": [], "ambiguous": None},
         "devices": 0,
         "families": [],
         "unsupported": [],

@@ -86,6 +86,18 @@ EXPECTED_VERDICTS = {
     "wsl": {"gpu.present": "fail", "memory.gpu": "skip"},
     # gfx950's CWSR size has the LDS term: the real MI350X export 22687744 passes.
     "mi350x": {"kernel.cwsr": "pass", "gpu.arch": "pass", "memory.gpu": "warn"},
+    # Mixed families, both enumeration orders: every check judges the R9700 (its VRAM use is not captured).
+    "r9700-beside-780m": {"memory.gpu": "warn", "memory.ttm": "skip", "kernel.cwsr": "pass"},
+    "r9700-beside-780m-igpu-first": {"memory.gpu": "warn", "memory.ttm": "skip", "kernel.cwsr": "pass"},
+    "strix-halo-beside-r9700": {"memory.gpu": "warn", "memory.ttm": "skip", "kernel.cwsr": "pass"},
+    # amdgpu-dkms built for an older kernel: the GPU is named from the PCI bus, with that reason.
+    "strix-halo-unbound": {"gpu.present": "fail", "gpu.unbound": "skip"},
+    # Device nodes with the host's render gid, no name inside: `--group-add 105`, not chgrp.
+    "r9700-docker-unmapped-gid": {"access.devices": "fail", "driver.loaded": "pass"},
+    # rocm-systems#2209's 4x R9700 host: the IPC variable, a 64 MiB /dev/shm, kernel 7.0 on 24.04.
+    "r9700-x4-ipc-legacy": {"env.multi_gpu": "warn", "kernel.combinations": "warn"},
+    # ROCm#6630's kernel 7.0 + DKMS 6.19.4 on 24.04, ROCm Core SDK 10 seen as the userspace.
+    "r9700-rocm10-kernel7": {"kernel.combinations": "warn", "env.multi_gpu": "pass"},
 }
 
 

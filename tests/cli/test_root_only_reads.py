@@ -32,6 +32,8 @@ def every_command(out: Path) -> list[tuple[str, ...]]:
         ("check",),
         ("check", "--json", "--user", "ubuntu", "--prefix", "/srv/rd"),
         ("fix-kernel",),
+        ("fix", "--yes"),
+        ("fix", "--check", "--json"),
         ("snapshot", str(out / "host.tar.gz")),
         ("plan", "--offline", "--model", "Qwen/Qwen2.5-0.5B-Instruct"),
         ("unit", "--write", *MODEL),

@@ -25,11 +25,17 @@ UNREADABLE_MEMORY = (
     "mi350x",
     "rx7900xtx-beside-igpu",
     "r9700-beside-nvidia",
+    "r9700-beside-780m",
+    "r9700-docker-unmapped-gid",
+    "r9700-x4-ipc-legacy",
+    "r9700-rocm10-kernel7",
 )
+# An iGPU enumerated before the R9700: the server is sized from the GPU it is pinned to, not node order.
+MIXED_IGPU_FIRST = ("r9700-beside-780m-igpu-first", "strix-halo-beside-r9700")
 # Partitions sized from their own KFD memory bank; an APU whose BIOS carve-out is its memory; no AMD GPU.
 PARTITIONED = ("mi308x-cpx",)
 CARVE_OUT = ("strix-halo-carveout",)
-NO_GPU = ("no-amd-gpu", "wsl")
+NO_GPU = ("no-amd-gpu", "wsl", "strix-halo-unbound")
 
 
 def context(fixture_id: str) -> Context:
@@ -37,7 +43,21 @@ def context(fixture_id: str) -> Context:
 
 
 def test_every_fixture_is_covered():
-    assert set(APUS + UNREADABLE_MEMORY + PARTITIONED + CARVE_OUT + NO_GPU) == set(FIXTURE_IDS)
+    assert set(APUS + UNREADABLE_MEMORY + PARTITIONED + CARVE_OUT + NO_GPU + MIXED_IGPU_FIRST) == set(
+        FIXTURE_IDS
+    )
+
+
+@pytest.mark.parametrize("fixture_id", MIXED_IGPU_FIRST)
+def test_mixed_host_is_sized_from_the_pinned_dgpu(fixture_id):
+    from rocmdoctor.commands.serve import pinned_group
+
+    ctx = context(fixture_id)
+    group, notes = pinned_group(ctx, (), 1)
+    assert [d.gfx for d in group] == ["gfx1201"] and notes == []
+    pools = pools_from_facts(ctx, [d.kfd_node for d in group])
+    assert [p.family for p in pools] == ["gfx120X"] and not pools[0].unified
+    assert pools_from_facts(ctx)[0].unified  # in KFD order the iGPU comes first: never what is sized
 
 
 def test_cpx_partitions_are_sized_from_their_own_bank_not_the_whole_gpu():

@@ -26,6 +26,13 @@ FIXTURE_IDS = (
     "r9700-beside-nvidia",
     "wsl",
     "mi350x",
+    "r9700-beside-780m",
+    "r9700-beside-780m-igpu-first",
+    "strix-halo-beside-r9700",
+    "strix-halo-unbound",
+    "r9700-docker-unmapped-gid",
+    "r9700-x4-ipc-legacy",
+    "r9700-rocm10-kernel7",
 )
 ROOT_PLACEHOLDER = "<root>"
 VERSION_PLACEHOLDER = "<version>"

@@ -11,6 +11,7 @@ import click
 
 from .. import params
 from .common import App, UserError, emit_json, pass_app
+from .server_options import server_option
 
 if TYPE_CHECKING:
     from ..registry import Context
@@ -32,13 +33,30 @@ def check_context(
     return Context(app.host(), options)
 
 
+def choose_gpus(ctx: Context, specs: tuple[str, ...]) -> None:
+    """`--gpu` for the checks: each value must name a GPU node here (exit 2 naming the options)."""
+    from ..checks.facts import gpu_label, gpus
+    from ..gpu_choice import gpu_spec_matches
+
+    found = gpus(ctx)
+    for spec in specs:
+        if not any(gpu_spec_matches(spec, g.node, g.pci_slot or g.physical_slot) for g in found):
+            options = "; ".join(
+                f"--gpu {g.pci_slot or f'node:{g.node}'} ({gpu_label(ctx, g)})" for g in found
+            )
+            raise UserError(
+                f"--gpu {spec}: no GPU node here has that PCI slot or KFD node; choose: {options or 'none'}"
+            )
+    ctx.options.gpus = specs
+
+
 def host_capacity(ctx: Context) -> dict[str, Any]:
     """The layouts this host's GPUs allow and each instance's memory (provision.capacity), from the
     same device records `instances` lays servers out on, so check and instances cannot disagree."""
     from ..provision.capacity import capacity
     from .host_devices import host_devices
 
-    return capacity(host_devices(ctx))
+    return capacity(host_devices(ctx), ctx.options.gpus)
 
 
 def write_health(ctx: Context, report: dict[str, Any], started: float, path: Path) -> None:
@@ -116,6 +134,7 @@ def write_health(ctx: Context, report: dict[str, Any], started: float, path: Pat
     "Prometheus text for node_exporter's textfile collector (a *.prom file, replaced atomically); "
     "exit 0 once written, whatever it found.",
 )
+@server_option("gpu", help="Judge these GPUs as the ones vLLM will serve (PCI slot or node:N; repeatable).")
 @pass_app
 def check(
     app: App,
@@ -131,6 +150,7 @@ def check(
     python: str | None,
     deep_timeout: float | None,
     textfile: Path | None,
+    gpus: tuple[str, ...] = (),
 ) -> None:
     """Diagnose this host for vLLM on ROCm. Exit 0: no failure; 1: a failure; 2: could not run."""
     from ..checks import host_facts, load_registry
@@ -160,6 +180,7 @@ def check(
             raise UserError(f"--textfile {textfile}: {problem}")
     started = time.monotonic()
     ctx = check_context(app, user, port, prefix, python, deep_timeout)
+    choose_gpus(ctx, gpus)
     if model is not None:
         from ..model_files import weights_bytes_offline
 

@@ -7,10 +7,13 @@ from ..provision.server_args import GpuPool
 from ..registry import Context
 
 
-def pools_from_facts(ctx: Context) -> list[GpuPool]:
-    """The GPUs the diagnosis found, each with the pool vLLM will size from (the pool the runtime reports)."""
+def pools_from_facts(ctx: Context, nodes: list[int] | None = None) -> list[GpuPool]:
+    """The GPUs the diagnosis found (or the KFD `nodes` given, in that order: the ones the server is
+    pinned to), each with the pool vLLM will size from (the pool the runtime reports)."""
     pools = []
-    for gpu in facts.gpus(ctx):
+    found = facts.gpus(ctx)
+    chosen = found if nodes is None else [g for n in nodes for g in found if g.node == n]
+    for gpu in chosen:
         total, free = facts.usable_memory(ctx, gpu)
         pools.append(
             GpuPool(f"node {gpu.node} ({gpu.gfx})", gpu.family or gpu.gfx, total, free, bool(gpu.apu))

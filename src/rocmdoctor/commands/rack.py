@@ -53,6 +53,7 @@ def compute_plan(app: App, opts: dict[str, Any], owned_ports: set[int] | None = 
             owned_ports=owned_ports,
             gpu_memory_utilization=opts["gpu_memory_utilization"],
             family=opts["family"],
+            gpus=opts.get("gpus") or (),
         )
     except (LayoutError, HostUnresolvable) as exc:
         raise UserError(str(exc)) from None
@@ -122,6 +123,9 @@ def show_plan(plan, stream=None) -> None:
     help="Run only this many servers (default: as many as fit).",
 )
 @click.option("--family", default=None, help="On a host with GPUs of several families: the one to serve.")
+@server_option(
+    "gpu", help="Serve only these GPUs, by PCI slot (0000:03:00.0) or KFD node (node:2); repeatable."
+)
 @server_options(
     server_option("port", help="The first server's port; the next ones count up, skipping ports in use."),
     server_option(

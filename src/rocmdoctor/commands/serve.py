@@ -21,28 +21,63 @@ def resolve_args(app: App, opts: dict[str, Any]):
     from ..registry import Context, Options
     from .host_pools import pools_from_facts
 
+    ctx = Context(app.host(), Options(prefix=opts["prefix"]))
+    group, notes = pinned_group(ctx, opts.get("gpus") or (), opts["tensor_parallel_size"] or 1)
     try:
-        ctx = Context(app.host(), Options(prefix=opts["prefix"]))
-        args = resolve(choices(opts), pools_from_facts(ctx))
+        # Sized from the GPUs the pin shows vLLM, in its order (device 0 first), never from KFD order.
+        args = resolve(choices(opts), pools_from_facts(ctx, [d.kfd_node for d in group] if group else None))
     except ArgumentError as exc:
         raise UserError(str(exc)) from None
-    pin_devices(ctx, args, opts["tensor_parallel_size"] or 1)
+    args.notes.extend(notes)
+    if group:
+        from ..provision.layout import visible_devices
+        from .host_devices import host_devices
+
+        devices = host_devices(ctx)
+        args.environment["ROCR_VISIBLE_DEVICES"] = visible_devices(devices, group)
+        args.notes.append(
+            "pinned (ROCR_VISIBLE_DEVICES, ROCm's KFD-order numbering): "
+            + ", ".join(f"vLLM device {i} = {d.label}" for i, d in enumerate(group))
+        )
+        ipc_mode(args, group)
     return args
 
 
-def pin_devices(ctx: Any, args: Any, tensor_parallel_size: int) -> None:
-    """On a host with several GPU nodes, show the server only the ones it is sized for (an unsupported
-    iGPU hidden), in ROCm's own numbering (provision.layout); HIP_VISIBLE_DEVICES is never set."""
-    from ..provision.layout import LayoutError, single_server_devices
+def ipc_mode(args: Any, group: list[Any]) -> None:
+    """Tensor parallelism over RDNA GPUs: legacy IPC mode off (it breaks IPC there: env.multi_gpu's rule)."""
+    from ..checks.host_rules import rules
+
+    data = rules()["ipc_legacy"]
+    if len(group) >= 2 and all(d.gfx.startswith(tuple(data["gfx_prefixes"])) for d in group):
+        args.environment[data["variable"]] = "0"
+        args.notes.append(f"{data['variable']}=0: {data['source']}")
+    extra = " ".join(args.extra).replace("=", " ")
+    if "--distributed-executor-backend ray" in extra:
+        # Ray would re-mask each worker through ROCR_VISIBLE_DEVICES over the pin (vllm#12572).
+        noset = rules()["visibility"]["ray_noset"]
+        args.environment[noset] = "1"
+        args.notes.append(f"{noset}=1: {rules()['visibility']['source']}")
+
+
+def pinned_group(ctx: Any, gpus: tuple[str, ...], tensor_parallel_size: int) -> tuple[list[Any], list[str]]:
+    """On a host with several GPU nodes (or with --gpu), the devices the server is shown and sized from:
+    the ones `--gpu` names, else gpu_choice's rule (an unsupported iGPU hidden, a supported dGPU before an
+    iGPU beside it). A choice left open (GPUs of several families) or a bad --gpu is refused with the
+    options named; HIP_VISIBLE_DEVICES is never set (vLLM refuses it disagreeing with CUDA_VISIBLE_DEVICES)."""
+    from ..provision.layout import AmbiguousGpus, LayoutError, single_server_group
     from .host_devices import host_devices
 
     devices = host_devices(ctx)
-    if len(devices) < 2:
-        return
+    if len(devices) < 2 and not gpus:
+        return [], []
     try:
-        args.environment["ROCR_VISIBLE_DEVICES"] = single_server_devices(devices, tensor_parallel_size)
+        return single_server_group(devices, tensor_parallel_size, None, gpus), []
+    except AmbiguousGpus as exc:
+        raise UserError(str(exc)) from None
     except LayoutError as exc:
-        args.notes.append(f"GPUs not pinned: {exc}")
+        if gpus:
+            raise UserError(str(exc)) from None
+        return [], [f"GPUs not pinned: {exc}"]
 
 
 def api_key(opts: dict[str, Any]) -> str | None:
@@ -101,6 +136,7 @@ def unit(
             "tensor_parallel_size": opts["tensor_parallel_size"] or 1,
             "count": None,
             "family": None,
+            "gpus": opts.get("gpus") or (),
             "devices_from": None,
         }
         write_layout(app, {**opts, **layout}, write, check_only, target, user, timeout_s)

@@ -21,6 +21,14 @@ PREFIX_HELP = "Where `rocmdoctor install` put the bundles."
 
 # name -> (click's parameter declarations, click.option's keywords)
 OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
+    "gpu": (
+        ("--gpu", "gpus"),
+        {
+            "multiple": True,
+            "help": "The GPU to serve on, by PCI slot (0000:03:00.0) or KFD node (node:2); repeat for tensor "
+            "parallelism. Needed on a host whose GPUs of several families leave the choice open.",
+        },
+    ),
     "model": (
         ("--model",),
         {"type": params.ModelName(), "help": "Hugging Face id or local model directory."},
@@ -166,6 +174,7 @@ SINGLE_SERVER = server_options(
     "max_model_len",
     "max_num_seqs",
     "tensor_parallel_size",
+    "gpu",
     "api_key_file",
     "vllm_args",
     "prefix",

@@ -1,0 +1,271 @@
+"""`rocmdoctor fix`: apply the safe remedies of the diagnosis (provision/fix.py), print the rest as
+`fix-kernel` does, and verify afterwards by diagnosing again."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .. import params
+from ..registry import DEFAULT_PREFIX
+from .check import check_context, choose_gpus
+from .common import App, UserError, emit_json, pass_app
+from .server_options import server_option
+
+FIX_IDS = ("groups", "ttm", "cmdline", "udev", "orphans", "dkms")
+# Checks whose findings the fix answers (fix-kernel's, and the access, process and multi-GPU ones).
+DIAGNOSED = ("kernel.version", "kernel.cwsr", "driver.dkms", "memory.ttm", "access.devices", "env.multi_gpu")
+# The fix-kernel steps `fix` applies itself; the others stay printed.
+APPLIED_STEPS = ("ttm", "gttsize", "dkms")
+DEVICE_GROUPS = ("render", "video")
+OCI_KINDS = ("docker", "podman", "kubernetes", "oci")
+TOOL_PATHS = {"grubby": ("/usr/sbin/grubby", "/usr/bin/grubby"), "kernelstub": ("/usr/bin/kernelstub",)}
+
+
+def _diagnose(ctx: Any) -> dict[str, Any]:
+    from ..checks import load_registry
+    from ..checks.kernel_guidance import Finding
+
+    registry = load_registry()
+    outcomes = registry.run(ctx, registry.select(only=list(DIAGNOSED)))
+    return {
+        o.spec.id: Finding(o.result.status.value, o.result.summary, o.result.details, o.result.remedy)
+        for o in outcomes
+    }
+
+
+def _orphans(target: Any) -> list[tuple[int, str]]:
+    """Orphaned vLLM engines of the target machine (processes.orphans' rule: a vLLM process whose parent
+    is PID 1), never this process."""
+    import os
+
+    from ..checks.processes import read_proc
+
+    ctx = check_context_for(target)
+    found = []
+    for pid in target.pids():
+        if pid == os.getpid():
+            continue
+        proc = read_proc(ctx, pid)
+        if proc is not None and proc.is_vllm and proc.ppid == 1:
+            found.append((pid, proc.label()))
+    return found
+
+
+def check_context_for(host: Any) -> Any:
+    from ..registry import Context, Options
+
+    return Context(host, Options(prefix=DEFAULT_PREFIX))
+
+
+def _device_nodes_need_udev(ctx: Any, findings: dict[str, Any]) -> bool:
+    """A KFD or render node of the diagnosed host that is not its group render with mode 0660 (outside a
+    container, where the host's `run` decides)."""
+    from ..checks.access import groups_table
+    from ..checks.driver import DEV_KFD, render_nodes
+
+    render_gid = next((gid for gid, (name, _) in groups_table(ctx).items() if name == "render"), None)
+    access = findings.get("access.devices")
+    if render_gid is None or (access is not None and access.details.get("container")):
+        return False
+    nodes = [st for st in (ctx.host.stat(p) for p in [DEV_KFD, *render_nodes(ctx)]) if st is not None]
+    return any(st.gid != render_gid or st.mode & 0o060 != 0o060 for st in nodes)
+
+
+def wanted_from(ctx: Any, findings: dict[str, Any], distro: dict[str, Any], target: Any, user: str) -> Any:
+    """What the diagnosis asks for, as provision's plain Wanted (the one place checks meet provision here)."""
+    from ..checks.kernel_guidance import distro_family, ttm_steps
+    from ..provision.fix import Wanted
+
+    family = distro_family(distro.get("id"), distro.get("like"))
+    groups_text = target.read_text("/etc/group")
+    table = {
+        f[0]: f[2]
+        for f in (ln.split(":") for ln in (groups_text.value if groups_text.ok else "").splitlines())
+    }
+    dkms = findings.get("driver.dkms")
+    removing_dkms = bool(dkms and dkms.status == "fail" and not dkms.details.get("instinct"))
+    steps = {s.id: s for s in ttm_steps(family, findings.get("memory.ttm"), removing_dkms)}
+    ttm_pages, modules = None, ("ttm",)
+    if "ttm" in steps:
+        pairs = re.findall(r"options (\w+) pages_limit=(\d+)", " ".join(steps["ttm"].commands))
+        if pairs:
+            modules = tuple(m for m, _ in pairs)
+            ttm_pages = int(pairs[0][1])
+    multi = findings.get("env.multi_gpu")
+    iommu = bool(multi and any("no iommu=pt" in f["finding"] for f in multi.details.get("findings", [])))
+    access = findings.get("access.devices")
+    container = (access.details.get("container") or {}) if access else {}
+    # In an OCI container the nodes' gid comes from the host's `run`: access.devices names --group-add.
+    gpu_found = access is not None and access.status != "skip" and container.get("kind") not in OCI_KINDS
+    return Wanted(
+        user=user,
+        family=family,
+        groups=tuple(g for g in DEVICE_GROUPS if g in table) if gpu_found else (),
+        ttm_pages=ttm_pages,
+        ttm_modules=modules,
+        cmdline_add=("iommu=pt",) if iommu else (),
+        cmdline_remove=("amdgpu.gttsize",) if "gttsize" in steps else (),
+        udev=_device_nodes_need_udev(ctx, findings),
+        orphans=tuple(_orphans(target)) if target.is_live else (),
+        dkms_remove=removing_dkms,
+        tools=tuple(name for name, paths in TOOL_PATHS.items() if any(target.exists(p) for p in paths)),
+    )
+
+
+def _unapplied(distro: dict[str, Any], kernel: str | None, findings: dict[str, Any]) -> list[dict[str, Any]]:
+    from ..checks.kernel_guidance import guidance
+
+    document = guidance(distro, kernel, findings)
+    return [s for s in document["steps"] if s["id"] not in APPLIED_STEPS]
+
+
+def _print(items: list[Any], unapplied: list[dict[str, Any]], show_diff: bool, notes: list[str]) -> None:
+    for note in notes:
+        click.echo(f"note: {note}")
+    for item in items:
+        mark = "refused" if item.refused else ("change" if item.changes else "ok")
+        click.echo(f"[{mark}] {item.id}: {item.title}")
+        if item.refused:
+            click.echo(f"    cannot apply here: {item.refused}")
+        elif item.changes:
+            if show_diff:
+                for line in item.diff().rstrip("\n").splitlines():
+                    click.echo(f"    {line}")
+            if item.before_check:
+                click.echo(f"    before its check passes: {item.before_check}")
+            if item.cannot_undo:
+                click.echo(f"    cannot be undone: {item.cannot_undo}")
+    for number, step in enumerate(unapplied, 1):
+        click.echo(f"\nnot applied by fix ({number}). {step['title']}\n   why: {step['why']}\n   run:")
+        for command in step["commands"]:
+            click.echo(f"     {command}")
+        click.echo("   verify after the reboot:")
+        for command in step["verify"]:
+            click.echo(f"     {command}")
+
+
+@click.command("fix")
+@click.option(
+    "--check", "check_only", is_flag=True, help="Show what would change (with its diff); write nothing."
+)
+@click.option("--diff", "show_diff", is_flag=True, help="Show each change's diff.")
+@click.option(
+    "--only", multiple=True, type=click.Choice(FIX_IDS), help="Apply only these remedies (repeatable)."
+)
+@click.option("--yes", is_flag=True, help="Apply without asking.")
+@click.option(
+    "--target",
+    type=params.NonEmptyPath(file_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="Apply inside this image tree (files and accounts only) instead of the host diagnosed.",
+)
+@click.option(
+    "--user",
+    default="vllm",
+    show_default=True,
+    type=params.ServiceUser(),
+    help="The service user to fix for.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the change envelope as JSON on stdout.")
+@server_option("gpu", help="The GPUs vLLM will serve, as for check (PCI slot or node:N; repeatable).")
+@pass_app
+def fix(
+    app: App,
+    check_only: bool,
+    show_diff: bool,
+    only: tuple[str, ...],
+    yes: bool,
+    target: Path | None,
+    user: str,
+    as_json: bool,
+    gpus: tuple[str, ...] = (),
+) -> None:
+    """Apply the safe remedies the diagnosis found (group membership, the TTM modprobe file, the kernel
+    command line, a udev rule, orphaned vLLM engines, a shadowing DKMS driver), then verify.
+    Steps it cannot apply are printed as `fix-kernel` prints them."""
+    from ..checks.facts import distro_info, kernel_release
+    from ..host import Host
+    from ..host_writes import HostWriter, is_live
+    from ..provision.fix import FixError, apply, change, plan
+
+    ctx = check_context(app, user, 8000, DEFAULT_PREFIX)
+    choose_gpus(ctx, gpus)
+    notes: list[str] = []
+    target_root = target if target is not None else Path(app.root)
+    if target is None and not is_live(Path(app.root)):
+        check_only = True
+        notes.append(
+            f"--root {app.root} is a replayed tree: nothing is written (--target DIR applies inside one)"
+        )
+    findings = _diagnose(ctx)
+    distro = distro_info(ctx)
+    present = findings.get("gpu.present")
+    if present is not None and present.status != "pass":
+        notes.append(f"no AMD GPU to fix for: {present.summary}")
+    target_host = Host(target_root)
+    writer = HostWriter(target_root, check_mode=check_only)
+    items = plan(writer, wanted_from(ctx, findings, distro, target_host, user), only)
+    unapplied = [] if only else _unapplied(distro, kernel_release(ctx), findings)
+    pending = [i for i in items if i.changes and not i.refused]
+    if not as_json:
+        _print(items, unapplied, show_diff or check_only, notes)
+    if pending and not check_only:
+        if not yes:
+            if not sys.stdin.isatty():
+                raise UserError("fix changes the host: confirm with --yes (or look first with --check)")
+            click.confirm(f"Apply {len(pending)} change(s) to {target_root}?", abort=True, err=True)
+        try:
+            apply(writer, items)
+        except FixError as exc:
+            raise UserError(f"could not apply {exc}") from None
+        verify = _verify(app, target_root, user, only, items, gpus)
+    else:
+        verify = []
+    result = change(items, check_only, notes)
+    if as_json:
+        emit_json(result.envelope(verify=verify, unapplied=unapplied))
+        return
+    for row in verify:
+        click.echo(f"verify {row['id']}: {row['state']}" + (f" ({row['note']})" if row["note"] else ""))
+    click.echo(result.msg)
+    click.echo(f"changed={str(result.changed).lower()}")
+
+
+def _verify(
+    app: App, target_root: Path, user: str, only: tuple[str, ...], applied: list[Any], gpus: tuple[str, ...]
+) -> list[dict]:
+    """Diagnose again (a fresh read of the host and the target) and plan again: an applied item must now
+    have nothing left to change; its check passes once what `before_check` names has happened."""
+    from ..checks.facts import distro_info
+    from ..host import Host
+    from ..host_writes import HostWriter
+    from ..provision.fix import plan
+
+    ctx = check_context(app, user, 8000, DEFAULT_PREFIX)
+    ctx.options.gpus = gpus
+    findings = _diagnose(ctx)
+    again = {
+        i.id: i
+        for i in plan(
+            HostWriter(target_root),
+            wanted_from(ctx, findings, distro_info(ctx), Host(target_root), user),
+            only,
+        )
+    }
+    rows = []
+    for item in applied:
+        if item.refused or not item.changes:
+            continue
+        left = again.get(item.id)
+        if left is None or not left.changes:
+            rows.append({"id": item.id, "state": "ok", "note": item.before_check})
+        else:
+            rows.append(
+                {"id": item.id, "state": "still pending", "note": left.refused or left.diff().strip()[:200]}
+            )
+    return rows
