@@ -45,6 +45,7 @@ from .download import (
     verify_local,
 )
 from .manifest import Asset, Lock, LockEntry, ManifestError, check_tag, parse_lock, read_pin_file, with_entry
+from .qualify import QualifyOptions, qualify_installed, qualify_tree
 
 ProgressFn = Callable[[int], None]
 METADATA = ".rocmdoctor-bundle.json"
@@ -86,6 +87,7 @@ class InstallPlan:
     on_extract: ProgressFn | None = None
     pins: LockEntry | None = None  # digests trusted on first use: recorded in <prefix>/lock.json
     check: bool = False  # dry run: report what would change, write nothing
+    qualify: QualifyOptions = field(default_factory=lambda: QualifyOptions())
 
     @property
     def total_bytes(self) -> int:
@@ -241,12 +243,18 @@ def install(plan: InstallPlan) -> InstallResult:
         if not plan.force and before == plan.tag and _matches(layout.metadata(plan.tag), plan):
             result = _result(layout, plan, False, f"{plan.tag} is already current")
         elif not plan.force and _matches(layout.metadata(plan.tag), plan):
+            qualify_installed(
+                layout.bundles / plan.tag, plan.tag, layout.current_tag(), plan.qualify, _assets(plan)
+            )
             _activate(layout, plan.tag)
             result = _result(layout, plan, True, f"switched to the installed {plan.tag}")
         else:
             downloaded = _install_tree(layout, plan)
-            _activate(layout, plan.tag)
             files.remove_tree(_staging(layout, plan), ignore_errors=True)
+            qualify_installed(
+                layout.bundles / plan.tag, plan.tag, layout.current_tag(), plan.qualify, _assets(plan)
+            )
+            _activate(layout, plan.tag)
             result = _result(layout, plan, True, f"installed {plan.tag}")
             result.downloaded_bytes = downloaded
         _record_pins(layout, plan, result)
@@ -474,6 +482,7 @@ def _install_tree(layout: Layout, plan: InstallPlan) -> int:
                 ],
             },
         )
+        qualify_tree(root, plan.tag, _assets(plan), plan.qualify)
         files.sync_dir(root)
         _move_into_place(layout, root, plan.tag)
         return fetches.counted
@@ -481,6 +490,10 @@ def _install_tree(layout: Layout, plan: InstallPlan) -> int:
         fetches.cancel()
         files.remove_tree(partial, ignore_errors=True)
         raise
+
+
+def _assets(plan: InstallPlan) -> list[tuple[str, str | None]]:
+    return [(s.asset.name, s.asset.digest) for s in plan.sources]
 
 
 def _bundle_root(partial: Path) -> Path:
