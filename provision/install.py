@@ -45,7 +45,7 @@ from .download import (
     verify_local,
 )
 from .manifest import Asset, Lock, LockEntry, ManifestError, check_tag, parse_lock, read_pin_file, with_entry
-from .qualify import QualifyOptions, qualify_installed, qualify_tree
+from .qualify import QualifyOptions, newest_qualified, qualify_installed, qualify_tree, rollback_refusal
 
 ProgressFn = Callable[[int], None]
 METADATA = ".rocmdoctor-bundle.json"
@@ -590,7 +590,7 @@ def bundle_name(layout: Layout, given: str, option: str = "--to") -> str:
     return name
 
 
-def rollback(prefix: Path, to: str | None = None, check: bool = False) -> InstallResult:
+def rollback(prefix: Path, to: str | None = None, check: bool = False, force: bool = False) -> InstallResult:
     layout = Layout(prefix)
     if not files.is_dir(layout.prefix):
         raise InvalidRequest(f"{prefix} does not exist: nothing is installed there (check --prefix)")
@@ -623,6 +623,9 @@ def rollback(prefix: Path, to: str | None = None, check: bool = False) -> Instal
                 family,
                 str(layout.bundles / target),
             )
+        refusal = None if force else rollback_refusal(layout.bundles / target, target)
+        if refusal:
+            raise InstallError(refusal)
         if check:
             return InstallResult(
                 True,
@@ -707,13 +710,14 @@ class PruneResult:
 def _keep_list(layout: Layout, keep: int) -> list[str]:
     """current, then previous, then the newest others, until `keep` bundles are kept."""
     installed = layout.installed()
-    order = [layout.current_tag(), layout.previous_tag()]
+    order = [layout.current_tag(), layout.previous_tag(), newest_qualified(installed)]
     newest = sorted(installed, key=lambda b: (b["installed_at"] or "", b["tag"]), reverse=True)
     order += [b["tag"] for b in newest]
     kept: list[str] = []
     present = {b["tag"] for b in installed}
+    always = {layout.current_tag(), newest_qualified(installed)}  # never the last qualified bundle
     for tag in order:
-        if tag and tag in present and tag not in kept and (len(kept) < keep or tag == layout.current_tag()):
+        if tag and tag in present and tag not in kept and (len(kept) < keep or tag in always):
             kept.append(tag)
     return kept
 

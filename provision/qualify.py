@@ -132,7 +132,9 @@ def _search_dirs(facts: ElfFacts) -> list[str]:
     for entry in paths:
         if "$ORIGIN" in entry or "${ORIGIN}" in entry:
             found.append(
-                posixpath.normpath(entry.replace("${ORIGIN}", origin or ".").replace("$ORIGIN", origin or "."))
+                posixpath.normpath(
+                    entry.replace("${ORIGIN}", origin or ".").replace("$ORIGIN", origin or ".")
+                )
             )
     return found
 
@@ -493,3 +495,30 @@ def qualify_installed(
         "Report the bundle to its publisher or install another release; --skip-qualify activates it "
         "unchecked"
     )
+
+
+def bundle_qualify(tree: Path, tag: str, meta: dict[str, Any], options: QualifyOptions) -> Qualification:
+    """`bundle qualify`: an installed bundle, again, for this host; the new result replaces the old."""
+    assets = [(str(a.get("name")), a.get("digest")) for a in meta.get("assets", []) if isinstance(a, dict)]
+    qualify_tree(tree, tag, assets, options)
+    assert options.last is not None
+    return options.last
+
+
+def rollback_refusal(tree: Path, tag: str) -> str | None:
+    """Why rollback may not go to `tag` without --force (None: it may)."""
+    doc = recorded(tree)
+    if doc is not None and doc["qualified"]:
+        return None
+    why = "it was never qualified" if doc is None else first_failure(doc)
+    return (
+        f"refusing to roll back to {tag}: it is not qualified for this host ({why}). "
+        f"`rocmdoctor bundle qualify {tag}` checks it again; --force switches anyway"
+    )
+
+
+def newest_qualified(bundles: list[dict[str, Any]]) -> str | None:
+    """The newest installed bundle whose record says qualified (prune keeps it)."""
+    good = [b for b in bundles if (recorded(Path(b["path"])) or {}).get("qualified") is True]
+    good.sort(key=lambda b: (b.get("installed_at") or "", b["tag"]), reverse=True)
+    return good[0]["tag"] if good else None

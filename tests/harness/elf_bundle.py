@@ -156,7 +156,9 @@ def python_wrapper() -> bytes:
 
 def qualify_files(elves: dict[str, bytes], variant: str) -> dict[str, tuple[bytes, int]]:
     """The bundle tree of one variant: good, needs_c, needs_v2, ghost, wrong_gfx, bad_clang."""
-    ext = {"needs_c": "ext_needs_c", "needs_v2": "ext_needs_v2", "ghost": "ext_ghost"}.get(variant, "ext_good")
+    ext = {"needs_c": "ext_needs_c", "needs_v2": "ext_needs_v2", "ghost": "ext_ghost"}.get(
+        variant, "ext_good"
+    )
     fatbin = "fatbin_gfx110x" if variant == "wrong_gfx" else "fatbin_gfx1151"
     clang = (
         b'#!/bin/sh\nexec "$(dirname "$0")/clang-23" "$@"\n'
