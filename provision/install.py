@@ -710,15 +710,17 @@ class PruneResult:
 def _keep_list(layout: Layout, keep: int) -> list[str]:
     """current, then previous, then the newest others, until `keep` bundles are kept."""
     installed = layout.installed()
-    order = [layout.current_tag(), layout.previous_tag(), newest_qualified(installed)]
+    order = [layout.current_tag(), layout.previous_tag()]
     newest = sorted(installed, key=lambda b: (b["installed_at"] or "", b["tag"]), reverse=True)
     order += [b["tag"] for b in newest]
     kept: list[str] = []
     present = {b["tag"] for b in installed}
-    always = {layout.current_tag(), newest_qualified(installed)}  # never the last qualified bundle
     for tag in order:
-        if tag and tag in present and tag not in kept and (len(kept) < keep or tag in always):
+        if tag and tag in present and tag not in kept and (len(kept) < keep or tag == layout.current_tag()):
             kept.append(tag)
+    last_qualified = newest_qualified(installed)  # never prune the last bundle known to work here
+    if last_qualified and newest_qualified([b for b in installed if b["tag"] in kept]) is None:
+        kept.append(last_qualified)
     return kept
 
 

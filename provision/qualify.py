@@ -107,11 +107,11 @@ class _Tree:
             for name in {posixpath.basename(rel), facts.soname or ""} - {""}:
                 self.by_name.setdefault(name, []).append(rel)
         for link in scan.links:
-            target = self.resolve(link)
+            target = self.locate(link)
             if target is not None:
                 self.by_name.setdefault(posixpath.basename(link), []).append(target)
 
-    def resolve(self, rel: str) -> str | None:
+    def locate(self, rel: str) -> str | None:
         for _ in range(MAX_LINK_HOPS):
             rel = posixpath.normpath(rel)
             if rel.startswith("../") or rel == ".." or rel.startswith("/"):
@@ -149,7 +149,7 @@ class _Resolver:
         self.scan = scan
         self._needed: dict[str, list[tuple[str, ElfFacts | None]]] = {}
         self._closure: dict[str, list[ElfFacts]] = {}
-        python = self.tree.resolve("bin/python3")
+        python = self.tree.locate("bin/python3")
         # A launcher script instead of the interpreter's ELF: what it provides (Py*) is left to the
         # import step, which loads the extension modules for real.
         self.interpreter_known = python is not None
@@ -158,10 +158,10 @@ class _Resolver:
     def find(self, facts: ElfFacts, name: str) -> tuple[str, ElfFacts | None]:
         """(how it was found, the library's facts); facts None: found nowhere."""
         if "/" in name:
-            rel = self.tree.resolve(posixpath.join(posixpath.dirname(facts.path), name))
+            rel = self.tree.locate(posixpath.join(posixpath.dirname(facts.path), name))
             return ("path", self.scan.elfs[rel]) if rel else ("", None)
         for directory in _search_dirs(facts):
-            rel = self.tree.resolve(posixpath.join(directory, name))
+            rel = self.tree.locate(posixpath.join(directory, name))
             if rel is not None:
                 return "runpath", self.scan.elfs[rel]
         same = self.tree.by_name.get(name)

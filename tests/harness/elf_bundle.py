@@ -174,3 +174,20 @@ def qualify_files(elves: dict[str, bytes], variant: str) -> dict[str, tuple[byte
         f"{TORCH_LIB}/libtorch_hip.so": (elves[fatbin], 0o755),
         CLANG: (clang, 0o755),
     }
+
+
+def family_code_objects(family: str) -> dict[str, tuple[bytes, int]]:
+    """Standalone code objects (as rocBLAS ships its kernels) for every gfx of a manifest family, so a
+    synthetic bundle carries GPU code for the host it is installed on."""
+    from rocmdoctor.elf_scan import amdgpu_machines
+    from rocmdoctor.families import _targets
+
+    mach = {gfx: value for value, gfx in amdgpu_machines().items()}
+    targets = sorted(gfx for gfx, fam in _targets().items() if fam == family and gfx in mach)
+    return {
+        f"{SP}/_rocm_sdk_libraries/lib/rocblas/library/kernels-{gfx}.co": (
+            amdgpu_code_object(mach[gfx]),
+            0o644,
+        )
+        for gfx in targets
+    }
