@@ -236,7 +236,7 @@ def _version_names(elf: ELFFile) -> tuple[dict[int, str], dict[int, tuple[str, s
         elif isinstance(section, GNUVerNeedSection):
             for verneed, auxiliaries in section.iter_versions():
                 for aux in auxiliaries:
-                    needs[aux["vna_other"]] = (aux.name, verneed.name)
+                    needs[aux["vna_other"]] = (aux.name, verneed.name or "")
     return defs, needs
 
 
@@ -302,15 +302,17 @@ def scan_elf(root: str, rel: str) -> ElfFacts:
             for section in elf.iter_sections():
                 if isinstance(section, DynamicSection):
                     for tag in section.iter_tags():
+                        # pyelftools sets the string of a string-valued tag as an attribute named
+                        # after it (needed, soname, rpath, runpath)
                         kind = tag.entry.d_tag
                         if kind == "DT_NEEDED":
-                            facts.needed.append(tag.needed)
+                            facts.needed.append(getattr(tag, "needed"))  # noqa: B009
                         elif kind == "DT_SONAME":
-                            facts.soname = tag.soname
+                            facts.soname = getattr(tag, "soname")  # noqa: B009
                         elif kind == "DT_RPATH":
-                            facts.rpath += [p for p in tag.rpath.split(":") if p]
+                            facts.rpath += [p for p in getattr(tag, "rpath").split(":") if p]  # noqa: B009
                         elif kind == "DT_RUNPATH":
-                            facts.runpath += [p for p in tag.runpath.split(":") if p]
+                            facts.runpath += [p for p in getattr(tag, "runpath").split(":") if p]  # noqa: B009
                 elif section.name == FATBIN_SECTION and section["sh_type"] != "SHT_NOBITS":
                     facts.fatbin = True
                     start = section["sh_offset"]
