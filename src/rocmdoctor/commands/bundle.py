@@ -177,7 +177,7 @@ def _load_pins(kwargs: dict[str, Any], prefix: Path) -> tuple[Any, Any, Any]:
 
         if not REPO_PATTERN.match(kwargs["repo"]):
             raise UserError(f"--repo must look like owner/name, not {kwargs['repo']!r}")
-        manifest.repo = kwargs["repo"]
+        manifest.override_repo(kwargs["repo"])
     return sources, manifest, lock
 
 
@@ -415,7 +415,7 @@ def install(
             prefix=prefix,
             family=chosen,
             tag=choice.tag,
-            repo=manifest.repo,
+            repo=manifest.repo_for(chosen),
             sources=choice.sources,
             force=force,
             precompile=precompile,
@@ -555,7 +555,7 @@ def _available(app: App, layout: Any, found: list[dict], family: str, as_json: b
             {
                 "schema_version": SCHEMA_VERSION,
                 "family": chosen,
-                "repo": manifest.repo,
+                "repo": manifest.repo_for(chosen),
                 "current": layout.current_tag(),
                 "available": rows,
                 "skipped": skipped,
@@ -563,7 +563,7 @@ def _available(app: App, layout: Any, found: list[dict], family: str, as_json: b
         )
         return
     if not rows:
-        click.echo(f"the release server offers no {chosen} bundle for {manifest.repo}")
+        click.echo(f"the release server offers no {chosen} bundle for {manifest.repo_for(chosen)}")
     for row in rows:
         mark = "*" if row["current"] else ("i" if row["installed"] else " ")
         flags = [row["channel"], "qualified" if row["qualified"] else "not qualified"]
