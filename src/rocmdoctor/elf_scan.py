@@ -223,11 +223,11 @@ def _strings(data: bytes, offset: int) -> str:
     return data[offset : end if end >= 0 else len(data)].decode("utf-8", "replace")
 
 
-def _version_names(elf: ELFFile) -> tuple[dict[int, str], dict[int, tuple[str, str]]]:
+def _version_names(sections: list[Any]) -> tuple[dict[int, str], dict[int, tuple[str, str]]]:
     """versym index -> defined version name; versym index -> (needed version name, file)."""
     defs: dict[int, str] = {}
     needs: dict[int, tuple[str, str]] = {}
-    for section in elf.iter_sections():
+    for section in sections:
         if isinstance(section, GNUVerDefSection):
             for verdef, auxiliaries in section.iter_versions():
                 names = [aux.name for aux in auxiliaries]
@@ -240,11 +240,11 @@ def _version_names(elf: ELFFile) -> tuple[dict[int, str], dict[int, tuple[str, s
     return defs, needs
 
 
-def _symbols(elf: ELFFile, facts: ElfFacts) -> None:
-    dynsym = next((s for s in elf.iter_sections() if s["sh_type"] == "SHT_DYNSYM"), None)
+def _symbols(elf: ELFFile, facts: ElfFacts, sections: list[Any]) -> None:
+    dynsym = next((s for s in sections if s["sh_type"] == "SHT_DYNSYM"), None)
     if dynsym is None:
         return
-    strtab = elf.get_section(dynsym["sh_link"]).data()
+    strtab = sections[dynsym["sh_link"]].data()
     raw = dynsym.data()
     little = elf.little_endian
     if elf.elfclass == 64:
@@ -252,14 +252,14 @@ def _symbols(elf: ELFFile, facts: ElfFacts) -> None:
     else:
         fmt, width = ("<" if little else ">") + "IIIBBH", 16
     raw = raw[: len(raw) - len(raw) % width]
-    versym_section = next((s for s in elf.iter_sections() if s["sh_type"] == "SHT_GNU_versym"), None)
+    versym_section = next((s for s in sections if s["sh_type"] == "SHT_GNU_versym"), None)
     versyms: list[int] = []
     if versym_section is not None:
         vraw = versym_section.data()
         versyms = [
             v for (v,) in struct.iter_unpack(("<" if little else ">") + "H", vraw[: len(vraw) // 2 * 2])
         ]
-    defs, needs = _version_names(elf)
+    defs, needs = _version_names(sections)
     defined: dict[str, list[str]] = {}
     for index, entry in enumerate(struct.iter_unpack(fmt, raw)):
         if index == 0:
@@ -299,7 +299,9 @@ def scan_elf(root: str, rel: str) -> ElfFacts:
                 gpu = amdgpu_machines().get(elf["e_flags"] & 0xFF)
                 facts.gpu_targets = [gpu or f"unknown EF_AMDGPU_MACH 0x{elf['e_flags'] & 0xFF:03x}"]
                 return facts
-            for section in elf.iter_sections():
+            # pyelftools parses the section table again on every iteration: once here, then shared
+            sections = list(elf.iter_sections())
+            for section in sections:
                 if isinstance(section, DynamicSection):
                     for tag in section.iter_tags():
                         # pyelftools sets the string of a string-valued tag as an attribute named
@@ -318,7 +320,7 @@ def scan_elf(root: str, rel: str) -> ElfFacts:
                     start = section["sh_offset"]
                     found = read_bundle_targets(fh, start, start + section["sh_size"])
                     facts.gpu_targets, facts.compressed_bundles = found[0], found[2]
-            _symbols(elf, facts)
+            _symbols(elf, facts, sections)
         except (ELFError, struct.error, ValueError, KeyError, AssertionError) as exc:
             return ElfFacts(rel, 0, "?", error=f"not a readable ELF file ({exc})")
     return facts

@@ -27,7 +27,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from harness.bundles import BuiltBundle, write_pins  # noqa: E402
-from harness.elf_bundle import SP, build_elves, fatbin_for  # noqa: E402
+from harness.elf_bundle import SP, build_elves, fatbin_for, python_wrapper  # noqa: E402
 from harness.release_server import ReleaseServer  # noqa: E402
 
 TAG = "vllm0.0.0-rocm0.0.0-gfx1151"
@@ -75,7 +75,8 @@ def _tree(root: Path, work: Path) -> None:
         blob.unlink()
     (root / "bin").mkdir(parents=True, exist_ok=True)
     (root / "bin/vllm-server").write_text("#!/bin/sh\necho stand-in\n")
-    (root / "bin/python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (root / "bin/python3").write_bytes(python_wrapper())  # the tree's site-packages first
+    (root / SP / "torch/__init__.py").write_text("")  # so the import step has a torch to import
     for name in ("vllm-server", "python3"):
         (root / "bin" / name).chmod(0o755)
 
@@ -158,9 +159,7 @@ def main() -> None:
                         seconds = _timed(baseline, shell=True)
                     else:
                         extra = ["--skip-qualify"] if method == "skip_qualify" else []
-                        seconds = _timed(
-                            install + extra + ["--json"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-                        )
+                        seconds = _timed(install + extra + ["--json"], stdout=subprocess.DEVNULL)
                         if method == "install":
                             record = json.loads(
                                 (dest / "prefix/current/.rocmdoctor-qualification.json").read_text()
