@@ -31,6 +31,7 @@ from ..elf_scan import ElfFacts, TreeScan, scan_tree, system_library
 from ..host_processes import run_program
 from ..model import SCHEMA_VERSION
 from ..rootfs import read_regular
+from . import jit_cache
 
 QUALIFICATION = ".rocmdoctor-qualification.json"
 IMPORT_TIMEOUT_S = 180.0
@@ -463,6 +464,7 @@ def qualify_tree(tree: Path, tag: str, assets: list[tuple[str, str | None]], opt
     else:
         options.last = qualify(tree, tag, digest, options.gfx, options.import_timeout_s, options.workers)
     record(tree, options.last)
+    jit_cache.write_bundle_env(tree, digest, options.gfx)  # the unit's caches for this bundle and GPU
 
 
 def qualify_installed(

@@ -17,7 +17,7 @@ import click
 
 from .. import params
 from ..model import SCHEMA_VERSION, envelope
-from .bundle_qualify import SKIP_WARNING, qualification_state, qualify_options, run_qualify
+from .bundle_qualify import SKIP_WARNING, qualification_state, qualify_options, run_purge, run_qualify
 from .bundle_qualify import qualify_settings as _qualify_settings
 from .bundle_qualify import summary as _qualification_summary
 from .common import App, UserError, emit_json, pass_app
@@ -795,3 +795,29 @@ def qualify(app: App, tag: str | None, prefix: Path, as_json: bool, **kwargs: An
             raise UserError(str(exc)) from None
     if not qualified:
         sys.exit(1)
+
+
+@bundle.group("cache")
+def cache() -> None:
+    """The service's JIT caches (Triton, inductor, vLLM, AITER), keyed by bundle and GPU."""
+
+
+@cache.command("purge")
+@_prefix_option
+@click.option(
+    "--state-dir",
+    type=params.NonEmptyPath(file_okay=False, path_type=Path),
+    default=Path("/var/lib/vllm"),
+    show_default=True,
+    help="The service's state directory (its caches are under jit/); `serve` uses ~/.cache/rocmdoctor.",
+)
+@click.option("--all", "everything", is_flag=True, help="Also the current bundle's cache.")
+@click.option("--check", is_flag=True, help="Dry run: say what would be removed, remove nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print an Ansible-style JSON result on stdout.")
+def cache_purge(prefix: Path, state_dir: Path, everything: bool, check: bool, as_json: bool) -> None:
+    """Remove JIT caches built for other bundles or GPUs (and partial ones with them)."""
+    with _failures(as_json):
+        try:
+            run_purge(prefix, state_dir, everything, check, as_json)
+        except OSError as exc:
+            raise Failed(f"cannot purge {state_dir}/jit: {exc.strerror or exc}") from None

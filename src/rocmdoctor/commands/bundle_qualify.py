@@ -128,3 +128,33 @@ def run_qualify(app: App, prefix: Path, tag: str | None, as_json: bool, kwargs: 
             f"(gfx {result.host_gfx or 'unknown'}, {result.elf_files} ELF files, {result.elapsed_s} s)"
         )
     return result.qualified
+
+
+def jit_environment(prefix: Path, state_dir: Path) -> dict[str, str]:
+    """`serve`: the JIT cache variables for the current bundle and the gfx it was qualified for,
+    under `state_dir/jit/<key>` (nothing when the bundle was never qualified: vLLM's defaults)."""
+    from ..provision import jit_cache
+    from ..provision.qualify import recorded
+
+    doc = recorded(prefix / "current")
+    if doc is None or not isinstance(doc.get("bundle_digest"), str):
+        return {}
+    try:
+        return jit_cache.prepare(state_dir, doc["bundle_digest"], doc.get("host_gfx"), str(doc.get("tag")))
+    except OSError as exc:
+        raise UserError(f"cannot create the JIT cache under {state_dir}: {exc.strerror or exc}") from None
+
+
+def run_purge(prefix: Path, state_dir: Path, everything: bool, check: bool, as_json: bool) -> None:
+    from ..provision import jit_cache
+    from ..provision.qualify import recorded
+
+    doc = recorded(prefix / "current")
+    keep = None
+    if not everything and doc is not None and isinstance(doc.get("bundle_digest"), str):
+        keep = jit_cache.cache_key(doc["bundle_digest"], doc.get("host_gfx"))
+    result = jit_cache.purge(state_dir, keep, check)
+    if as_json:
+        emit_json(result.to_json())
+    else:
+        click.echo(f"{'changed' if result.changed else 'ok'}: {result.msg}")

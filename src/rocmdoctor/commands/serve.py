@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from .. import params
+from .bundle_qualify import jit_environment
 from .common import App, UserError, echo_write_report, emit_json, pass_app
 from .server_options import LAYOUT_CHOICES, SINGLE_SERVER, choices, server_option, server_options
 
@@ -191,6 +192,9 @@ def serve(app: App, timeout_s: float, cache_dir: Path | None, log_file: Path | N
         api_key(opts),
         new_marker(),
     )
+    env.update(jit_environment(Path(opts["prefix"]), cache_base / "rocmdoctor"))
+    if cache_dir:
+        env["VLLM_CACHE_ROOT"] = str(cache_dir)
     env.update(args.environment)
     server = Server(
         executable,
