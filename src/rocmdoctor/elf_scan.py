@@ -169,14 +169,12 @@ def amdgpu_machines() -> dict[int, str]:
 
 def target_processor(entry_id: str) -> str | None:
     """The GPU of an offload entry id such as `hipv4-amdgcn-amd-amdhsa--gfx1151` or
-    `hip-amdgcn-amd-amdhsa-gfx90a:xnack+`; None for a host entry (`host-x86_64-unknown-linux-gnu-`)."""
+    `hip-amdgcn-amd-amdhsa-gfx90a:sramecc+:xnack-` (features after ':'); None for a host entry
+    (`host-x86_64-unknown-linux-gnu-`)."""
     if "amdgcn" not in entry_id:
         return None
-    last = entry_id.rsplit("-", 1)[-1]
-    if last.endswith("generic"):  # gfx11-generic has dashes of its own
-        tail = entry_id.split("amdhsa-", 1)[-1].lstrip("-")
-        return tail.split(":", 1)[0] or None
-    return last.split(":", 1)[0] or None
+    tail = entry_id.split("amdhsa", 1)[-1] if "amdhsa" in entry_id else entry_id.rsplit("-", 1)[-1]
+    return tail.lstrip("-").split(":", 1)[0] or None
 
 
 def read_bundle_targets(fh: BinaryIO, start: int, limit: int) -> tuple[list[str], int, int]:
