@@ -482,7 +482,7 @@ def _install_tree(layout: Layout, plan: InstallPlan) -> int:
                 ],
             },
         )
-        qualify_tree(root, plan.tag, _assets(plan), plan.qualify)
+        qualify_tree(root, plan.tag, _assets(plan), plan.qualify, live=layout.current_tag() == plan.tag)
         files.sync_dir(root)
         _move_into_place(layout, root, plan.tag)
         return fetches.counted

@@ -456,13 +456,22 @@ class NotQualified(RuntimeError):
     """The bundle failed qualification: it was not activated (the message says which file needs what)."""
 
 
-def qualify_tree(tree: Path, tag: str, assets: list[tuple[str, str | None]], options: QualifyOptions) -> None:
-    """Qualify a freshly extracted tree (not yet visible) and record the result in it."""
+def qualify_tree(
+    tree: Path, tag: str, assets: list[tuple[str, str | None]], options: QualifyOptions, live: bool = False
+) -> None:
+    """Qualify a freshly extracted tree (not yet visible) and record the result in it. `live`: the
+    tree would replace the current bundle's own (--force, a rebuilt release): a failure stops here,
+    before the working tree is swapped out."""
     digest = bundle_digest(assets)
     if options.skip:
         options.last = skipped(tag, digest, options.gfx)
     else:
         options.last = qualify(tree, tag, digest, options.gfx, options.import_timeout_s, options.workers)
+    if live and not options.last.qualified and not options.skip:
+        raise NotQualified(
+            f"{options.last.first_failure()}. Not activated: the installed {tag} stays current (this "
+            "build was discarded). Report the bundle to its publisher; --skip-qualify installs it unchecked"
+        )
     record(tree, options.last)
     jit_cache.write_bundle_env(tree, digest, options.gfx)  # the unit's caches for this bundle and GPU
 

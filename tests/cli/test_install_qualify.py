@@ -141,3 +141,16 @@ def test_qualify_without_a_bundle_says_what_to_do(install_lab, tmp_path: Path):
     assert proc.returncode == 2 and "no current bundle" in proc.stderr and "Traceback" not in proc.stderr
     bad = install_lab.cli("bundle", "qualify", "--prefix", str(tmp_path), "--gfx", "x; rm")
     assert bad.returncode == 2 and "--gfx" in bad.stderr
+
+
+def test_a_broken_rebuild_of_the_current_tag_never_replaces_the_working_tree(install_lab, elves):
+    _install_good(install_lab, elves)
+    marker = install_lab.prefix / "current" / EXT
+    good_bytes = marker.read_bytes()
+    rebuilt = install_lab.bundle(GOOD, extra=qualify_files(elves, "needs_c"), publish=False)
+    install_lab.server.add_release("lemonade-sdk/vllm-rocm", GOOD, rebuilt.release_assets())
+    proc = _install(install_lab, GOOD, "--force")
+    assert proc.returncode == 1, proc.stderr
+    assert f"Not activated: the installed {GOOD} stays current" in proc.stderr
+    assert (install_lab.prefix / "current" / EXT).read_bytes() == good_bytes
+    assert install_lab.leftovers() == []
