@@ -149,6 +149,7 @@ def test_a_broken_rebuild_of_the_current_tag_never_replaces_the_working_tree(ins
     good_bytes = marker.read_bytes()
     rebuilt = install_lab.bundle(GOOD, extra=qualify_files(elves, "needs_c"), publish=False)
     install_lab.server.add_release("lemonade-sdk/vllm-rocm", GOOD, rebuilt.release_assets())
+    (install_lab.prefix / "lock.json").unlink()  # the rebuild reviewed and its pins dropped
     proc = _install(install_lab, GOOD, "--force")
     assert proc.returncode == 1, proc.stderr
     assert f"Not activated: the installed {GOOD} stays current" in proc.stderr

@@ -119,3 +119,19 @@ def test_tree_scan_finds_code_objects_links_and_bad_elves(tmp_path, elves):
     assert scan.links == {"lib/libprovide.so": "libprovide.so.1"}
     assert set(scan.elfs) == {"lib/libprovide.so.1", "lib/broken.so"}
     assert scan.elfs["lib/broken.so"].error.startswith("not a readable ELF file")
+
+
+def test_version_records_decoded_directly_agree_with_pyelftools(elves):
+    from rocmdoctor.elf_scan import _ELF, _Sections, _version_names
+
+    libc = system_library("libc.so.6")
+    assert libc is not None
+    for path in (Path("/") / libc.path, elves / "link_v2/libprovide.so.1", elves / "ext_needs_v2"):
+        with open(path, "rb") as fh:
+            elf = _ELF(fh)
+            fast = _Sections(elf)
+            slow = _Sections(elf)
+            slow.bulk = None
+            slow.headers = [elf._get_section_header(i) for i in range(elf.num_sections())]
+            decoded = _version_names(fast)
+            assert decoded == _version_names(slow) and decoded != ({}, {}), path
