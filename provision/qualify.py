@@ -28,6 +28,7 @@ from .. import host_files as files
 from ..atomic import write_atomic
 from ..bundle_env import bundle_env
 from ..elf_scan import ElfFacts, TreeScan, scan_tree, system_library
+from ..host import RunResult
 from ..host_processes import run_program
 from ..model import SCHEMA_VERSION
 from ..rootfs import read_regular
@@ -309,8 +310,13 @@ def check_code_objects(scan: TreeScan, gfx: str | None, tag: str) -> Step:
     return _step("code_objects", failures, f"{holders} file(s) carry code objects for {gfx}")
 
 
-def _tail(text: str, lines: int = 3) -> str:
-    return " / ".join(text.strip().splitlines()[-lines:])
+def _why(done: RunResult, timeout_s: float) -> str:
+    """Why a program of the bundle failed: could not start, ran out of time, or its exit and last lines."""
+    if done.spawn_error:
+        return done.spawn_error
+    if done.returncode is None:
+        return f"it did not finish within {timeout_s:.0f} s"
+    return f"exit {done.returncode}: " + " / ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
 
 
 def check_compiler(root: Path, tag: str) -> Step:
@@ -322,11 +328,7 @@ def check_compiler(root: Path, tag: str) -> Step:
     done = run_program([str(clang), "--version"], COMPILER_TIMEOUT_S, env=bundle_env({"PATH": UNIT_PATH}))
     if done.returncode == 0:
         return Step("compiler", "passed", f"{rel} --version runs")
-    why = done.spawn_error or (
-        f"it did not finish within {COMPILER_TIMEOUT_S:.0f} s"
-        if done.returncode is None
-        else f"exit {done.returncode}: {_tail(done.stderr or done.stdout)}"
-    )
+    why = _why(done, COMPILER_TIMEOUT_S)
     message = f"{tag}: the bundled compiler driver {rel} does not run ({why}); Triton's JIT would fail"
     return _step("compiler", [Failure("compiler", message, rel)], "")
 
@@ -351,12 +353,7 @@ def check_import(root: Path, scan: TreeScan, tag: str, timeout_s: float) -> Step
     done = run_program([str(python), "-c", code], timeout_s, env=bundle_env({"PATH": UNIT_PATH}))
     if done.returncode == 0:
         return Step("import", "passed", f"bin/python3 imports {', '.join(modules)}")
-    why = done.spawn_error or (
-        f"it did not finish within {timeout_s:.0f} s"
-        if done.returncode is None
-        else f"exit {done.returncode}: {_tail(done.stderr or done.stdout)}"
-    )
-    message = f"{tag}: the bundle's bin/python3 cannot import {', '.join(modules)} ({why})"
+    message = f"{tag}: the bundle's bin/python3 cannot import {', '.join(modules)} ({_why(done, timeout_s)})"
     return _step("import", [Failure("import", message, "bin/python3")], "")
 
 

@@ -64,7 +64,7 @@ def test_cdna_family_installs_from_its_own_repository(install_lab):
     doc = json.loads(listing.stdout)
     assert doc["repo"] == CDNA_REPO and [r["tag"] for r in doc["available"]] == [CDNA]
 
-    # the pins now in <prefix>/lock.json install again (mirror) without asking the API
+    # a mirror for the fleet fills from the CDNA repository's release too
     mirror = lab.root / "mirror"
     fetched = lab.cli(
         "bundle",
@@ -80,6 +80,7 @@ def test_cdna_family_installs_from_its_own_repository(install_lab):
         *FAST,
     )
     assert fetched.returncode == 0, fetched.stderr
+    assert sorted(p.name for p in mirror.iterdir()) == [f"{CDNA}-x64.part01-of-01.tar.gz"]
 
 
 def test_a_tag_outside_the_familys_pattern_is_refused(install_lab):
