@@ -131,6 +131,12 @@ def test_rollback_force_goes_to_an_unqualified_bundle(install_lab, elves):
     _install_good(install_lab, elves)
     install_lab.bundle(BAD, extra=qualify_files(elves, "ghost"))
     assert _install(install_lab, BAD).returncode == 1
+    again = install_lab.cli(
+        "bundle", "qualify", BAD, "--prefix", str(install_lab.prefix), "--gfx", "gfx1151", "--json"
+    )
+    doc = _json(again)
+    assert again.returncode == 1 and doc["failed"] is True and doc["qualified"] is False
+    assert doc["msg"] == f"{BAD} is NOT qualified: {REFUSALS['ghost']} (and 1 more failure(s))"
     forced = install_lab.cli("rollback", "--prefix", str(install_lab.prefix), "--to", BAD, "--force")
     assert forced.returncode == 0, forced.stderr
     assert install_lab.current() == f"bundles/{BAD}"
