@@ -29,6 +29,7 @@ from . import memory  # noqa: E402
 from . import processes  # noqa: E402
 from . import python_env  # noqa: E402
 from . import toolchain  # noqa: E402
+from . import jit_cache  # noqa: E402
 from . import disk  # noqa: E402
 from . import deep  # noqa: E402  (the GPU probe, --deep only, runs last: it is the slow one)
 
@@ -46,6 +47,7 @@ MODULES = (
     processes,
     python_env,
     toolchain,
+    jit_cache,
     disk,
     deep,
 )

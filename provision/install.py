@@ -61,6 +61,7 @@ from .manifest import (
     read_pin_file,
     with_entry,
 )
+from .qualify import QualifyOptions, newest_qualified, qualify_installed, qualify_tree, rollback_refusal
 
 ProgressFn = Callable[[int], None]
 METADATA = ".rocmdoctor-bundle.json"
@@ -120,6 +121,7 @@ class InstallPlan:
     pins: LockEntry | None = None  # digests trusted on first use: recorded in <prefix>/lock.json
     check: bool = False  # dry run: report what would change, write nothing
     retrust: bool = False  # --retrust-tag: accept digests that differ from those recorded for the tag
+    qualify: QualifyOptions = field(default_factory=lambda: QualifyOptions())
 
     @property
     def total_bytes(self) -> int:
@@ -303,12 +305,18 @@ def install(plan: InstallPlan) -> InstallResult:
             result = _result(layout, plan, False, f"{plan.tag} is already current")
             _record_pins(layout, plan, trusted, result)
         elif not plan.force and _matches(layout.metadata(plan.tag), plan):
+            qualify_installed(
+                layout.bundles / plan.tag, plan.tag, layout.current_tag(), plan.qualify, _assets(plan)
+            )
             result = _result(layout, plan, True, f"switched to the installed {plan.tag}")
             _record_pins(layout, plan, trusted, result)  # before `current` moves: a failure leaves it
             _activate(layout, plan.tag)
         else:
             with _download_dir_held(plan):
                 downloaded = _install_tree(layout, plan)
+            qualify_installed(
+                layout.bundles / plan.tag, plan.tag, layout.current_tag(), plan.qualify, _assets(plan)
+            )
             result = _result(layout, plan, True, f"installed {plan.tag}")
             _record_pins(layout, plan, trusted, result)  # before `current` moves: a failure leaves it
             _activate(layout, plan.tag)
@@ -621,6 +629,7 @@ def _install_tree(layout: Layout, plan: InstallPlan) -> int:
                 ],
             },
         )
+        qualify_tree(root, plan.tag, _assets(plan), plan.qualify, live=layout.current_tag() == plan.tag)
         files.sync_dir(root)
         _move_into_place(layout, root, plan.tag)
         return fetches.counted
@@ -628,6 +637,10 @@ def _install_tree(layout: Layout, plan: InstallPlan) -> int:
         fetches.cancel()
         files.remove_tree(partial, ignore_errors=True)
         raise
+
+
+def _assets(plan: InstallPlan) -> list[tuple[str, str | None]]:
+    return [(s.asset.name, s.asset.digest) for s in plan.sources]
 
 
 def _bundle_root(partial: Path) -> Path:
@@ -724,7 +737,7 @@ def bundle_name(layout: Layout, given: str, option: str = "--to") -> str:
     return name
 
 
-def rollback(prefix: Path, to: str | None = None, check: bool = False) -> InstallResult:
+def rollback(prefix: Path, to: str | None = None, check: bool = False, force: bool = False) -> InstallResult:
     layout = Layout(prefix)
     if not files.is_dir(layout.prefix):
         raise InvalidRequest(f"{prefix} does not exist: nothing is installed there (check --prefix)")
@@ -757,6 +770,9 @@ def rollback(prefix: Path, to: str | None = None, check: bool = False) -> Instal
                 family,
                 str(layout.bundles / target),
             )
+        refusal = None if force else rollback_refusal(layout.bundles / target, target)
+        if refusal:
+            raise InstallError(refusal)
         if check:
             return InstallResult(
                 True,
@@ -849,6 +865,9 @@ def _keep_list(layout: Layout, keep: int) -> list[str]:
     for tag in order:
         if tag and tag in present and tag not in kept and (len(kept) < keep or tag == layout.current_tag()):
             kept.append(tag)
+    last_qualified = newest_qualified(installed)  # never prune the last bundle known to work here
+    if last_qualified and newest_qualified([b for b in installed if b["tag"] in kept]) is None:
+        kept.append(last_qualified)
     return kept
 
 

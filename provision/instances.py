@@ -27,6 +27,7 @@ from ..host_files import shipped_text
 from ..host_writes import HostWriter, WriteRefused
 from ..params import service_user_problem
 from ..textnum import is_decimal
+from .jit_cache import ENV_FILE as JIT_ENV_FILE
 from .layout import Instance, Plan
 from .server_args import ServerArgs, Setting
 from .unit import (
@@ -114,6 +115,7 @@ def render_template(
         "state_name": STATE_NAME,
         "bundle_environment": _environment_line(BUNDLE_SETTINGS),
         "env_file": env_path("%i"),
+        "jit_env_file": f"{layout.prefix}/current/{JIT_ENV_FILE}",  # one StateDirectory: shared caches
         "exec_start": exec_start,
         "exec_start_post": exec_post,
         "timeout_start_s": str(timeout_s + 60),

@@ -6,6 +6,8 @@ manifest.toml:
     repo = "lemonade-sdk/vllm-rocm"
     [families.gfx1151]
     tag = "vllm0.20.1-rocm7.12.0-gfx1151"   # optional: without it, install needs --tag
+    repo = "owner/name"           # optional: where this family is published (default: the top repo)
+    tag_pattern = "vllm[^-]+-rocm[^-]+-gfx942"  # optional: which of that repo's release tags count
     channel = "stable"            # stable | nightly
     parts = ["<tag>-x64.part01-of-02.tar.gz", ...]   # optional: the lock supplies them
 
@@ -25,7 +27,7 @@ stable tags carry plain versions, nightly ones dev/pre versions with a local par
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -43,6 +45,7 @@ _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 REPO_PATTERN = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
 _PART = re.compile(r"\.part(\d{2})-of-(\d{2})\.tar\.gz\Z")
 MAX_PART_BYTES = 1 << 44  # 16 TiB: a size that drives a download and a disk-space check
+MAX_PATTERN = 200
 PIN_FILE_LIMIT = 4 << 20  # a lock or manifest is a few kB; anything this large is not one
 
 
@@ -68,6 +71,8 @@ class FamilyPin:
     tag: str | None  # None: a known family without a reviewed release (install needs --tag)
     channel: str
     parts: tuple[str, ...] = ()
+    repo: str | None = None  # where this family is published, when not the manifest's repo
+    tag_pattern: str | None = None  # the family's release tags in that repo (a regular expression)
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,20 @@ class Manifest:
     repo: str
     families: dict[str, FamilyPin] = field(default_factory=dict)
     source: str = ""
+
+    def repo_for(self, family: str) -> str:
+        """The repository a family's releases come from: its own, else the manifest's."""
+        pin = self.families.get(family)
+        return pin.repo if pin is not None and pin.repo else self.repo
+
+    def tag_pattern(self, family: str) -> str | None:
+        pin = self.families.get(family)
+        return pin.tag_pattern if pin is not None else None
+
+    def override_repo(self, repo: str) -> None:
+        """--repo: every family from this repository."""
+        self.repo = repo
+        self.families = {f: replace(p, repo=None) for f, p in self.families.items()}
 
 
 def _asset_json(asset: Asset) -> dict[str, Any]:
@@ -252,8 +271,33 @@ def parse_manifest(text: str, where: str = "manifest.toml") -> Manifest:
             raise ManifestError(f"{at}: field 'parts' needs a 'tag'")
         for part in parts:
             check_asset_name(part, str(tag), f"{at}: field 'parts'")
-        manifest.families[family] = FamilyPin(family, tag, channel, tuple(parts))
+        repo, pattern = _family_source(entry, tag, at)
+        manifest.families[family] = FamilyPin(family, tag, channel, tuple(parts), repo, pattern)
     return manifest
+
+
+def _family_source(entry: dict[str, Any], tag: str | None, at: str) -> tuple[str | None, str | None]:
+    """A family's own `repo` and `tag_pattern` (both optional)."""
+    repo = _need(entry, "repo", str, at) if "repo" in entry else None
+    if repo is not None and not REPO_PATTERN.match(repo):
+        raise ManifestError(f"{at}: field 'repo' must look like owner/name, not {repo!r}")
+    pattern = _need(entry, "tag_pattern", str, at) if "tag_pattern" in entry else None
+    if pattern is not None:
+        if not pattern or len(pattern) > MAX_PATTERN:
+            raise ManifestError(
+                f"{at}: field 'tag_pattern' must be a regular expression of 1 to {MAX_PATTERN} characters"
+            )
+        try:
+            compiled = re.compile(pattern)
+        except re.error as exc:
+            raise ManifestError(f"{at}: field 'tag_pattern' is not a regular expression ({exc})") from None
+        if tag is not None and not compiled.fullmatch(tag):
+            raise ManifestError(f"{at}: field 'tag' {tag!r} does not match its 'tag_pattern' {pattern!r}")
+    return repo, pattern
+
+
+def tag_allowed(pattern: str | None, tag: str) -> bool:
+    return pattern is None or re.fullmatch(pattern, tag) is not None
 
 
 def check_asset_name(name: str, tag: str, where: str) -> None:

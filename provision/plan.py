@@ -43,6 +43,7 @@ from .manifest import (
     ReleaseTag,
     check_tag,
     parse_release_tag,
+    tag_allowed,
 )
 
 
@@ -202,13 +203,15 @@ def candidates(listing: ReleaseList, family: str, channel: str | None = None) ->
     return sorted(found, key=lambda c: c.parsed.version, reverse=True)
 
 
-def choose(listing: ReleaseList, request: Request, repo: str) -> tuple[Release, list[str]]:
+def choose(
+    listing: ReleaseList, request: Request, repo: str, pattern: str | None = None
+) -> tuple[Release, list[str]]:
     """The newest qualified release of the channel; the newest unqualified one only when no
     qualified one exists (and then say so)."""
     found = [
         c
         for c in candidates(listing, request.family, request.channel)
-        if _version_matches(request.version, c.release.tag)
+        if _version_matches(request.version, c.release.tag) and tag_allowed(pattern, c.release.tag)
     ]
     if not found:
         others = sorted({c.parsed.channel for c in candidates(listing, request.family)} - {request.channel})
@@ -227,7 +230,8 @@ def choose(listing: ReleaseList, request: Request, repo: str) -> tuple[Release, 
 
 def choose_release(request: Request, manifest: Manifest, lock: Lock, api: str, options: ApiOptions) -> Choice:
     """Everything `install` and `bundle lock|fetch` need to know about the release to use."""
-    repo = manifest.repo
+    repo = manifest.repo_for(request.family)
+    pattern = manifest.tag_pattern(request.family)
     try:
         if request.mode == "lock":
             entry = lock.families.get(request.family)
@@ -269,10 +273,15 @@ def choose_release(request: Request, manifest: Manifest, lock: Lock, api: str, o
                 check_tag(request.tag, request.family, "--tag")
             except ManifestError as exc:
                 raise PlanError(str(exc)) from None
+            if not tag_allowed(pattern, request.tag):
+                raise PlanError(
+                    f"--tag {request.tag} is not a {request.family} release of {repo} (its tags match "
+                    f"{pattern!r} in {manifest.source})"
+                )
             return _by_tag(request.tag, request, lock, repo, api, options)
         if request.channel not in CHANNELS:
             raise PlanError(f"--channel must be one of {', '.join(CHANNELS)}, not {request.channel!r}")
-        release, notes = choose(list_releases(repo, api, options), request, repo)
+        release, notes = choose(list_releases(repo, api, options), request, repo, pattern)
         choice = _from_release(release, lock, request, repo)
         choice.notes[:0] = notes
         return choice
@@ -296,12 +305,14 @@ def available(
 ) -> tuple[list[dict], list[str]]:
     """What the release server offers for `family`, newest first, marked against the pins."""
     try:
-        listing = list_releases(manifest.repo, api, options)
+        listing = list_releases(manifest.repo_for(family), api, options)
     except ReleaseError as exc:
         raise (PlanError if isinstance(exc, TokenError) else InstallError)(str(exc)) from None
     entry = lock.families.get(family)
     rows = []
     for c in candidates(listing, family):
+        if not tag_allowed(manifest.tag_pattern(family), c.release.tag):
+            continue
         rows.append(
             {
                 "tag": c.release.tag,

@@ -22,6 +22,7 @@ from ..params import MAX_DURATION_S, prefix_problem, service_user_problem
 from ..registry import DEFAULT_PREFIX
 from ..sensitive import KeyFileError
 from ..sensitive import read_api_key as read_key_file
+from .jit_cache import ENV_FILE as JIT_ENV_FILE
 from .server_args import ServerArgs
 
 UNIT_NAME = "vllm.service"
@@ -198,6 +199,7 @@ def render_unit(
         "state_name": STATE_NAME,
         "bundle_environment": _environment_line({**BUNDLE_SETTINGS, **args.environment}),
         "env_file": layout.env_file,
+        "jit_env_file": f"{layout.prefix}/current/{JIT_ENV_FILE}",
         "exec_start": command_line([layout.server, *args.argv()]),
         "exec_start_post": command_line(
             [layout.python, layout.wait_ready, readiness_url(args), args.served_model_name, str(timeout_s)]

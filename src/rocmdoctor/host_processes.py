@@ -27,10 +27,13 @@ KILL_WAIT_S = 10.0
 TAIL_WINDOW = 64 * 1024
 
 
-def run_program(argv: list[str], timeout_s: float, max_output: int = 256 * 1024) -> RunResult:
+def run_program(
+    argv: list[str], timeout_s: float, max_output: int = 256 * 1024, env: dict[str, str] | None = None
+) -> RunResult:
     """Run a program of this machine to completion within `timeout_s` (its group killed after that);
-    never raises: a program that could not start has `spawn_error`, one that ran out of time `timed_out`."""
-    return Host().run(argv, timeout=timeout_s, max_output=max_output)
+    never raises: a program that could not start has `spawn_error`, one that ran out of time `timed_out`.
+    `env`: the whole environment it gets (default: this process's)."""
+    return Host().run(argv, timeout=timeout_s, max_output=max_output, env=env)
 
 
 class Stopped(Exception):

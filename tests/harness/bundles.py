@@ -20,6 +20,8 @@ import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.elf_bundle import family_code_objects
+
 FileSpec = bytes | tuple[bytes, int] | tarfile.TarInfo | tuple[tarfile.TarInfo, bytes]
 
 REPO = "lemonade-sdk/vllm-rocm"
@@ -220,5 +222,6 @@ def vllm_test_bundle(
         f"{sp}/rocmdoctor_test_bundle.txt": f"{family} {tag}\n".encode(),
         # The real bundle's clang loses its exec bit in the tarball; the installer restores it.
         f"{sp}/_rocm_sdk_core/lib/llvm/bin/clang": (b"#!/bin/sh\necho clang stand-in\n", 0o644),
+        **family_code_objects(family),  # GPU code for the family, which install's qualification looks for
     }
     return build_bundle(Path(out_dir), tag, files, part_size)

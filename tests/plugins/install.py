@@ -11,6 +11,7 @@ import pytest
 
 from harness.bundles import BuiltBundle, FileSpec, build_bundle, write_pins
 from harness.cli import rocmdoctor
+from harness.elf_bundle import family_code_objects
 from harness.release_server import ReleaseServer
 
 REPO = "lemonade-sdk/vllm-rocm"
@@ -24,6 +25,7 @@ def bundle_files(tag: str, extra: dict[str, FileSpec] | None = None, payload: in
         "bin/vllm-server": (b"#!/bin/sh\necho vllm-server stand-in\n", 0o755),
         "bin/python3": (f'#!/bin/sh\nexec "{sys.executable}" "$@"\n'.encode(), 0o755),
         "lib/python3.13/site-packages/marker.txt": tag.encode(),
+        **family_code_objects(tag.rsplit("-", 1)[-1]),  # GPU code for the family (qualification)
     }
     if payload:
         files["lib/python3.13/site-packages/payload.bin"] = os.urandom(payload)

@@ -6,6 +6,8 @@ set -euo pipefail
 needed=(openssh-server openssh-client netcat-openbsd iproute2 systemd systemd-container debootstrap pigz curl
         util-linux procps git gcc binutils libc6-dev python3
         prometheus prometheus-node-exporter)
+# python3-dev: the qualification tests build a real abi3 extension module (Python.h) with gcc
+needed+=(python3-dev)
 missing=()
 for pkg in "${needed[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

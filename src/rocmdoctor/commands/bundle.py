@@ -17,6 +17,9 @@ import click
 
 from .. import params
 from ..model import SCHEMA_VERSION, envelope, state_diff
+from .bundle_qualify import SKIP_WARNING, qualification_state, qualify_options, run_purge, run_qualify
+from .bundle_qualify import qualify_settings as _qualify_settings
+from .bundle_qualify import summary as _qualification_summary
 from .common import App, UserError, emit_json, pass_app
 
 # Checks that make an install pointless: without them the bundle cannot run on this host.
@@ -176,7 +179,7 @@ def _load_pins(kwargs: dict[str, Any], prefix: Path) -> tuple[Any, Any, Any]:
 
         if not REPO_PATTERN.fullmatch(kwargs["repo"]):
             raise UserError(f"--repo must look like owner/name, not {kwargs['repo']!r}")
-        manifest.repo = kwargs["repo"]
+        manifest.override_repo(kwargs["repo"])
     return sources, manifest, lock
 
 
@@ -187,6 +190,7 @@ def _failures(as_json: bool) -> Iterator[None]:
     from ..provision.install import InstallError, InvalidRequest, UnsafeBundle
     from ..provision.manifest import ManifestError
     from ..provision.plan import PlanError
+    from ..provision.qualify import NotQualified
 
     def report(message: str, exc_type: type[click.ClickException]) -> click.ClickException:
         from ..sensitive import redact_message
@@ -202,7 +206,7 @@ def _failures(as_json: bool) -> Iterator[None]:
         raise report(str(exc), UserError) from None
     except UserError as exc:
         raise report(exc.format_message(), UserError) from None
-    except (InstallError, DownloadError) as exc:
+    except (InstallError, DownloadError, NotQualified) as exc:
         raise report(str(exc), Failed) from None
     except Failed as exc:
         raise report(exc.format_message(), Failed) from None
@@ -362,6 +366,12 @@ def _request(
 @click.option(
     "--prune", "prune_after", is_flag=True, help="Then remove bundles other than current and previous."
 )
+@qualify_options
+@click.option(
+    "--skip-qualify",
+    is_flag=True,
+    help="Activate without qualifying (experts only: loud, and recorded with the bundle).",
+)
 @click.option(
     "--retrust-tag",
     default=None,
@@ -383,11 +393,12 @@ def install(
     download_dir: Path | None,
     prune_after: bool,
     retrust_tag: str | None,
+    skip_qualify: bool,
     check: bool,
     as_json: bool,
     **kwargs: Any,
 ) -> None:
-    """Fetch, verify and activate the vllm-rocm bundle for this GPU family.
+    """Fetch, verify, qualify and activate the vllm-rocm bundle for this GPU family.
 
     Without --channel/--tag/--pinned: the release the lock pins for the family, else the newest of the
     manifest's channel (stable), whose published digests are then recorded in <prefix>/lock.json."""
@@ -419,7 +430,7 @@ def install(
             prefix=prefix,
             family=chosen,
             tag=choice.tag,
-            repo=manifest.repo,
+            repo=manifest.repo_for(chosen),
             sources=choice.sources,
             force=force,
             precompile=precompile,
@@ -429,7 +440,10 @@ def install(
             pins=choice.lock_entry if choice.trusted_on_first_use else None,
             check=check,
             retrust=retrust_tag is not None,
+            qualify=_qualify_settings(app, kwargs, skip_qualify),
         )
+        if skip_qualify and not check:
+            click.echo(SKIP_WARNING.format(tag=choice.tag), err=True)
         with _progress(not as_json and not check, plan.total_bytes) as (on_download, on_extract):
             plan.on_download, plan.on_extract = on_download, on_extract
             result = run_install(plan)
@@ -438,6 +452,8 @@ def install(
             prune_doc = _run_prune(prefix, 2, check)
     doc = result.to_json()
     doc["qualified"] = choice.qualified
+    if plan.qualify.last is not None:
+        doc["qualification"] = _qualification_summary(plan.qualify.last.to_json())
     doc["trusted_on_first_use"] = choice.trusted_on_first_use
     if warnings:
         doc["forced_past"] = warnings
@@ -467,14 +483,15 @@ def _run_prune(prefix: Path, keep: int, check: bool) -> Any:
 @click.option(
     "--to", "to", default=None, metavar="TAG", help="Switch to this installed bundle (default: previous)."
 )
+@click.option("--force", is_flag=True, help="Switch even to a bundle that is not qualified for this host.")
 @click.option("--check", is_flag=True, help="Dry run: say what would change, write nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print an Ansible-style JSON result on stdout.")
-def rollback(prefix: Path, to: str | None, check: bool, as_json: bool) -> None:
-    """Switch `current` back to the previous bundle (or --to TAG)."""
+def rollback(prefix: Path, to: str | None, force: bool, check: bool, as_json: bool) -> None:
+    """Switch `current` back to the previous bundle (or --to TAG); only to a qualified one without --force."""
     from ..provision.install import rollback as run_rollback
 
     with _failures(as_json):
-        result = run_rollback(prefix, to, check=check)
+        result = run_rollback(prefix, to, check=check, force=force)
     _emit(result.to_json(), as_json, f"{'changed' if result.changed else 'ok'}: {result.msg}")
 
 
@@ -497,6 +514,9 @@ def bundles(app: App, prefix: Path, available: bool, family: str, as_json: bool,
 
     layout = Layout(prefix)  # reads only: a missing prefix lists nothing and is not created
     found = layout.installed()
+    for entry in found:
+        entry["qualification"], doc = qualification_state(Path(entry["path"]))
+        entry["qualification_failure"] = _first_failure(doc)
     if available:
         _available(app, layout, found, family, as_json, kwargs)
         return
@@ -518,7 +538,16 @@ def bundles(app: App, prefix: Path, available: bool, family: str, as_json: bool,
         mark = "*" if entry["current"] else ("<" if entry["previous"] else " ")
         click.echo(
             f"{mark} {entry['tag']:<40} {entry['family'] or '?':<8} {entry['installed_at'] or 'incomplete'}"
+            f"  {entry['qualification']}"
         )
+        if entry["qualification_failure"]:
+            click.echo(f"    {entry['qualification_failure']}")
+
+
+def _first_failure(doc: dict[str, Any] | None) -> str | None:
+    from ..provision.qualify import first_failure
+
+    return first_failure(doc) if doc is not None and not doc["qualified"] else None
 
 
 def _available(app: App, layout: Any, found: list[dict], family: str, as_json: bool, kwargs: dict) -> None:
@@ -542,7 +571,7 @@ def _available(app: App, layout: Any, found: list[dict], family: str, as_json: b
             {
                 "schema_version": SCHEMA_VERSION,
                 "family": chosen,
-                "repo": manifest.repo,
+                "repo": manifest.repo_for(chosen),
                 "current": layout.current_tag(),
                 "available": rows,
                 "skipped": skipped,
@@ -550,7 +579,7 @@ def _available(app: App, layout: Any, found: list[dict], family: str, as_json: b
         )
         return
     if not rows:
-        click.echo(f"the release server offers no {chosen} bundle for {manifest.repo}")
+        click.echo(f"the release server offers no {chosen} bundle for {manifest.repo_for(chosen)}")
     for row in rows:
         mark = "*" if row["current"] else ("i" if row["installed"] else " ")
         flags = [row["channel"], "qualified" if row["qualified"] else "not qualified"]
@@ -561,7 +590,7 @@ def _available(app: App, layout: Any, found: list[dict], family: str, as_json: b
 
 @click.group()
 def bundle() -> None:
-    """The vllm-rocm bundles: install, rollback, list, lock (pins), fetch (mirrors), prune."""
+    """The vllm-rocm bundles: install, rollback, list, lock (pins), fetch (mirrors), prune, qualify."""
 
 
 def _families(requested: tuple[str, ...], manifest: Any) -> list[str]:
@@ -767,3 +796,49 @@ def prune(prefix: Path, keep: int, check: bool, as_json: bool) -> None:
 bundle.add_command(install, "install")
 bundle.add_command(rollback, "rollback")
 bundle.add_command(bundles, "list")
+
+
+@bundle.command("qualify")
+@click.argument("tag", required=False)
+@_prefix_option
+@qualify_options
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
+@pass_app
+def qualify(app: App, tag: str | None, prefix: Path, as_json: bool, **kwargs: Any) -> None:
+    """Check an installed bundle (default: current) for this host: libraries, symbols, GPU code
+    objects, compiler, imports; record the result with it. Exit 1 when it is not qualified."""
+    from ..provision.install import InvalidRequest
+
+    with _failures(as_json):
+        try:
+            qualified = run_qualify(app, prefix, tag, as_json, kwargs)
+        except InvalidRequest as exc:
+            raise UserError(str(exc)) from None
+    if not qualified:
+        sys.exit(1)
+
+
+@bundle.group("cache")
+def cache() -> None:
+    """The service's JIT caches (Triton, inductor, vLLM, AITER), keyed by bundle and GPU."""
+
+
+@cache.command("purge")
+@_prefix_option
+@click.option(
+    "--state-dir",
+    type=params.NonEmptyPath(file_okay=False, path_type=Path),
+    default=Path("/var/lib/vllm"),
+    show_default=True,
+    help="The service's state directory (its caches are under jit/); `serve` uses ~/.cache/rocmdoctor.",
+)
+@click.option("--all", "everything", is_flag=True, help="Also the current bundle's cache.")
+@click.option("--check", is_flag=True, help="Dry run: say what would be removed, remove nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print an Ansible-style JSON result on stdout.")
+def cache_purge(prefix: Path, state_dir: Path, everything: bool, check: bool, as_json: bool) -> None:
+    """Remove JIT caches built for other bundles or GPUs (and partial ones with them)."""
+    with _failures(as_json):
+        try:
+            run_purge(prefix, state_dir, everything, check, as_json)
+        except OSError as exc:
+            raise Failed(f"cannot purge {state_dir}/jit: {exc.strerror or exc}") from None

@@ -12,6 +12,7 @@ import click
 
 from .. import params
 from ..report import strict
+from .bundle_qualify import jit_environment
 from .common import App, UserError, echo_write_report, emit_json, pass_app, write_root
 from .server_options import LAYOUT_CHOICES, SINGLE_SERVER, choices, server_option, server_options
 
@@ -229,6 +230,9 @@ def serve(app: App, timeout_s: float, cache_dir: Path | None, log_file: Path | N
         api_key(opts),
         new_marker(),
     )
+    env.update(jit_environment(Path(opts["prefix"]), cache_base / "rocmdoctor"))
+    if cache_dir:
+        env["VLLM_CACHE_ROOT"] = str(cache_dir)
     env.update(args.environment)
     server = Server(
         executable,
