@@ -28,36 +28,10 @@ ENGINE_FIXTURES = frozenset(
 )
 
 
-# Fixtures of the one shared running engine: tests using them must share a worker (one server per session).
-SHARED_ENGINE_FIXTURES = frozenset({"vllm_engine", "vllm_engine_key_file"})
-# Independent tests run in parallel (pytest-xdist with `--dist loadgroup`, from tests/run). A module whose
-# tests share a real component runs whole in that component's worker: the shared engine starts once,
-# systemd-nspawn machines and sshd namespaces are never up twice, and a module's own fixtures (a fleet,
-# a booted machine) are built once. Priority: a module that serves from the shared engine goes with it.
-SHARED_COMPONENTS = ("engine", "nspawn", "ssh")
-
-
-def shared_component(item: pytest.Item) -> str | None:
-    if SHARED_ENGINE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
-        return "engine"
-    return next((name for name in SHARED_COMPONENTS[1:] if item.get_closest_marker(name)), None)
-
-
-# tryfirst: pytest-xdist's worker reads the `xdist_group` marks in its own collection hook, which runs
-# before plain conftest and plugin hooks (and tests/plugins/kinds.py must see the engine mark).
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    by_module: dict[str, list[pytest.Item]] = {}
     for item in items:
         if ENGINE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.engine)
-        by_module.setdefault(str(item.path), []).append(item)
-    for module_items in by_module.values():
-        found = {shared_component(item) for item in module_items} - {None}
-        group = next((name for name in SHARED_COMPONENTS if name in found), None)
-        for item in module_items:
-            if group is not None and item.get_closest_marker("xdist_group") is None:
-                item.add_marker(pytest.mark.xdist_group(group))
 
 
 def in_ci() -> bool:

@@ -1,4 +1,4 @@
-"""The shared real vLLM engine: ONE server per test session, started on first use.
+"""The shared real vLLM engine: one server per test session (per xdist worker), started on first use.
 
 It requires an API key (the realistic setup): /health, /metrics and /version stay open, the /v1
 routes need `Authorization: Bearer <vllm_engine.api_key>`. Tests that use it get the `engine`
