@@ -29,7 +29,11 @@ def rocmdoctor(
 ) -> subprocess.CompletedProcess[str]:
     """`rocmdoctor [--root R] ARGS` in this process. `env` adds to (or, with None, removes from) the
     environment for the run; everything is restored afterwards."""
+    from rocmdoctor import sensitive
     from rocmdoctor.cli import main
+
+    # A new process knows no secret yet: one read by an earlier run must not be redacted from this one.
+    sensitive._SECRETS.clear()
 
     argv = ["rocmdoctor", *(["--root", str(root)] if root is not None else []), *args]
     overrides: dict[str, str | None] = {name: None for name in CLEARED}

@@ -218,6 +218,13 @@ def test_plan_matches_vllm_on_dense_mla_sliding_and_hybrid_architectures(tmp_pat
     RESULTS.write_text(json.dumps(rows, indent=2) + "\n")
 
 
+def _complete_until(base_url: str, errors: list[str], stop: threading.Event) -> None:
+    """Completions one after another until `stop`: the cache stays under pressure for as long as the
+    diagnosis samples it, however fast this machine runs the batch."""
+    while not stop.is_set() and not errors:
+        _complete(base_url, errors)
+
+
 def _complete(base_url: str, errors: list[str]) -> None:
     body = json.dumps(
         {
@@ -237,7 +244,7 @@ def _complete(base_url: str, errors: list[str]) -> None:
 
 
 def test_metrics_diagnosis_of_an_engine_driven_into_preemption(tmp_path: Path):
-    """A KV cache of 16 blocks (4 sequences of 512 tokens) and 24 concurrent 400-token requests."""
+    """A KV cache of 16 blocks (4 sequences of 512 tokens) and 24 clients sending 400-token requests."""
     require_vllm_python()
     model = make_tiny_model(tmp_path / "tiny")
     # 16 blocks of 128 tokens: 4 sequences of 512 tokens
@@ -246,12 +253,16 @@ def test_metrics_diagnosis_of_an_engine_driven_into_preemption(tmp_path: Path):
         model, log_path=tmp_path / "preempt.log", extra_args=args, env=ENV, startup_timeout=240
     ) as engine:
         errors: list[str] = []
-        workers = [threading.Thread(target=_complete, args=(engine.base_url, errors)) for _ in range(24)]
+        stop = threading.Event()
+        workers = [
+            threading.Thread(target=_complete_until, args=(engine.base_url, errors, stop)) for _ in range(24)
+        ]
         for worker in workers:
             worker.start()
         try:
             diagnosis = diagnose_url(engine.base_url, window_s=20, interval_s=1)
         finally:
+            stop.set()
             for worker in workers:
                 worker.join(timeout=300)
     assert not errors, errors[:3]
