@@ -41,16 +41,22 @@ def check_without_dac_override(root: Path) -> subprocess.CompletedProcess:
     )
 
 
-def test_unreadable_topology_is_a_finding_naming_the_path_and_user(tmp_path):
+def check_with_unreadable(tmp_path: Path, relative: str, mode: int) -> tuple[Path, dict]:
+    """`check --json` on a copy of a fixture whose `relative` path belongs to another user with `mode`:
+    a finding (exit 1), never a check in error."""
     root = tmp_path / "root"
     shutil.copytree(HOSTS / "strix-halo-clean", root, symlinks=True)
-    nodes = root / "sys/class/kfd/kfd/topology/nodes"
-    os.chown(nodes, 65534, 65534)
-    nodes.chmod(0o700)
+    os.chown(root / relative, 65534, 65534)
+    (root / relative).chmod(mode)
     done = check_without_dac_override(root)
     assert "Traceback" not in done.stderr, done.stderr
     report = json.loads(done.stdout)
     assert done.returncode == 1 and report["summary"]["error"] == 0, report["summary"]
+    return root / relative, report
+
+
+def test_unreadable_topology_is_a_finding_naming_the_path_and_user(tmp_path):
+    _, report = check_with_unreadable(tmp_path, "sys/class/kfd/kfd/topology/nodes", 0o700)
     present = next(c for c in report["checks"] if c["id"] == "gpu.present")
     assert present["status"] == "fail", present
     assert "cannot read /sys/class/kfd/kfd/topology/nodes as" in present["summary"]
@@ -66,15 +72,7 @@ def test_a_readable_topology_is_judged_as_before(tmp_path):
 
 
 def test_an_unreadable_device_table_is_a_finding_not_a_missing_dev_kfd(tmp_path):
-    root = tmp_path / "root"
-    shutil.copytree(HOSTS / "strix-halo-clean", root, symlinks=True)
-    table = root / ".rocmdoctor/stat.json"
-    os.chown(table, 65534, 65534)
-    table.chmod(0o600)
-    done = check_without_dac_override(root)
-    assert "Traceback" not in done.stderr, done.stderr
-    report = json.loads(done.stdout)
-    assert done.returncode == 1 and report["summary"]["error"] == 0, report["summary"]
+    table, report = check_with_unreadable(tmp_path, ".rocmdoctor/stat.json", 0o600)
     loaded = next(c for c in report["checks"] if c["id"] == "driver.loaded")
     assert loaded["status"] == "fail", loaded
     assert f"cannot read {table} (Permission denied)" in loaded["summary"], loaded["summary"]
