@@ -218,6 +218,9 @@ def test_plan_matches_vllm_on_dense_mla_sliding_and_hybrid_architectures(tmp_pat
     RESULTS.write_text(json.dumps(rows, indent=2) + "\n")
 
 
+CLIENTS = 8
+
+
 def _complete_until(base_url: str, errors: list[str], stop: threading.Event) -> None:
     """Completions one after another until `stop`: the cache stays under pressure for as long as the
     diagnosis samples it, however fast this machine runs the batch."""
@@ -244,7 +247,8 @@ def _complete(base_url: str, errors: list[str]) -> None:
 
 
 def test_metrics_diagnosis_of_an_engine_driven_into_preemption(tmp_path: Path):
-    """A KV cache of 16 blocks (4 sequences of 512 tokens) and 24 clients sending 400-token requests."""
+    """A KV cache of 16 blocks (4 sequences of 512 tokens) and 8 clients sending 400-token requests
+    until the diagnosis has sampled: twice what fits, without burying /metrics under the API's load."""
     require_vllm_python()
     model = make_tiny_model(tmp_path / "tiny")
     # 16 blocks of 128 tokens: 4 sequences of 512 tokens
@@ -255,12 +259,19 @@ def test_metrics_diagnosis_of_an_engine_driven_into_preemption(tmp_path: Path):
         errors: list[str] = []
         stop = threading.Event()
         workers = [
-            threading.Thread(target=_complete_until, args=(engine.base_url, errors, stop)) for _ in range(24)
+            threading.Thread(target=_complete_until, args=(engine.base_url, errors, stop))
+            for _ in range(CLIENTS)
         ]
         for worker in workers:
             worker.start()
         try:
-            diagnosis = diagnose_url(engine.base_url, window_s=20, interval_s=1)
+            # A busy 2-core test machine can hold /metrics past the 5 s a user's run allows, and starve
+            # vLLM's stats path so that its KV-usage gauge does not move in a window while the preemption
+            # counter does: another window is sampled then (the clients keep the cache full meanwhile).
+            for _window in range(3):
+                diagnosis = diagnose_url(engine.base_url, window_s=20, interval_s=1, timeout_s=30)
+                if diagnosis.usage_peak > 0:
+                    break
         finally:
             stop.set()
             for worker in workers:
