@@ -7,6 +7,7 @@ is invisible to static analysis.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +33,13 @@ def test_ruff_format_is_clean():
 
 def test_mypy_is_clean_on_the_installed_package(tmp_path):
     site = tmp_path / "site"
+    # Built from a copy: setuptools builds in the source tree's build/, which the packaging tests use too
+    # (they may run at the same time in another worker).
+    source = tmp_path / "source"
+    for name in ("pyproject.toml", "README.md", "src", "checks", "provision", "bundles"):
+        copy = shutil.copytree if (REPO / name).is_dir() else shutil.copy2
+        source.mkdir(exist_ok=True)
+        copy(REPO / name, source / name)
     install = run(
         [
             sys.executable,
@@ -44,7 +52,7 @@ def test_mypy_is_clean_on_the_installed_package(tmp_path):
             "--disable-pip-version-check",
             "--target",
             str(site),
-            str(REPO),
+            str(source),
         ]
     )
     assert install.returncode == 0, install.stderr[-4000:]
