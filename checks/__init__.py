@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..registry import Context, Registry
+from rocmdoctor.registry import Context, Registry
 
 REGISTRY = Registry()
 check = REGISTRY.check
@@ -16,22 +16,22 @@ check = REGISTRY.check
 # Registration happens on import; the list is explicit so a new module that is not named here
 # fails the conformance test instead of silently not running.
 # Import order is report order (prerequisites still run first).
-from . import system  # noqa: E402,I001
-from . import gpu  # noqa: E402
-from . import vendor  # noqa: E402
-from . import pci_bind  # noqa: E402
-from . import driver  # noqa: E402
-from . import kernel  # noqa: E402
-from . import multi_gpu  # noqa: E402
-from . import firmware  # noqa: E402
-from . import access  # noqa: E402
-from . import memory  # noqa: E402
-from . import processes  # noqa: E402
-from . import python_env  # noqa: E402
-from . import toolchain  # noqa: E402
-from . import jit_cache  # noqa: E402
-from . import disk  # noqa: E402
-from . import deep  # noqa: E402  (the GPU probe, --deep only, runs last: it is the slow one)
+from rocmdoctor.checks import system  # noqa: E402,I001
+from rocmdoctor.checks import gpu  # noqa: E402
+from rocmdoctor.checks import vendor  # noqa: E402
+from rocmdoctor.checks import pci_bind  # noqa: E402
+from rocmdoctor.checks import driver  # noqa: E402
+from rocmdoctor.checks import kernel  # noqa: E402
+from rocmdoctor.checks import multi_gpu  # noqa: E402
+from rocmdoctor.checks import firmware  # noqa: E402
+from rocmdoctor.checks import access  # noqa: E402
+from rocmdoctor.checks import memory  # noqa: E402
+from rocmdoctor.checks import processes  # noqa: E402
+from rocmdoctor.checks import python_env  # noqa: E402
+from rocmdoctor.checks import toolchain  # noqa: E402
+from rocmdoctor.checks import jit_cache  # noqa: E402
+from rocmdoctor.checks import disk  # noqa: E402
+from rocmdoctor.checks import deep  # noqa: E402  (the GPU probe, --deep only, runs last: it is the slow one)
 
 MODULES = (
     system,
@@ -70,6 +70,6 @@ def load_registry() -> Registry:
 
 def host_facts(ctx: Context) -> dict[str, Any]:
     """The report's `host` section: what the checks found, independent of any verdict."""
-    from .facts import host_facts as facts_host_facts
+    from rocmdoctor.checks.facts import host_facts as facts_host_facts
 
     return facts_host_facts(ctx)

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..host import StatInfo
-from ..model import Result, failed, passed, warned
-from ..registry import Context
-from ..textnum import is_decimal
-from . import check
-from .container import ENV as CONTAINER_ENV
-from .container import READS as CONTAINER_READS
-from .container import detect as detect_container
-from .container import run_remedy
-from .driver import DEV_KFD, RENDER_NODES, render_nodes
+from rocmdoctor.checks import check
+from rocmdoctor.checks.container import ENV as CONTAINER_ENV
+from rocmdoctor.checks.container import READS as CONTAINER_READS
+from rocmdoctor.checks.container import detect as detect_container
+from rocmdoctor.checks.container import run_remedy
+from rocmdoctor.checks.driver import DEV_KFD, RENDER_NODES, render_nodes
+from rocmdoctor.host import StatInfo
+from rocmdoctor.model import Result, failed, passed, warned
+from rocmdoctor.registry import Context
+from rocmdoctor.textnum import is_decimal
 
 PASSWD = "/etc/passwd"
 GROUP = "/etc/group"

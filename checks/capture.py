@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from ..registry import CheckSpec, Context
-from ..snapshot import CaptureFacts, snapshot_users
-from . import load_registry as registry
-from .access import find_account
-from .disk import measured_paths
-from .multi_gpu import DEV_SHM
-from .processes import read_proc, redact
+from rocmdoctor.checks import load_registry as registry
+from rocmdoctor.checks.access import find_account
+from rocmdoctor.checks.disk import measured_paths
+from rocmdoctor.checks.multi_gpu import DEV_SHM
+from rocmdoctor.checks.processes import read_proc, redact
+from rocmdoctor.registry import CheckSpec, Context
+from rocmdoctor.snapshot import CaptureFacts, snapshot_users
 
 
 def capture_facts(ctx: Context, specs: list[CheckSpec]) -> CaptureFacts:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..registry import Context
+from rocmdoctor.registry import Context
 
 DOCKERENV = "/.dockerenv"
 CONTAINERENV = "/run/.containerenv"

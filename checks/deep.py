@@ -12,12 +12,18 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import documents
-from ..deep_probe import probe_environment, probe_path
-from ..memory_rule import DEFAULT_MARGIN_BYTES, MIN_USEFUL_UTILIZATION, largest_passing, passes, recommended
-from ..model import Probe, Result, Severity, Status, failed, passed, skipped, warned
-from ..registry import Context
-from . import check, facts
+from rocmdoctor import documents
+from rocmdoctor.checks import check, facts
+from rocmdoctor.facts.deep_probe import probe_environment, probe_path
+from rocmdoctor.model import Probe, Result, Severity, Status, failed, passed, skipped, warned
+from rocmdoctor.registry import Context
+from rocmdoctor.vllm.memory_rule import (
+    DEFAULT_MARGIN_BYTES,
+    MIN_USEFUL_UTILIZATION,
+    largest_passing,
+    passes,
+    recommended,
+)
 
 PROBE_MARKER = "rocmdoctor-gpu"
 GIB = 1 << 30

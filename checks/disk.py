@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..model import Action, Result, Severity, failed, passed, warned
-from ..registry import DEFAULT_PREFIX, Context
-from . import check
-from .access import PASSWD, find_account, target_user
+from rocmdoctor.checks import check
+from rocmdoctor.checks.access import PASSWD, find_account, target_user
+from rocmdoctor.model import Action, Result, Severity, failed, passed, warned
+from rocmdoctor.registry import DEFAULT_PREFIX, Context
 
 GB = 1000**3
 # The vllm-rocm bundle unpacked (about 3.2 GB).

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import re
 
-from ..model import Action, Result, failed, passed, warned
-from ..registry import DEFAULT_PREFIX, Context
-from ..textnum import is_decimal
-from . import check
-from .container import ENV as CONTAINER_ENV
-from .container import READS as CONTAINER_READS
-from .container import detect as detect_container
-from .container import run_remedy
-from .facts import GPU_READS, OSRELEASE, GpuNode, gpus, kernel_release
-from .host_rules import rules
+from rocmdoctor.checks import check
+from rocmdoctor.checks.container import ENV as CONTAINER_ENV
+from rocmdoctor.checks.container import READS as CONTAINER_READS
+from rocmdoctor.checks.container import detect as detect_container
+from rocmdoctor.checks.container import run_remedy
+from rocmdoctor.checks.facts import GPU_READS, OSRELEASE, GpuNode, gpus, kernel_release
+from rocmdoctor.checks.host_rules import rules
+from rocmdoctor.model import Action, Result, failed, passed, warned
+from rocmdoctor.registry import DEFAULT_PREFIX, Context
+from rocmdoctor.textnum import is_decimal
 
 DEV_KFD = "/dev/kfd"
 RENDER_NODES = "/dev/dri/renderD*"

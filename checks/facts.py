@@ -14,11 +14,11 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-from ..families import family_for_gfx
-from ..gpu_choice import ambiguous, gpu_spec_matches, serving_nodes
-from ..host import Read, ReadState
-from ..registry import Context
-from ..textnum import is_decimal
+from rocmdoctor.facts.families import family_for_gfx
+from rocmdoctor.facts.gpu_choice import ambiguous, gpu_spec_matches, serving_nodes
+from rocmdoctor.host import Read, ReadState
+from rocmdoctor.registry import Context
+from rocmdoctor.textnum import is_decimal
 
 KFD_NODES = "/sys/class/kfd/kfd/topology/nodes"
 DRM = "/sys/class/drm"
@@ -617,7 +617,7 @@ def rocr_index(ctx: Context, gpu: GpuNode) -> int:
 
 
 def serving_gpus(ctx: Context) -> list[GpuNode]:
-    """The GPUs vLLM serves on: those `--gpu` names, else rocmdoctor.gpu_choice's rule (the one `unit` and
+    """The GPUs vLLM serves on: those `--gpu` names, else rocmdoctor.facts.gpu_choice's rule (the one `unit` and
     `instances` pin)."""
     found = gpus(ctx)
     if ctx.options.gpus:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import re
 
-from ..model import Result, Severity, passed, skipped, warned
-from ..registry import Context
-from . import check
-from .facts import GPU_READS, gpus
+from rocmdoctor.checks import check
+from rocmdoctor.checks.facts import GPU_READS, gpus
+from rocmdoctor.model import Result, Severity, passed, skipped, warned
+from rocmdoctor.registry import Context
 
 BAD_MES = {0x83, 0x86}
 BAD_LINUX_FIRMWARE = ("20251125",)

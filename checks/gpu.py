@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-from ..families import family_names
-from ..model import Action, Result, failed, passed, warned
-from ..registry import Context
-from ..textnum import is_decimal
-from . import check
-from .facts import (
+from rocmdoctor.checks import check
+from rocmdoctor.checks.facts import (
     AMD_VENDOR_ID,
     GPU_READS,
     KFD_NODES,
@@ -23,8 +19,12 @@ from .facts import (
     serving_gpus,
     unreadable_topology,
 )
-from .pci_bind import READS as PCI_BIND_READS
-from .pci_bind import unbound_finding
+from rocmdoctor.checks.pci_bind import READS as PCI_BIND_READS
+from rocmdoctor.checks.pci_bind import unbound_finding
+from rocmdoctor.facts.families import family_names
+from rocmdoctor.model import Action, Result, failed, passed, warned
+from rocmdoctor.registry import Context
+from rocmdoctor.textnum import is_decimal
 
 KFD_ROOT = "/sys/class/kfd"
 WSL_DEVICE = "/dev/dxg"

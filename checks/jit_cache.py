@@ -1,7 +1,7 @@
 """The service's JIT caches (Triton, inductor, vLLM, AITER): built for the current bundle and GPU, and
 complete.
 
-The unit keeps them under /var/lib/vllm/jit/<gfx>-<digest prefix>/ (provision/jit_cache.py): a
+The unit keeps them under /var/lib/vllm/jit/<gfx>-<digest prefix>/ (provision/server/jit_cache.py): a
 directory whose key or fingerprint.json names another bundle or GPU is stale (objects built for
 another GPU segfault, aiter#3846); an interrupted write leaves a partial entry that is reused forever
 (aiter#4799): Triton's `tmp.pid_*` staging directories (triton/runtime/cache.py FileCacheManager.put
@@ -13,10 +13,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..model import Result, Severity, passed, skipped, warned
-from ..registry import DEFAULT_PREFIX, Context
-from . import check
-from .facts import gpus
+from rocmdoctor.checks import check
+from rocmdoctor.checks.facts import gpus
+from rocmdoctor.model import Result, Severity, passed, skipped, warned
+from rocmdoctor.registry import DEFAULT_PREFIX, Context
 
 STATE_JIT = "/var/lib/vllm/jit"
 RECORD = ".rocmdoctor-qualification.json"

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from ..model import Action, Result, failed, passed, warned
-from ..registry import Context
-from . import check
-from .facts import (
+from rocmdoctor.checks import check
+from rocmdoctor.checks.facts import (
     DISTRO_READS,
     GPU_READS,
     OSRELEASE,
@@ -17,7 +15,7 @@ from .facts import (
     kernel_release,
     serving_gpus,
 )
-from .kernel_rules import (
+from rocmdoctor.checks.kernel_rules import (
     CWSR_REQUIRED_TARGETS,
     VGPR_BUMPED,
     VGPR_DEFAULT,
@@ -26,6 +24,8 @@ from .kernel_rules import (
     minimum_for,
     parse_release,
 )
+from rocmdoctor.model import Action, Result, failed, passed, warned
+from rocmdoctor.registry import Context
 
 FIX_KERNEL = "run `rocmdoctor fix-kernel` for the commands for this distro"
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..model import SCHEMA_VERSION
-from .memory_guidance import PAGES_PER_GIB
+from rocmdoctor.checks.memory_guidance import PAGES_PER_GIB
+from rocmdoctor.model import SCHEMA_VERSION
 
 # The checks whose findings this guidance answers (their prerequisites come along).
 GUIDED_CHECKS = ("kernel.version", "kernel.cwsr", "driver.dkms", "memory.ttm")

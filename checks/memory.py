@@ -4,11 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..memory_rule import MIN_USEFUL_UTILIZATION, recommended
-from ..model import Result, Severity, failed, passed, skipped, warned
-from ..registry import Context
-from . import check
-from .facts import (
+from rocmdoctor.checks import check
+from rocmdoctor.checks.facts import (
     GPU_READS,
     MEMINFO,
     MEMINFO_READS,
@@ -23,7 +20,10 @@ from .facts import (
     serving_gpus,
     usable_memory,
 )
-from .memory_guidance import carveout_advice
+from rocmdoctor.checks.memory_guidance import carveout_advice
+from rocmdoctor.model import Result, Severity, failed, passed, skipped, warned
+from rocmdoctor.registry import Context
+from rocmdoctor.vllm.memory_rule import MIN_USEFUL_UTILIZATION, recommended
 
 GIB = 1 << 30
 PAGES_PER_GIB = 262144  # 4 KiB pages

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..gpu_choice import NodeT, serving_nodes
+from rocmdoctor.facts.gpu_choice import NodeT, serving_nodes
 
 GIB = 1 << 30
 PAGES_PER_GIB = 262144  # 4 KiB pages

@@ -7,15 +7,15 @@ inherits), and the unit `rocmdoctor unit` wrote (its Environment= lines and its 
 
 from __future__ import annotations
 
-from ..gpu_choice import serving_nodes
-from ..model import Result, Severity, failed, passed, skipped, warned
-from ..registry import Context
-from . import check
-from .container import READS as CONTAINER_READS
-from .container import detect as detect_container
-from .facts import DISTRO_READS, GPU_READS, OSRELEASE, distro_info, gpus, kernel_release
-from .host_rules import rules
-from .kernel_rules import parse_release
+from rocmdoctor.checks import check
+from rocmdoctor.checks.container import READS as CONTAINER_READS
+from rocmdoctor.checks.container import detect as detect_container
+from rocmdoctor.checks.facts import DISTRO_READS, GPU_READS, OSRELEASE, distro_info, gpus, kernel_release
+from rocmdoctor.checks.host_rules import rules
+from rocmdoctor.checks.kernel_rules import parse_release
+from rocmdoctor.facts.gpu_choice import serving_nodes
+from rocmdoctor.model import Result, Severity, failed, passed, skipped, warned
+from rocmdoctor.registry import Context
 
 UNIT_FILE = "/etc/systemd/system/vllm.service"
 UNIT_ENV_FILE = "/etc/rocmdoctor/vllm.env"

@@ -22,10 +22,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..model import Result, passed, skipped, warned
-from ..registry import Context
-from . import check
-from .facts import GPU_READS, OSRELEASE, gpu_kinds, gpus, kernel_release
+from rocmdoctor.checks import check
+from rocmdoctor.checks.facts import GPU_READS, OSRELEASE, gpu_kinds, gpus, kernel_release
+from rocmdoctor.model import Result, passed, skipped, warned
+from rocmdoctor.registry import Context
 
 PCI_DEVICES = "/sys/bus/pci/devices"
 AMD_VENDOR_ID = 0x1002
@@ -75,7 +75,7 @@ class AmdPciGpu:
 def amd_pci_gpus(ctx: Context) -> list[AmdPciGpu]:
     """AMD display and accelerator functions on the PCI bus, bound or not."""
     # Imported here: importing vendor at module load would register its check before gpu.present's.
-    from .vendor import pci_display_devices
+    from rocmdoctor.checks.vendor import pci_display_devices
 
     return [
         AmdPciGpu(g.slot.lower(), g.device, g.pci_class, g.driver)

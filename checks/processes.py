@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..model import Probe, Result, Severity, passed, warned
-from ..registry import Context
-from ..sensitive import redact_argv
-from ..textnum import is_decimal
-from . import check
-from .facts import sentence
+from rocmdoctor.checks import check
+from rocmdoctor.checks.facts import sentence
+from rocmdoctor.model import Probe, Result, Severity, passed, warned
+from rocmdoctor.registry import Context
+from rocmdoctor.sensitive import redact_argv
+from rocmdoctor.textnum import is_decimal
 
 PROC_READS = (
     "/proc/[0-9]*/comm",

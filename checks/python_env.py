@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from ..model import Result, Severity, passed, warned
-from ..registry import Context
-from . import check
-from .access import PASSWD, find_account, target_user
-from .facts import sentence
+from rocmdoctor.checks import check
+from rocmdoctor.checks.access import PASSWD, find_account, target_user
+from rocmdoctor.checks.facts import sentence
+from rocmdoctor.model import Result, Severity, passed, warned
+from rocmdoctor.registry import Context
 
 # Conventional homes of people and service users; a user site elsewhere is not looked for.
 HOME_PATTERNS = ("/root", "/home/*", "/var/lib/*", "/opt/*", "/srv/*")

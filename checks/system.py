@@ -3,12 +3,20 @@ advises on for Instinct servers."""
 
 from __future__ import annotations
 
-from ..host import ReadState
-from ..model import Result, Severity, passed, skipped, warned
-from ..registry import Context
-from ..textnum import is_decimal
-from . import check
-from .facts import DISTRO_READS, GPU_READS, KFD_NODES, distro_info, gpus, kfd_node_ids, read_properties
+from rocmdoctor.checks import check
+from rocmdoctor.checks.facts import (
+    DISTRO_READS,
+    GPU_READS,
+    KFD_NODES,
+    distro_info,
+    gpus,
+    kfd_node_ids,
+    read_properties,
+)
+from rocmdoctor.host import ReadState
+from rocmdoctor.model import Result, Severity, passed, skipped, warned
+from rocmdoctor.registry import Context
+from rocmdoctor.textnum import is_decimal
 
 # Distros the vllm-rocm bundle and the kernel guidance are written for.
 KNOWN_DISTROS = {"ubuntu", "debian", "fedora", "arch", "opensuse-tumbleweed", "opensuse-leap", "opensuse"}

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..model import Result, Severity, failed, passed, skipped, warned
-from ..registry import DEFAULT_PREFIX, Context
-from . import check
-from .facts import DISTRO_READS, distro_info
-from .kernel_guidance import distro_family
+from rocmdoctor.checks import check
+from rocmdoctor.checks.facts import DISTRO_READS, distro_info
+from rocmdoctor.checks.kernel_guidance import distro_family
+from rocmdoctor.model import Result, Severity, failed, passed, skipped, warned
+from rocmdoctor.registry import DEFAULT_PREFIX, Context
 
 BUNDLE_CLANG = "lib/python3*/site-packages/_rocm_sdk_core/lib/llvm/bin/clang"
 SYSTEM_COMPILERS = ("gcc", "clang", "cc")  # Triton's own order after $CC, then the generic name

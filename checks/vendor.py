@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..model import Result, Severity, passed, warned
-from ..registry import Context
-from . import check
-from .facts import DRM, drm_device_dirs, parse_uevent
+from rocmdoctor.checks import check
+from rocmdoctor.checks.facts import DRM, drm_device_dirs, parse_uevent
+from rocmdoctor.model import Result, Severity, passed, warned
+from rocmdoctor.registry import Context
 
 PCI_DEVICES = "/sys/bus/pci/devices"
 NVIDIA_VENDOR_ID = 0x10DE

@@ -1,5 +1,5 @@
-"""Provisioning: fetch, verify, extract and activate the vllm-rocm bundle; compute the server's
-arguments, run it in the foreground, and write the systemd unit that runs it.
+"""Provisioning: what acts on the machine (writes files, starts processes), always through the write seam.
 
-Modules here act on the machine (start processes, write files) and use relative imports only.
+`bundle/` fetches, verifies, qualifies and activates the vllm-rocm bundle; `server/` computes the server's
+arguments and writes the units that run it; `verify/` proves it serves and measures it.
 """

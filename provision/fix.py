@@ -20,9 +20,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..host_processes import stop_pids
-from ..host_writes import HostWriter, WriteRefused, with_members
-from ..model import Change
+from rocmdoctor.host_processes import stop_pids
+from rocmdoctor.host_writes import HostWriter, WriteRefused, with_members
+from rocmdoctor.model import Change
 
 UDEV_RULE_PATH = "/etc/udev/rules.d/70-rocmdoctor-amdgpu.rules"
 UDEV_RULE = (

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
-from .litter import sweep
+from rocmdoctor.litter import sweep
 
 
 def fsync_dir(path: Path) -> None:

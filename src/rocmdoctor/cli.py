@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from . import __version__
+from rocmdoctor import __version__
 
 # name -> "module:attribute" (relative to rocmdoctor.commands)
 COMMANDS: dict[str, str] = {
@@ -43,7 +43,7 @@ class UserError(click.ClickException):
     exit_code = 2
 
     def show(self, file: Any = None) -> None:
-        from .sensitive import redact_message
+        from rocmdoctor.sensitive import redact_message
 
         click.echo(f"rocmdoctor: {redact_message(self.format_message())}", err=True)
 
@@ -134,12 +134,12 @@ class App:
         self.root = Path(root)
 
     def host(self) -> Any:
-        from .host import Host, RootError
+        from rocmdoctor.host import Host, RootError
 
         root = self.root
         try:
             if root.is_file():
-                from .snapshot import SnapshotError, unpack
+                from rocmdoctor.snapshot import SnapshotError, unpack
 
                 try:
                     root = unpack(root)
@@ -186,7 +186,7 @@ def main() -> None:
     except Exception as exc:
         if os.environ.get("ROCMDOCTOR_DEBUG"):
             raise
-        from .sensitive import redact_exception
+        from rocmdoctor.sensitive import redact_exception
 
         click.echo(
             f"rocmdoctor: internal error: {redact_exception(exc, 2000)}\n"

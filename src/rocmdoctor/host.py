@@ -26,9 +26,9 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from . import documents
-from .rootfs import read_regular, resolve_inside
-from .textnum import is_decimal
+from rocmdoctor import documents
+from rocmdoctor.rootfs import read_regular, resolve_inside
+from rocmdoctor.textnum import is_decimal
 
 META_DIR = ".rocmdoctor"
 STAT_FILE = "stat.json"

@@ -23,7 +23,7 @@ import stat
 from importlib import resources
 from pathlib import Path
 
-from .atomic import fsync_dir
+from rocmdoctor.atomic import fsync_dir
 
 
 class UnsafeDirectory(ValueError):

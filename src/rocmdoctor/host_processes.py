@@ -20,7 +20,7 @@ from typing import Any
 
 import psutil
 
-from .host import Host, RunResult
+from rocmdoctor.host import Host, RunResult
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 KILL_WAIT_S = 10.0

@@ -22,9 +22,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from .atomic import fsync_dir, write_atomic
-from .litter import owner_gone, owner_pid, temp_name
-from .textnum import is_decimal
+from rocmdoctor.atomic import fsync_dir, write_atomic
+from rocmdoctor.litter import owner_gone, owner_pid, temp_name
+from rocmdoctor.textnum import is_decimal
 
 MAX_FILE_BYTES = 4 << 20
 SYSTEM_ID_RANGE = (100, 999)  # Debian's SYS_UID_MIN/SYS_UID_MAX defaults (login.defs may change them)

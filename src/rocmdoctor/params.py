@@ -370,7 +370,7 @@ class VllmPassThrough(click.Command):
         try:
             rest = super().parse_args(ctx, head)
         except click.NoSuchOption as exc:
-            from .vllm_flags import FLAGS
+            from rocmdoctor.vllm.flags import FLAGS
 
             name = exc.option_name.split("=", 1)[0]
             exc.message = exc.message.rstrip(".")  # type: ignore[misc]
@@ -424,7 +424,7 @@ def key_file(min_length: int = 1) -> Any:
     def callback(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
         if value is None:
             return None
-        from .sensitive import KeyFileError, read_api_key
+        from rocmdoctor.sensitive import KeyFileError, read_api_key
 
         try:
             read_api_key(value, min_length=min_length, where=str(value))
@@ -437,7 +437,7 @@ def key_file(min_length: int = 1) -> Any:
 
 def prefix_option(help: str, **prefix_type: Any) -> Callable[[Any], Any]:
     """`--prefix` as every command takes it: ROCMDOCTOR_PREFIX, the one default, validated, never empty."""
-    from .registry import DEFAULT_PREFIX
+    from rocmdoctor.registry import DEFAULT_PREFIX
 
     return click.option(
         "--prefix",

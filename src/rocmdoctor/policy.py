@@ -12,8 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .model import Action, Severity, Status
-from .registry import CheckSpec, Outcome
+from rocmdoctor.model import Action, Severity, Status
+from rocmdoctor.registry import CheckSpec, Outcome
 
 DEFAULT_BLOCKS = (Action.SERVE,)
 

@@ -15,8 +15,8 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from .host import Host
-from .model import Action, Probe, Result, Severity, Status
+from rocmdoctor.host import Host
+from rocmdoctor.model import Action, Probe, Result, Severity, Status
 
 CheckFn = Callable[["Context"], Result]
 

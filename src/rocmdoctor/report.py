@@ -7,10 +7,10 @@ import math
 from importlib import resources
 from typing import Any
 
-from . import __version__
-from .model import SCHEMA_VERSION, Status, exit_code
-from .policy import verdicts
-from .registry import CheckSpec, Outcome
+from rocmdoctor import __version__
+from rocmdoctor.model import SCHEMA_VERSION, Status, exit_code
+from rocmdoctor.policy import verdicts
+from rocmdoctor.registry import CheckSpec, Outcome
 
 
 def check_entry(outcome: Outcome) -> dict[str, Any]:

@@ -23,7 +23,7 @@ import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from .vllm_flags import FLAGS
+from rocmdoctor.vllm.flags import FLAGS
 
 REDACTED = "***"
 MAX_KEY_FILE_BYTES = 4096

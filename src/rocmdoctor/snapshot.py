@@ -22,11 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .atomic import atomic_file
-from .host import DEFAULT_READ_LIMIT, ENV_FILE, IDENTITY_FILE, META_DIR, STAT_FILE, Host, ReadState
-from .litter import REPLAY_PREFIX, sweep
-from .registry import CheckSpec, Context
-from .safe_tar import (
+from rocmdoctor.archive.tar_rule import (
     ArchiveError,
     Limits,
     MemberRule,
@@ -36,8 +32,12 @@ from .safe_tar import (
     is_no_space,
     no_space,
 )
-from .sensitive import redact_cmdline, redact_env
-from .textnum import is_decimal
+from rocmdoctor.atomic import atomic_file
+from rocmdoctor.host import DEFAULT_READ_LIMIT, ENV_FILE, IDENTITY_FILE, META_DIR, STAT_FILE, Host, ReadState
+from rocmdoctor.litter import REPLAY_PREFIX, sweep
+from rocmdoctor.registry import CheckSpec, Context
+from rocmdoctor.sensitive import redact_cmdline, redact_env
+from rocmdoctor.textnum import is_decimal
 
 PASSWD, GROUP = "/etc/passwd", "/etc/group"
 MEMBER_LIMIT = DEFAULT_READ_LIMIT  # a snapshot file is at most what one read of the Host returns

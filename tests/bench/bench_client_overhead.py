@@ -26,8 +26,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness.fake_openai import fake_server
-from rocmdoctor.provision import openai_client as oc
-from rocmdoctor.provision.bench import run_level
+from rocmdoctor.provision.verify import openai_client as oc
+from rocmdoctor.provision.verify.bench import run_level
 
 
 async def measure(base_url: str, streams: int, requests: int, tokens: int) -> dict:

@@ -66,8 +66,8 @@ def sixty_four_partitions(dest: Path) -> Path:
 
 def engine_block_bytes() -> int:
     """What one running engine adds to the file: its series as the renderer writes them."""
-    from rocmdoctor.health_metrics import EngineHealth, HealthRun, ServerHealth
-    from rocmdoctor.render_textfile import render
+    from rocmdoctor.rendering.textfile import render
+    from rocmdoctor.vllm.health_metrics import EngineHealth, HealthRun, ServerHealth
 
     def size(engines: list) -> int:
         server = ServerHealth("vllm@63", "http://127.0.0.1:18063", "tiny", True, "ok", engines=engines)

@@ -36,7 +36,7 @@ trace = sys.argv[2] == "trace"  # tracemalloc slows every allocation: CPU is tim
 if trace:
     tracemalloc.start()
 started = time.process_time()
-from rocmdoctor.model_files import local_model
+from rocmdoctor.vllm.model_files import local_model
 files = local_model(sys.argv[1])
 weights = sum(h.tensor_bytes for h in files.headers)
 cpu = time.process_time() - started

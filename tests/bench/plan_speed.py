@@ -102,8 +102,8 @@ def main() -> None:
         assert doc["weights_bytes"] == weights, (doc["weights_bytes"], weights)
         # in-process: the plan itself, without the interpreter's start
         sys.path.insert(0, str(REPO / "src"))
-        from rocmdoctor.model_files import local_model
-        from rocmdoctor.model_plan import GIB, Memory, plan_model, weights_from_headers
+        from rocmdoctor.vllm.memory_plan import GIB, Memory, plan_model, weights_from_headers
+        from rocmdoctor.vllm.model_files import local_model
 
         inner = []
         for _ in range(args.runs):

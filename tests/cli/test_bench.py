@@ -12,7 +12,7 @@ from jsonschema import validate
 
 from harness.fake_openai import fake_server
 from harness.smoke_cli import rocmdoctor, rocmdoctor_json
-from rocmdoctor.provision.bench import RequestResult, find_knee, percentile, summarize_level
+from rocmdoctor.provision.verify.bench import RequestResult, find_knee, percentile, summarize_level
 from rocmdoctor.report import load_schema
 
 

@@ -19,9 +19,9 @@ from harness.hosts import check_json, fixture_root, run_cli
 from harness.spx_host import NODES, bank, compose_spx, gpu_nodes
 from rocmdoctor.commands.host_devices import host_devices
 from rocmdoctor.host import Host
-from rocmdoctor.provision.capacity import capacity
+from rocmdoctor.provision.server.capacity import capacity
 from rocmdoctor.registry import Context, Options
-from rocmdoctor.render_capacity import render_capacity
+from rocmdoctor.rendering.capacity import render_capacity
 from rocmdoctor.report import load_schema
 
 GIB = 1 << 30

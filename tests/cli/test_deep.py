@@ -21,13 +21,13 @@ import pytest
 
 from conftest import REPO
 from harness.deep import GIB, RX_7900_XTX_NAME, STRIX_HALO, fake_rocm_python, rocm_gpu, shell_python
-from rocmdoctor import memory_rule
 from rocmdoctor.checks import load_registry
 from rocmdoctor.checks.deep import find_peak
-from rocmdoctor.deep_probe import probe_environment, probe_path
+from rocmdoctor.facts.deep_probe import probe_environment, probe_path
 from rocmdoctor.host import Host
 from rocmdoctor.model import Status
 from rocmdoctor.registry import Context, Options
+from rocmdoctor.vllm import memory_rule
 
 DEEP_IDS = ("gpu.runtime", "gpu.memory_fit", "gpu.compute")
 FIXTURES = REPO / "tests" / "fixtures" / "deep"
@@ -115,7 +115,7 @@ def test_probe_without_its_memory_rule_says_so_in_its_document(tmp_path):
     proc = subprocess.run([sys.executable, str(lone)], capture_output=True, text=True, timeout=60)
     report = json.loads(proc.stdout)
     assert report["error"]["stage"] == "memory rule"
-    assert str(tmp_path / "pkg" / "memory_rule.py") in report["error"]["message"]
+    assert str(tmp_path / "pkg" / "vllm" / "memory_rule.py") in report["error"]["message"]
 
 
 @pytest.mark.system  # the real vLLM CPU environment's torch

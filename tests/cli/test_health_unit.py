@@ -12,8 +12,14 @@ from click.testing import CliRunner
 
 from harness.hosts import fixture_root
 from rocmdoctor.cli import cli
-from rocmdoctor.provision.health_unit import SERVICE_NAME, TEXTFILE, TIMER_NAME, health_units, rocmdoctor_path
-from rocmdoctor.provision.unit import command_line
+from rocmdoctor.provision.server.health_unit import (
+    SERVICE_NAME,
+    TEXTFILE,
+    TIMER_NAME,
+    health_units,
+    rocmdoctor_path,
+)
+from rocmdoctor.provision.server.unit import command_line
 
 MAX_EXPOSURE = 3.5  # as the server's unit (tests/cli/test_unit.py)
 

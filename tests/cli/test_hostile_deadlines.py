@@ -12,11 +12,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.hostile_http import elapsed, hostile_server
-from rocmdoctor.provision.download import Downloader, DownloadError, DownloadOptions, PartFile
-from rocmdoctor.provision.github_release import ApiOptions, ReleaseError, fetch_release
-from rocmdoctor.provision.hub import HubClient, HubError
-from rocmdoctor.provision.manifest import Asset
-from rocmdoctor.provision.server_memory import MetricsError, read_metrics
+from rocmdoctor.provision.bundle.download import Downloader, DownloadError, DownloadOptions, PartFile
+from rocmdoctor.provision.bundle.github_release import ApiOptions, ReleaseError, fetch_release
+from rocmdoctor.provision.bundle.manifest import Asset
+from rocmdoctor.provision.server.hub import HubClient, HubError
+from rocmdoctor.provision.verify.memory import MetricsError, read_metrics
 
 SLACK_S = 1.0
 TAG = "vllm0.22.1-rocm7.13.0-gfx1151"

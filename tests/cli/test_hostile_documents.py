@@ -19,12 +19,12 @@ from hypothesis import strategies as st
 
 from harness.hostile_http import hostile_server
 from rocmdoctor.host import Host
-from rocmdoctor.model_files import ModelFilesError, read_config, read_header, shard_names
-from rocmdoctor.provision.github_release import ApiOptions, ReleaseError, fetch_release
-from rocmdoctor.provision.hub import HubClient, HubError
-from rocmdoctor.provision.install import InstallPlan, Layout, Source, _matches
-from rocmdoctor.provision.manifest import Asset, ManifestError, parse_lock
-from rocmdoctor.provision.openai_client import ServerError, _json
+from rocmdoctor.provision.bundle.github_release import ApiOptions, ReleaseError, fetch_release
+from rocmdoctor.provision.bundle.install import InstallPlan, Layout, Source, _matches
+from rocmdoctor.provision.bundle.manifest import Asset, ManifestError, parse_lock
+from rocmdoctor.provision.server.hub import HubClient, HubError
+from rocmdoctor.provision.verify.openai_client import ServerError, _json
+from rocmdoctor.vllm.model_files import ModelFilesError, read_config, read_header, shard_names
 
 MAX_MESSAGE = 1200
 TAG = "vllm0.22.1-rocm7.13.0-gfx1151"

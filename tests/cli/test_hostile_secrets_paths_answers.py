@@ -24,10 +24,10 @@ from hypothesis import strategies as st
 
 from harness.hostile_http import hostile_server
 from rocmdoctor.cli import cli
-from rocmdoctor.model_files import ModelFilesError, cached_snapshot, check_revision
-from rocmdoctor.provision.manifest import ManifestError, check_tag
+from rocmdoctor.provision.bundle.manifest import ManifestError, check_tag
 from rocmdoctor.report import dumps
 from rocmdoctor.sensitive import redact_message, register_secret
+from rocmdoctor.vllm.model_files import ModelFilesError, cached_snapshot, check_revision
 
 HC = [HealthCheck.function_scoped_fixture]
 TOKEN_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"

@@ -126,8 +126,8 @@ def test_the_shared_rule_refuses_without_touching_a_disk(tmp_path, case):
     """The scanner alone (no tarfile, no realpath, nothing on disk) refuses every case."""
     import io
 
-    from rocmdoctor.safe_tar import UnsafeArchive
-    from rocmdoctor.tar_pipe import HeaderVetter
+    from rocmdoctor.archive.tar_pipe import HeaderVetter
+    from rocmdoctor.archive.tar_rule import UnsafeArchive
 
     extra, message = _cases(str(tmp_path / "outside"))[case]
     out = io.BytesIO()

@@ -41,7 +41,7 @@ def release_list(install_lab):
 
 
 def test_tags_parse_with_packaging_and_never_split_on_plus():
-    from rocmdoctor.provision.manifest import parse_release_tag
+    from rocmdoctor.provision.bundle.manifest import parse_release_tag
 
     nightly = parse_release_tag(NIGHTLY)
     assert nightly is not None and nightly.product == "vllm" and nightly.family == "gfx1151"
@@ -130,8 +130,8 @@ def test_a_release_whose_asset_lost_its_digest_is_refused(install_lab):
 
 
 def test_channel_selection_on_a_mixed_release_list(release_list):
-    from rocmdoctor.provision.github_release import ApiOptions, list_releases
-    from rocmdoctor.provision.plan import Request, choose
+    from rocmdoctor.provision.bundle.github_release import ApiOptions, list_releases
+    from rocmdoctor.provision.bundle.selection import Request, choose
 
     listing = list_releases("lemonade-sdk/vllm-rocm", release_list.server.api_url, ApiOptions(2, 2, 10))
     assert DRAFT not in [r.tag for r in listing.releases]

@@ -93,7 +93,7 @@ def test_unknown_family_lists_the_known_ones(install_lab):
 
 
 def test_shipped_pins_are_valid_and_unpinned_install_says_run_bundle_lock(install_lab):
-    from rocmdoctor.provision.manifest import PinSources
+    from rocmdoctor.provision.bundle.manifest import PinSources
 
     manifest, lock = PinSources().load()
     assert set(manifest.families) == {"gfx1151", "gfx1150", "gfx110X", "gfx120X", "gfx942", "gfx950"}

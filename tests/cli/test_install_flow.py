@@ -219,7 +219,7 @@ def test_replacing_the_live_tag_never_leaves_current_dangling(tmp_path, monkeypa
     import shutil
 
     from rocmdoctor import host_files
-    from rocmdoctor.provision import install as installer
+    from rocmdoctor.provision.bundle import install as installer
 
     layout = installer.Layout(tmp_path)
     for tree, text in ((layout.bundles / "t1", "old"), (layout.bundles / "t1.partial" / "root", "new")):

@@ -20,7 +20,7 @@ TAG = "vllm0.1.0-rocm7.0.0-gfx1151"
 
 def _installed(prefix: Path) -> None:
     """A current bundle with its qualification record and JIT env file, as install leaves them."""
-    from rocmdoctor.provision import jit_cache
+    from rocmdoctor.provision.server import jit_cache
 
     tree = prefix / "bundles" / TAG
     tree.mkdir(parents=True)

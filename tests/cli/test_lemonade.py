@@ -20,7 +20,7 @@ from harness.lemonade_server import (
     qwen3_8b_cache,
 )
 from rocmdoctor.cli import cli
-from rocmdoctor.provision.bench import find_knee
+from rocmdoctor.provision.verify.bench import find_knee
 from rocmdoctor.report import load_schema
 
 ADMIN_KEY = "lemonade-admin-Zq7xV2kP9sW4"

@@ -13,7 +13,13 @@ from click.testing import CliRunner
 
 from harness.hosts import check_json, fixture_root
 from rocmdoctor.cli import cli as rocmdoctor_cli
-from rocmdoctor.provision.layout import AmbiguousGpus, Device, LayoutError, single_server_devices, usable
+from rocmdoctor.provision.server.layout import (
+    AmbiguousGpus,
+    Device,
+    LayoutError,
+    single_server_devices,
+    usable,
+)
 
 R9700_SLOT = "0000:05:00.0"  # location_id 1280 of the R9700 capture
 # fixture -> (KFD node of the R9700, its ROCR index, the iGPU's PCI slot, its KFD node)

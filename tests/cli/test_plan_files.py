@@ -18,7 +18,9 @@ import pytest
 from conftest import FIXTURES
 from harness.cli import rocmdoctor
 from harness.fake_hub import GOOD_TOKEN, fake_hub, safetensors_bytes
-from rocmdoctor.model_files import (
+from rocmdoctor.provision.server.hub import HubError, fetch_model
+from rocmdoctor.vllm.memory_plan import weights_from_headers
+from rocmdoctor.vllm.model_files import (
     MAX_HEADER_BYTES,
     ModelFilesError,
     cached_snapshot,
@@ -26,8 +28,6 @@ from rocmdoctor.model_files import (
     read_config,
     read_header,
 )
-from rocmdoctor.model_plan import weights_from_headers
-from rocmdoctor.provision.hub import HubError, fetch_model
 
 CONFIGS = FIXTURES / "model_configs"
 MODEL_ID = "loopback-org/tiny-llama"
@@ -277,7 +277,7 @@ def test_cli_does_not_fit_exits_1_with_remedies(tmp_path: Path):
 
 
 def test_weights_bytes_offline_for_check_never_asks_the_network(tmp_path: Path):
-    from rocmdoctor.model_files import weights_bytes_offline
+    from rocmdoctor.vllm.model_files import weights_bytes_offline
 
     env = {"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_ENDPOINT": "http://127.0.0.1:9"}
     write_cache(tmp_path / "hub", MODEL_ID, tiny_files())

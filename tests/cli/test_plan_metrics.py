@@ -17,7 +17,7 @@ import pytest
 from harness.cli import rocmdoctor
 from harness.fake_openai import fake_server
 from harness.release_server import LoopbackServer
-from rocmdoctor.provision.server_memory import MAX_METRICS_BYTES, MetricsError, diagnose_url
+from rocmdoctor.provision.verify.memory import MAX_METRICS_BYTES, MetricsError, diagnose_url
 
 
 def exposition(usage: float, running: int, waiting: int, preemptions: int, queries: int, hits: int) -> str:

@@ -40,9 +40,9 @@ SEAM_MODULES = {
     "rocmdoctor.host_processes",
     "rocmdoctor.rootfs",
     "rocmdoctor.atomic",
-    "rocmdoctor.safe_tar",
-    "rocmdoctor.tar_extract",
-    "rocmdoctor.tar_pipe",
+    "rocmdoctor.archive.tar_rule",
+    "rocmdoctor.archive.extract",
+    "rocmdoctor.archive.tar_pipe",
 }
 
 # What to use instead, per forbidden module.
@@ -351,8 +351,8 @@ def test_install_rollback_unit_and_instances_do_io_only_through_the_seam(tmp_pat
     assert not _own_io(report), "\n".join(_own_io(report))
     # The commands' I/O did happen, through the seam: the recorder saw it there.
     seen = set(report["by_module"])
-    assert {"rocmdoctor.host_files", "rocmdoctor.host_writes", "rocmdoctor.tar_extract"} <= seen, seen
-    assert {"rocmdoctor.host", "rocmdoctor.tar_pipe", "rocmdoctor.atomic"} <= seen, seen
+    assert {"rocmdoctor.host_files", "rocmdoctor.host_writes", "rocmdoctor.archive.extract"} <= seen, seen
+    assert {"rocmdoctor.host", "rocmdoctor.archive.tar_pipe", "rocmdoctor.atomic"} <= seen, seen
 
 
 def test_the_recorder_catches_provision_code_doing_its_own_io(tmp_path: Path):

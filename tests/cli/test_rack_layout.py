@@ -11,9 +11,9 @@ import pytest
 from harness.hosts import fixture_root, run_cli
 from rocmdoctor.commands.host_devices import host_devices
 from rocmdoctor.host import Host
-from rocmdoctor.memory_rule import recommended
-from rocmdoctor.provision.layout import Device, LayoutError, plan, visible_devices
+from rocmdoctor.provision.server.layout import Device, LayoutError, plan, visible_devices
 from rocmdoctor.registry import Context, Options
+from rocmdoctor.vllm.memory_rule import recommended
 
 GIB = 1 << 30
 
@@ -298,7 +298,7 @@ def test_cli_refusal_is_a_clear_exit_2(args, words):
 
 
 def test_the_single_server_is_pinned_to_the_dgpu():
-    from rocmdoctor.provision.layout import single_server_devices
+    from rocmdoctor.provision.server.layout import single_server_devices
 
     assert single_server_devices(devices("rx7900xtx-beside-igpu")) == "0"
     assert single_server_devices(devices("mi308x-cpx"), tensor_parallel_size=4) == "0,1,2,3"

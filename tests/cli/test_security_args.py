@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from conftest import REPO
 from harness.cli import rocmdoctor as run_in_process
 from harness.engine import require_vllm_python
-from rocmdoctor.provision.server_args import ArgumentError, Choices, GpuPool, flag_meanings, resolve
-from rocmdoctor.vllm_flags import FLAGS, VLLM_VERSION
+from rocmdoctor.provision.server.args import ArgumentError, Choices, GpuPool, flag_meanings, resolve
+from rocmdoctor.vllm.flags import FLAGS, VLLM_VERSION
 
 POOLS = [GpuPool("gpu0", "gfx11", 24 << 30, 23 << 30, False)]
 
@@ -115,8 +115,8 @@ def test_the_shipped_flag_list_is_what_the_installed_vllm_parser_has():
     generator = str(REPO / "tests" / "harness" / "vllm_flags_gen.py")
     done = subprocess.run([str(python), generator], check=False, capture_output=True, text=True, timeout=200)
     assert done.returncode == 0, done.stderr[-2000:]
-    shipped = (REPO / "src" / "rocmdoctor" / "vllm_flags.py").read_text()
-    assert done.stdout == shipped, "rerun tests/harness/vllm_flags_gen.py > src/rocmdoctor/vllm_flags.py"
+    shipped = (REPO / "src" / "rocmdoctor" / "vllm" / "flags.py").read_text()
+    assert done.stdout == shipped, "rerun tests/harness/vllm_flags_gen.py > src/rocmdoctor/vllm/flags.py"
     assert VLLM_VERSION in done.stdout and "--api-key" in FLAGS
 
 

@@ -18,8 +18,8 @@ from conftest import FIXTURES
 from harness.hostile_tar import END, archive, corpus, directory, gzip_bytes, hardlink, header, member, symlink
 from harness.hosts import check_json, fixture_root, normalize, run_cli
 from rocmdoctor import snapshot as snapshot_mod
+from rocmdoctor.archive.tar_rule import Limits
 from rocmdoctor.host import DEFAULT_READ_LIMIT, Host
-from rocmdoctor.safe_tar import Limits
 from rocmdoctor.snapshot import SnapshotError, unpack
 
 CASES = sorted(c.name for c in corpus("/outside", "../outside"))

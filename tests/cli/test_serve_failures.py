@@ -72,7 +72,7 @@ def test_a_server_that_cannot_be_executed_is_a_clear_error(tmp_path):
 
 # --- a server that answers the readiness test wrongly: every way out stops its process group ---
 
-WAIT_READY = REPO / "provision" / "wait_ready.py"
+WAIT_READY = REPO / "provision" / "server" / "wait_ready.py"
 READY_TIMEOUT_S = 5
 # What a loaded 2-core machine may add to a deadline (interpreter start, stop): "ends", not a speed.
 SLACK_S = 30

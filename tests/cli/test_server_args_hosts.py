@@ -11,9 +11,9 @@ from harness.hosts import FIXTURE_IDS, fixture_root, run_cli
 from rocmdoctor.checks import facts
 from rocmdoctor.commands.host_pools import pools_from_facts
 from rocmdoctor.host import Host
-from rocmdoctor.memory_rule import DEFAULT_MARGIN_BYTES
-from rocmdoctor.provision.server_args import ArgumentError, Choices, resolve
+from rocmdoctor.provision.server.args import ArgumentError, Choices, resolve
 from rocmdoctor.registry import Context, Options
+from rocmdoctor.vllm.memory_rule import DEFAULT_MARGIN_BYTES
 
 APUS = ("strix-halo-nocwsr-dkms", "strix-halo-clean", "strix-halo-default-ttm", "strix-point")
 # What the captures lack: the used-VRAM counters (and for two of them the VRAM size itself).

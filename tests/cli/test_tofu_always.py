@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rocmdoctor.provision import install as install_mod
-from rocmdoctor.provision.install import DigestChanged, InstallError, InstallPlan, Layout, Source
-from rocmdoctor.provision.manifest import Asset, Lock, LockEntry, parse_lock, with_entry
+from rocmdoctor.provision.bundle import install as install_mod
+from rocmdoctor.provision.bundle.install import DigestChanged, InstallError, InstallPlan, Layout, Source
+from rocmdoctor.provision.bundle.manifest import Asset, Lock, LockEntry, parse_lock, with_entry
 
 TAG = "vllm0.22.1-rocm7.13.0-gfx1151"
 

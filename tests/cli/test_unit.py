@@ -16,7 +16,7 @@ import pytest
 from conftest import REPO
 from harness import trees
 from harness.cli import rocmdoctor as run_in_process
-from rocmdoctor.provision.unit import UnitError, command_line
+from rocmdoctor.provision.server.unit import UnitError, command_line
 
 MAX_EXPOSURE = 3.5
 
@@ -50,7 +50,7 @@ def rendered_unit(tmp_path: Path, *argv: str) -> Path:
     )
     assert done.returncode == 0, done.stderr
     (prefix / "libexec").mkdir()
-    shutil.copy(REPO / "provision" / "wait_ready.py", prefix / "libexec")
+    shutil.copy(REPO / "provision" / "server" / "wait_ready.py", prefix / "libexec")
     path = tmp_path / "vllm.service"
     path.write_text(done.stdout)
     return path
@@ -236,7 +236,7 @@ def test_api_key_with_spaces_is_refused(tmp_path):
     assert done.returncode == 2 and "openssl rand -hex 32" in done.stderr
 
 
-WAIT_READY = REPO / "provision" / "wait_ready.py"
+WAIT_READY = REPO / "provision" / "server" / "wait_ready.py"
 
 
 def test_wait_ready_ends_when_the_server_process_is_gone():

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import torch
 
-from rocmdoctor import memory_rule
 from rocmdoctor.checks.deep import find_peak
-from rocmdoctor.deep_probe import probe_environment, probe_path
+from rocmdoctor.facts.deep_probe import probe_environment, probe_path
+from rocmdoctor.vllm import memory_rule
 
 STEP = 0.02
 REQUIRED_SHARE = 0.70

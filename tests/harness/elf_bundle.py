@@ -179,8 +179,8 @@ def qualify_files(elves: dict[str, bytes], variant: str) -> dict[str, tuple[byte
 def family_code_objects(family: str) -> dict[str, tuple[bytes, int]]:
     """Standalone code objects (as rocBLAS ships its kernels) for every gfx of a manifest family, so a
     synthetic bundle carries GPU code for the host it is installed on."""
-    from rocmdoctor.elf_scan import amdgpu_machines
-    from rocmdoctor.families import _targets
+    from rocmdoctor.archive.elf_scan import amdgpu_machines
+    from rocmdoctor.facts.families import _targets
 
     mach = {gfx: value for value, gfx in amdgpu_machines().items()}
     targets = sorted(gfx for gfx, fam in _targets().items() if fam == family and gfx in mach)

@@ -367,7 +367,7 @@ def inspect_tree(dest: Path, box: Path) -> list[str]:
 
 def drive(workdir: Path, extractors: tuple[str, ...] = ("python", "tar")) -> list[dict]:
     """Every case through `extract_stream` with each extractor, in this interpreter."""
-    from rocmdoctor.tar_extract import ArchiveError, UnsafeArchive, extract_stream
+    from rocmdoctor.archive.extract import ArchiveError, UnsafeArchive, extract_stream
 
     results = []
     outside = workdir / "outside"

@@ -1,8 +1,8 @@
-"""Print vLLM's server flags as the Python data module rocmdoctor ships (src/rocmdoctor/vllm_flags.py).
+"""Print vLLM's server flags as the Python data module rocmdoctor ships (src/rocmdoctor/vllm/flags.py).
 
 Run with the interpreter of an environment that has vLLM (never by rocmdoctor itself):
 
-    ~/.cache/rocmdoctor-test/vllm-venv/bin/python tests/harness/vllm_flags_gen.py > src/rocmdoctor/vllm_flags.py
+    ~/.cache/rocmdoctor-test/vllm-venv/bin/python tests/harness/vllm_flags_gen.py > src/rocmdoctor/vllm/flags.py
 
 It builds the parser `bin/vllm-server` uses (`python -m vllm.entrypoints.openai.api_server`:
 FlexibleArgumentParser + make_arg_parser) and lists every option string with its action's long name and

@@ -23,7 +23,7 @@ from harness.hosts import fixture_root
 from harness.prometheus_stack import stack, wait_for
 from harness.promql import RULES, scaled_rules
 from rocmdoctor.cli import cli
-from rocmdoctor.health_metrics import VLLM_SCRAPED
+from rocmdoctor.vllm.health_metrics import VLLM_SCRAPED
 
 pytestmark = pytest.mark.system
 KEY = "rocmdoctor-health-key"

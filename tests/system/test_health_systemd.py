@@ -14,7 +14,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import REPO
 from harness.nspawn import Bind, boot
-from rocmdoctor.provision.health_unit import SERVICE_NAME, TEXTFILE, TEXTFILE_DIR, TIMER_NAME, rocmdoctor_path
+from rocmdoctor.provision.server.health_unit import (
+    SERVICE_NAME,
+    TEXTFILE,
+    TEXTFILE_DIR,
+    TIMER_NAME,
+    rocmdoctor_path,
+)
 
 pytestmark = [pytest.mark.nspawn, pytest.mark.timeout(600)]
 

@@ -50,8 +50,10 @@ def test_package_data_is_in_the_wheel(wheel_names):
     expected += [
         f"rocmdoctor/bundles/{n}" for n in sources("bundles", "*.toml") + sources("bundles", "*.json")
     ]
-    expected += [f"rocmdoctor/provision/templates/{n}" for n in sources("provision/templates", "*")]
+    expected += [
+        f"rocmdoctor/provision/server/templates/{n}" for n in sources("provision/server/templates", "*")
+    ]
     # The readiness gate is a module of the package; `unit` writes its source to <prefix>/libexec.
-    expected += ["rocmdoctor/provision/wait_ready.py"]
+    expected += ["rocmdoctor/provision/server/wait_ready.py"]
     assert "rocmdoctor/schema/check-report.schema.json" in expected
     assert sorted(set(expected) - wheel_names) == []

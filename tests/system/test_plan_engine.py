@@ -36,8 +36,8 @@ from harness.engine import (
     start_engine,
     vllm_python,
 )
-from rocmdoctor.model_plan import EngineSettings, Memory, plan_model
-from rocmdoctor.provision.server_memory import diagnose_url
+from rocmdoctor.provision.verify.memory import diagnose_url
+from rocmdoctor.vllm.memory_plan import EngineSettings, Memory, plan_model
 
 pytestmark = pytest.mark.engine
 

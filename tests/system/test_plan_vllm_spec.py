@@ -14,7 +14,7 @@ import pytest
 
 from conftest import FIXTURES, REPO
 from harness.engine import require_vllm_python, vllm_python
-from rocmdoctor.model_plan import GIB, EngineSettings, Memory, plan_model
+from rocmdoctor.vllm.memory_plan import GIB, EngineSettings, Memory, plan_model
 
 pytestmark = pytest.mark.engine  # needs the vLLM venv; ~1 min of vLLM imports, no engine start
 

@@ -22,8 +22,8 @@ import pytest
 from conftest import REPO
 from harness.bundles import BuiltBundle
 from harness.hostile_tar import archive, corpus, gzip_bytes, inspect_tree
-from rocmdoctor.tar_extract import ArchiveError, NoSpaceLeft, UnsafeArchive, extract_stream
-from rocmdoctor.tar_pipe import Counting, Gunzip, HeaderVetter, decompressor, relay_extract
+from rocmdoctor.archive.extract import ArchiveError, NoSpaceLeft, UnsafeArchive, extract_stream
+from rocmdoctor.archive.tar_pipe import Counting, Gunzip, HeaderVetter, decompressor, relay_extract
 
 CASES = {case.name: case for case in corpus("/outside", "../outside")}
 OLD = "vllm0.1.0-rocm7.0.0-gfx1151"

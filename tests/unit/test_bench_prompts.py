@@ -3,7 +3,7 @@ vLLM's prefix cache (whole blocks matched from the start) finds no prefill to sk
 
 from __future__ import annotations
 
-from rocmdoctor.provision.bench import BenchOptions, prompt_bodies, unique_prompts
+from rocmdoctor.provision.verify.bench import BenchOptions, prompt_bodies, unique_prompts
 
 SEED = list(range(100, 125))  # 25 token ids, as the seed text gives
 

@@ -12,7 +12,13 @@ from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
 
 from harness.elf_bundle import amdgpu_code_object, build_elves, fatbin_for, offload_bundle
-from rocmdoctor.elf_scan import read_bundle_targets, scan_elf, scan_tree, system_library, target_processor
+from rocmdoctor.archive.elf_scan import (
+    read_bundle_targets,
+    scan_elf,
+    scan_tree,
+    system_library,
+    target_processor,
+)
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +128,7 @@ def test_tree_scan_finds_code_objects_links_and_bad_elves(tmp_path, elves):
 
 
 def test_version_records_decoded_directly_agree_with_pyelftools(elves):
-    from rocmdoctor.elf_scan import _ELF, _Sections, _version_names
+    from rocmdoctor.archive.elf_scan import _ELF, _Sections, _version_names
 
     libc = system_library("libc.so.6")
     assert libc is not None

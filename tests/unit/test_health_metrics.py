@@ -9,7 +9,10 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness.promql import dashboard_exprs, metric_names, rules
-from rocmdoctor.health_metrics import (
+from rocmdoctor.provision.verify import prometheus
+from rocmdoctor.provision.verify.health import engines
+from rocmdoctor.rendering.textfile import render, render_failed
+from rocmdoctor.vllm.health_metrics import (
     CHECK_STATUSES,
     FAMILIES,
     PROBE_VERDICTS,
@@ -19,9 +22,6 @@ from rocmdoctor.health_metrics import (
     HealthRun,
     ServerHealth,
 )
-from rocmdoctor.provision import prometheus
-from rocmdoctor.provision.server_health import engines
-from rocmdoctor.render_textfile import render, render_failed
 
 # node_exporter's own series about the textfile (collector/textfile.go).
 NODE_EXPORTER = {"node_textfile_mtime_seconds", "node_textfile_scrape_error"}
@@ -184,7 +184,7 @@ def test_the_parser_refuses_what_is_past_a_bound_or_not_the_format(text, message
 
 
 def test_plans_kv_usage_is_the_fullest_engine_not_the_sum_of_data_parallel_engines():
-    from rocmdoctor.provision.server_memory import snapshot
+    from rocmdoctor.provision.verify.memory import snapshot
 
     text = "".join(
         f'vllm:{name}{{engine="{e}",model_name="tiny"}} {value}\n'

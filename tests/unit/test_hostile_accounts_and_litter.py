@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from rocmdoctor import litter
 from rocmdoctor.host_files import remove_tree
 from rocmdoctor.host_writes import FORBIDDEN_IDS, MAX_ID, HostWriter, WriteRefused, add_group, add_system_user
-from rocmdoctor.provision.unit import ensure_accounts
+from rocmdoctor.provision.server.unit import ensure_accounts
 
 HC = [HealthCheck.function_scoped_fixture]
 

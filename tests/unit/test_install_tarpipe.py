@@ -7,8 +7,8 @@ import tarfile
 
 import pytest
 
-from rocmdoctor.tar_extract import ArchiveError, UnsafeArchive
-from rocmdoctor.tar_pipe import HeaderVetter
+from rocmdoctor.archive.extract import ArchiveError, UnsafeArchive
+from rocmdoctor.archive.tar_pipe import HeaderVetter
 
 LONG = "lib/" + "d" * 120
 

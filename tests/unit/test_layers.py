@@ -1,4 +1,10 @@
-"""The layer rule: core, then `checks/` and `provision/`, which never import each other; no import cycles.
+"""The layer rule: core, then the domain packages, then `checks/` and `provision/`, which never import each
+other; no import cycles.
+
+The core is host access, the write seam and the result model. The domain packages (`rocmdoctor.facts`,
+`rocmdoctor.vllm`, `rocmdoctor.archive`) hold knowledge and pure logic on top of it; a handful of core
+modules that face the user (snapshot packs archives, the redactor and the parameter types know vLLM's
+flags, rendering knows the metric names) sit above them. Checks and provisioning use all of it.
 
 Static: every import statement in every module, including those inside functions (a lazy import is
 still a dependency). Commands and the CLI sit on top and may import everything.
@@ -21,7 +27,9 @@ PACKAGES = {
 TOP = ("rocmdoctor.cli", "rocmdoctor.commands", "rocmdoctor.__main__")
 # Layer of a module -> layers it must never import.
 FORBIDDEN = {
-    "core": ("checks", "provision"),
+    "core": ("checks", "provision", "domain", "upper-core"),
+    "domain": ("checks", "provision", "upper-core"),
+    "upper-core": ("checks", "provision"),
     "checks": ("provision",),
     "provision": ("checks",),
 }
@@ -39,9 +47,18 @@ def modules() -> dict[str, Path]:
     return found
 
 
+DOMAIN = ("rocmdoctor.facts", "rocmdoctor.vllm", "rocmdoctor.archive")
+# Core modules above the domain packages: they may use them, and the domain packages may not use these.
+UPPER_CORE = ("rocmdoctor.snapshot", "rocmdoctor.params", "rocmdoctor.sensitive", "rocmdoctor.rendering")
+
+
 def layer(module: str) -> str:
     if module.startswith(TOP):
         return "top"
+    if module.startswith(DOMAIN):
+        return "domain"
+    if module.startswith(UPPER_CORE):
+        return "upper-core"
     if module.startswith("rocmdoctor.checks"):
         return "checks"
     if module.startswith("rocmdoctor.provision"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rocmdoctor.model import Status
-from rocmdoctor.provision.lemonade import (
+from rocmdoctor.provision.server.lemonade import (
     ModelTarget,
     diagnose_launch,
     diagnose_orphans,
@@ -13,7 +13,7 @@ from rocmdoctor.provision.lemonade import (
     diagnose_timeout,
     options_body,
 )
-from rocmdoctor.provision.lemonade_args import ProtectedFlagError, merge_vllm_args, refuse_protected
+from rocmdoctor.provision.server.lemonade_args import ProtectedFlagError, merge_vllm_args, refuse_protected
 
 WANTED = {"--gpu-memory-utilization": "0.78", "--max-num-seqs": "10"}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rocmdoctor.provision.log_signatures import diagnose
+from rocmdoctor.provision.server.log_signatures import diagnose
 
 CASES = [
     (

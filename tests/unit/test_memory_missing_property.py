@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from harness.hosts import fixture_root
 from rocmdoctor.checks import load_registry
 from rocmdoctor.host import Host
-from rocmdoctor.memory_rule import recommended
 from rocmdoctor.model import Status
 from rocmdoctor.registry import Context, Options
+from rocmdoctor.vllm.memory_rule import recommended
 
 NODE1 = "sys/class/kfd/kfd/topology/nodes/1"
 RENDER = "/sys/class/drm/renderD128/device"

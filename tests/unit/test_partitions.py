@@ -10,9 +10,9 @@ from harness.hosts import fixture_root, run_check
 from rocmdoctor.checks.facts import gpus, partition_of, physical_gpus, usable_memory
 from rocmdoctor.commands.host_pools import pools_from_facts
 from rocmdoctor.host import Host
-from rocmdoctor.memory_rule import recommended
 from rocmdoctor.model import Status
 from rocmdoctor.registry import Context
+from rocmdoctor.vllm.memory_rule import recommended
 
 GIB = 1 << 30
 PCI = "sys/bus/pci/devices"

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from conftest import FIXTURES
-from rocmdoctor.model_plan import (
+from rocmdoctor.vllm.memory_plan import (
     GIB,
     ConfigError,
     EngineSettings,
@@ -208,7 +208,7 @@ def test_bad_configs_say_which_field(bad, message):
 
 
 def test_server_settings_from_the_plan():
-    from rocmdoctor.provision.plan_settings import settings_from_plan
+    from rocmdoctor.provision.server.plan_settings import settings_from_plan
 
     memory = Memory(0, 1.0, "--kv-cache-memory", 10 * GIB)
     cfg = config("llama-3.1-8b-instruct")

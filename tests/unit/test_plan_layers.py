@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from harness.tiny_model_builder import arch_config
-from rocmdoctor.model_plan import (
+from rocmdoctor.vllm.memory_plan import (
     GIB,
     ConfigError,
     EngineSettings,
@@ -222,7 +222,7 @@ def test_async_scheduling_and_pipeline_parallel_set_the_batches_in_flight():
 
 
 def test_serve_plans_with_the_vllm_flags_it_passes_through():
-    from rocmdoctor.provision.plan_settings import engine_settings
+    from rocmdoctor.provision.server.plan_settings import engine_settings
 
     base = EngineSettings(tensor_parallel_size=2)
     got = engine_settings(

@@ -91,7 +91,7 @@ def test_a_step_that_returns_no_result_is_an_error_not_a_crash():
 
 
 def test_smoke_declares_its_steps_with_their_prerequisites():
-    from rocmdoctor.provision.smoke import SMOKE
+    from rocmdoctor.provision.verify.smoke import SMOKE
 
     assert [(s.id, s.depends) for s in SMOKE.specs] == [
         ("health", ()),

@@ -8,15 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rocmdoctor.memory_rule import DEFAULT_MARGIN_BYTES
-from rocmdoctor.provision.server_args import (
-    GIB,
-    ArgumentError,
-    Choices,
-    GpuPool,
-    parse_extra,
-    resolve,
-)
+from rocmdoctor.provision.server.args import GIB, ArgumentError, Choices, GpuPool, parse_extra, resolve
+from rocmdoctor.vllm.memory_rule import DEFAULT_MARGIN_BYTES
 
 
 def pool(total_gib: float, free_gib: float, unified: bool = False, family: str = "gfx11", name: str = "gpu0"):

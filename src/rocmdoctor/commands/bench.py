@@ -7,9 +7,9 @@ from pathlib import Path
 
 import click
 
-from .. import params
-from .common import App, UserError, emit_json, pass_app
-from .smoke import (
+from rocmdoctor import params
+from rocmdoctor.commands.common import App, UserError, emit_json, pass_app
+from rocmdoctor.commands.smoke import (
     _all_instances,
     _api_key,
     _common_options,
@@ -89,8 +89,8 @@ def bench(
     Exit 0: every request succeeded and the token count matches the server's; 1: failures or a
     mismatch; 2: bad input or nothing answers.
     """
-    from rocmdoctor.provision import openai_client as oc
-    from rocmdoctor.provision.bench import BenchAborted, BenchOptions, abort_remedy, run_bench
+    from rocmdoctor.provision.verify import openai_client as oc
+    from rocmdoctor.provision.verify.bench import BenchAborted, BenchOptions, abort_remedy, run_bench
 
     levels = _concurrency(concurrency_list)
     if requests < max(levels):
@@ -99,8 +99,8 @@ def bench(
             "every level sends the same requests, so send at least that many"
         )
     if all_instances:
-        from ..host_writes import HostWriter
-        from .rack import bench_instances
+        from rocmdoctor.commands.rack import bench_instances
+        from rocmdoctor.host_writes import HostWriter
 
         refuse_with_all_instances("url", "model", "api_key_file", "timeout_s", "prompt_tokens", "plot")
         bench_instances(HostWriter(app.root), None, as_json, max(levels), requests, max_tokens)
@@ -126,15 +126,14 @@ def bench(
         click.echo(f"rocmdoctor: bench stopped: {exc.error}\n  → {remedy}", err=True)
         sys.exit(1)
     if plot_path is not None:
-        from .bench_plot import write_plot
+        from rocmdoctor.commands.bench_plot import write_plot
 
         write_plot(report, plot_path)
     if as_json:
         emit_json(report)
     else:
-        from rocmdoctor.console import make_console
-
-        from .bench_render import render_bench
+        from rocmdoctor.commands.bench_render import render_bench
+        from rocmdoctor.rendering.console import make_console
 
         render_bench(report, make_console(no_color=app.no_color), plot_path)
     sys.exit(report["exit_code"])

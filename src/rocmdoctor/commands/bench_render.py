@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rocmdoctor.provision.bench import COUNTER
+from rocmdoctor.provision.verify.bench import COUNTER
 
 
 def _ms(distribution: dict[str, float] | None, *keys: str) -> str:

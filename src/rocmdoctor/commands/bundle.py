@@ -15,12 +15,18 @@ from typing import Any
 
 import click
 
-from .. import params
-from ..model import SCHEMA_VERSION, envelope, state_diff
-from .bundle_qualify import SKIP_WARNING, qualification_state, qualify_options, run_purge, run_qualify
-from .bundle_qualify import qualify_settings as _qualify_settings
-from .bundle_qualify import summary as _qualification_summary
-from .common import App, UserError, emit_json, pass_app
+from rocmdoctor import params
+from rocmdoctor.commands.bundle_qualify import (
+    SKIP_WARNING,
+    qualification_state,
+    qualify_options,
+    run_purge,
+    run_qualify,
+)
+from rocmdoctor.commands.bundle_qualify import qualify_settings as _qualify_settings
+from rocmdoctor.commands.bundle_qualify import summary as _qualification_summary
+from rocmdoctor.commands.common import App, UserError, emit_json, pass_app
+from rocmdoctor.model import SCHEMA_VERSION, envelope, state_diff
 
 # Checks that make an install pointless: without them the bundle cannot run on this host.
 
@@ -31,7 +37,7 @@ class Failed(click.ClickException):
     exit_code = 1
 
     def show(self, file: Any = None) -> None:
-        from ..sensitive import redact_message
+        from rocmdoctor.sensitive import redact_message
 
         click.echo(f"rocmdoctor: {redact_message(self.format_message())}", err=True)
 
@@ -143,7 +149,7 @@ def _download_options(fn: Callable) -> Callable:
 
 
 def _download_settings(kwargs: dict[str, Any]) -> Any:
-    from ..provision.download import DownloadOptions
+    from rocmdoctor.provision.bundle.download import DownloadOptions
 
     return DownloadOptions(
         connect_timeout_s=kwargs["connect_timeout"],
@@ -155,7 +161,7 @@ def _download_settings(kwargs: dict[str, Any]) -> Any:
 
 
 def _api_settings(kwargs: dict[str, Any]) -> Any:
-    from ..provision.github_release import ApiOptions
+    from rocmdoctor.provision.bundle.github_release import ApiOptions
 
     return ApiOptions(
         connect_timeout_s=kwargs["connect_timeout"],
@@ -165,7 +171,7 @@ def _api_settings(kwargs: dict[str, Any]) -> Any:
 
 
 def _load_pins(kwargs: dict[str, Any], prefix: Path) -> tuple[Any, Any, Any]:
-    from ..provision.manifest import ManifestError, PinSources
+    from rocmdoctor.provision.bundle.manifest import ManifestError, PinSources
 
     sources = PinSources.resolve(
         kwargs["bundles_dir"], kwargs["manifest_file"], kwargs["lock_file"], prefix / "lock.json"
@@ -175,7 +181,7 @@ def _load_pins(kwargs: dict[str, Any], prefix: Path) -> tuple[Any, Any, Any]:
     except ManifestError as exc:
         raise UserError(f"{exc}") from None
     if kwargs["repo"]:
-        from ..provision.manifest import REPO_PATTERN
+        from rocmdoctor.provision.bundle.manifest import REPO_PATTERN
 
         if not REPO_PATTERN.fullmatch(kwargs["repo"]):
             raise UserError(f"--repo must look like owner/name, not {kwargs['repo']!r}")
@@ -186,14 +192,14 @@ def _load_pins(kwargs: dict[str, Any], prefix: Path) -> tuple[Any, Any, Any]:
 @contextlib.contextmanager
 def _failures(as_json: bool) -> Iterator[None]:
     """Turn the provisioning errors into exit codes and messages (and JSON with failed: true)."""
-    from ..provision.download import DownloadError, UnsafeDirectory
-    from ..provision.install import InstallError, InvalidRequest, UnsafeBundle
-    from ..provision.manifest import ManifestError
-    from ..provision.plan import PlanError
-    from ..provision.qualify import NotQualified
+    from rocmdoctor.provision.bundle.download import DownloadError, UnsafeDirectory
+    from rocmdoctor.provision.bundle.install import InstallError, InvalidRequest, UnsafeBundle
+    from rocmdoctor.provision.bundle.manifest import ManifestError
+    from rocmdoctor.provision.bundle.qualify import NotQualified
+    from rocmdoctor.provision.bundle.selection import PlanError
 
     def report(message: str, exc_type: type[click.ClickException]) -> click.ClickException:
-        from ..sensitive import redact_message
+        from rocmdoctor.sensitive import redact_message
 
         message = redact_message(message)
         if as_json:
@@ -220,7 +226,7 @@ def _progress(enabled: bool, total: int, extracting: bool = True) -> Iterator[tu
         return
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
-    from ..console import make_console
+    from rocmdoctor.rendering.console import make_console
 
     with Progress(
         "{task.description}",
@@ -241,13 +247,13 @@ def _progress(enabled: bool, total: int, extracting: bool = True) -> Iterator[tu
 
 def _auto_family(app: App, prefix: Path, force: bool, manifest: Any) -> tuple[str, list[str]]:
     """The family of this host's GPU, and what the policy says blocks an install (refused unless --force)."""
-    from ..model import Action
-    from ..policy import blocking
-    from ..provision.plan import resolve_family
-    from ..registry import Context, Options
+    from rocmdoctor.model import Action
+    from rocmdoctor.policy import blocking
+    from rocmdoctor.provision.bundle.selection import resolve_family
+    from rocmdoctor.registry import Context, Options
 
     try:
-        from ..checks import facts, load_registry
+        from rocmdoctor.checks import facts, load_registry
     except ImportError:
         raise UserError(
             "--family auto needs the host diagnosis, which this build lacks; pass --family "
@@ -308,7 +314,7 @@ def _request(
     family: str, manifest: Any, lock: Any, kwargs: dict[str, Any], prefix: Path, mirror: str | None = None
 ) -> Any:
     """The plan.Request for one family from the selection options."""
-    from ..provision.plan import Request
+    from rocmdoctor.provision.bundle.selection import Request
 
     channel, tag, pinned, frozen = kwargs["channel"], kwargs["tag"], kwargs["pinned"], kwargs["frozen"]
     if sum(bool(x) for x in (channel, tag, pinned)) > 1:
@@ -402,10 +408,10 @@ def install(
 
     Without --channel/--tag/--pinned: the release the lock pins for the family, else the newest of the
     manifest's channel (stable), whose published digests are then recorded in <prefix>/lock.json."""
-    from ..provision.github_release import api_url
-    from ..provision.install import InstallPlan
-    from ..provision.install import install as run_install
-    from ..provision.plan import choose_release, family_from_tag, resolve_family
+    from rocmdoctor.provision.bundle.github_release import api_url
+    from rocmdoctor.provision.bundle.install import InstallPlan
+    from rocmdoctor.provision.bundle.install import install as run_install
+    from rocmdoctor.provision.bundle.selection import choose_release, family_from_tag, resolve_family
 
     prune_doc = None
     with _failures(as_json):
@@ -471,8 +477,8 @@ def install(
 
 
 def _run_prune(prefix: Path, keep: int, check: bool) -> Any:
-    from ..host import Host
-    from ..provision.install import prune
+    from rocmdoctor.host import Host
+    from rocmdoctor.provision.bundle.install import prune
 
     # Processes are this machine's, whatever --root the diagnosis reads.
     return prune(prefix, keep, Host(Path("/")), check=check)
@@ -488,7 +494,7 @@ def _run_prune(prefix: Path, keep: int, check: bool) -> Any:
 @click.option("--json", "as_json", is_flag=True, help="Print an Ansible-style JSON result on stdout.")
 def rollback(prefix: Path, to: str | None, force: bool, check: bool, as_json: bool) -> None:
     """Switch `current` back to the previous bundle (or --to TAG); only to a qualified one without --force."""
-    from ..provision.install import rollback as run_rollback
+    from rocmdoctor.provision.bundle.install import rollback as run_rollback
 
     with _failures(as_json):
         result = run_rollback(prefix, to, check=check, force=force)
@@ -510,7 +516,7 @@ def rollback(prefix: Path, to: str | None, force: bool, check: bool, as_json: bo
 @pass_app
 def bundles(app: App, prefix: Path, available: bool, family: str, as_json: bool, **kwargs: Any) -> None:
     """List installed bundles and which one is current (--available: what the release server offers)."""
-    from ..provision.install import Layout
+    from rocmdoctor.provision.bundle.install import Layout
 
     layout = Layout(prefix)  # reads only: a missing prefix lists nothing and is not created
     found = layout.installed()
@@ -545,14 +551,14 @@ def bundles(app: App, prefix: Path, available: bool, family: str, as_json: bool,
 
 
 def _first_failure(doc: dict[str, Any] | None) -> str | None:
-    from ..provision.qualify import first_failure
+    from rocmdoctor.provision.bundle.qualify import first_failure
 
     return first_failure(doc) if doc is not None and not doc["qualified"] else None
 
 
 def _available(app: App, layout: Any, found: list[dict], family: str, as_json: bool, kwargs: dict) -> None:
-    from ..provision.github_release import api_url
-    from ..provision.plan import available, resolve_family
+    from rocmdoctor.provision.bundle.github_release import api_url
+    from rocmdoctor.provision.bundle.selection import available, resolve_family
 
     with _failures(as_json):
         _, manifest, lock = _load_pins(kwargs, layout.prefix)
@@ -594,7 +600,7 @@ def bundle() -> None:
 
 
 def _families(requested: tuple[str, ...], manifest: Any) -> list[str]:
-    from ..provision.plan import resolve_family
+    from rocmdoctor.provision.bundle.selection import resolve_family
 
     return [resolve_family(f, manifest) for f in requested] or sorted(manifest.families)
 
@@ -624,9 +630,9 @@ def lock(
     families: tuple[str, ...], prefix: Path, out: Path | None, check: bool, as_json: bool, **kwargs: Any
 ) -> None:
     """Refresh the lock file (part names, sizes, sha256 digests) from the release API."""
-    from ..provision.github_release import api_url
-    from ..provision.install import write_json_atomic
-    from ..provision.plan import family_from_tag, refresh_lock
+    from rocmdoctor.provision.bundle.github_release import api_url
+    from rocmdoctor.provision.bundle.install import write_json_atomic
+    from rocmdoctor.provision.bundle.selection import family_from_tag, refresh_lock
 
     with _failures(as_json):
         sources, manifest, current = _load_pins(kwargs, prefix)
@@ -717,10 +723,10 @@ def fetch(
     **kwargs: Any,
 ) -> None:
     """Download and verify bundle parts into a mirror directory (idempotent)."""
-    from ..provision.download import lexists
-    from ..provision.github_release import api_url
-    from ..provision.install import fetch_to
-    from ..provision.plan import choose_release, family_from_tag
+    from rocmdoctor.provision.bundle.download import lexists
+    from rocmdoctor.provision.bundle.github_release import api_url
+    from rocmdoctor.provision.bundle.install import fetch_to
+    from rocmdoctor.provision.bundle.selection import choose_release, family_from_tag
 
     with _failures(as_json):
         _, manifest, lock_doc = _load_pins(kwargs, prefix)
@@ -807,7 +813,7 @@ bundle.add_command(bundles, "list")
 def qualify(app: App, tag: str | None, prefix: Path, as_json: bool, **kwargs: Any) -> None:
     """Check an installed bundle (default: current) for this host: libraries, symbols, GPU code
     objects, compiler, imports; record the result with it. Exit 1 when it is not qualified."""
-    from ..provision.install import InvalidRequest
+    from rocmdoctor.provision.bundle.install import InvalidRequest
 
     with _failures(as_json):
         try:

@@ -8,8 +8,8 @@ from typing import Any
 
 import click
 
-from .. import params
-from .common import App, UserError, emit_json
+from rocmdoctor import params
+from rocmdoctor.commands.common import App, UserError, emit_json
 
 SKIP_WARNING = (
     "rocmdoctor: WARNING: --skip-qualify: {tag} is activated WITHOUT qualification (no check of its "
@@ -48,10 +48,10 @@ def host_gfx(app: App, given: str | None) -> str | None:
             raise UserError(f"--gfx {given!r}: pass an ISA name such as gfx1151 or gfx942")
         return given
     try:
-        from ..checks import facts
+        from rocmdoctor.checks import facts
     except ImportError:
         return None
-    from ..registry import Context, Options
+    from rocmdoctor.registry import Context, Options
 
     found = sorted({g.gfx for g in facts.gpus(Context(app.host(), Options())) if g.gfx})
     if len(found) > 1:
@@ -60,7 +60,7 @@ def host_gfx(app: App, given: str | None) -> str | None:
 
 
 def qualify_settings(app: App, kwargs: dict[str, Any], skip: bool) -> Any:
-    from ..provision.qualify import QualifyOptions
+    from rocmdoctor.provision.bundle.qualify import QualifyOptions
 
     return QualifyOptions(
         gfx=host_gfx(app, kwargs["gfx"]), skip=skip, import_timeout_s=kwargs["import_timeout"]
@@ -81,7 +81,7 @@ def summary(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def qualification_state(tree: Path) -> tuple[str, dict[str, Any] | None]:
-    from ..provision.qualify import recorded, state
+    from rocmdoctor.provision.bundle.qualify import recorded, state
 
     doc = recorded(tree)
     return state(doc), doc
@@ -89,8 +89,8 @@ def qualification_state(tree: Path) -> tuple[str, dict[str, Any] | None]:
 
 def run_qualify(app: App, prefix: Path, tag: str | None, as_json: bool, kwargs: dict[str, Any]) -> bool:
     """Qualify an installed bundle (default: current) and record the result in it; True: qualified."""
-    from ..provision.install import InstallError, Layout, bundle_name
-    from ..provision.qualify import QUALIFICATION, bundle_qualify
+    from rocmdoctor.provision.bundle.install import InstallError, Layout, bundle_name
+    from rocmdoctor.provision.bundle.qualify import QUALIFICATION, bundle_qualify
 
     options = qualify_settings(app, kwargs, False)
     layout = Layout(prefix)
@@ -133,8 +133,8 @@ def run_qualify(app: App, prefix: Path, tag: str | None, as_json: bool, kwargs: 
 def jit_environment(prefix: Path, state_dir: Path) -> dict[str, str]:
     """`serve`: the JIT cache variables for the current bundle and the gfx it was qualified for,
     under `state_dir/jit/<key>` (nothing when the bundle was never qualified: vLLM's defaults)."""
-    from ..provision import jit_cache
-    from ..provision.qualify import recorded
+    from rocmdoctor.provision.bundle.qualify import recorded
+    from rocmdoctor.provision.server import jit_cache
 
     doc = recorded(prefix / "current")
     if doc is None or not isinstance(doc.get("bundle_digest"), str):
@@ -146,8 +146,8 @@ def jit_environment(prefix: Path, state_dir: Path) -> dict[str, str]:
 
 
 def run_purge(prefix: Path, state_dir: Path, everything: bool, check: bool, as_json: bool) -> None:
-    from ..provision import jit_cache
-    from ..provision.qualify import recorded
+    from rocmdoctor.provision.bundle.qualify import recorded
+    from rocmdoctor.provision.server import jit_cache
 
     doc = recorded(prefix / "current")
     keep = None

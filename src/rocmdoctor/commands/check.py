@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from .. import params
-from .common import App, UserError, emit_json, pass_app
-from .server_options import server_option
+from rocmdoctor import params
+from rocmdoctor.commands.common import App, UserError, emit_json, pass_app
+from rocmdoctor.commands.server_options import server_option
 
 if TYPE_CHECKING:
-    from ..registry import Context
+    from rocmdoctor.registry import Context
 
 
 def check_context(
@@ -25,7 +25,7 @@ def check_context(
     python: str | None = None,
     deep_timeout: float | None = None,
 ):
-    from ..registry import Context, Options
+    from rocmdoctor.registry import Context, Options
 
     options = Options(user=user, port=port, prefix=prefix, python=python)
     if deep_timeout is not None:
@@ -35,8 +35,8 @@ def check_context(
 
 def choose_gpus(ctx: Context, specs: tuple[str, ...]) -> None:
     """`--gpu` for the checks: each value must name a GPU node here (exit 2 naming the options)."""
-    from ..checks.facts import gpu_label, gpus
-    from ..gpu_choice import gpu_spec_matches
+    from rocmdoctor.checks.facts import gpu_label, gpus
+    from rocmdoctor.facts.gpu_choice import gpu_spec_matches
 
     found = gpus(ctx)
     for spec in specs:
@@ -53,16 +53,16 @@ def choose_gpus(ctx: Context, specs: tuple[str, ...]) -> None:
 def host_capacity(ctx: Context) -> dict[str, Any]:
     """The layouts this host's GPUs allow and each instance's memory (provision.capacity), from the
     same device records `instances` lays servers out on, so check and instances cannot disagree."""
-    from ..provision.capacity import capacity
-    from .host_devices import host_devices
+    from rocmdoctor.commands.host_devices import host_devices
+    from rocmdoctor.provision.server.capacity import capacity
 
     return capacity(host_devices(ctx), ctx.options.gpus)
 
 
 def write_health(ctx: Context, report: dict[str, Any], started: float, path: Path) -> None:
-    from .. import __version__
-    from ..render_textfile import render, render_failed
-    from .health_textfile import health_run, write_textfile
+    from rocmdoctor import __version__
+    from rocmdoctor.commands.health_textfile import health_run, write_textfile
+    from rocmdoctor.rendering.textfile import render, render_failed
 
     try:
         run = health_run(ctx, report, started)
@@ -153,11 +153,11 @@ def check(
     gpus: tuple[str, ...] = (),
 ) -> None:
     """Diagnose this host for vLLM on ROCm. Exit 0: no failure; 1: a failure; 2: could not run."""
-    from ..checks import host_facts, load_registry
-    from ..model import envelope
-    from ..registry import SelectionError
-    from ..report import build_report
-    from ..report import list_checks as list_specs
+    from rocmdoctor.checks import host_facts, load_registry
+    from rocmdoctor.model import envelope
+    from rocmdoctor.registry import SelectionError
+    from rocmdoctor.report import build_report
+    from rocmdoctor.report import list_checks as list_specs
 
     registry = load_registry()
     if list_checks:
@@ -173,7 +173,7 @@ def check(
     except SelectionError as exc:
         raise UserError(str(exc)) from None
     if textfile is not None:
-        from .health_textfile import textfile_problem
+        from rocmdoctor.commands.health_textfile import textfile_problem
 
         problem = textfile_problem(textfile)
         if problem:
@@ -182,7 +182,7 @@ def check(
     ctx = check_context(app, user, port, prefix, python, deep_timeout)
     choose_gpus(ctx, gpus)
     if model is not None:
-        from ..model_files import weights_bytes_offline
+        from rocmdoctor.vllm.model_files import weights_bytes_offline
 
         ctx.options.model_bytes = weights_bytes_offline(model, env=ctx.host.env) or 0
     outcomes = registry.run(ctx, specs)
@@ -195,8 +195,8 @@ def check(
     if as_json:
         emit_json(report)
     else:
-        from ..console import make_console
-        from ..render import render_check_report
+        from rocmdoctor.rendering.check_text import render_check_report
+        from rocmdoctor.rendering.console import make_console
 
         render_check_report(report, make_console(no_color=app.no_color), app.verbose)
     sys.exit(report["exit_code"])

@@ -9,8 +9,8 @@ from typing import Any
 
 import click
 
-from ..cli import App, UserError
-from ..report import dumps
+from rocmdoctor.cli import App, UserError
+from rocmdoctor.report import dumps
 
 __all__ = ["App", "UserError", "echo_write_report", "emit_json", "pass_app", "write_root"]
 

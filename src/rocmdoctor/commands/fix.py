@@ -10,11 +10,11 @@ from typing import Any
 
 import click
 
-from .. import params
-from ..registry import DEFAULT_PREFIX
-from .check import check_context, choose_gpus
-from .common import App, UserError, emit_json, pass_app
-from .server_options import server_option
+from rocmdoctor import params
+from rocmdoctor.commands.check import check_context, choose_gpus
+from rocmdoctor.commands.common import App, UserError, emit_json, pass_app
+from rocmdoctor.commands.server_options import server_option
+from rocmdoctor.registry import DEFAULT_PREFIX
 
 FIX_IDS = ("groups", "ttm", "cmdline", "udev", "orphans", "dkms")
 # Checks whose findings the fix answers (fix-kernel's, and the access, process and multi-GPU ones).
@@ -27,8 +27,8 @@ TOOL_PATHS = {"grubby": ("/usr/sbin/grubby", "/usr/bin/grubby"), "kernelstub": (
 
 
 def _diagnose(ctx: Any) -> dict[str, Any]:
-    from ..checks import load_registry
-    from ..checks.kernel_guidance import Finding
+    from rocmdoctor.checks import load_registry
+    from rocmdoctor.checks.kernel_guidance import Finding
 
     registry = load_registry()
     outcomes = registry.run(ctx, registry.select(only=list(DIAGNOSED)))
@@ -43,7 +43,7 @@ def _orphans(target: Any) -> list[tuple[int, str]]:
     is PID 1), never this process."""
     import os
 
-    from ..checks.processes import read_proc
+    from rocmdoctor.checks.processes import read_proc
 
     ctx = check_context_for(target)
     found = []
@@ -57,7 +57,7 @@ def _orphans(target: Any) -> list[tuple[int, str]]:
 
 
 def check_context_for(host: Any) -> Any:
-    from ..registry import Context, Options
+    from rocmdoctor.registry import Context, Options
 
     return Context(host, Options(prefix=DEFAULT_PREFIX))
 
@@ -65,8 +65,8 @@ def check_context_for(host: Any) -> Any:
 def _device_nodes_need_udev(ctx: Any, findings: dict[str, Any]) -> bool:
     """A KFD or render node of the diagnosed host that is not its group render with mode 0660 (outside a
     container, where the host's `run` decides)."""
-    from ..checks.access import groups_table
-    from ..checks.driver import DEV_KFD, render_nodes
+    from rocmdoctor.checks.access import groups_table
+    from rocmdoctor.checks.driver import DEV_KFD, render_nodes
 
     render_gid = next((gid for gid, (name, _) in groups_table(ctx).items() if name == "render"), None)
     access = findings.get("access.devices")
@@ -78,8 +78,8 @@ def _device_nodes_need_udev(ctx: Any, findings: dict[str, Any]) -> bool:
 
 def wanted_from(ctx: Any, findings: dict[str, Any], distro: dict[str, Any], target: Any, user: str) -> Any:
     """What the diagnosis asks for, as provision's plain Wanted (the one place checks meet provision here)."""
-    from ..checks.kernel_guidance import distro_family, ttm_steps
-    from ..provision.fix import Wanted
+    from rocmdoctor.checks.kernel_guidance import distro_family, ttm_steps
+    from rocmdoctor.provision.fix import Wanted
 
     family = distro_family(distro.get("id"), distro.get("like"))
     groups_text = target.read_text("/etc/group")
@@ -118,7 +118,7 @@ def wanted_from(ctx: Any, findings: dict[str, Any], distro: dict[str, Any], targ
 
 
 def _unapplied(distro: dict[str, Any], kernel: str | None, findings: dict[str, Any]) -> list[dict[str, Any]]:
-    from ..checks.kernel_guidance import guidance
+    from rocmdoctor.checks.kernel_guidance import guidance
 
     document = guidance(distro, kernel, findings)
     return [s for s in document["steps"] if s["id"] not in APPLIED_STEPS]
@@ -188,10 +188,10 @@ def fix(
     """Apply the safe remedies the diagnosis found (group membership, the TTM modprobe file, the kernel
     command line, a udev rule, orphaned vLLM engines, a shadowing DKMS driver), then verify.
     Steps it cannot apply are printed as `fix-kernel` prints them."""
-    from ..checks.facts import distro_info, kernel_release
-    from ..host import Host
-    from ..host_writes import HostWriter, is_live
-    from ..provision.fix import FixError, apply, change, plan
+    from rocmdoctor.checks.facts import distro_info, kernel_release
+    from rocmdoctor.host import Host
+    from rocmdoctor.host_writes import HostWriter, is_live
+    from rocmdoctor.provision.fix import FixError, apply, change, plan
 
     ctx = check_context(app, user, 8000, DEFAULT_PREFIX)
     choose_gpus(ctx, gpus)
@@ -241,10 +241,10 @@ def _verify(
 ) -> list[dict]:
     """Diagnose again (a fresh read of the host and the target) and plan again: an applied item must now
     have nothing left to change; its check passes once what `before_check` names has happened."""
-    from ..checks.facts import distro_info
-    from ..host import Host
-    from ..host_writes import HostWriter
-    from ..provision.fix import plan
+    from rocmdoctor.checks.facts import distro_info
+    from rocmdoctor.host import Host
+    from rocmdoctor.host_writes import HostWriter
+    from rocmdoctor.provision.fix import plan
 
     ctx = check_context(app, user, 8000, DEFAULT_PREFIX)
     ctx.options.gpus = gpus

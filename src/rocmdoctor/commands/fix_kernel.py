@@ -6,10 +6,10 @@ import sys
 
 import click
 
-from .. import params
-from ..registry import DEFAULT_PREFIX
-from .check import check_context
-from .common import App, emit_json, pass_app
+from rocmdoctor import params
+from rocmdoctor.commands.check import check_context
+from rocmdoctor.commands.common import App, emit_json, pass_app
+from rocmdoctor.registry import DEFAULT_PREFIX
 
 
 @click.command("fix-kernel")
@@ -19,9 +19,9 @@ from .common import App, emit_json, pass_app
 def fix_kernel(app: App, as_json: bool, user: str | None) -> None:
     """Print the commands that give this host a kernel, driver and TTM limit fit for vLLM (changes nothing).
     Exit 0: nothing to fix; 1: steps to take."""
-    from ..checks import load_registry
-    from ..checks.facts import distro_info, kernel_release
-    from ..checks.kernel_guidance import GUIDED_CHECKS, Finding, guidance
+    from rocmdoctor.checks import load_registry
+    from rocmdoctor.checks.facts import distro_info, kernel_release
+    from rocmdoctor.checks.kernel_guidance import GUIDED_CHECKS, Finding, guidance
 
     registry = load_registry()
     ctx = check_context(app, user, 8000, DEFAULT_PREFIX)

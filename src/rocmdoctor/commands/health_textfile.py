@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..health_metrics import BundleInfo, GpuMemory, HealthRun, ServerHealth
-from ..registry import Context
-from .common import UserError
+from rocmdoctor.commands.common import UserError
+from rocmdoctor.registry import Context
+from rocmdoctor.vllm.health_metrics import BundleInfo, GpuMemory, HealthRun, ServerHealth
 
 BUNDLE_METADATA = ".rocmdoctor-bundle.json"
 METADATA_LIMIT = 1 << 20
@@ -38,9 +38,9 @@ def textfile_problem(path: Path) -> str | None:
 
 
 def gpu_memory(ctx: Context) -> list[GpuMemory]:
-    from ..checks import facts
-    from ..provision.layout import rocr_indices
-    from .host_devices import host_devices
+    from rocmdoctor.checks import facts
+    from rocmdoctor.commands.host_devices import host_devices
+    from rocmdoctor.provision.server.layout import rocr_indices
 
     devices = host_devices(ctx)
     index = rocr_indices(devices)
@@ -75,8 +75,8 @@ def ttm_limit_bytes(report: dict[str, Any]) -> int | None:
 def _qualified(tag: str, family: str, meta: dict[str, Any]) -> str:
     """`true` when the bundle was recorded as qualified or is the manifest's reviewed pin for its
     family; `false` when it is another tag of a family that has a reviewed pin; else `unknown`."""
-    from ..host_files import shipped_text
-    from ..provision.manifest import parse_manifest
+    from rocmdoctor.host_files import shipped_text
+    from rocmdoctor.provision.bundle.manifest import parse_manifest
 
     if isinstance(meta.get("qualified"), bool):
         return str(meta["qualified"]).lower()
@@ -114,9 +114,9 @@ def active_bundle(ctx: Context) -> BundleInfo | None:
 
 
 def servers(ctx: Context) -> list[ServerHealth]:
-    from ..host_writes import HostWriter
-    from ..provision.server_health import managed_servers, probe
-    from .host_devices import host_devices
+    from rocmdoctor.commands.host_devices import host_devices
+    from rocmdoctor.host_writes import HostWriter
+    from rocmdoctor.provision.verify.health import managed_servers, probe
 
     managed = managed_servers(HostWriter(ctx.host.root))
     if not managed:
@@ -126,7 +126,7 @@ def servers(ctx: Context) -> list[ServerHealth]:
 
 
 def health_run(ctx: Context, report: dict[str, Any], started: float) -> HealthRun:
-    from .. import __version__
+    from rocmdoctor import __version__
 
     run = HealthRun(
         version=__version__,
@@ -145,7 +145,7 @@ def health_run(ctx: Context, report: dict[str, Any], started: float) -> HealthRu
 
 
 def write_textfile(path: Path, text: str) -> None:
-    from ..atomic import write_atomic
+    from rocmdoctor.atomic import write_atomic
 
     try:
         write_atomic(path, text, 0o644)

@@ -5,9 +5,9 @@ The one place that joins checks (facts) and provision (layout): provision never 
 
 from __future__ import annotations
 
-from ..checks import facts
-from ..provision.layout import Device
-from ..registry import Context
+from rocmdoctor.checks import facts
+from rocmdoctor.provision.server.layout import Device
+from rocmdoctor.registry import Context
 
 PCI_DEVICES = "/sys/bus/pci/devices"
 

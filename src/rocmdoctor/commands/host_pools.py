@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ..checks import facts
-from ..provision.server_args import GpuPool
-from ..registry import Context
+from rocmdoctor.checks import facts
+from rocmdoctor.provision.server.args import GpuPool
+from rocmdoctor.registry import Context
 
 
 def pools_from_facts(ctx: Context, nodes: list[int] | None = None) -> list[GpuPool]:

@@ -19,8 +19,8 @@ from typing import Any, NoReturn
 
 import click
 
-from .. import params
-from .common import App, UserError, emit_json, pass_app
+from rocmdoctor import params
+from rocmdoctor.commands.common import App, UserError, emit_json, pass_app
 
 KEY_ENV = ("LEMONADE_ADMIN_API_KEY", "LEMONADE_API_KEY")
 
@@ -79,7 +79,7 @@ def _options(command: Any) -> Any:
 
 
 def _key(path: Path | None) -> str | None:
-    from ..sensitive import API_KEY_PATTERN, KeyFileError, read_api_key
+    from rocmdoctor.sensitive import API_KEY_PATTERN, KeyFileError, read_api_key
 
     if path is not None:
         try:
@@ -98,8 +98,8 @@ def _key(path: Path | None) -> str | None:
 
 
 def _url(app: App, url: str | None) -> str:
-    from ..provision.lemonade_api import CONFIG_FILES, DEFAULT_PORT
-    from ..provision.openai_client import normalize_url
+    from rocmdoctor.provision.server.lemonade_api import CONFIG_FILES, DEFAULT_PORT
+    from rocmdoctor.provision.verify.openai_client import normalize_url
 
     if not url:
         port = DEFAULT_PORT
@@ -122,7 +122,7 @@ def _url(app: App, url: str | None) -> str:
 
 
 def _client(app: App, target: Target) -> Any:
-    from ..provision.lemonade_api import Lemonade
+    from rocmdoctor.provision.server.lemonade_api import Lemonade
 
     return Lemonade(_url(app, target.url), _key(target.admin_key_file), target.timeout_s)
 
@@ -131,7 +131,7 @@ def _fail(exc: Exception, as_json: bool) -> NoReturn:
     """A Lemonade that cannot be used: a clear finding and exit 2."""
     kind = getattr(exc, "kind", "error")
     if as_json:
-        from ..model import envelope
+        from rocmdoctor.model import envelope
 
         emit_json(envelope(ok=False, error={"kind": kind, "message": str(exc)}))
         sys.exit(2)
@@ -160,9 +160,9 @@ def check_cmd(
 ) -> None:
     """Diagnose: the host checks, Lemonade's timeout, orphaned EngineCores, and each vLLM model's memory
     and context. Exit 0: no failure; 1: a failure; 2: Lemonade cannot be used."""
-    from ..model import envelope, exit_code
-    from ..provision.lemonade_api import LemonadeError
-    from .lemonade_targets import diagnose, host_context
+    from rocmdoctor.commands.lemonade_targets import diagnose, host_context
+    from rocmdoctor.model import envelope, exit_code
+    from rocmdoctor.provision.server.lemonade_api import LemonadeError
 
     client = _client(app, target)
     try:
@@ -209,10 +209,16 @@ def apply_cmd(
 ) -> None:
     """Save each vLLM model's ctx_size, --gpu-memory-utilization and --max-num-seqs through Lemonade's
     options API (merged: other saved keys stay). A rerun changes nothing. Exit 0, or 2 on an error."""
-    from ..model import Change
-    from ..provision.lemonade import apply_options, apply_timeout
-    from ..provision.lemonade_api import LemonadeError
-    from .lemonade_targets import bench_knee, checkpoint, compute_target, host_context, vllm_models
+    from rocmdoctor.commands.lemonade_targets import (
+        bench_knee,
+        checkpoint,
+        compute_target,
+        host_context,
+        vllm_models,
+    )
+    from rocmdoctor.model import Change
+    from rocmdoctor.provision.server.lemonade import apply_options, apply_timeout
+    from rocmdoctor.provision.server.lemonade_api import LemonadeError
 
     knee, knee_why = bench_knee(bench_report)
     client = _client(app, target)
@@ -277,10 +283,10 @@ def verify_cmd(
 ) -> None:
     """Load the model through Lemonade, smoke it through Lemonade's OpenAI endpoint, and read vLLM's own
     /metrics at backend_url. Exit 0: it serves; 1: a step failed; 2: Lemonade cannot be used."""
-    from ..model import envelope
-    from ..provision.lemonade_api import LemonadeError
-    from ..provision.smoke import SmokeOptions, run_smoke
-    from .lemonade_targets import vllm_models
+    from rocmdoctor.commands.lemonade_targets import vllm_models
+    from rocmdoctor.model import envelope
+    from rocmdoctor.provision.server.lemonade_api import LemonadeError
+    from rocmdoctor.provision.verify.smoke import SmokeOptions, run_smoke
 
     client = _client(app, target)
     try:
@@ -342,11 +348,11 @@ def verify_cmd(
 def _backend_findings(client: Any, model: str, launch: Any, backend_base: str | None) -> list[dict[str, Any]]:
     """What the running vLLM got (its launch_command against the saved options) and whether Lemonade's
     telemetry can read its KV-cache gauge; advisory: a warning, never the verdict."""
-    from ..model import warned
-    from ..provision import lemonade as lm
-    from ..provision import prometheus
-    from ..provision.lemonade_api import LemonadeError
-    from ..provision.server_memory import MetricsError, read_metrics
+    from rocmdoctor.model import warned
+    from rocmdoctor.provision.server import lemonade as lm
+    from rocmdoctor.provision.server.lemonade_api import LemonadeError
+    from rocmdoctor.provision.verify import prometheus
+    from rocmdoctor.provision.verify.memory import MetricsError, read_metrics
 
     results = []
     try:
@@ -388,9 +394,9 @@ def install_backend_cmd(
     backend: str,
 ) -> None:
     """Install Lemonade's vLLM backend through its API (idempotent: nothing when it is installed)."""
-    from ..model import Change
-    from ..provision.lemonade import diagnose_backend
-    from ..provision.lemonade_api import LemonadeError
+    from rocmdoctor.model import Change
+    from rocmdoctor.provision.server.lemonade import diagnose_backend
+    from rocmdoctor.provision.server.lemonade_api import LemonadeError
 
     if not re.fullmatch(r"[a-z0-9_-]{1,32}", backend):
         raise UserError(f"--backend {backend!r}: a backend name such as rocm")

@@ -8,11 +8,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..model import Result, Status, failed, passed, warned
-from ..provision import lemonade as lm
-from ..provision.lemonade_api import VLLM_RECIPE, Lemonade, LemonadeError
-from ..registry import Context, Options
-from .common import App, UserError
+from rocmdoctor.commands.common import App, UserError
+from rocmdoctor.model import Result, Status, failed, passed, warned
+from rocmdoctor.provision.server import lemonade as lm
+from rocmdoctor.provision.server.lemonade_api import VLLM_RECIPE, Lemonade, LemonadeError
+from rocmdoctor.registry import Context, Options
 
 MAX_BENCH_REPORT_BYTES = 4 << 20
 
@@ -52,7 +52,7 @@ def bench_knee(path: Path | None) -> tuple[int | None, str | None]:
     """--max-num-seqs from a `rocmdoctor bench --json` report: its knee, when one was measured."""
     if path is None:
         return None, None
-    from ..rootfs import read_regular
+    from rocmdoctor.rootfs import read_regular
 
     try:
         doc = json.loads(read_regular(path, MAX_BENCH_REPORT_BYTES).decode("utf-8"))
@@ -87,8 +87,8 @@ def compute_target(
 ) -> lm.ModelTarget:
     """ctx_size, --gpu-memory-utilization and --max-num-seqs for one model, from this host's free memory
     (memory_rule), the model's memory plan and the bench knee: the same resolve() `unit` uses."""
-    from ..provision.server_args import ArgumentError, Choices, resolve
-    from .host_pools import pools_from_facts
+    from rocmdoctor.commands.host_pools import pools_from_facts
+    from rocmdoctor.provision.server.args import ArgumentError, Choices, resolve
 
     model = str(entry["id"])
     try:
@@ -123,8 +123,8 @@ def diagnose(
 ) -> tuple[dict[str, Any], list[tuple[str, Result]]]:
     """Lemonade's health answer and the findings: the host checks, then Lemonade's (LemonadeError when
     Lemonade cannot be used)."""
-    from ..checks import load_registry
-    from .host_pools import pools_from_facts
+    from rocmdoctor.checks import load_registry
+    from rocmdoctor.commands.host_pools import pools_from_facts
 
     registry = load_registry()
     outcomes = registry.run(ctx, registry.select())

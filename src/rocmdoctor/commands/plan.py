@@ -9,9 +9,8 @@ from typing import Any
 import click
 
 from rocmdoctor import params
+from rocmdoctor.commands.common import App, UserError, emit_json, pass_app
 from rocmdoctor.model import EXIT_FAILURES, EXIT_OK
-
-from .common import App, UserError, emit_json, pass_app
 
 # vLLM 0.32 vllm/config/cache.py MambaDType, for --mamba-cache-dtype and --mamba-ssm-cache-dtype.
 MAMBA_DTYPES = click.Choice(["auto", "float32", "bfloat16", "float16"])
@@ -51,11 +50,10 @@ def parse_size(text: str, option: str) -> int:
 
 def host_memory(app: App, tp: int, utilization: float | None):
     """(Memory, None) from this host's GPUs by the free-memory rule, or (None, why not)."""
-    from rocmdoctor.model_plan import Memory
-    from rocmdoctor.provision.server_args import ArgumentError, tensor_parallel_group, utilization_for
+    from rocmdoctor.commands.host_pools import pools_from_facts
+    from rocmdoctor.provision.server.args import ArgumentError, tensor_parallel_group, utilization_for
     from rocmdoctor.registry import Context, Options
-
-    from .host_pools import pools_from_facts
+    from rocmdoctor.vllm.memory_plan import Memory
 
     try:
         pools = pools_from_facts(Context(app.host(), Options()))
@@ -78,8 +76,8 @@ def host_memory(app: App, tp: int, utilization: float | None):
 
 
 def load_model_files(model: str, revision: str, offline: bool):
-    from rocmdoctor.model_files import ModelFilesError
-    from rocmdoctor.provision.hub import load_model
+    from rocmdoctor.provision.server.hub import load_model
+    from rocmdoctor.vllm.model_files import ModelFilesError
 
     try:
         return load_model(model, revision, offline=offline)
@@ -276,7 +274,7 @@ def plan(
     from rocmdoctor.report import SCHEMA_VERSION
 
     if url:
-        from rocmdoctor.provision.server_memory import MetricsError, diagnose_url
+        from rocmdoctor.provision.verify.memory import MetricsError, diagnose_url
 
         try:
             diagnosis = diagnose_url(url, window_s)
@@ -286,7 +284,7 @@ def plan(
         sys.exit(EXIT_FAILURES if diagnosis.verdict == "preempting" else EXIT_OK)
     if not model:
         raise UserError("pass --model DIR|HF_ID to plan a model, or --url URL to diagnose a running server")
-    from rocmdoctor.model_plan import (
+    from rocmdoctor.vllm.memory_plan import (
         DEFAULT_GPU_MEMORY_UTILIZATION,
         ConfigError,
         EngineSettings,

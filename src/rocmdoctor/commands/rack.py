@@ -10,17 +10,17 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from .. import params
-from ..model import envelope
-from ..textnum import is_decimal
-from .common import App, UserError, echo_write_report, emit_json, pass_app, write_root
-from .server_options import LAYOUT_CHOICES, choices, server_option, server_options
+from rocmdoctor import params
+from rocmdoctor.commands.common import App, UserError, echo_write_report, emit_json, pass_app, write_root
+from rocmdoctor.commands.server_options import LAYOUT_CHOICES, choices, server_option, server_options
+from rocmdoctor.model import envelope
+from rocmdoctor.textnum import is_decimal
 
 
 def devices_of(app: App, source: str | None, prefix: str) -> list:
     """The GPU nodes of this host, or of another root / snapshot (`--devices-from`)."""
-    from ..registry import Context, Options
-    from .host_devices import host_devices
+    from rocmdoctor.commands.host_devices import host_devices
+    from rocmdoctor.registry import Context, Options
 
     if source is None:
         host = app.host()
@@ -36,8 +36,8 @@ def devices_of(app: App, source: str | None, prefix: str) -> list:
 
 def compute_plan(app: App, opts: dict[str, Any], owned_ports: set[int] | None = None, port_free=None):
     """The layout's instances for this host (ports probed on --host unless `port_free` is given)."""
-    from ..provision.layout import LayoutError, plan
-    from ..provision.serve import HostUnresolvable, port_in_use
+    from rocmdoctor.provision.server.layout import LayoutError, plan
+    from rocmdoctor.provision.server.serve import HostUnresolvable, port_in_use
 
     devices = devices_of(app, opts["devices_from"], opts["prefix"])
     host = opts["host"]
@@ -62,7 +62,7 @@ def compute_plan(app: App, opts: dict[str, Any], owned_ports: set[int] | None = 
 def common_argv(opts: dict[str, Any], first) -> tuple[list[str], str]:
     """The arguments every instance shares (resolved like the single server's), without the three
     that the template reads from each instance's file; and the served model name."""
-    from ..provision.server_args import ArgumentError, GpuPool, resolve
+    from rocmdoctor.provision.server.args import ArgumentError, GpuPool, resolve
 
     device = first.devices[0]
     pool = GpuPool(
@@ -212,7 +212,7 @@ def instances(
     Without --write: the layout (devices, ports, memory per server). Start them all with
     `systemctl start vllm.target`, one with `systemctl restart vllm@N`.
     """
-    from ..host_writes import HostWriter
+    from rocmdoctor.host_writes import HostWriter
 
     # --smoke/--bench reach the servers where the written template's readiness gate does, unless
     # --host says otherwise (a server written with --host 10.0.0.5 does not answer on 127.0.0.1).
@@ -247,9 +247,9 @@ def write_layout(
     timeout_s: int,
 ) -> None:
     """Show the layout, or with `write` install it; `rocmdoctor unit --instances` comes here too."""
-    from ..host_writes import HostWriter, WriteRefused
-    from ..provision import instances as rack
-    from ..provision.unit import ServiceLayout, UnitError, read_api_key
+    from rocmdoctor.host_writes import HostWriter, WriteRefused
+    from rocmdoctor.provision.server import instances as rack
+    from rocmdoctor.provision.server.unit import ServiceLayout, UnitError, read_api_key
 
     write = write or check_only  # --check alone: what --write would change, written nowhere
     # What is written (the ports it keeps) is read where a write goes: --target, else this host.
@@ -301,8 +301,8 @@ def write_layout(
 def written_targets(writer, host: str | None) -> list:
     """Each written instance as (name, URL, key), from its env file; on `host`, or (None) at the
     address the written template's readiness gate uses."""
-    from ..provision import instances as rack
-    from ..provision.rack_bench import Target
+    from rocmdoctor.provision.server import instances as rack
+    from rocmdoctor.provision.verify.rack_bench import Target
 
     written = rack.current_instances(writer)
     if not written:
@@ -326,8 +326,8 @@ def written_targets(writer, host: str | None) -> list:
 def bench_instances(
     writer, host: str | None, as_json: bool, concurrency: int, requests: int, max_tokens: int
 ) -> None:
-    from ..provision.bench import BenchOptions
-    from ..provision.rack_bench import InstanceAborted, run_rack_bench
+    from rocmdoctor.provision.verify.bench import BenchOptions
+    from rocmdoctor.provision.verify.rack_bench import InstanceAborted, run_rack_bench
 
     targets = written_targets(writer, host)
     options = BenchOptions(url="", requests=requests, max_tokens=max_tokens)
@@ -358,7 +358,7 @@ def bench_instances(
 
 def smoke_instances(writer, host: str | None, as_json: bool) -> None:
     """`rocmdoctor smoke` against every instance the written files describe; exit 1 if one fails."""
-    from ..provision.smoke import SmokeOptions, run_smoke
+    from rocmdoctor.provision.verify.smoke import SmokeOptions, run_smoke
 
     results = []
     for target in written_targets(writer, host):

@@ -10,17 +10,23 @@ from typing import Any
 
 import click
 
-from .. import params
-from ..report import strict
-from .bundle_qualify import jit_environment
-from .common import App, UserError, echo_write_report, emit_json, pass_app, write_root
-from .server_options import LAYOUT_CHOICES, SINGLE_SERVER, choices, server_option, server_options
+from rocmdoctor import params
+from rocmdoctor.commands.bundle_qualify import jit_environment
+from rocmdoctor.commands.common import App, UserError, echo_write_report, emit_json, pass_app, write_root
+from rocmdoctor.commands.server_options import (
+    LAYOUT_CHOICES,
+    SINGLE_SERVER,
+    choices,
+    server_option,
+    server_options,
+)
+from rocmdoctor.report import strict
 
 
 def resolve_args(app: App, opts: dict[str, Any]):
-    from ..provision.server_args import ArgumentError, resolve
-    from ..registry import Context, Options
-    from .host_pools import pools_from_facts
+    from rocmdoctor.commands.host_pools import pools_from_facts
+    from rocmdoctor.provision.server.args import ArgumentError, resolve
+    from rocmdoctor.registry import Context, Options
 
     ctx = Context(app.host(), Options(prefix=opts["prefix"]))
     group, notes = pinned_group(ctx, opts.get("gpus") or (), opts["tensor_parallel_size"] or 1)
@@ -31,8 +37,8 @@ def resolve_args(app: App, opts: dict[str, Any]):
         raise UserError(str(exc)) from None
     args.notes.extend(notes)
     if group:
-        from ..provision.layout import visible_devices
-        from .host_devices import host_devices
+        from rocmdoctor.commands.host_devices import host_devices
+        from rocmdoctor.provision.server.layout import visible_devices
 
         devices = host_devices(ctx)
         args.environment["ROCR_VISIBLE_DEVICES"] = visible_devices(devices, group)
@@ -46,7 +52,7 @@ def resolve_args(app: App, opts: dict[str, Any]):
 
 def ipc_mode(args: Any, group: list[Any]) -> None:
     """Tensor parallelism over RDNA GPUs: legacy IPC mode off (it breaks IPC there: env.multi_gpu's rule)."""
-    from ..checks.host_rules import rules
+    from rocmdoctor.checks.host_rules import rules
 
     data = rules()["ipc_legacy"]
     if len(group) >= 2 and all(d.gfx.startswith(tuple(data["gfx_prefixes"])) for d in group):
@@ -65,8 +71,8 @@ def pinned_group(ctx: Any, gpus: tuple[str, ...], tensor_parallel_size: int) -> 
     the ones `--gpu` names, else gpu_choice's rule (an unsupported iGPU hidden, a supported dGPU before an
     iGPU beside it). A choice left open (GPUs of several families) or a bad --gpu is refused with the
     options named; HIP_VISIBLE_DEVICES is never set (vLLM refuses it disagreeing with CUDA_VISIBLE_DEVICES)."""
-    from ..provision.layout import AmbiguousGpus, LayoutError, single_server_group
-    from .host_devices import host_devices
+    from rocmdoctor.commands.host_devices import host_devices
+    from rocmdoctor.provision.server.layout import AmbiguousGpus, LayoutError, single_server_group
 
     devices = host_devices(ctx)
     if len(devices) < 2 and not gpus:
@@ -83,7 +89,7 @@ def pinned_group(ctx: Any, gpus: tuple[str, ...], tensor_parallel_size: int) -> 
 
 def api_key(opts: dict[str, Any]) -> str | None:
     """The key the server is started with: the one reader (provision.unit.read_api_key's minimum length)."""
-    from ..provision.unit import UnitError, read_api_key
+    from rocmdoctor.provision.server.unit import UnitError, read_api_key
 
     if opts["api_key_file"] is None:
         return None
@@ -130,7 +136,7 @@ def unit(
     Extra vLLM arguments go after `--`: rocmdoctor unit --model M -- --enforce-eager
     """
     if instances_layout is not None:
-        from .rack import write_layout
+        from rocmdoctor.commands.rack import write_layout
 
         layout = {
             "layout": instances_layout,
@@ -142,9 +148,9 @@ def unit(
         }
         write_layout(app, {**opts, **layout}, write, check_only, target, user, timeout_s)
         return
-    from ..host_writes import HostWriter
-    from ..provision.unit import ServiceLayout, UnitError, file_specs
-    from ..provision.unit import write as write_files
+    from rocmdoctor.host_writes import HostWriter
+    from rocmdoctor.provision.server.unit import ServiceLayout, UnitError, file_specs
+    from rocmdoctor.provision.server.unit import write as write_files
 
     args = resolve_args(app, opts)
     try:
@@ -194,7 +200,7 @@ def serve(app: App, timeout_s: float, cache_dir: Path | None, log_file: Path | N
 
     Exit 0 after a clean stop; 1 when the server did not become ready, died, or left a process behind.
     """
-    from ..provision.serve import (
+    from rocmdoctor.provision.server.serve import (
         HostUnresolvable,
         ProgressLine,
         Server,
@@ -205,7 +211,7 @@ def serve(app: App, timeout_s: float, cache_dir: Path | None, log_file: Path | N
         port_in_use,
         server_env,
     )
-    from ..provision.unit import ServiceLayout, readiness_url
+    from rocmdoctor.provision.server.unit import ServiceLayout, readiness_url
 
     args = resolve_args(app, opts)
     executable = Path(ServiceLayout(prefix=opts["prefix"]).server)

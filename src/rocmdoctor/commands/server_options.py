@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from .. import params
+from rocmdoctor import params
 
 LAYOUT_CHOICES = ("one", "per-gpu", "per-partition")
 PREFIX_HELP = "Where `rocmdoctor install` put the bundles."
@@ -185,7 +185,7 @@ SINGLE_SERVER = server_options(
 def choices(opts: dict[str, Any], **changes: Any) -> Any:
     """The server's Choices from the parsed options (--vllm-args, then the words after `--`); `changes`
     replace what one instance of several decides for itself. Raises provision's ArgumentError."""
-    from ..provision.server_args import Choices, parse_extra
+    from rocmdoctor.provision.server.args import Choices, parse_extra
 
     asked = {
         "model": opts["model"],

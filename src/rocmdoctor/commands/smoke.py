@@ -9,14 +9,14 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from .. import params
-from .common import App, UserError, emit_json, pass_app
+from rocmdoctor import params
+from rocmdoctor.commands.common import App, UserError, emit_json, pass_app
 
 PLOT_SUFFIXES = (".png", ".svg")
 
 
 def _url(value: str) -> str:
-    from rocmdoctor.provision.openai_client import normalize_url
+    from rocmdoctor.provision.verify.openai_client import normalize_url
 
     try:
         return normalize_url(value)
@@ -28,7 +28,7 @@ def _api_key(path: Path | None) -> str | None:
     """The key in the file (the one reader: regular file, bounded, one key); never on the command line."""
     if path is None:
         return None
-    from ..sensitive import KeyFileError, read_api_key
+    from rocmdoctor.sensitive import KeyFileError, read_api_key
 
     try:
         return read_api_key(path)
@@ -55,7 +55,7 @@ def _plot_path(path: Path | None) -> Path | None:
         raise UserError(f"--plot {path}: name a .png or .svg file")
     if not path.parent.is_dir():
         raise UserError(f"--plot {path}: the folder {path.parent} does not exist")
-    from .bench_plot import PlotUnavailable, require_matplotlib
+    from rocmdoctor.commands.bench_plot import PlotUnavailable, require_matplotlib
 
     try:
         require_matplotlib()
@@ -135,11 +135,11 @@ def smoke(
 
     Exit 0: every step passed (warnings allowed); 1: a step failed; 2: bad input or nothing answers.
     """
-    from rocmdoctor.provision.smoke import SmokeOptions, run_smoke
+    from rocmdoctor.provision.verify.smoke import SmokeOptions, run_smoke
 
     if all_instances:
-        from ..host_writes import HostWriter
-        from .rack import smoke_instances
+        from rocmdoctor.commands.rack import smoke_instances
+        from rocmdoctor.host_writes import HostWriter
 
         refuse_with_all_instances("url", "model", "api_key_file", "timeout_s")
         smoke_instances(HostWriter(app.root), None, as_json)
@@ -149,9 +149,8 @@ def smoke(
     if as_json:
         emit_json(report)
     else:
-        from rocmdoctor.console import make_console
-
-        from .smoke_render import render_smoke
+        from rocmdoctor.commands.smoke_render import render_smoke
+        from rocmdoctor.rendering.console import make_console
 
         render_smoke(report, make_console(no_color=app.no_color), app.verbose)
     sys.exit(report["exit_code"])

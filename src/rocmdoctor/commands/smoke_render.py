@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rocmdoctor.render import marks_for, print_remedy, status_line
+from rocmdoctor.rendering.check_text import marks_for, print_remedy, status_line
 
 
 def render_smoke(report: dict[str, Any], console: Any, verbose: int = 0) -> None:

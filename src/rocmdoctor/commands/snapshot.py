@@ -6,9 +6,9 @@ from pathlib import Path
 
 import click
 
-from .. import params
-from .check import check_context
-from .common import App, UserError, pass_app
+from rocmdoctor import params
+from rocmdoctor.commands.check import check_context
+from rocmdoctor.commands.common import App, UserError, pass_app
 
 
 @click.command()
@@ -27,9 +27,9 @@ def snapshot(app: App, out: Path, user: str | None, port: int, prefix: str) -> N
 
     Give the options you give `check` (--user, --port, --prefix): the checks run with them first,
     and what that run read is what is kept."""
-    from ..checks import load_registry
-    from ..checks.capture import capture_facts
-    from ..snapshot import snapshot as take_snapshot
+    from rocmdoctor.checks import load_registry
+    from rocmdoctor.checks.capture import capture_facts
+    from rocmdoctor.snapshot import snapshot as take_snapshot
 
     if not out.name.endswith((".tar.gz", ".tgz")):
         raise UserError(f"{out}: name the archive *.tar.gz")

@@ -41,10 +41,10 @@ class StageError(Exception):
 
 
 def load_memory_rule() -> ModuleType:
-    """vLLM's startup memory rule: rocmdoctor/memory_rule.py itself, loaded by path. This probe runs on the
+    """vLLM's startup memory rule: rocmdoctor/vllm/memory_rule.py itself, loaded by path. This probe runs on the
     bundle's interpreter, where rocmdoctor is not importable; the package ships memory_rule.py (standard
-    library only) one folder above probes/, so the probe and rocmdoctor apply the one copy of the rule."""
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "memory_rule.py")
+    library only) in vllm/ beside probes/, so the probe and rocmdoctor apply the one copy of the rule."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "vllm", "memory_rule.py")
     problem = f"cannot load vLLM's memory rule from {path}"
     spec = importlib.util.spec_from_file_location("rocmdoctor_memory_rule", path)
     if spec is None or spec.loader is None:

@@ -1,0 +1,534 @@
+"""Qualify an extracted bundle for this host before it can become `current`.
+
+Static (T0, no GPU): every ELF file's DT_NEEDED resolves inside the bundle (RPATH/RUNPATH with
+$ORIGIN, else a library the bundle carries under that soname, which an earlier import has loaded) or
+to an allowed system library (bundles/qualification.toml); every undefined, non-weak dynamic symbol of
+each shared object is defined, in the version it asks for, by what it loads (its dependency closure,
+and for Python extension modules the interpreter's); the GPU code objects hold this host's exact ISA;
+the bundled compiler driver runs. Import (T1): the bundle's own interpreter, in the environment the
+unit gives it, imports torch and vllm._C within a deadline.
+
+The result is recorded in the bundle (QUALIFICATION) with each step, each failure, the host's gfx and
+the bundle's digest; install activates only a qualified bundle, rollback refuses an unqualified one
+without --force and prune keeps the newest qualified one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rocmdoctor import host_files as files
+from rocmdoctor.archive.elf_scan import ElfFacts, TreeScan, scan_tree, system_library
+from rocmdoctor.atomic import write_atomic
+from rocmdoctor.host import RunResult
+from rocmdoctor.host_processes import run_program
+from rocmdoctor.model import SCHEMA_VERSION
+from rocmdoctor.provision.server import jit_cache
+from rocmdoctor.rootfs import read_regular
+from rocmdoctor.vllm.environment import bundle_env
+
+QUALIFICATION = ".rocmdoctor-qualification.json"
+IMPORT_TIMEOUT_S = 180.0
+COMPILER_TIMEOUT_S = 30.0
+COMPILER = "lib/python3*/site-packages/_rocm_sdk_core/lib/llvm/bin/clang"
+UNIT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # systemd's default PATH
+MAX_FAILURES = 100  # recorded per step; the count says how many there were
+MAX_LINK_HOPS = 40
+RECORD_LIMIT = 4 << 20
+PYTHON_API = ("Py", "_Py")  # what an extension module takes from the interpreter that loads it
+STEPS = ("libraries", "symbols", "code_objects", "compiler", "import")
+
+
+@dataclass
+class Failure:
+    step: str
+    message: str
+    file: str | None = None
+    missing: str | None = None  # the library or symbol
+
+
+@dataclass
+class Step:
+    id: str
+    status: str  # passed | failed | skipped
+    detail: str
+    failures: list[Failure] = field(default_factory=list)
+    count: int = 0  # failures found (only the first MAX_FAILURES are kept)
+
+
+@dataclass
+class Qualification:
+    tag: str
+    qualified: bool
+    host_gfx: str | None
+    bundle_digest: str
+    steps: list[Step]
+    checked_at: str
+    elapsed_s: float
+    elf_files: int = 0
+    skipped: bool = False  # --skip-qualify: activated without checking
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def failures(self) -> list[Failure]:
+        return [f for step in self.steps for f in step.failures]
+
+    def first_failure(self) -> str:
+        failures = self.failures
+        if not failures:
+            return "qualification was skipped (--skip-qualify)" if self.skipped else "no failure"
+        more = sum(s.count for s in self.steps) - 1
+        return failures[0].message + (f" (and {more} more failure(s))" if more > 0 else "")
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def bundle_digest(assets: Iterable[tuple[str, str | None]]) -> str:
+    """One digest for a bundle: sha256 over its parts' names and published digests, in name order."""
+    digest = hashlib.sha256()
+    for name, part in sorted(assets, key=lambda a: a[0]):
+        digest.update(f"{name}\0{part or ''}\n".encode())
+    return "sha256:" + digest.hexdigest()
+
+
+class _Tree:
+    """Path resolution inside the scanned tree, following its own links (never out of it)."""
+
+    def __init__(self, scan: TreeScan) -> None:
+        self.scan = scan
+        self.by_name: dict[str, list[str]] = {}
+        for rel, facts in scan.elfs.items():
+            for name in {posixpath.basename(rel), facts.soname or ""} - {""}:
+                self.by_name.setdefault(name, []).append(rel)
+        for link in scan.links:
+            target = self.locate(link)
+            if target is not None:
+                self.by_name.setdefault(posixpath.basename(link), []).append(target)
+
+    def locate(self, rel: str) -> str | None:
+        for _ in range(MAX_LINK_HOPS):
+            rel = posixpath.normpath(rel)
+            if rel.startswith("../") or rel == ".." or rel.startswith("/"):
+                return None
+            if rel in self.scan.elfs:
+                return rel
+            target = self.scan.links.get(rel)
+            if target is None:
+                return None
+            rel = posixpath.join(posixpath.dirname(rel), target)
+        return None
+
+
+def _search_dirs(facts: ElfFacts) -> list[str]:
+    origin = posixpath.dirname(facts.path)
+    paths = facts.runpath or facts.rpath  # RPATH counts only when there is no RUNPATH (ld.so(8))
+    found = []
+    for entry in paths:
+        if "$ORIGIN" in entry or "${ORIGIN}" in entry:
+            found.append(
+                posixpath.normpath(
+                    entry.replace("${ORIGIN}", origin or ".").replace("$ORIGIN", origin or ".")
+                )
+            )
+    return found
+
+
+def _in_python_tree(rel: str) -> bool:
+    return rel.startswith("lib/python3")
+
+
+class _Resolver:
+    def __init__(self, scan: TreeScan) -> None:
+        self.tree = _Tree(scan)
+        self.scan = scan
+        self._needed: dict[str, list[tuple[str, ElfFacts | None]]] = {}
+        self._closure: dict[str, list[ElfFacts]] = {}
+        python = self.tree.locate("bin/python3")
+        # A launcher script instead of the interpreter's ELF: what it provides (Py*) is left to the
+        # import step, which loads the extension modules for real.
+        self.interpreter_known = python is not None
+        self.interpreter = [scan.elfs[python], *self.closure(scan.elfs[python])] if python else []
+
+    def find(self, facts: ElfFacts, name: str) -> tuple[str, ElfFacts | None]:
+        """(how it was found, the library's facts); facts None: found nowhere."""
+        if "/" in name:
+            rel = self.tree.locate(posixpath.join(posixpath.dirname(facts.path), name))
+            return ("path", self.scan.elfs[rel]) if rel else ("", None)
+        for directory in _search_dirs(facts):
+            rel = self.tree.locate(posixpath.join(directory, name))
+            if rel is not None:
+                return "runpath", self.scan.elfs[rel]
+        same = self.tree.by_name.get(name)
+        if same:
+            return "soname", self.scan.elfs[sorted(same)[0]]
+        system = system_library(name)
+        if system is not None:
+            return "system", system
+        return "", None
+
+    def needed(self, facts: ElfFacts) -> list[tuple[str, ElfFacts | None]]:
+        if facts.path not in self._needed:
+            self._needed[facts.path] = [(name, self.find(facts, name)[1]) for name in facts.needed]
+        return self._needed[facts.path]
+
+    def closure(self, facts: ElfFacts) -> list[ElfFacts]:
+        """What ld.so loads for this file, breadth first (its lookup scope), without itself."""
+        if facts.path in self._closure:
+            return self._closure[facts.path]
+        order: list[ElfFacts] = []
+        seen = {facts.path}
+        queue = [facts]
+        while queue:
+            current = queue.pop(0)
+            for _, dep in self.needed(current):
+                if dep is not None and dep.path not in seen:
+                    seen.add(dep.path)
+                    order.append(dep)
+                    queue.append(dep)
+        self._closure[facts.path] = order
+        return order
+
+
+def _defines(libs: list[ElfFacts], name: str, version: str) -> bool:
+    for lib in libs:
+        versions = lib.defined.get(name)
+        if versions is None:
+            continue
+        if version:
+            if any(v.rstrip("!") == version or v == "" for v in versions):
+                return True
+        elif any(not v.endswith("!") for v in versions):
+            return True
+    return False
+
+
+def _step(step_id: str, failures: list[Failure], passed: str) -> Step:
+    if failures:
+        return Step(step_id, "failed", failures[0].message, failures[:MAX_FAILURES], len(failures))
+    return Step(step_id, "passed", passed)
+
+
+def check_libraries(resolver: _Resolver, tag: str) -> Step:
+    failures = []
+    for facts in resolver.scan.elfs.values():
+        if facts.error:
+            failures.append(Failure("libraries", f"{tag}: {facts.path}: {facts.error}", facts.path))
+            continue
+        for name, dep in resolver.needed(facts):
+            if dep is None:
+                where = ", ".join(_search_dirs(facts)) or "no $ORIGIN RPATH/RUNPATH"
+                failures.append(
+                    Failure(
+                        "libraries",
+                        f"{tag}: {facts.path} needs {name}, which is neither in the bundle ({where}) "
+                        "nor a system library rocmdoctor allows (bundles/qualification.toml)",
+                        facts.path,
+                        name,
+                    )
+                )
+    total = len(resolver.scan.elfs)
+    return _step("libraries", failures, f"every DT_NEEDED of {total} ELF file(s) resolves")
+
+
+def check_symbols(resolver: _Resolver, tag: str) -> Step:
+    failures = []
+    checked = 0
+    for facts in resolver.scan.elfs.values():
+        if facts.elf_type != "ET_DYN" or not facts.undefined:
+            continue
+        checked += 1
+        scope = resolver.closure(facts)
+        if _in_python_tree(facts.path):
+            scope = scope + resolver.interpreter
+        python_module = _in_python_tree(facts.path)
+        for name, version, source in facts.undefined:
+            if _defines(scope, name, version):
+                continue
+            if python_module and not resolver.interpreter_known and name.startswith(PYTHON_API):
+                continue
+            wanted = f"{name}@{version}" if version else name
+            loaded = ", ".join(posixpath.basename(lib.path) for lib in scope[:6]) or "nothing"
+            if len(scope) > 6:
+                loaded += f", ... ({len(scope)} libraries)"
+            failures.append(
+                Failure(
+                    "symbols",
+                    f"{tag}: {facts.path} needs symbol {wanted}"
+                    + (f" (from {source})" if source else "")
+                    + f", which none of the libraries it loads defines ({loaded})",
+                    facts.path,
+                    wanted,
+                )
+            )
+    return _step("symbols", failures, f"every undefined symbol of {checked} shared object(s) is defined")
+
+
+def check_code_objects(scan: TreeScan, gfx: str | None, tag: str) -> Step:
+    if not gfx:
+        return Step("code_objects", "skipped", "no AMD GPU found on this host (pass --gfx to check for one)")
+    failures = []
+    holders = 0
+    for facts in scan.elfs.values():
+        if not facts.fatbin:
+            continue
+        if gfx in facts.gpu_targets:
+            holders += 1
+        elif facts.gpu_targets and not facts.compressed_bundles:
+            held = ", ".join(sorted(set(facts.gpu_targets)))
+            failures.append(
+                Failure(
+                    "code_objects",
+                    f"{tag}: {facts.path} carries GPU code for {held} only, not this host's {gfx}",
+                    facts.path,
+                    gfx,
+                )
+            )
+        elif facts.compressed_bundles:
+            holders += 1  # compressed: its targets are not readable here (see docs/install.md)
+    standalone = scan.code_objects
+    standalone_for_host = [p for p, targets in standalone.items() if gfx in targets]
+    holders += len(standalone_for_host)
+    if not failures and holders == 0:
+        seen = sorted({t for targets in standalone.values() for t in targets})
+        failures.append(
+            Failure(
+                "code_objects",
+                f"{tag} carries no GPU code objects for this host's {gfx}"
+                + (f" (it has {', '.join(seen)})" if seen else ""),
+                None,
+                gfx,
+            )
+        )
+    return _step("code_objects", failures, f"{holders} file(s) carry code objects for {gfx}")
+
+
+def _why(done: RunResult, timeout_s: float) -> str:
+    """Why a program of the bundle failed: could not start, ran out of time, or its exit and last lines."""
+    if done.spawn_error:
+        return done.spawn_error
+    if done.returncode is None:
+        return f"it did not finish within {timeout_s:.0f} s"
+    return f"exit {done.returncode}: " + " / ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
+
+
+def check_compiler(root: Path, tag: str) -> Step:
+    compilers = files.glob(root, COMPILER)
+    if not compilers:
+        return Step("compiler", "skipped", "the bundle carries no compiler driver (" + COMPILER + ")")
+    clang = compilers[0]
+    rel = str(clang.relative_to(root))
+    # an empty C file to an object: the driver, its cc1 and the target; no headers, no linker
+    argv = [str(clang), "-x", "c", "-c", "-o", "/dev/null", "/dev/null"]
+    done = run_program(argv, COMPILER_TIMEOUT_S, env=bundle_env({"PATH": UNIT_PATH}))
+    if done.returncode == 0:
+        return Step("compiler", "passed", f"{rel} compiles an empty C file")
+    why = _why(done, COMPILER_TIMEOUT_S)
+    message = f"{tag}: the bundled compiler driver {rel} does not run ({why}); Triton's JIT would fail"
+    return _step("compiler", [Failure("compiler", message, rel)], "")
+
+
+def import_modules(scan: TreeScan) -> list[str]:
+    """What T1 imports: torch and vllm._C, each when the bundle carries it."""
+    paths = list(scan.elfs)
+    modules = []
+    if any(_in_python_tree(p) and "/site-packages/torch/" in p for p in paths):
+        modules.append("torch")
+    if any(_in_python_tree(p) and posixpath.basename(p).startswith("_C.") and "/vllm/" in p for p in paths):
+        modules.append("vllm._C")
+    return modules
+
+
+def check_import(root: Path, scan: TreeScan, tag: str, timeout_s: float) -> Step:
+    modules = import_modules(scan)
+    if not modules:
+        return Step("import", "skipped", "the bundle carries neither torch nor vllm._C")
+    python = root / "bin" / "python3"
+    code = "\n".join(f"import {m}" for m in modules)
+    done = run_program([str(python), "-c", code], timeout_s, env=bundle_env({"PATH": UNIT_PATH}))
+    if done.returncode == 0:
+        return Step("import", "passed", f"bin/python3 imports {', '.join(modules)}")
+    message = f"{tag}: the bundle's bin/python3 cannot import {', '.join(modules)} ({_why(done, timeout_s)})"
+    return _step("import", [Failure("import", message, "bin/python3")], "")
+
+
+def qualify(
+    root: Path,
+    tag: str,
+    digest: str,
+    gfx: str | None,
+    import_timeout_s: float = IMPORT_TIMEOUT_S,
+    workers: int | None = None,
+) -> Qualification:
+    """Run every step on the tree at `root` (nothing is written)."""
+    started = time.monotonic()
+    scan = scan_tree(root, workers)
+    resolver = _Resolver(scan)
+    steps = [
+        check_libraries(resolver, tag),
+        check_symbols(resolver, tag),
+        check_code_objects(scan, gfx, tag),
+        check_compiler(root, tag),
+    ]
+    # The import runs the bundle's code: only once the static steps found nothing that would fail it.
+    if any(s.status == "failed" for s in steps):
+        steps.append(Step("import", "skipped", "a static step failed"))
+    else:
+        steps.append(check_import(root, scan, tag, import_timeout_s))
+    return Qualification(
+        tag=tag,
+        qualified=not any(s.status == "failed" for s in steps),
+        host_gfx=gfx,
+        bundle_digest=digest,
+        steps=steps,
+        checked_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        elapsed_s=round(time.monotonic() - started, 3),
+        elf_files=len(scan.elfs),
+    )
+
+
+def skipped(tag: str, digest: str, gfx: str | None) -> Qualification:
+    """What `--skip-qualify` records: not qualified, and that nobody checked."""
+    return Qualification(
+        tag=tag,
+        qualified=False,
+        host_gfx=gfx,
+        bundle_digest=digest,
+        steps=[Step(s, "skipped", "--skip-qualify") for s in STEPS],
+        checked_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        elapsed_s=0.0,
+        skipped=True,
+    )
+
+
+def record(tree: Path, result: Qualification) -> None:
+    """Written into the bundle's own tree, so it goes wherever the bundle goes (and with prune)."""
+    write_atomic(tree / QUALIFICATION, json.dumps(result.to_json(), indent=2) + "\n")
+
+
+def recorded(tree: Path) -> dict[str, Any] | None:
+    """The recorded result of a bundle; None when it was never qualified (or the record is damaged)."""
+    try:
+        doc = json.loads(read_regular(tree / QUALIFICATION, RECORD_LIMIT))
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and isinstance(doc.get("qualified"), bool) else None
+
+
+def state(doc: dict[str, Any] | None) -> str:
+    """How `bundle list` shows a record: qualified, NOT QUALIFIED, skipped, unchecked."""
+    if doc is None:
+        return "unchecked"
+    if doc.get("skipped"):
+        return "skipped"
+    return "qualified" if doc["qualified"] else "NOT QUALIFIED"
+
+
+def first_failure(doc: dict[str, Any]) -> str:
+    for step in doc.get("steps", []):
+        for failure in step.get("failures", []) if isinstance(step, dict) else []:
+            if isinstance(failure, dict) and isinstance(failure.get("message"), str):
+                return failure["message"]
+    return "qualification was skipped (--skip-qualify)" if doc.get("skipped") else "no failure recorded"
+
+
+@dataclass
+class QualifyOptions:
+    """How install qualifies: the host's gfx (None: no GPU found), --skip-qualify, the import deadline.
+    `last` is the result of this run, for the command to report."""
+
+    gfx: str | None = None
+    skip: bool = False
+    import_timeout_s: float = IMPORT_TIMEOUT_S
+    workers: int | None = None
+    last: Qualification | None = None
+
+
+class NotQualified(RuntimeError):
+    """The bundle failed qualification: it was not activated (the message says which file needs what)."""
+
+
+def qualify_tree(
+    tree: Path, tag: str, assets: list[tuple[str, str | None]], options: QualifyOptions, live: bool = False
+) -> None:
+    """Qualify a freshly extracted tree (not yet visible) and record the result in it. `live`: the
+    tree would replace the current bundle's own (--force, a rebuilt release): a failure stops here,
+    before the working tree is swapped out."""
+    digest = bundle_digest(assets)
+    if options.skip:
+        options.last = skipped(tag, digest, options.gfx)
+    else:
+        options.last = qualify(tree, tag, digest, options.gfx, options.import_timeout_s, options.workers)
+    if live and not options.last.qualified and not options.skip:
+        raise NotQualified(
+            f"{options.last.first_failure()}. Not activated: the installed {tag} stays current (this "
+            "build was discarded). Report the bundle to its publisher; --skip-qualify installs it unchecked"
+        )
+    record(tree, options.last)
+    jit_cache.write_bundle_env(tree, digest, options.gfx)  # the unit's caches for this bundle and GPU
+
+
+def qualify_installed(
+    tree: Path, tag: str, current: str | None, options: QualifyOptions, assets: list[tuple[str, str | None]]
+) -> None:
+    """Before `tag` becomes current: its result for this host (the one this run recorded, the one on
+    record when it is for the same gfx and bundle, else a new one); NotQualified unless it passed or
+    --skip-qualify was given."""
+    digest = bundle_digest(assets)
+    result = options.last if options.last is not None and options.last.tag == tag else None
+    if result is None:
+        doc = recorded(tree)
+        fresh = (
+            doc is not None
+            and doc.get("qualified") is True
+            and doc.get("host_gfx") == options.gfx
+            and doc.get("bundle_digest") == digest
+        )
+        if fresh and not options.skip:
+            return
+        qualify_tree(tree, tag, assets, options)
+        result = options.last
+    assert result is not None
+    if result.qualified or options.skip:
+        return
+    raise NotQualified(
+        f"{result.first_failure()}. Not activated: "
+        + (f"{current} stays current" if current else "nothing was current and nothing is")
+        + f"; every step and failure is recorded in {tree / QUALIFICATION} (`rocmdoctor bundle list`). "
+        "Report the bundle to its publisher or install another release; --skip-qualify activates it "
+        "unchecked"
+    )
+
+
+def bundle_qualify(tree: Path, tag: str, meta: dict[str, Any], options: QualifyOptions) -> Qualification:
+    """`bundle qualify`: an installed bundle, again, for this host; the new result replaces the old."""
+    assets = [(str(a.get("name")), a.get("digest")) for a in meta.get("assets", []) if isinstance(a, dict)]
+    qualify_tree(tree, tag, assets, options)
+    assert options.last is not None
+    return options.last
+
+
+def rollback_refusal(tree: Path, tag: str) -> str | None:
+    """Why rollback may not go to `tag` without --force (None: it may)."""
+    doc = recorded(tree)
+    if doc is not None and doc["qualified"]:
+        return None
+    why = "it was never qualified" if doc is None else first_failure(doc)
+    return (
+        f"refusing to roll back to {tag}: it is not qualified for this host ({why}). "
+        f"`rocmdoctor bundle qualify {tag}` checks it again; --force switches anyway"
+    )
+
+
+def newest_qualified(bundles: list[dict[str, Any]]) -> str | None:
+    """The newest installed bundle whose record says qualified (prune keeps it)."""
+    good = [b for b in bundles if (recorded(Path(b["path"])) or {}).get("qualified") is True]
+    good.sort(key=lambda b: (b.get("installed_at") or "", b["tag"]), reverse=True)
+    return good[0]["tag"] if good else None

@@ -1,0 +1,309 @@
+"""Several vLLM servers under systemd: the template unit `vllm@.service`, one environment file per
+instance and `vllm.target`, which groups them.
+
+    systemctl start vllm.target      # every instance of the layout
+    systemctl restart vllm@3         # one of them
+
+The template is the single server's unit (provision/server/templates/vllm.service, rendered with
+unit.py's helpers): the same hardening, readiness gate (ExecStartPost waits for a real completion)
+and KillMode=control-group. What differs per instance (devices, port, memory share, tensor-parallel
+size) lives in /etc/rocmdoctor/vllm/<instance>.env, which the unit's command line reads through
+${...} references. rocmdoctor owns that directory, so an instance the new layout no longer has is
+removed by deleting its file there; nothing else is touched.
+
+All instances run as the one service user. The template's RemoveIPC=yes is safe with that: systemd
+counts the running units per user and removes the user's shared memory only when the last one
+stops (src/core/manager.c, manager_unref_uid_internal), so stopping vllm@0 leaves vllm@1's
+/dev/shm message queues alone.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from rocmdoctor.host_files import shipped_text
+from rocmdoctor.host_writes import HostWriter, WriteRefused
+from rocmdoctor.params import service_user_problem
+from rocmdoctor.provision.server.args import ServerArgs, Setting
+from rocmdoctor.provision.server.jit_cache import ENV_FILE as JIT_ENV_FILE
+from rocmdoctor.provision.server.layout import Instance, Plan
+from rocmdoctor.provision.server.unit import (
+    DEFAULT_LOAD_TIMEOUT_S,
+    PLACEHOLDER,
+    STATE_NAME,
+    SYSTEMD_UNITS,
+    UNIT_DIR,
+    FileSpec,
+    ServiceLayout,
+    UnitError,
+    WriteReport,
+    _environment_line,
+    apply_file,
+    command_line,
+    daemon_reload,
+    ensure_accounts,
+    health_specs,
+    readiness_url,
+    wait_ready_script,
+)
+from rocmdoctor.textnum import is_decimal
+from rocmdoctor.vllm.environment import BUNDLE_SETTINGS
+
+TEMPLATE_NAME = "vllm@.service"
+TARGET_NAME = "vllm.target"
+ENV_DIR = "/etc/rocmdoctor/vllm"
+PORT_VAR = "ROCMDOCTOR_PORT"
+UTIL_VAR = "ROCMDOCTOR_GPU_MEMORY_UTILIZATION"
+TP_VAR = "ROCMDOCTOR_TENSOR_PARALLEL_SIZE"
+# ROCr filters and renumbers; HIP numbers what is left from 0 (see layout.py), so only this is set.
+DEVICES_VAR = "ROCR_VISIBLE_DEVICES"
+INSTANCE_NAME = re.compile(r"[0-9]{1,4}")
+ENV_LIMIT = 64 << 10
+
+
+def server_url(host: str, port: int) -> str:
+    """Where a server on host:port is reached from this machine (the unit's readiness URL)."""
+    return readiness_url(ServerArgs([Setting("--host", host, ""), Setting("--port", str(port), "")], []))
+
+
+def env_path(name: str) -> str:
+    return f"{ENV_DIR}/{name}.env"
+
+
+def _ref(var: str) -> str:
+    # ${VAR} is replaced by the variable's value as exactly one argument (systemd.service, "Command
+    # lines"); it is written raw, after the quoted words, so it is never escaped to $${VAR}.
+    return "${" + var + "}"
+
+
+def render_template(
+    common_argv: list[str],
+    served_model_name: str,
+    host: str,
+    layout: ServiceLayout,
+    user: str,
+    timeout_s: int = DEFAULT_LOAD_TIMEOUT_S,
+) -> str:
+    """vllm@.service: the single server's unit with the per-instance values read from %i's env file."""
+    problem = service_user_problem(user)
+    if problem:
+        raise UnitError(f"--user {user!r}: {problem}")
+    base = server_url(host, 0).rsplit(":", 1)[0]
+    exec_start = " ".join(
+        [
+            command_line([layout.server, *common_argv]),
+            "--port",
+            _ref(PORT_VAR),
+            "--gpu-memory-utilization",
+            _ref(UTIL_VAR),
+            "--tensor-parallel-size",
+            _ref(TP_VAR),
+        ]
+    )
+    exec_post = " ".join(
+        [
+            command_line([layout.python, layout.wait_ready]),
+            f"{base}:{_ref(PORT_VAR)}",
+            command_line([served_model_name, str(timeout_s)]),
+        ]
+    )
+    values = {
+        "unit_name": TEMPLATE_NAME,
+        "description": served_model_name.replace("%", "%%") + ", instance %i",
+        "user": user,
+        "state_name": STATE_NAME,
+        "bundle_environment": _environment_line(BUNDLE_SETTINGS),
+        "env_file": env_path("%i"),
+        "jit_env_file": f"{layout.prefix}/current/{JIT_ENV_FILE}",  # one StateDirectory: shared caches
+        "exec_start": exec_start,
+        "exec_start_post": exec_post,
+        "timeout_start_s": str(timeout_s + 60),
+    }
+    template = shipped_text("rocmdoctor.provision.server", "templates/vllm.service")
+    text = PLACEHOLDER.sub(lambda m: values[m.group(1)], template)
+    edits = [
+        # Stopping or restarting the target reaches every instance.
+        ("[Unit]\n", f"[Unit]\nPartOf={TARGET_NAME}\n"),
+        # An instance without its file is not in the layout: fail, never start with empty ${...}.
+        (f"EnvironmentFile=-{env_path('%i')}", f"EnvironmentFile={env_path('%i')}"),
+        ("WantedBy=multi-user.target", f"WantedBy={TARGET_NAME}"),
+    ]
+    text = text.replace("`rocmdoctor unit --write`", "`rocmdoctor instances --write`")
+    for old, new in edits:
+        if text.count(old) != 1:
+            raise UnitError(
+                f"templates/vllm.service changed: {old.strip()!r} not found once; update instances.py"
+            )
+        text = text.replace(old, new)
+    return text
+
+
+def render_target(plan: Plan) -> str:
+    wants = " ".join(f"vllm@{i.name}.service" for i in plan.instances)
+    return (
+        f"# Written by `rocmdoctor instances --write` ({plan.layout}, {len(plan.instances)} instances); rerun it\n"
+        "# rather than editing this file.\n"
+        "[Unit]\n"
+        f"Description=vLLM servers ({plan.layout}: {len(plan.instances)} instances of vllm@.service)\n"
+        f"Wants={wants}\n"
+        # Ordered after them, so `systemctl start vllm.target` returns once every instance passed
+        # its readiness gate (or failed).
+        f"After={wants}\n\n"
+        "[Install]\n"
+        "WantedBy=multi-user.target\n"
+    )
+
+
+def render_env(instance: Instance, api_key: str | None) -> str:
+    lines = [
+        f"# Written by `rocmdoctor instances --write`: vllm@{instance.name} (mode 0600: it may hold the key).",
+        *(f"# {d.label}" for d in instance.devices),
+        f"{DEVICES_VAR}={instance.visible_devices}",
+        f"{PORT_VAR}={instance.port}",
+        f"{UTIL_VAR}={instance.gpu_memory_utilization:.2f}",
+        f"{TP_VAR}={instance.tensor_parallel_size}",
+    ]
+    if api_key:
+        lines.append(f"VLLM_API_KEY={api_key}")
+    return "\n".join(lines) + "\n"
+
+
+def file_specs(
+    plan: Plan,
+    common_argv: list[str],
+    served_model_name: str,
+    host: str,
+    layout: ServiceLayout,
+    user: str,
+    api_key: str | None,
+    timeout_s: int = DEFAULT_LOAD_TIMEOUT_S,
+) -> list[FileSpec]:
+    return [
+        FileSpec(
+            f"{layout.unit_dir}/{TEMPLATE_NAME}",
+            render_template(common_argv, served_model_name, host, layout, user, timeout_s),
+            0o644,
+        ),
+        FileSpec(f"{layout.unit_dir}/{TARGET_NAME}", render_target(plan), 0o644),
+        *(FileSpec(env_path(i.name), render_env(i, api_key), 0o600, secret=True) for i in plan.instances),
+        FileSpec(layout.wait_ready, wait_ready_script(), 0o755),
+        *health_specs(layout),
+    ]
+
+
+def parse_env(text: str) -> dict[str, str]:
+    out = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and not key.startswith("#"):
+            out[key.strip()] = value.strip()
+    return out
+
+
+def current_instances(writer: HostWriter) -> dict[str, dict[str, str]]:
+    """The instances written now: name -> its env file's variables."""
+    out = {}
+    for entry in writer.listdir(ENV_DIR):
+        name = entry.removesuffix(".env")
+        if entry.endswith(".env") and INSTANCE_NAME.fullmatch(name):
+            raw = writer.read_current(env_path(name), ENV_LIMIT)
+            out[name] = parse_env(raw.decode("utf-8", "replace")) if raw is not None else {}
+    return out
+
+
+# The template's readiness gate: ExecStartPost=... <base URL>:${ROCMDOCTOR_PORT} <model> <timeout>
+READINESS_BASE = re.compile(
+    r"^ExecStartPost=.*\s(https?://\S+):\$\{" + PORT_VAR + r"\}(?:\s|$)", re.MULTILINE
+)
+
+
+def written_base_url(writer: HostWriter, unit_dir: str = UNIT_DIR) -> str | None:
+    """Where the written instances are reached from this machine (`http://host`, before the port):
+    the address the template's own readiness gate uses; None without a readable template."""
+    raw = writer.read_current(f"{unit_dir}/{TEMPLATE_NAME}", ENV_LIMIT)
+    match = READINESS_BASE.search(raw.decode("utf-8", "replace")) if raw is not None else None
+    return match.group(1) if match else None
+
+
+def owned_ports(writer: HostWriter) -> set[int]:
+    """Ports the written instances hold: their own servers listen there, so they are not "taken"."""
+    ports = set()
+    for env in current_instances(writer).values():
+        value = env.get(PORT_VAR, "")
+        if is_decimal(value) and 0 < int(value) < 65536:
+            ports.add(int(value))
+    return ports
+
+
+@dataclass
+class Change:
+    path: str
+    action: str  # "unchanged", "created", "updated", "mode", "removed"
+    diff: str = ""
+
+    @property
+    def changed(self) -> bool:
+        return self.action != "unchanged"
+
+    def to_json(self) -> dict:
+        return {"path": self.path, "changed": self.changed, "action": self.action, "diff": self.diff}
+
+
+@dataclass
+class Report(WriteReport[Change]):
+    restart: list[str] = field(default_factory=list)  # running instances whose settings changed
+
+    def to_json(self) -> dict:
+        return {**super().to_json(), "restart_needed": self.restart}
+
+
+def _apply(writer: HostWriter, spec: FileSpec) -> Change:
+    existed = writer.read_current(spec.path) is not None
+    change = apply_file(writer, spec)
+    if not change.changed:
+        return Change(spec.path, "unchanged")
+    if spec.secret:
+        return Change(
+            spec.path,
+            "created" if not existed else "updated",
+            f"{spec.path}: content changed (it may hold the API key: not shown)",
+        )
+    action = "mode" if change.diff.startswith("mode ") else ("created" if not existed else "updated")
+    return Change(spec.path, action, change.diff)
+
+
+def write(writer: HostWriter, specs: list[FileSpec], user: str) -> Report:
+    """Make the writer's tree match: files replaced atomically only when they differ, instance files
+    the layout no longer has removed, accounts created, systemd reloaded when a unit changed (a writer
+    in check mode only reports)."""
+    report = Report(check=writer.check_mode)
+    try:
+        report.accounts = ensure_accounts(writer, user)
+        before = current_instances(writer)
+        report.files = [_apply(writer, spec) for spec in specs]
+        wanted = {spec.path for spec in specs}
+        for name in sorted(before, key=int):
+            path = env_path(name)
+            if path not in wanted:
+                writer.remove_file(path)
+                report.files.append(
+                    Change(
+                        path,
+                        "removed",
+                        f"{path}: instance {name} is not in the new layout (stop it: systemctl stop vllm@{name})",
+                    )
+                )
+    except WriteRefused as exc:
+        raise UnitError(str(exc)) from None
+    report.restart = [
+        name
+        for name in sorted(before, key=int)
+        if any(c.path == env_path(name) and c.action == "updated" for c in report.files)
+    ]
+    if any(c.changed and c.path.endswith(SYSTEMD_UNITS) for c in report.files):
+        try:
+            report.daemon_reload = daemon_reload(writer)
+        except WriteRefused as exc:
+            raise UnitError(str(exc)) from None
+    return report

@@ -1,0 +1,101 @@
+"""JIT caches owned by the service, keyed by the bundle and the GPU they were built for.
+
+Triton, inductor, vLLM and AITER reuse whatever they find: a truncated AITER build is reused forever
+(aiter#4799), objects built for another GPU segfault (aiter#3846), and their defaults
+(`/tmp/torchinductor_<user>`, `~/.triton`) vanish at every restart of a unit with PrivateTmp and
+ProtectHome. So every cache lives under `<state>/jit/<key>/`, key = `<gfx>-<digest prefix>`, with a
+`fingerprint.json` naming the bundle digest, gfx and tag it belongs to: a new bundle or another GPU
+gets a new, empty directory, never a poisoned one.
+
+The unit reads the variables from `<prefix>/current/.rocmdoctor-jit.env` (written into each bundle
+when it is qualified: an EnvironmentFile= overrides the unit's Environment= lines), so switching
+`current` switches the caches with it; `serve` sets them itself under its cache directory.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rocmdoctor import host_files as files
+from rocmdoctor.atomic import write_atomic
+
+ENV_FILE = ".rocmdoctor-jit.env"
+FINGERPRINT = "fingerprint.json"
+UNIT_STATE_DIR = "/var/lib/vllm"  # StateDirectory=vllm of the unit (provision/server/unit.py STATE_NAME)
+# variable -> subdirectory of the key directory
+VARIABLES = {
+    "TRITON_CACHE_DIR": "triton",
+    "TORCHINDUCTOR_CACHE_DIR": "inductor",
+    "VLLM_CACHE_ROOT": "vllm",
+    "AITER_JIT_DIR": "aiter",
+}
+
+
+def cache_key(digest: str, gfx: str | None) -> str:
+    return f"{gfx or 'nogpu'}-{digest.split(':', 1)[-1][:16]}"
+
+
+def cache_dir(state_dir: str | Path, digest: str, gfx: str | None) -> Path:
+    return Path(state_dir) / "jit" / cache_key(digest, gfx)
+
+
+def environment(key_dir: str | Path) -> dict[str, str]:
+    return {name: f"{key_dir}/{sub}" for name, sub in VARIABLES.items()}
+
+
+def fingerprint(digest: str, gfx: str | None, tag: str) -> dict[str, str | None]:
+    return {"bundle_digest": digest, "gfx": gfx, "tag": tag}
+
+
+def write_bundle_env(tree: Path, digest: str, gfx: str | None) -> None:
+    """The unit's cache variables for this bundle on this GPU, as an EnvironmentFile in the bundle."""
+    key_dir = cache_dir(UNIT_STATE_DIR, digest, gfx)
+    lines = [f"# rocmdoctor: JIT caches of this bundle on {gfx or 'no GPU'} (read by vllm.service)"]
+    lines += [f"{name}={value}" for name, value in environment(key_dir).items()]
+    write_atomic(tree / ENV_FILE, "\n".join(lines) + "\n")
+
+
+def prepare(state_dir: Path, digest: str, gfx: str | None, tag: str) -> dict[str, str]:
+    """`serve`: make the key directory with its fingerprint (once) and return the variables."""
+    key_dir = cache_dir(state_dir, digest, gfx)
+    files.make_dirs(key_dir)
+    if not files.exists(key_dir / FINGERPRINT):
+        doc = {**fingerprint(digest, gfx, tag), "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        write_atomic(key_dir / FINGERPRINT, json.dumps(doc, indent=2) + "\n")
+    return environment(key_dir)
+
+
+@dataclass
+class Purge:
+    changed: bool
+    msg: str
+    removed: list[str]
+    kept: list[str]
+    check: bool
+
+    def to_json(self) -> dict[str, object]:
+        from rocmdoctor.model import SCHEMA_VERSION
+
+        return {"schema_version": SCHEMA_VERSION, **vars(self)}
+
+
+def purge(state_dir: Path, keep_key: str | None, check: bool = False) -> Purge:
+    """Remove every cache directory under `<state_dir>/jit` but `keep_key` (None: all of them)."""
+    jit = state_dir / "jit"
+    names = sorted(files.list_dir(jit)) if files.is_dir(jit) else []
+    doomed = [n for n in names if n != keep_key]
+    if not check:
+        for name in doomed:
+            files.remove_tree(jit / name, ignore_errors=True)
+    kept = [n for n in names if n == keep_key]
+    verb = "would remove" if check else "removed"
+    return Purge(
+        bool(doomed),
+        f"{verb} {len(doomed)} JIT cache(s) under {jit}" + (f"; kept {keep_key}" if kept else ""),
+        doomed,
+        kept,
+        check,
+    )

@@ -1,0 +1,1 @@
+"""Rendering for people and for Prometheus: data in, text out, apart from the logic that made the data."""
