@@ -14,7 +14,6 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-from rocmdoctor.facts.families import family_for_gfx
 from rocmdoctor.facts.gpu_choice import ambiguous, gpu_spec_matches, serving_nodes
 from rocmdoctor.host import Read, ReadState
 from rocmdoctor.registry import Context
@@ -372,7 +371,7 @@ def _read_node(
     return GpuNode(
         node=node,
         gfx=gfx,
-        family=family_for_gfx(gfx),
+        family=ctx.manifest.family_for_gfx(gfx),
         apu=apu,
         vram_total=mem["vram_total"],
         vram_used=mem["vram_used"],

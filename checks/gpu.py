@@ -21,7 +21,6 @@ from rocmdoctor.checks.facts import (
 )
 from rocmdoctor.checks.pci_bind import READS as PCI_BIND_READS
 from rocmdoctor.checks.pci_bind import unbound_finding
-from rocmdoctor.facts.families import family_names
 from rocmdoctor.model import Action, Result, failed, passed, warned
 from rocmdoctor.registry import Context
 from rocmdoctor.textnum import is_decimal
@@ -156,7 +155,7 @@ def gpu_arch(ctx: Context) -> Result:
     if unsupported:
         return warned(
             f"no vllm-rocm bundle for {', '.join(unsupported)} ({described})",
-            f"Bundles exist for {', '.join(family_names())}; use one of those GPUs or build vLLM for "
+            f"Bundles exist for {', '.join(ctx.manifest.family_names())}; use one of those GPUs or build vLLM for "
             f"{', '.join(unsupported)} from source.",
             gpus=rows,
             **extra,

@@ -20,15 +20,9 @@ import msgspec
 from msgspec import Meta
 
 from rocmdoctor import documents
+from rocmdoctor.facts.manifest import ManifestError, check_asset_name
 from rocmdoctor.provision import bounded_http
-from rocmdoctor.provision.bundle.manifest import (
-    MAX_PART_BYTES,
-    Asset,
-    ManifestError,
-    check_asset_name,
-    order_parts,
-    parse_asset,
-)
+from rocmdoctor.provision.bundle.manifest import MAX_PART_BYTES, Asset, order_parts, parse_asset
 from rocmdoctor.sensitive import KeyFileError, check_token
 
 DEFAULT_API_URL = "https://api.github.com"

@@ -35,6 +35,7 @@ from rocmdoctor import host_files as files
 from rocmdoctor.archive.extract import ArchiveError, UnsafeArchive, extract_stream, fix_exec_bits
 from rocmdoctor.archive.tar_rule import NoSpaceLeft, human
 from rocmdoctor.atomic import write_atomic
+from rocmdoctor.facts.manifest import ManifestError, check_tag
 from rocmdoctor.host_files import lexists, secure_dir, tree_bytes
 from rocmdoctor.host_processes import run_program
 from rocmdoctor.model import SCHEMA_VERSION, state_diff
@@ -55,8 +56,6 @@ from rocmdoctor.provision.bundle.manifest import (
     Asset,
     Lock,
     LockEntry,
-    ManifestError,
-    check_tag,
     parse_lock,
     read_pin_file,
     with_entry,

@@ -20,7 +20,15 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from rocmdoctor.facts.families import family_for_gfx
+from rocmdoctor.facts.manifest import (
+    CHANNELS,
+    Manifest,
+    ManifestError,
+    ReleaseTag,
+    check_tag,
+    parse_release_tag,
+    tag_allowed,
+)
 from rocmdoctor.host_files import is_file
 from rocmdoctor.provision.bundle.github_release import (
     ApiOptions,
@@ -33,18 +41,7 @@ from rocmdoctor.provision.bundle.github_release import (
     list_releases,
 )
 from rocmdoctor.provision.bundle.install import InstallError, Source
-from rocmdoctor.provision.bundle.manifest import (
-    CHANNELS,
-    Asset,
-    Lock,
-    LockEntry,
-    Manifest,
-    ManifestError,
-    ReleaseTag,
-    check_tag,
-    parse_release_tag,
-    tag_allowed,
-)
+from rocmdoctor.provision.bundle.manifest import Asset, Lock, LockEntry
 
 
 class PlanError(ValueError):
@@ -58,7 +55,7 @@ def family_from_tag(tag: str) -> str:
 def resolve_family(requested: str, manifest: Manifest) -> str:
     if requested in manifest.families:
         return requested
-    mapped = family_for_gfx(requested)
+    mapped = manifest.family_for_gfx(requested)
     if mapped in manifest.families:
         return mapped
     raise PlanError(

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from rocmdoctor.facts.manifest import Manifest, shipped_manifest
 from rocmdoctor.host import Host
 from rocmdoctor.model import Action, Probe, Result, Severity, Status
 
@@ -61,6 +62,9 @@ class Options:
 class Context:
     host: Host
     options: Options = field(default_factory=Options)
+    # The bundles' manifest the user chose (--bundles-dir/--manifest), else the shipped one: which family
+    # each gfx belongs to comes from here, for the diagnosis and `install --family auto` alike.
+    manifest: Manifest = field(default_factory=shipped_manifest)
     _memo: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def memo(self, key: str, compute: Callable[[], Any]) -> Any:

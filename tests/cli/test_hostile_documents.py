@@ -18,10 +18,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.hostile_http import hostile_server
+from rocmdoctor.facts.manifest import ManifestError
 from rocmdoctor.host import Host
 from rocmdoctor.provision.bundle.github_release import ApiOptions, ReleaseError, fetch_release
 from rocmdoctor.provision.bundle.install import InstallPlan, Layout, Source, _matches
-from rocmdoctor.provision.bundle.manifest import Asset, ManifestError, parse_lock
+from rocmdoctor.provision.bundle.manifest import Asset, parse_lock
 from rocmdoctor.provision.server.hub import HubClient, HubError
 from rocmdoctor.provision.verify.openai_client import ServerError, _json
 from rocmdoctor.vllm.model_files import ModelFilesError, read_config, read_header, shard_names

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from harness.hostile_http import hostile_server
 from rocmdoctor.cli import cli
-from rocmdoctor.provision.bundle.manifest import ManifestError, check_tag
+from rocmdoctor.facts.manifest import ManifestError, check_tag
 from rocmdoctor.report import dumps
 from rocmdoctor.sensitive import redact_message, register_secret
 from rocmdoctor.vllm.model_files import ModelFilesError, cached_snapshot, check_revision

@@ -43,4 +43,25 @@ def test_host_without_amd_gpu_is_refused(install_lab, repo):
 def test_mi300x_maps_to_gfx942(install_lab, repo):
     install_lab.pin("gfx1151", install_lab.bundle(TAG))  # pins without gfx942
     proc = _auto(install_lab, repo, "mi300x")
-    assert proc.returncode == 2 and "unknown GPU family 'gfx942'" in proc.stderr
+    assert proc.returncode == 2 and "runs on gfx942 (its families: gfx1151)" in proc.stderr
+    assert "'targets'" in proc.stderr
+
+
+def test_a_fleets_own_manifest_adds_a_family_for_auto(install_lab, repo):
+    """The manifest the user pins is the one `--family auto` maps the host's gfx through: a family the
+    shipped manifest does not know (its own name, its own targets) is chosen by the diagnosis."""
+    from harness.bundles import write_pins
+    from harness.elf_bundle import family_code_objects
+
+    tag = "vllm0.1.0-rocm7.0.0-gfx115X"
+    built = install_lab.bundle(tag, extra=family_code_objects("gfx115X", ["gfx1151"]))
+    write_pins(
+        install_lab.pins,
+        {"gfx115X": built},
+        base_url=install_lab.server.mirror_url,
+        targets={"gfx115X": ["gfx1150", "gfx1151"]},
+    )
+    proc = _auto(install_lab, repo, "strix-halo-clean", "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["family"] == "gfx115X" and doc["current"] == tag

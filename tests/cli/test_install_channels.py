@@ -41,7 +41,7 @@ def release_list(install_lab):
 
 
 def test_tags_parse_with_packaging_and_never_split_on_plus():
-    from rocmdoctor.provision.bundle.manifest import parse_release_tag
+    from rocmdoctor.facts.manifest import parse_release_tag
 
     nightly = parse_release_tag(NIGHTLY)
     assert nightly is not None and nightly.product == "vllm" and nightly.family == "gfx1151"

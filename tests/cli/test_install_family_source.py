@@ -94,7 +94,7 @@ def test_a_tag_outside_the_familys_pattern_is_refused(install_lab):
 def test_shipped_manifest_sends_instinct_to_the_cdna_repository():
     from importlib import resources
 
-    from rocmdoctor.provision.bundle.manifest import parse_manifest
+    from rocmdoctor.facts.manifest import parse_manifest
 
     manifest = parse_manifest(resources.files("rocmdoctor.bundles").joinpath("manifest.toml").read_text())
     assert manifest.repo_for("gfx942") == CDNA_REPO and manifest.repo_for("gfx950") == CDNA_REPO

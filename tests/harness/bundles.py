@@ -163,6 +163,7 @@ def write_pins(
     base_url: str | None = None,
     repo: str = REPO,
     channel: str = "stable",
+    targets: dict[str, list[str]] | None = None,
 ) -> tuple[Path, Path]:
     """`manifest.toml` + `lock.json` pinning each family to its synthetic bundle (for --bundles-dir).
 
@@ -178,6 +179,7 @@ def write_pins(
             f"[families.{family}]",
             f'tag = "{built.tag}"',
             f'channel = "{channel}"',
+            *([f"targets = {json.dumps(targets[family])}"] if targets and family in targets else []),
             "parts = [" + ", ".join(f'"{a.name}"' for a in assets) + "]",
             "",
         ]

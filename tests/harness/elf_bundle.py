@@ -176,14 +176,16 @@ def qualify_files(elves: dict[str, bytes], variant: str) -> dict[str, tuple[byte
     }
 
 
-def family_code_objects(family: str) -> dict[str, tuple[bytes, int]]:
-    """Standalone code objects (as rocBLAS ships its kernels) for every gfx of a manifest family, so a
-    synthetic bundle carries GPU code for the host it is installed on."""
+def family_code_objects(family: str, targets: list[str] | None = None) -> dict[str, tuple[bytes, int]]:
+    """Standalone code objects (as rocBLAS ships its kernels) for every gfx of a family (the shipped
+    manifest's targets unless given), so a synthetic bundle carries GPU code for the host it is installed on."""
     from rocmdoctor.archive.elf_scan import amdgpu_machines
-    from rocmdoctor.facts.families import _targets
+    from rocmdoctor.facts.manifest import shipped_manifest
 
     mach = {gfx: value for value, gfx in amdgpu_machines().items()}
-    targets = sorted(gfx for gfx, fam in _targets().items() if fam == family and gfx in mach)
+    shipped = shipped_manifest().families.get(family)
+    wanted = targets if targets is not None else list(shipped.targets) if shipped else []
+    targets = sorted(gfx for gfx in wanted if gfx in mach)
     return {
         f"{SP}/_rocm_sdk_libraries/lib/rocblas/library/kernels-{gfx}.co": (
             amdgpu_code_object(mach[gfx]),

@@ -8,7 +8,6 @@ import pytest
 from harness.hosts import fixture_root
 from rocmdoctor.checks.facts import (
     GpuNode,
-    family_for_gfx,
     gfx_name,
     gpus,
     meminfo,
@@ -17,6 +16,7 @@ from rocmdoctor.checks.facts import (
     usable_memory,
 )
 from rocmdoctor.checks.kernel_rules import carries_cwsr_export, expected_cwsr, parse_release, vgpr_bytes
+from rocmdoctor.facts.manifest import ManifestError, parse_manifest, shipped_manifest
 from rocmdoctor.host import Host
 from rocmdoctor.registry import Context
 
@@ -69,7 +69,33 @@ def test_gfx_names_use_one_hex_digit_for_minor_and_stepping(value, name):
     ],
 )
 def test_bundle_family(gfx, family):
-    assert family_for_gfx(gfx) == family
+    assert shipped_manifest().family_for_gfx(gfx) == family
+
+
+MANIFEST_HEAD = 'schema_version = 1\nrepo = "o/r"\n'
+
+
+def test_a_family_named_after_one_gfx_runs_on_it_without_targets():
+    manifest = parse_manifest(MANIFEST_HEAD + '[families.gfx1151]\nchannel = "stable"\n')
+    assert manifest.family_for_gfx("gfx1151") == "gfx1151" and manifest.family_for_gfx("gfx1150") is None
+
+
+def test_a_target_in_two_families_is_refused_naming_both():
+    text = MANIFEST_HEAD + (
+        '[families.gfx115X]\nchannel = "stable"\ntargets = ["gfx1150", "gfx1151"]\n'
+        '[families.gfx1151]\nchannel = "stable"\n'
+    )
+    with pytest.raises(
+        ManifestError,
+        match="families.gfx1151: field 'targets': gfx1151 is already a target of family gfx115X",
+    ):
+        parse_manifest(text)
+
+
+@pytest.mark.parametrize("targets", ['"gfx1151"', '["gfx1151", 7]', '["../etc"]', '[""]'])
+def test_targets_must_be_a_list_of_gfx_names(targets):
+    with pytest.raises(ManifestError, match="field 'targets' must be a list of gfx names"):
+        parse_manifest(MANIFEST_HEAD + f'[families.gfx115X]\nchannel = "stable"\ntargets = {targets}\n')
 
 
 @pytest.mark.parametrize(

@@ -2,9 +2,11 @@
 other; no import cycles.
 
 The core is host access, the write seam and the result model. The domain packages (`rocmdoctor.facts`,
-`rocmdoctor.vllm`, `rocmdoctor.archive`) hold knowledge and pure logic on top of it; a handful of core
-modules that face the user (snapshot packs archives, the redactor and the parameter types know vLLM's
-flags, rendering knows the metric names) sit above them. Checks and provisioning use all of it.
+`rocmdoctor.vllm`, `rocmdoctor.archive`) hold knowledge and pure logic on top of it; the core modules
+that run and present things sit above them (the check registry and its context, which carries the
+bundles' manifest; policy and report; snapshot, which packs archives; the redactor and the parameter
+types, which know vLLM's flags; rendering, which knows the metric names). Checks and provisioning use
+all of it.
 
 Static: every import statement in every module, including those inside functions (a lazy import is
 still a dependency). Commands and the CLI sit on top and may import everything.
@@ -49,7 +51,15 @@ def modules() -> dict[str, Path]:
 
 DOMAIN = ("rocmdoctor.facts", "rocmdoctor.vllm", "rocmdoctor.archive")
 # Core modules above the domain packages: they may use them, and the domain packages may not use these.
-UPPER_CORE = ("rocmdoctor.snapshot", "rocmdoctor.params", "rocmdoctor.sensitive", "rocmdoctor.rendering")
+UPPER_CORE = (
+    "rocmdoctor.registry",
+    "rocmdoctor.policy",
+    "rocmdoctor.report",
+    "rocmdoctor.snapshot",
+    "rocmdoctor.params",
+    "rocmdoctor.sensitive",
+    "rocmdoctor.rendering",
+)
 
 
 def layer(module: str) -> str:

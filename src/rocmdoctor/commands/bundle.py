@@ -26,6 +26,7 @@ from rocmdoctor.commands.bundle_qualify import (
 from rocmdoctor.commands.bundle_qualify import qualify_settings as _qualify_settings
 from rocmdoctor.commands.bundle_qualify import summary as _qualification_summary
 from rocmdoctor.commands.common import App, UserError, emit_json, pass_app
+from rocmdoctor.facts.manifest import Manifest
 from rocmdoctor.model import SCHEMA_VERSION, envelope, state_diff
 
 # Checks that make an install pointless: without them the bundle cannot run on this host.
@@ -171,7 +172,8 @@ def _api_settings(kwargs: dict[str, Any]) -> Any:
 
 
 def _load_pins(kwargs: dict[str, Any], prefix: Path) -> tuple[Any, Any, Any]:
-    from rocmdoctor.provision.bundle.manifest import ManifestError, PinSources
+    from rocmdoctor.facts.manifest import ManifestError
+    from rocmdoctor.provision.bundle.manifest import PinSources
 
     sources = PinSources.resolve(
         kwargs["bundles_dir"], kwargs["manifest_file"], kwargs["lock_file"], prefix / "lock.json"
@@ -181,7 +183,7 @@ def _load_pins(kwargs: dict[str, Any], prefix: Path) -> tuple[Any, Any, Any]:
     except ManifestError as exc:
         raise UserError(f"{exc}") from None
     if kwargs["repo"]:
-        from rocmdoctor.provision.bundle.manifest import REPO_PATTERN
+        from rocmdoctor.facts.manifest import REPO_PATTERN
 
         if not REPO_PATTERN.fullmatch(kwargs["repo"]):
             raise UserError(f"--repo must look like owner/name, not {kwargs['repo']!r}")
@@ -192,9 +194,9 @@ def _load_pins(kwargs: dict[str, Any], prefix: Path) -> tuple[Any, Any, Any]:
 @contextlib.contextmanager
 def _failures(as_json: bool) -> Iterator[None]:
     """Turn the provisioning errors into exit codes and messages (and JSON with failed: true)."""
+    from rocmdoctor.facts.manifest import ManifestError
     from rocmdoctor.provision.bundle.download import DownloadError, UnsafeDirectory
     from rocmdoctor.provision.bundle.install import InstallError, InvalidRequest, UnsafeBundle
-    from rocmdoctor.provision.bundle.manifest import ManifestError
     from rocmdoctor.provision.bundle.qualify import NotQualified
     from rocmdoctor.provision.bundle.selection import PlanError
 
@@ -245,7 +247,7 @@ def _progress(enabled: bool, total: int, extracting: bool = True) -> Iterator[tu
         )
 
 
-def _auto_family(app: App, prefix: Path, force: bool, manifest: Any) -> tuple[str, list[str]]:
+def _auto_family(app: App, prefix: Path, force: bool, manifest: Manifest) -> tuple[str, list[str]]:
     """The family of this host's GPU, and what the policy says blocks an install (refused unless --force)."""
     from rocmdoctor.model import Action
     from rocmdoctor.policy import blocking
@@ -259,7 +261,7 @@ def _auto_family(app: App, prefix: Path, force: bool, manifest: Any) -> tuple[st
             "--family auto needs the host diagnosis, which this build lacks; pass --family "
             f"({', '.join(sorted(manifest.families))})"
         ) from None
-    ctx = Context(app.host(), Options(prefix=str(prefix)))
+    ctx = Context(app.host(), Options(prefix=str(prefix)), manifest=manifest)
     gpus = facts.gpus(ctx)
     families = sorted({g.family for g in gpus if g.family})
     registry = load_registry()
@@ -271,6 +273,13 @@ def _auto_family(app: App, prefix: Path, force: bool, manifest: Any) -> tuple[st
             + "\n  ".join(problems)
         )
     if not families:
+        unlisted = sorted({g.gfx for g in gpus if g.gfx})
+        if unlisted:
+            raise UserError(
+                f"no bundle family in {manifest.source} runs on {', '.join(unlisted)} (its families: "
+                f"{', '.join(manifest.family_names())}); pass --family, or add the target to a family's "
+                "'targets' in that manifest"
+            )
         raise UserError("no AMD GPU family found on this host (under --root); pass --family explicitly")
     if len(families) > 1:
         raise UserError(f"this host has GPUs of several families ({', '.join(families)}); pass --family")

@@ -75,8 +75,8 @@ def ttm_limit_bytes(report: dict[str, Any]) -> int | None:
 def _qualified(tag: str, family: str, meta: dict[str, Any]) -> str:
     """`true` when the bundle was recorded as qualified or is the manifest's reviewed pin for its
     family; `false` when it is another tag of a family that has a reviewed pin; else `unknown`."""
+    from rocmdoctor.facts.manifest import parse_manifest
     from rocmdoctor.host_files import shipped_text
-    from rocmdoctor.provision.bundle.manifest import parse_manifest
 
     if isinstance(meta.get("qualified"), bool):
         return str(meta["qualified"]).lower()
