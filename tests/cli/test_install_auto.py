@@ -10,7 +10,38 @@ TAG = "vllm0.1.0-rocm7.0.0-gfx1151"
 
 
 def _auto(lab, repo, host: str, *args: str):
-    return lab.cli("--root", str(repo / HOSTS / host), *lab.install_args("auto", *args))
+    # Facts of a fixture host, the install into this lab's prefix: the mix the user asks for by name.
+    return lab.cli("--root", str(repo / HOSTS / host), *lab.install_args("auto", "--with-root-facts", *args))
+
+
+def test_another_roots_facts_for_a_live_install_are_refused_unless_asked_for(install_lab, repo):
+    install_lab.pin("gfx1151", install_lab.bundle(TAG))
+    root = repo / HOSTS / "strix-halo-clean"
+    proc = install_lab.cli("--root", str(root), *install_lab.install_args("auto"))
+    assert proc.returncode == 2 and "--with-root-facts" in proc.stderr and "Traceback" not in proc.stderr
+    assert install_lab.current() is None and not (install_lab.prefix / "bundles").exists()
+    # An explicit family reads no facts: nothing to mix, nothing refused.
+    assert install_lab.cli("--root", str(root), *install_lab.install_args("gfx1151")).returncode == 0
+
+
+def test_serve_refuses_another_roots_facts_for_a_live_start(repo, tmp_path):
+    from harness.cli import rocmdoctor
+
+    root = repo / HOSTS / "strix-halo-clean"
+    proc = rocmdoctor("--root", str(root), "serve", "--model", str(tmp_path), "--prefix", str(tmp_path / "p"))
+    assert proc.returncode == 2 and "--with-root-facts" in proc.stderr and "serve" in proc.stderr
+    # Asked for by name, the facts are used and the start goes on (to the missing bundle's message).
+    asked = rocmdoctor(
+        "--root",
+        str(root),
+        "serve",
+        "--with-root-facts",
+        "--model",
+        str(tmp_path),
+        "--prefix",
+        str(tmp_path / "p"),
+    )
+    assert asked.returncode == 2 and "install a bundle first" in asked.stderr
 
 
 def test_clean_strix_halo_installs_the_gfx1151_bundle(install_lab, repo):

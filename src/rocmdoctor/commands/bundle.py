@@ -25,7 +25,14 @@ from rocmdoctor.commands.bundle_qualify import (
 )
 from rocmdoctor.commands.bundle_qualify import qualify_settings as _qualify_settings
 from rocmdoctor.commands.bundle_qualify import summary as _qualification_summary
-from rocmdoctor.commands.common import App, UserError, emit_json, pass_app
+from rocmdoctor.commands.common import (
+    WITH_ROOT_FACTS,
+    App,
+    UserError,
+    emit_json,
+    pass_app,
+    refuse_root_facts_for_live_action,
+)
 from rocmdoctor.facts.manifest import Manifest
 from rocmdoctor.model import SCHEMA_VERSION, envelope, state_diff
 
@@ -394,6 +401,7 @@ def _request(
     help="Accept new digests for TAG although <prefix>/lock.json recorded others for it (a release "
     "rebuilt under the same tag), and record the new ones. Without it such an install is refused.",
 )
+@WITH_ROOT_FACTS
 @click.option("--check", is_flag=True, help="Dry run: say what would change, write nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print an Ansible-style JSON result on stdout.")
 @pass_app
@@ -409,6 +417,7 @@ def install(
     prune_after: bool,
     retrust_tag: str | None,
     skip_qualify: bool,
+    with_root_facts: bool,
     check: bool,
     as_json: bool,
     **kwargs: Any,
@@ -434,6 +443,7 @@ def install(
             if family not in ("auto", chosen):
                 raise UserError(f"--tag {tag} is for {chosen}, not --family {family}")
         elif family == "auto":
+            refuse_root_facts_for_live_action(app, with_root_facts, "install --family auto")
             chosen, warnings = _auto_family(app, prefix, force, manifest)
         else:
             chosen = resolve_family(family, manifest)

@@ -12,9 +12,35 @@ import click
 from rocmdoctor.cli import App, UserError
 from rocmdoctor.report import dumps
 
-__all__ = ["App", "UserError", "echo_write_report", "emit_json", "pass_app", "write_root"]
+__all__ = [
+    "WITH_ROOT_FACTS",
+    "App",
+    "UserError",
+    "echo_write_report",
+    "emit_json",
+    "pass_app",
+    "refuse_root_facts_for_live_action",
+    "write_root",
+]
 
 pass_app = click.make_pass_decorator(App)
+
+WITH_ROOT_FACTS = click.option(
+    "--with-root-facts",
+    is_flag=True,
+    help="With another --root: act on THIS host using the facts read under --root (a snapshot, an image). "
+    "Without it such a mix is refused.",
+)
+
+
+def refuse_root_facts_for_live_action(app: App, with_root_facts: bool, action: str) -> None:
+    """A command that acts on this host (starts a server, installs into a prefix) from facts it read: under
+    another --root those are another host's facts, so it refuses unless the user asked for exactly that."""
+    if app.root != Path("/") and not with_root_facts:
+        raise UserError(
+            f"--root {app.root} is another host's facts, and {action} acts on this host: pass "
+            f"--with-root-facts to {action} here with those facts, or leave --root out"
+        )
 
 
 def write_root(app: App, target: Path | None) -> Path:

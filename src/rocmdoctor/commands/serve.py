@@ -12,7 +12,16 @@ import click
 
 from rocmdoctor import params
 from rocmdoctor.commands.bundle_qualify import jit_environment
-from rocmdoctor.commands.common import App, UserError, echo_write_report, emit_json, pass_app, write_root
+from rocmdoctor.commands.common import (
+    WITH_ROOT_FACTS,
+    App,
+    UserError,
+    echo_write_report,
+    emit_json,
+    pass_app,
+    refuse_root_facts_for_live_action,
+    write_root,
+)
 from rocmdoctor.commands.server_options import (
     LAYOUT_CHOICES,
     SINGLE_SERVER,
@@ -191,9 +200,17 @@ def unit(
     default=None,
     help="Server log [default: ~/.cache/rocmdoctor/serve-PORT.log].",
 )
+@WITH_ROOT_FACTS
 @SINGLE_SERVER
 @pass_app
-def serve(app: App, timeout_s: float, cache_dir: Path | None, log_file: Path | None, **opts: Any) -> None:
+def serve(
+    app: App,
+    timeout_s: float,
+    cache_dir: Path | None,
+    log_file: Path | None,
+    with_root_facts: bool,
+    **opts: Any,
+) -> None:
     """Run the vLLM server in the foreground until Ctrl-C; report ready only after a real completion.
 
     Extra vLLM arguments go after `--`: rocmdoctor serve --model M -- --enforce-eager
@@ -213,6 +230,7 @@ def serve(app: App, timeout_s: float, cache_dir: Path | None, log_file: Path | N
     )
     from rocmdoctor.provision.server.unit import ServiceLayout, readiness_url
 
+    refuse_root_facts_for_live_action(app, with_root_facts, "serve")
     args = resolve_args(app, opts)
     executable = Path(ServiceLayout(prefix=opts["prefix"]).server)
     if not os.access(executable, os.X_OK):
