@@ -38,6 +38,7 @@ from rocmdoctor.atomic import write_atomic
 from rocmdoctor.facts.manifest import ManifestError, check_tag
 from rocmdoctor.host_files import lexists, secure_dir, tree_bytes
 from rocmdoctor.host_processes import run_program
+from rocmdoctor.host_writes import HostWriter
 from rocmdoctor.model import SCHEMA_VERSION, state_diff
 from rocmdoctor.provision.bundle.download import (
     DownloadCancelled,
@@ -124,7 +125,6 @@ class InstallPlan:
     on_download: ProgressFn | None = None
     on_extract: ProgressFn | None = None
     pins: LockEntry | None = None  # digests trusted on first use: recorded in <prefix>/lock.json
-    check: bool = False  # dry run: report what would change, write nothing
     retrust: bool = False  # --retrust-tag: accept digests that differ from those recorded for the tag
     qualify: QualifyOptions = field(default_factory=lambda: QualifyOptions())
 
@@ -297,19 +297,31 @@ class DigestChanged(InvalidRequest):
     """The release's digests differ from those this prefix recorded for the same tag: exit 2."""
 
 
-def install(plan: InstallPlan) -> InstallResult:
+def decide(layout: Layout, plan: InstallPlan) -> str:
+    """What an install does here, the same for the dry run and the real one: "current" (nothing),
+    "switch" (the bundle is installed, `current` moves to it) or "install" (fetch, extract, qualify)."""
+    meta = layout.metadata(plan.tag) if files.is_dir(layout.bundles) else None
+    if not plan.force and _matches(meta, plan):
+        return "current" if layout.current_tag() == plan.tag else "switch"
+    return "install"
+
+
+def install(plan: InstallPlan, writer: HostWriter) -> InstallResult:
+    """Install `plan` under its prefix through `writer`: in check mode the same decision is made and
+    reported, and nothing under the prefix is created, locked, recovered or moved."""
     layout = Layout(plan.prefix)
     trusted = _check_recorded(layout, plan)  # TOFU, whatever supplied the pins: before any write
-    if plan.check:
-        return _dry_run(layout, plan)
+    if not writer.change("install", f"{plan.tag} under {layout.prefix}"):
+        return _dry_run(layout, plan, decide(layout, plan))
     held = _lock(layout)
     try:
         recover(layout)
         before = layout.current_tag()
-        if not plan.force and before == plan.tag and _matches(layout.metadata(plan.tag), plan):
+        action = decide(layout, plan)
+        if action == "current":
             result = _result(layout, plan, False, f"{plan.tag} is already current")
             _record_pins(layout, plan, trusted, result)
-        elif not plan.force and _matches(layout.metadata(plan.tag), plan):
+        elif action == "switch":
             qualify_installed(
                 layout.bundles / plan.tag, plan.tag, layout.current_tag(), plan.qualify, _assets(plan)
             )
@@ -337,13 +349,12 @@ def install(plan: InstallPlan) -> InstallResult:
         _unlock(held)
 
 
-def _dry_run(layout: Layout, plan: InstallPlan) -> InstallResult:
+def _dry_run(layout: Layout, plan: InstallPlan, action: str) -> InstallResult:
     """What `install` would do, touching nothing (not even creating the prefix)."""
     before = layout.current_tag()
-    meta = layout.metadata(plan.tag) if files.is_dir(layout.bundles) else None
-    if not plan.force and before == plan.tag and _matches(meta, plan):
+    if action == "current":
         result = _result(layout, plan, False, f"{plan.tag} is already current")
-    elif not plan.force and _matches(meta, plan):
+    elif action == "switch":
         result = _result(layout, plan, True, f"would switch to the installed {plan.tag}")
     else:
         result = _result(
@@ -742,8 +753,10 @@ def bundle_name(layout: Layout, given: str, option: str = "--to") -> str:
     return name
 
 
-def rollback(prefix: Path, to: str | None = None, check: bool = False, force: bool = False) -> InstallResult:
+def rollback(prefix: Path, writer: HostWriter, to: str | None = None, force: bool = False) -> InstallResult:
+    """Point `current` back (at `previous`, or at the installed bundle `to`) through `writer`."""
     layout = Layout(prefix)
+    check = writer.check_mode
     if not files.is_dir(layout.prefix):
         raise InvalidRequest(f"{prefix} does not exist: nothing is installed there (check --prefix)")
     if to is not None:
@@ -778,7 +791,7 @@ def rollback(prefix: Path, to: str | None = None, check: bool = False, force: bo
         refusal = None if force else rollback_refusal(layout.bundles / target, target)
         if refusal:
             raise InstallError(refusal)
-        if check:
+        if not writer.change("activate", f"{layout.current} -> bundles/{target}"):
             return InstallResult(
                 True,
                 f"would switch from {current} to {target}",
@@ -912,10 +925,11 @@ def bundles_in_use(layout: Layout, tags: list[str], host: Any) -> dict[str, list
     return users
 
 
-def prune(prefix: Path, keep: int, host: Any, check: bool = False) -> PruneResult:
+def prune(prefix: Path, keep: int, host: Any, writer: HostWriter) -> PruneResult:
     """Remove bundles other than current, previous and the newest up to `keep`; never one that a
-    running process uses. `check`: report what would go, remove nothing."""
+    running process uses. In the writer's check mode: report what would go, remove nothing."""
     layout = Layout(prefix)
+    check = writer.check_mode
     if keep < 1:
         raise InvalidRequest(f"--keep {keep}: keep at least 1 (the current bundle)")
     if not files.is_dir(layout.prefix):
@@ -933,10 +947,12 @@ def prune(prefix: Path, keep: int, host: Any, check: bool = False) -> PruneResul
                 refused.append({"tag": tag, "users": in_use[tag]})
                 continue
             size = tree_bytes(layout.bundles / tag)
-            if not check:
+            if writer.change("remove", str(layout.bundles / tag)):
                 _remove_bundle(layout, tag)
             removed.append({"tag": tag, "bytes": size})
-        if not check and layout.previous_tag() in [r["tag"] for r in removed]:
+        if layout.previous_tag() in [r["tag"] for r in removed] and writer.change(
+            "remove", str(layout.previous)
+        ):
             files.remove(layout.previous, missing_ok=False)
         freed = sum(r["bytes"] for r in removed)
         verb = "would remove" if check else "removed"

@@ -391,7 +391,7 @@ def symlink(root: Path, host_path: str, target: str) -> None:
 class Operation:
     """One change a writer made or, in check mode, would have made."""
 
-    action: str  # write, chmod, remove, symlink, group, user, run
+    action: str  # write, chmod, remove, symlink, group, user, run; install, activate (a bundle prefix)
     subject: str  # the host path, the account, or the program
 
 
@@ -406,8 +406,10 @@ class HostWriter:
         self.check_mode = check_mode
         self.operations: list[Operation] = []
 
-    def _change(self, action: str, subject: str) -> bool:
-        """Record one change; True when it is to be made."""
+    def change(self, action: str, subject: str) -> bool:
+        """Record one change; True when it is to be made. The seam's own methods call it; so does
+        provisioning for a change made of several steps of its own trees (a bundle swapped into place,
+        a prefix's `current` moved), so check mode stops those too."""
         self.operations.append(Operation(action, subject))
         return not self.check_mode
 
@@ -424,23 +426,23 @@ class HostWriter:
         return None if mode == -1 else mode
 
     def write_file(self, host_path: str, content: bytes, mode: int = 0o644) -> None:
-        if self._change("write", host_path):
+        if self.change("write", host_path):
             write_file(self.root, host_path, content, mode)
 
     def chmod(self, host_path: str, mode: int) -> None:
-        if self._change("chmod", host_path):
+        if self.change("chmod", host_path):
             chmod_file(self.root, host_path, mode)
 
     def listdir(self, host_dir: str) -> list[str]:
         return list_dir(self.root, host_dir)
 
     def remove_file(self, host_path: str) -> bool:
-        if self._change("remove", host_path):
+        if self.change("remove", host_path):
             return remove_file(self.root, host_path)
         return self.current_mode(host_path) is not None
 
     def symlink(self, host_path: str, target: str) -> None:
-        if self._change("symlink", host_path):
+        if self.change("symlink", host_path):
             symlink(self.root, host_path, target)
 
     def group_names(self) -> set[str]:
@@ -450,11 +452,11 @@ class HostWriter:
         return uid_of(self.root, user)
 
     def add_group(self, group: str) -> None:
-        if self._change("group", group):
+        if self.change("group", group):
             add_group(self.root, group)
 
     def add_system_user(self, user: str, home: str, shell: str, comment: str) -> None:
-        if self._change("user", user):
+        if self.change("user", user):
             add_system_user(self.root, user, home, shell, comment)
 
     def account_complete(self, user: str) -> bool:
@@ -466,11 +468,11 @@ class HostWriter:
             raise WriteRefused(
                 f"not running {argv[0]} for --root {self.root}: nothing is executed for a tree"
             )
-        if self._change("run", " ".join(argv)):
+        if self.change("run", " ".join(argv)):
             run(argv)
 
     def add_to_groups(self, user: str, groups: list[str]) -> None:
-        if groups and self._change("groups", f"{user}: {','.join(groups)}"):
+        if groups and self.change("groups", f"{user}: {','.join(groups)}"):
             add_to_groups(self.root, user, groups)
 
 

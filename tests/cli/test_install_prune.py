@@ -120,3 +120,23 @@ def test_install_reports_older_bundles_and_prunes_when_asked(install_lab):
     assert sorted(p.name for p in (lab.prefix / "bundles").iterdir() if not p.name.startswith(".")) == sorted(
         [new, TAGS[4]]
     )
+
+
+def test_the_writer_in_check_mode_records_each_removal_and_rollback_and_makes_none(tmp_path):
+    """Check mode lives in the writer: prune and rollback get no check flag, and what they would change
+    is the writer's record, the tree untouched."""
+    from harness.trees import tree_state
+    from rocmdoctor.host import Host
+    from rocmdoctor.host_writes import HostWriter
+    from rocmdoctor.provision.bundle.install import prune, rollback
+
+    _five_bundles(tmp_path)
+    before = tree_state(tmp_path)
+    writer = HostWriter("/", check_mode=True)
+    result = prune(tmp_path, 1, Host(Path("/")), writer)
+    rolled = rollback(tmp_path, writer, force=True)
+    assert tree_state(tmp_path) == before
+    assert result.check and rolled.check and rolled.changed
+    removed = [op.subject for op in writer.operations if op.action == "remove"]
+    assert removed == [str(tmp_path / "bundles" / t) for t in TAGS[:4]] + [str(tmp_path / "previous")]
+    assert [op.action for op in writer.operations][-1] == "activate"

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rocmdoctor.host_writes import HostWriter
 from rocmdoctor.provision.bundle import install as install_mod
 from rocmdoctor.provision.bundle.install import DigestChanged, InstallError, InstallPlan, Layout, Source
 from rocmdoctor.provision.bundle.manifest import Asset, Lock, LockEntry, parse_lock, with_entry
@@ -125,7 +126,7 @@ def test_pins_are_recorded_before_current_moves(install_lab, monkeypatch):
 
     monkeypatch.setattr(install_mod, "write_json_atomic", disk_full)
     with pytest.raises(InstallError, match="the previous bundle is still active"):
-        install_mod.install(plan)
+        install_mod.install(plan, HostWriter("/"))
     assert os.readlink(lab.prefix / "current").endswith("vllm0.21.0-rocm7.13.0-gfx1151")
 
 

@@ -463,7 +463,6 @@ def install(
             extractor=extractor,
             download_dir=download_dir,
             pins=choice.lock_entry if choice.trusted_on_first_use else None,
-            check=check,
             retrust=retrust_tag is not None,
             qualify=_qualify_settings(app, kwargs, skip_qualify),
         )
@@ -471,7 +470,7 @@ def install(
             click.echo(SKIP_WARNING.format(tag=choice.tag), err=True)
         with _progress(not as_json and not check, plan.total_bytes) as (on_download, on_extract):
             plan.on_download, plan.on_extract = on_download, on_extract
-            result = run_install(plan)
+            result = run_install(plan, _prefix_writer(check))
         result.notes[:0] = choice.notes
         if prune_after:
             prune_doc = _run_prune(prefix, 2, check)
@@ -495,12 +494,19 @@ def install(
         sys.exit(1)
 
 
+def _prefix_writer(check: bool) -> Any:
+    """The writer for a bundle prefix: on this host (the prefix is the user's, never under --root)."""
+    from rocmdoctor.host_writes import HostWriter
+
+    return HostWriter(Path("/"), check_mode=check)
+
+
 def _run_prune(prefix: Path, keep: int, check: bool) -> Any:
     from rocmdoctor.host import Host
     from rocmdoctor.provision.bundle.install import prune
 
     # Processes are this machine's, whatever --root the diagnosis reads.
-    return prune(prefix, keep, Host(Path("/")), check=check)
+    return prune(prefix, keep, Host(Path("/")), _prefix_writer(check))
 
 
 @click.command()
@@ -516,7 +522,7 @@ def rollback(prefix: Path, to: str | None, force: bool, check: bool, as_json: bo
     from rocmdoctor.provision.bundle.install import rollback as run_rollback
 
     with _failures(as_json):
-        result = run_rollback(prefix, to, check=check, force=force)
+        result = run_rollback(prefix, _prefix_writer(check), to, force=force)
     _emit(result.to_json(), as_json, f"{'changed' if result.changed else 'ok'}: {result.msg}")
 
 
