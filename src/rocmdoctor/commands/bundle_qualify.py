@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
-from rocmdoctor import params
 from rocmdoctor.commands.common import App, UserError, emit_json
 
 SKIP_WARNING = (
@@ -16,29 +14,6 @@ SKIP_WARNING = (
     "libraries, symbols, GPU code objects, compiler or imports); this is recorded with the bundle and "
     "`rocmdoctor bundle list` shows it as skipped. Run `rocmdoctor bundle qualify {tag}` to check it"
 )
-
-
-def qualify_options(fn: Callable) -> Callable:
-    for decorator in reversed(
-        [
-            click.option(
-                "--gfx",
-                default=None,
-                metavar="GFX",
-                help="The GPU ISA to qualify the bundle's code objects for (default: this host's GPU, "
-                "from the diagnosis; none found: that step is skipped).",
-            ),
-            click.option(
-                "--import-timeout",
-                default=180.0,
-                show_default=True,
-                type=params.Duration(max_s=3600),
-                help="Seconds the bundle's Python may take to import torch and vllm._C.",
-            ),
-        ]
-    ):
-        fn = decorator(fn)
-    return fn
 
 
 def host_gfx(app: App, given: str | None) -> str | None:
@@ -57,14 +32,6 @@ def host_gfx(app: App, given: str | None) -> str | None:
     if len(found) > 1:
         raise UserError(f"this host has GPUs of several ISAs ({', '.join(found)}); pass --gfx")
     return found[0] if found else None
-
-
-def qualify_settings(app: App, kwargs: dict[str, Any], skip: bool) -> Any:
-    from rocmdoctor.provision.bundle.qualify import QualifyOptions
-
-    return QualifyOptions(
-        gfx=host_gfx(app, kwargs["gfx"]), skip=skip, import_timeout_s=kwargs["import_timeout"]
-    )
 
 
 def summary(doc: dict[str, Any]) -> dict[str, Any]:
@@ -87,12 +54,11 @@ def qualification_state(tree: Path) -> tuple[str, dict[str, Any] | None]:
     return state(doc), doc
 
 
-def run_qualify(app: App, prefix: Path, tag: str | None, as_json: bool, kwargs: dict[str, Any]) -> bool:
+def run_qualify(app: App, prefix: Path, tag: str | None, as_json: bool, options: Any) -> bool:
     """Qualify an installed bundle (default: current) and record the result in it; True: qualified."""
     from rocmdoctor.provision.bundle.install import InstallError, Layout, bundle_name
     from rocmdoctor.provision.bundle.qualify import QUALIFICATION, bundle_qualify
 
-    options = qualify_settings(app, kwargs, False)
     layout = Layout(prefix)
     chosen = bundle_name(layout, tag, "TAG") if tag else layout.current_tag()
     if chosen is None:
