@@ -10,8 +10,9 @@ Mamba1 (Jamba) hybrids; Cohere2 spelt with sliding_window_pattern and with layer
 long enough that the single batch in flight of the CPU engine (no async scheduling) changes the
 sliding-window need.
 
-One test starts the engines one after the other (~35 s each); run it under the heavy lock:
-    flock /tmp/rocmdoctor-heavy.lock tests/run tests/system/test_plan_engine.py -q
+The capacity test builds every engine in one interpreter of the vLLM venv (harness/kv_capacity.py: the
+server's engine arguments and usage context, no HTTP server, ~5 s a case after one import); the
+preemption test serves a real OpenAI server.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import pytest
 
 from harness.engine import (
     BUILDER,
-    EngineStartError,
+    engine_env,
     make_tiny_model,
     require_vllm_python,
     start_engine,
@@ -125,42 +126,80 @@ def engine_args(max_model_len: int) -> list[str]:
 
 
 ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+KV_CAPACITY = Path(__file__).resolve().parents[1] / "harness" / "kv_capacity.py"
 
 
-def capacity(log: Path, name: str) -> tuple[int, int, float]:
-    match = CAPACITY.search(log.read_text(errors="replace"))
-    assert match, f"{name}: no capacity line in {log}"
+def size_kv_caches(cases: list[tuple[str, Path, list[str]]], out: Path) -> dict[str, str]:
+    """vLLM's log for each (name, model, engine args), from one interpreter (harness/kv_capacity.py)."""
+    argv = [
+        {
+            "name": name,
+            "argv": ["--model", str(model), "--load-format", "dummy", "--enforce-eager", *args],
+        }
+        for name, model, args in cases
+    ]
+    with out.open("w") as log:
+        subprocess.run(
+            [str(vllm_python()), str(KV_CAPACITY), json.dumps(argv)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=engine_env({**ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}),
+            timeout=120 + 60 * len(cases),
+            check=False,
+        )
+    text = out.read_text(errors="replace")
+    logs = {}
+    for name, *_ in cases:
+        start, end = text.find(f"=== CASE {name}\n"), text.find(f"=== DONE {name}\n")
+        assert 0 <= start < end, f"{name}: the engine did not finish sizing it; see {out}"
+        logs[name] = text[start:end]
+    return logs
+
+
+def capacity(text: str, name: str) -> tuple[int, int, float]:
+    match = CAPACITY.search(text)
+    assert match, f"{name}: no capacity line in vLLM's log"
     return int(match[1].replace(",", "")), int(match[2].replace(",", "")), float(match[3])
 
 
 def test_plan_matches_vllm_on_dense_mla_sliding_and_hybrid_architectures(tmp_path: Path):
     require_vllm_python()
+    for _, arch, *_ in CASES:
+        if not (tmp_path / arch).exists():
+            build(arch, tmp_path / arch)
+    # A context the plan says does not fit in the 1 GiB: the qwen3 model with a 1M-token context;
+    # vLLM must refuse to start and estimate the same largest --max-model-len as the plan.
+    long_model = tmp_path / "qwen3-long"
+    shutil.copytree(tmp_path / "qwen3", long_model)
+    config = json.loads((long_model / "config.json").read_text())
+    config["max_position_embeddings"] = LONG_CONTEXT
+    (long_model / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    logs = size_kv_caches(
+        [
+            *(
+                (name, tmp_path / arch, [*engine_args(length), *args])
+                for name, arch, length, args, _ in CASES
+            ),
+            ("qwen3-long", long_model, engine_args(LONG_CONTEXT)),
+        ],
+        tmp_path / "engines.log",
+    )
     rows = []
-    for name, arch, max_model_len, extra_args, extra_settings in CASES:
+    for name, arch, max_model_len, _, extra_settings in CASES:
         model = tmp_path / arch
-        if not model.exists():
-            build(arch, model)
-        log = tmp_path / f"{name}.log"
-        with start_engine(
-            model,
-            log_path=log,
-            extra_args=[*engine_args(max_model_len), *extra_args],
-            env=ENV,
-            startup_timeout=240,
-        ):
-            pass
-        text = log.read_text(errors="replace")
+        text = logs[name]
+        assert "=== REFUSED" not in text, text[-3000:]
         if SSM_FLOAT32 in text:
             extra_settings = {**extra_settings, "mamba_ssm_cache_dtype": "float32"}
         plan = planned(arch, model, max_model_len, **extra_settings)
-        tokens, length, concurrency = capacity(log, name)
+        tokens, length, concurrency = capacity(text, name)
         assert length == max_model_len
         assert plan.kv_cache_tokens == pytest.approx(tokens, rel=0.01), name
         assert plan.max_concurrency == pytest.approx(concurrency, rel=0.01, abs=0.006), name
         groups = GROUP_BLOCKS.search(text)
         raised = RAISED.search(text)
         if name in MULTI_GROUP:
-            assert groups, f"{name}: vLLM logged no block sizes in {log}"
+            assert groups, f"{name}: vLLM logged no block sizes"
             assert plan.block_size in {int(x) for x in groups[1].split(",")}, name
         if raised or plan.block_size != plan.settings.block_size:
             assert raised and plan.block_size == int(raised[1]), name
@@ -188,23 +227,11 @@ def test_plan_matches_vllm_on_dense_mla_sliding_and_hybrid_architectures(tmp_pat
             assert plan.block_size > 128, "the attention block must grow to hold a Mamba2 state"
         rows.append(row)
     RESULTS.write_text(json.dumps(rows, indent=2) + "\n")
-    # A context the plan says does not fit in the 1 GiB: the qwen3 model with a 1M-token context;
-    # vLLM must refuse to start and estimate the same largest --max-model-len as the plan.
-    model = tmp_path / "qwen3-long"
-    shutil.copytree(tmp_path / "qwen3", model)
-    config = json.loads((model / "config.json").read_text())
-    config["max_position_embeddings"] = LONG_CONTEXT
-    (model / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    plan = planned("qwen3", model, LONG_CONTEXT)
+    plan = planned("qwen3", long_model, LONG_CONTEXT)
     assert plan.fits is False and 0 < (plan.max_model_len or 0) < LONG_CONTEXT
-    log = tmp_path / "qwen3-long.log"
-    with (
-        pytest.raises(EngineStartError),
-        start_engine(model, log_path=log, extra_args=engine_args(LONG_CONTEXT), env=ENV, startup_timeout=300),
-    ):
-        pass
-    refused = REFUSED.search(log.read_text(errors="replace"))
-    assert refused, f"vLLM did not refuse --max-model-len {LONG_CONTEXT} for lack of KV cache; see {log}"
+    assert "=== REFUSED qwen3-long" in logs["qwen3-long"]
+    refused = REFUSED.search(logs["qwen3-long"])
+    assert refused, f"vLLM did not refuse --max-model-len {LONG_CONTEXT} for lack of KV cache"
     assert int(refused[1]) == plan.max_model_len
     rows.append(
         {
