@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from rocmdoctor.host_writes import HostWriter, WriteRefused
-from rocmdoctor.provision.server import instances as rack
+from rocmdoctor.provision.server import instances as server_instances
 from rocmdoctor.provision.server.layout import Device, rocr_indices
 from rocmdoctor.provision.server.unit import ENV_FILE, UNIT_DIR, UNIT_NAME
 from rocmdoctor.vllm.health_metrics import (
@@ -108,7 +108,7 @@ def _single(writer: HostWriter, unit_dir: str) -> Managed | None:
         return None
     argv = _directive(text, "ExecStart")
     env = dict(w.split("=", 1) for w in _directive(text, "Environment") if "=" in w)
-    secrets = rack.parse_env(_read(writer, ENV_FILE) or "")
+    secrets = server_instances.parse_env(_read(writer, ENV_FILE) or "")
     tp = _option(argv, "--tensor-parallel-size", "-tp")
     return Managed(
         server=UNIT_NAME.removesuffix(".service"),
@@ -116,34 +116,34 @@ def _single(writer: HostWriter, unit_dir: str) -> Managed | None:
         model=gate[3],
         api_key=secrets.get("VLLM_API_KEY") or None,
         gpu_memory_utilization=_float(_option(argv, "--gpu-memory-utilization")),
-        devices=_indices(env.get(rack.DEVICES_VAR)),
+        devices=_indices(env.get(server_instances.DEVICES_VAR)),
         tensor_parallel_size=int(tp) if tp and tp.isdigit() else 1,
     )
 
 
 def _instances(writer: HostWriter, unit_dir: str) -> list[Managed]:
-    written = rack.current_instances(writer)
-    base = rack.written_base_url(writer, unit_dir)
+    written = server_instances.current_instances(writer)
+    base = server_instances.written_base_url(writer, unit_dir)
     if not written or base is None:
         return []
-    template = _read(writer, f"{unit_dir}/{rack.TEMPLATE_NAME}") or ""
+    template = _read(writer, f"{unit_dir}/{server_instances.TEMPLATE_NAME}") or ""
     gate = _directive(template, "ExecStartPost")
     model = gate[3] if len(gate) >= 4 else None
     out = []
     for name in sorted(written, key=int):
         env = written[name]
-        port = env.get(rack.PORT_VAR, "")
+        port = env.get(server_instances.PORT_VAR, "")
         if not port.isdigit() or not 0 < int(port) < 65536:
             continue
-        tp = env.get(rack.TP_VAR, "1")
+        tp = env.get(server_instances.TP_VAR, "1")
         out.append(
             Managed(
                 server=f"vllm@{name}",
                 url=f"{base}:{port}",
                 model=model,
                 api_key=env.get("VLLM_API_KEY") or None,
-                gpu_memory_utilization=_float(env.get(rack.UTIL_VAR)),
-                devices=_indices(env.get(rack.DEVICES_VAR)),
+                gpu_memory_utilization=_float(env.get(server_instances.UTIL_VAR)),
+                devices=_indices(env.get(server_instances.DEVICES_VAR)),
                 tensor_parallel_size=int(tp) if tp.isdigit() else 1,
             )
         )

@@ -30,7 +30,7 @@ COMMANDS: dict[str, str] = {
     "serve": "serve:serve",
     "smoke": "smoke:smoke",
     "bench": "bench:bench",
-    "instances": "rack:instances",
+    "instances": "instances:instances",
     "plan": "plan:plan",
     "lemonade": "lemonade:lemonade",
     "fix": "fix:fix",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 import pytest
 
-from rocmdoctor.commands.rack import instances
+from rocmdoctor.commands.instances import instances
 from rocmdoctor.commands.serve import serve, unit
 from rocmdoctor.commands.server_options import OPTIONS
 

@@ -99,7 +99,7 @@ def bench(
             "every level sends the same requests, so send at least that many"
         )
     if all_instances:
-        from rocmdoctor.commands.rack import bench_instances
+        from rocmdoctor.commands.instances import bench_instances
         from rocmdoctor.host_writes import HostWriter
 
         refuse_with_all_instances("url", "model", "api_key_file", "timeout_s", "prompt_tokens", "plot")

@@ -126,7 +126,7 @@ def show_settings(args, stream=None) -> None:
     type=click.Choice(LAYOUT_CHOICES),
     default=None,
     help="Several servers as vllm@N under vllm.target, laid out from the topology "
-    "(the same as `rocmdoctor instances`: docs/rack.md).",
+    "(the same as `rocmdoctor instances`: docs/instances.md).",
 )
 @SINGLE_SERVER
 @pass_app
@@ -145,7 +145,7 @@ def unit(
     Extra vLLM arguments go after `--`: rocmdoctor unit --model M -- --enforce-eager
     """
     if instances_layout is not None:
-        from rocmdoctor.commands.rack import write_layout
+        from rocmdoctor.commands.instances import write_layout
 
         layout = {
             "layout": instances_layout,

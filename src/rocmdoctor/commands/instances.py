@@ -248,14 +248,14 @@ def write_layout(
 ) -> None:
     """Show the layout, or with `write` install it; `rocmdoctor unit --instances` comes here too."""
     from rocmdoctor.host_writes import HostWriter, WriteRefused
-    from rocmdoctor.provision.server import instances as rack
+    from rocmdoctor.provision.server import instances as server_instances
     from rocmdoctor.provision.server.unit import ServiceLayout, UnitError, read_api_key
 
     write = write or check_only  # --check alone: what --write would change, written nowhere
     # What is written (the ports it keeps) is read where a write goes: --target, else this host.
     writer = HostWriter(write_root(app, target) if write else (target or app.root), check_mode=check_only)
     try:
-        owned = rack.owned_ports(writer)  # the preview shows the ports --write would keep
+        owned = server_instances.owned_ports(writer)  # the preview shows the ports --write would keep
     except WriteRefused as exc:
         raise UserError(str(exc)) from None
     plan = compute_plan(app, opts, owned)
@@ -275,10 +275,10 @@ def write_layout(
     try:
         key = read_api_key(opts["api_key_file"]) if opts["api_key_file"] else None
         argv, served = common_argv(opts, plan.instances[0])
-        specs = rack.file_specs(
+        specs = server_instances.file_specs(
             plan, argv, served, opts["host"], ServiceLayout(prefix=opts["prefix"]), user, key, timeout_s
         )
-        report = rack.write(writer, specs, user)
+        report = server_instances.write(writer, specs, user)
     except (UnitError, WriteRefused, OSError) as exc:
         raise UserError(f"could not write the instances: {exc}") from None
     if opts["as_json"]:
@@ -301,24 +301,24 @@ def write_layout(
 def written_targets(writer, host: str | None) -> list:
     """Each written instance as (name, URL, key), from its env file; on `host`, or (None) at the
     address the written template's readiness gate uses."""
-    from rocmdoctor.provision.server import instances as rack
-    from rocmdoctor.provision.verify.rack_bench import Target
+    from rocmdoctor.provision.server import instances as server_instances
+    from rocmdoctor.provision.verify.instances_bench import Target
 
-    written = rack.current_instances(writer)
+    written = server_instances.current_instances(writer)
     if not written:
         raise UserError(
-            f"no instances written under {rack.ENV_DIR}: run `rocmdoctor instances --write` first"
+            f"no instances written under {server_instances.ENV_DIR}: run `rocmdoctor instances --write` first"
         )
-    base = rack.written_base_url(writer) if host is None else None
+    base = server_instances.written_base_url(writer) if host is None else None
     targets = []
     for name in sorted(written, key=int):
         env = written[name]
-        port = env.get(rack.PORT_VAR, "")
+        port = env.get(server_instances.PORT_VAR, "")
         if not is_decimal(port) or not 0 < int(port) < 65536:
             raise UserError(
-                f"{rack.env_path(name)}: no valid {rack.PORT_VAR}; rerun `rocmdoctor instances --write`"
+                f"{server_instances.env_path(name)}: no valid {server_instances.PORT_VAR}; rerun `rocmdoctor instances --write`"
             )
-        url = f"{base}:{port}" if base else rack.server_url(host or "127.0.0.1", int(port))
+        url = f"{base}:{port}" if base else server_instances.server_url(host or "127.0.0.1", int(port))
         targets.append(Target(name, url, env.get("VLLM_API_KEY") or None))
     return targets
 
@@ -327,12 +327,12 @@ def bench_instances(
     writer, host: str | None, as_json: bool, concurrency: int, requests: int, max_tokens: int
 ) -> None:
     from rocmdoctor.provision.verify.bench import BenchOptions
-    from rocmdoctor.provision.verify.rack_bench import InstanceAborted, run_rack_bench
+    from rocmdoctor.provision.verify.instances_bench import InstanceAborted, run_instances_bench
 
     targets = written_targets(writer, host)
     options = BenchOptions(url="", requests=requests, max_tokens=max_tokens)
     try:
-        report = run_rack_bench(targets, options, concurrency)
+        report = run_instances_bench(targets, options, concurrency)
     except InstanceAborted as exc:
         raise UserError(
             f"bench could not run: {exc}; `rocmdoctor instances --smoke` shows which step fails"

@@ -2,7 +2,7 @@
 out: the template's ExecStart= with each instance's env file (port, memory share, devices, API key),
 then the real CLI's `instances --smoke` and `instances --bench` over the written layout.
 
-systemd itself is covered by test_rack_systemd.py (stand-in servers) and test_unit_systemd.py (one
+systemd itself is covered by test_instances_systemd.py (stand-in servers) and test_unit_systemd.py (one
 real engine); here the point is that the command line and environment the files carry really serve,
 and that smoke and bench give one verdict and real figures per instance. One engine pair serves the
 whole module (each start takes ~40 s on the 2-core CI box).

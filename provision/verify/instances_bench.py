@@ -107,6 +107,6 @@ async def run(targets: list[Target], options: BenchOptions, concurrency: int) ->
     }
 
 
-def run_rack_bench(targets: list[Target], options: BenchOptions, concurrency: int) -> dict[str, Any]:
+def run_instances_bench(targets: list[Target], options: BenchOptions, concurrency: int) -> dict[str, Any]:
     """Raises InstanceAborted when an instance cannot be benchmarked at all."""
     return asyncio.run(run(targets, options, concurrency))
