@@ -17,13 +17,12 @@ import msgspec
 from ..documents import DocumentError, decode
 from ..model import SCHEMA_VERSION
 from .tune_search import Measurement
+from .tune_writeback import without_tuned
 
 KIND = "rocmdoctor-tune-state"
 MAX_STATE_BYTES = 16 << 20
 MAX_CONTEXTS = 64
 MAX_POINTS = 512
-# Arguments that differ between runs without changing what is measured, or that tune itself sets.
-VOLATILE_FLAGS = ("--port", "--max-num-seqs", "--max-num-batched-tokens")
 
 
 class _Point(msgspec.Struct, forbid_unknown_fields=False):
@@ -49,18 +48,14 @@ class _State(msgspec.Struct, forbid_unknown_fields=False):
 
 
 def stable_argv(argv: list[str]) -> list[str]:
-    """The server's arguments without the volatile ones (and their values)."""
+    """The server's arguments without those that change nothing measured (the port) or that tune sets."""
     out: list[str] = []
-    skip = False
-    for word in argv:
-        if skip:
-            skip = False
-            continue
-        flag, eq, _ = word.partition("=")
-        if flag in VOLATILE_FLAGS:
-            skip = not eq
-            continue
-        out.append(word)
+    words = iter(without_tuned(argv))
+    for word in words:
+        if word == "--port":
+            next(words, None)
+        elif not word.startswith("--port="):
+            out.append(word)
     return out
 
 

@@ -54,8 +54,8 @@ def exec_start(unit_text: str, unit_path: str) -> list[str]:
     return [w if _REFERENCE.fullmatch(w) else w.replace("%%", "%").replace("$$", "$") for w in words]
 
 
-def with_setting(argv: list[str], setting: Setting) -> list[str]:
-    """`argv` with the tuned flags (either spelling, `--flag V` or `--flag=V`) replaced by `setting`'s."""
+def without_tuned(argv: list[str]) -> list[str]:
+    """`argv` without the tuned flags, in either spelling (`--flag V` or `--flag=V`)."""
     out: list[str] = []
     skip = False
     for word in argv:
@@ -67,6 +67,12 @@ def with_setting(argv: list[str], setting: Setting) -> list[str]:
             skip = not eq
             continue
         out.append(word)
+    return out
+
+
+def with_setting(argv: list[str], setting: Setting) -> list[str]:
+    """`argv` with the tuned flags replaced by `setting`'s."""
+    out = without_tuned(argv)
     # Before the first ${...} reference: the template's per-instance words stay last.
     at = next((i for i, w in enumerate(out) if _REFERENCE.fullmatch(w)), len(out))
     return out[:at] + setting.flags() + out[at:]

@@ -1,0 +1,534 @@
+"""`rocmdoctor tune`: the --max-num-seqs (and --max-num-batched-tokens) that maximise throughput under a
+latency limit, measured by restarting the server, and written back as a drop-in of its unit."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .. import params
+from ..report import strict
+from .common import App, UserError, emit_json, pass_app, write_root
+from .server_options import server_option, server_options
+
+# A test seam: `ROCMDOCTOR_TUNE_HOLD=<phase>` holds tune for this long once it announced that phase,
+# so the kill tests can signal it there (tests/system/test_tune_engine.py).
+HOLD_VARIABLE = "ROCMDOCTOR_TUNE_HOLD"
+HOLD_S = 300.0
+PHASES = ("plan", "starting", "warm-up", "measuring", "writing")
+STATE_LIMIT = 16 << 20
+WORKLOAD_LIMIT = 64 << 20
+SEQS_LIMIT = 4096
+
+
+def parse_seqs(text: str, upper: int) -> list[int]:
+    """'1:64' (every value, searched), '1:auto' (up to what the KV cache holds), '1,2,4,8' (these)."""
+    from ..provision.tune_search import seqs_candidates
+
+    spec = text.strip()
+    try:
+        if ":" in spec:
+            low_text, high_text = spec.split(":", 1)
+            low = int(low_text)
+            high = upper if high_text.strip() == "auto" else int(high_text)
+            values = seqs_candidates(low, min(high, SEQS_LIMIT))
+        else:
+            values = sorted({int(v) for v in spec.split(",") if v.strip()})
+    except ValueError:
+        values = []
+    if not values or values[0] < 1 or values[-1] > SEQS_LIMIT or len(values) > SEQS_LIMIT:
+        raise UserError(
+            f"--seqs {text!r}: give LOW:HIGH (e.g. 1:64, or 1:auto for up to what the KV cache holds: "
+            f"{upper}) or a list (1,2,4,8), values from 1 to {SEQS_LIMIT}"
+        )
+    return values
+
+
+def _events(as_json: bool):
+    """Progress on stderr (one JSON object a line with --json); the hold seam."""
+    hold = os.environ.get(HOLD_VARIABLE)
+
+    def emit(phase: str, **data: Any) -> None:
+        if as_json:
+            sys.stderr.write(json.dumps(strict({"event": phase, **data}), allow_nan=False) + "\n")
+        else:
+            detail = data.get("setting")
+            label = (
+                f" max-num-seqs {detail['max_num_seqs']}"
+                + (
+                    f", max-num-batched-tokens {detail['max_num_batched_tokens']}"
+                    if detail.get("max_num_batched_tokens")
+                    else ""
+                )
+                if isinstance(detail, dict)
+                else ""
+            )
+            sys.stderr.write(f"tune: {phase}{label}\n")
+        sys.stderr.flush()
+        if hold == phase:
+            time.sleep(HOLD_S)
+
+    return emit
+
+
+def read_bounded(path: Path, limit: int, what: str) -> bytes | None:
+    """A file handed to tune (regular files only, at most `limit` bytes); None when it does not exist."""
+    from ..rootfs import read_regular
+
+    try:
+        return read_regular(path, limit)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise UserError(f"{what} {path}: {exc.strerror or exc}") from None
+
+
+def _model_revision(model: str) -> str:
+    """A local model directory: its config's digest (a new checkpoint is a new model); else the id."""
+    import hashlib
+
+    config = Path(model) / "config.json"
+    data = read_bounded(config, 4 << 20, "model config") if Path(model).is_dir() else None
+    return f"sha256:{hashlib.sha256(data).hexdigest()[:16]}" if data is not None else model
+
+
+def _bundle_identity(prefix: str) -> str:
+    from ..provision.install import Layout
+
+    layout = Layout(Path(prefix))
+    tag = layout.current_tag()
+    if tag is None:
+        return "none"
+    meta = layout.metadata(tag) or {}
+    assets = meta.get("assets")
+    digest = (
+        assets[0].get("digest")
+        if isinstance(assets, list) and assets and isinstance(assets[0], dict)
+        else None
+    )
+    return f"{tag}@{digest}" if digest else tag
+
+
+def _host_identity(app: App) -> str:
+    read = app.host().read_text("/etc/machine-id", 256)
+    return read.value.strip() if read.ok and read.value.strip() else os.uname().nodename
+
+
+def _plan(app: App, args: Any, opts: dict[str, Any], kv_cache_memory: str | None, typical_len: int):
+    """The model's memory plan: the GPU's (from the server's arguments) or one for --kv-cache-memory."""
+    from ..model_plan import ConfigError, EngineSettings, Memory, plan_from_files
+    from ..provision.plan_settings import engine_settings
+    from .plan import load_model_files, parse_size
+
+    if kv_cache_memory is None and args.plan is None:
+        raise UserError(
+            "no memory plan for the model, so whether it fits is unknown: "
+            + "; ".join(n for n in args.notes if "plan" in n or "GPU" in n)
+            + " -- on a host without an AMD GPU pass --kv-cache-memory SIZE (the KV cache the server gets, "
+            "e.g. VLLM_CPU_KVCACHE_SPACE for vLLM on the CPU)"
+        )
+    files = load_model_files(opts["model"], "main", True)
+    if kv_cache_memory is not None:
+        memory = Memory(0, 1.0, "--kv-cache-memory", parse_size(kv_cache_memory, "--kv-cache-memory"))
+    else:
+        memory = args.plan.memory
+    settings = engine_settings(
+        EngineSettings(tensor_parallel_size=opts["tensor_parallel_size"] or 1), args.extra
+    )
+    max_len = args.value("--max-model-len")
+    try:
+        plan = plan_from_files(
+            files,
+            memory,
+            settings=settings,
+            max_model_len=int(max_len) if max_len else None,
+            typical_len=typical_len,
+            model=opts["model"],
+        )
+    except ConfigError as exc:
+        raise UserError(f"{files.location}: {exc}") from None
+    if not plan.fits:
+        remedies = "; ".join(f"{r.action} ({r.flag}: {r.figure})" for r in plan.remedies) or "a larger GPU"
+        raise UserError(
+            f"{opts['model']} does not fit: {'; '.join(plan.reasons)}. Try: {remedies} "
+            "(rocmdoctor plan --model ... shows the whole plan); tune measures only a model that fits"
+        )
+    return plan
+
+
+def _gmu_within_rule(app: App, args: Any) -> None:
+    """A --gpu-memory-utilization above the free-memory rule on a known GPU is refused: tune starts the
+    server many times, and on a unified-memory APU one start over the rule can take the host down."""
+    from ..memory_rule import recommended
+    from ..registry import Context, Options
+    from .host_pools import pools_from_facts
+
+    value = args.value("--gpu-memory-utilization")
+    if value is None:
+        return
+    for pool in pools_from_facts(Context(app.host(), Options())):
+        if pool.total and pool.free is not None and float(value) > recommended(pool.total, pool.free):
+            raise UserError(
+                f"--gpu-memory-utilization {value} is above what {pool.name} passes now "
+                f"({recommended(pool.total, pool.free):.2f}: vLLM's free-memory rule with 1 GiB margin); "
+                "leave it out and tune uses the rule's value"
+            )
+
+
+@click.command(cls=params.VllmPassThrough)
+@server_options(
+    server_option("model", required=True),
+    "served_model_name",
+    "host",
+    "port",
+    "gpu_memory_utilization",
+    "max_model_len",
+    "tensor_parallel_size",
+    "gpu",
+    "api_key_file",
+    "vllm_args",
+    "prefix",
+    "json",
+)
+@click.option(
+    "--seqs",
+    "seqs_spec",
+    default="1:auto",
+    show_default=True,
+    help="--max-num-seqs values to search: LOW:HIGH (HIGH auto: what the KV cache holds) or a list 1,2,4,8.",
+)
+@click.option(
+    "--batched-tokens",
+    "batched_list",
+    type=params.CountList(1, 1 << 22, 16),
+    default=None,
+    help="--max-num-batched-tokens values to search too (comma-separated); default: vLLM's, not searched.",
+)
+@click.option(
+    "--search",
+    "search_kind",
+    type=click.Choice(["adaptive", "exhaustive"]),
+    default="adaptive",
+    show_default=True,
+    help="exhaustive: measure every point of the grid (vLLM's `bench sweep`), to compare with.",
+)
+@click.option(
+    "--slo", default=None, help="Latency limit: METRIC:pPCT<=LIMIT, e.g. ttft:p95<=2s, itl:p99<=50ms."
+)
+@click.option(
+    "--workload",
+    type=params.NonEmptyPath(dir_okay=False, path_type=Path),
+    default=None,
+    help='JSONL, one {"prompt": ..., "output_tokens": N} a line (default: synthetic prompts).',
+)
+@click.option("--prompt-tokens", type=params.Count(1, 1 << 20), default=None, help="Synthetic prompt length.")
+@click.option("--output-tokens", type=params.Count(1, 1 << 16), default=None, help="Synthetic output length.")
+@click.option("--requests", type=params.Count(1, 10_000), default=16, show_default=True,
+              help="Requests measured per setting (at least 2 x max-num-seqs).")  # fmt: skip
+@click.option("--seed", type=params.Count(0, 1 << 30), default=0, show_default=True, help="Workload order.")
+@click.option(
+    "--kv-cache-memory",
+    default=None,
+    help="Plan with this KV cache size (e.g. 1GiB) where there is no GPU to plan from.",
+)
+@click.option(
+    "--start-timeout",
+    "start_timeout_s",
+    type=params.Duration(),
+    default=900,
+    show_default=True,
+    help="Seconds each server start may take to become ready (a cold FP8 load on gfx1151 takes ~12 min).",
+)
+@click.option("--timeout", "timeout_s", type=params.Duration(), default=120, show_default=True,
+              help="Seconds one request may take.")  # fmt: skip
+@click.option("--write", is_flag=True, help="Write the winner as a drop-in of the server's unit.")
+@server_option(
+    "check", help="Show the drop-in --write would write (diff), write nothing (state file included)."
+)
+@server_option("target")
+@click.option(
+    "--instance", default=None, help="Write into vllm@N's drop-in (instances) instead of vllm.service."
+)
+@click.option("--state-file", type=params.NonEmptyPath(dir_okay=False, path_type=Path), default=None,
+              help="Known points [default: ~/.cache/rocmdoctor/tune-state.json].")  # fmt: skip
+@click.option(
+    "--plan-only", is_flag=True, help="Show the plan (server arguments, what is searched) and stop."
+)
+@click.option(
+    "--plot",
+    type=params.NonEmptyPath(path_type=Path, dir_okay=False),
+    default=None,
+    help="Write throughput and latency against max-num-seqs to FILE.png or FILE.svg.",
+)
+@click.option("--log-dir", type=params.NonEmptyPath(file_okay=False, path_type=Path), default=None,
+              help="Server logs [default: ~/.cache/rocmdoctor/tune].")  # fmt: skip
+@pass_app
+def tune(
+    app: App,
+    seqs_spec: str,
+    batched_list: str | None,
+    search_kind: str,
+    slo: str | None,
+    workload: Path | None,
+    prompt_tokens: int | None,
+    output_tokens: int | None,
+    requests: int,
+    seed: int,
+    kv_cache_memory: str | None,
+    start_timeout_s: float,
+    timeout_s: float,
+    write: bool,
+    check_only: bool,
+    target: Path | None,
+    instance: str | None,
+    state_file: Path | None,
+    plan_only: bool,
+    plot: Path | None,
+    log_dir: Path | None,
+    **opts: Any,
+) -> None:
+    """Find the --max-num-seqs (and --max-num-batched-tokens) with the most throughput under --slo.
+
+    The model must fit (the plan says so first). Each setting is one server start (the command line
+    `unit`/`serve` compute), warmed, then measured; known points come from the state file. Without
+    --slo the knee is chosen. Extra vLLM arguments go after `--`.
+
+    Exit 0: a winner (written with --write); 1: no setting met --slo (the best seen is reported);
+    2: bad input, or the model does not fit.
+    """
+    from ..provision import tune_search as ts
+    from ..provision import tune_workload as tw
+
+    opts["max_num_seqs"] = None
+    as_json = opts["as_json"]
+    events = _events(as_json)
+    try:
+        objective = ts.parse_slo(slo) if slo else None
+    except ts.SloError as exc:
+        raise UserError(str(exc)) from None
+    if write and check_only:
+        raise UserError("--write and --check: give one (--check shows what --write would write)")
+    if instance is not None and not (write or check_only):
+        raise UserError("--instance names where --write writes: give --write or --check with it")
+    from .smoke import _plot_path as plot_path_rule
+
+    plot_path = plot_path_rule(plot)
+    if workload is not None:
+        data = read_bounded(workload, WORKLOAD_LIMIT, "--workload")
+        if data is None:
+            raise UserError(f"--workload {workload}: no such file")
+        try:
+            chosen = tw.parse_jsonl(data, str(workload), seed)
+        except tw.WorkloadError as exc:
+            raise UserError(str(exc)) from None
+    else:
+        chosen = None
+
+    # Phase: plan. The server's arguments as `unit`/`serve` compute them (their refusals included).
+    from .serve import api_key, jit_environment, resolve_args
+
+    args = resolve_args(app, opts)
+    _gmu_within_rule(app, args)
+    max_len = int(args.value("--max-model-len") or 0) or None
+    if chosen is None:
+        out_tokens = output_tokens or 128
+        in_tokens = prompt_tokens or max(1, min(1024, (max_len or 2048) // 2) - out_tokens)
+        chosen = tw.synthetic(in_tokens, out_tokens, seed)
+    plan = _plan(app, args, opts, kv_cache_memory, chosen.typical_len())
+    kv_seqs = max(1, (plan.kv_cache_tokens or 0) // max(1, chosen.typical_len()))
+    seqs = parse_seqs(seqs_spec, min(kv_seqs, SEQS_LIMIT))
+    over = [v for v in seqs if v > kv_seqs]
+    if over and ":" not in seqs_spec:
+        raise UserError(
+            f"--seqs {','.join(map(str, over))}: the KV cache holds {kv_seqs} requests of "
+            f"{chosen.typical_len()} tokens ({plan.kv_cache_tokens} tokens, rocmdoctor plan); search at most that"
+        )
+    batched: list[int | None] = [int(v) for v in batched_list.split(",")] if batched_list else [None]
+    from ..provision.tune_state import State, context_key, stable_argv
+    from ..provision.unit import ServiceLayout, readiness_url
+
+    base_argv = args.argv()
+    context = {
+        "host": _host_identity(app),
+        "bundle": _bundle_identity(opts["prefix"]),
+        "model": opts["model"],
+        "model_revision": _model_revision(opts["model"]),
+        "server_argv": stable_argv(base_argv),
+        "environment": dict(sorted(args.environment.items())),
+        "workload": chosen.digest(),
+        "requests": requests,
+    }
+    tune_plan = {
+        "server_argv": base_argv,
+        "gpu_memory_utilization": args.value("--gpu-memory-utilization"),
+        "max_model_len": max_len,
+        "kv_cache_tokens": plan.kv_cache_tokens,
+        "kv_requests": kv_seqs,
+        "seqs": seqs,
+        "batched_tokens": batched,
+        "slo": objective.to_json() if objective else None,
+        "workload": chosen.to_json(),
+        "context_key": context_key(context),
+        "search": search_kind,
+    }
+    events("plan", **{k: tune_plan[k] for k in ("seqs", "batched_tokens", "gpu_memory_utilization", "slo")})
+    if plan_only:
+        if as_json:
+            emit_json({"schema_version": ts_schema(), "command": "tune", "plan": tune_plan})
+        else:
+            click.echo(json.dumps(tune_plan, indent=2))
+        return
+    executable = Path(ServiceLayout(prefix=opts["prefix"]).server)
+    if not os.access(executable, os.X_OK):
+        raise UserError(
+            f"{executable} is missing or not executable: install a bundle first "
+            f"(rocmdoctor install --prefix {opts['prefix']})"
+        )
+    from ..provision.serve import HostUnresolvable, SignalsToStop, Stopped, default_cache_base, port_in_use
+
+    try:
+        taken = port_in_use(args.host, args.port)
+    except HostUnresolvable as exc:
+        raise UserError(str(exc)) from None
+    if taken:
+        raise UserError(
+            f"port {args.port} on {args.host} is in use: stop the server that holds it (its GPU memory is "
+            "needed for the trial servers too, e.g. systemctl stop vllm) or pass --port"
+        )
+    cache_base = default_cache_base(os.environ)
+    state_path = state_file or cache_base / "rocmdoctor" / "tune-state.json"
+    state = State.parse(read_bounded(state_path, STATE_LIMIT, "--state-file"), str(state_path))
+    if state.problem:
+        events("state", problem=state.problem)
+    known = {p.setting: p for p in state.known(context)}
+    from ..provision.serve import server_env
+    from ..provision.tune_run import Runner, RunOptions, known_or_measured
+    from ..provision.tune_writeback import without_tuned
+
+    env = server_env(
+        os.environ,
+        Path(os.environ.get("VLLM_CACHE_ROOT") or cache_base / "vllm"),
+        api_key(opts),
+        "",
+    )
+    env.update(jit_environment(Path(opts["prefix"]), cache_base / "rocmdoctor"))
+    env.update(args.environment)
+    runner = Runner(
+        RunOptions(
+            executable,
+            without_tuned(base_argv),
+            env,
+            readiness_url(args),
+            args.served_model_name,
+            api_key(opts),
+            log_dir or cache_base / "rocmdoctor" / "tune",
+            chosen,
+            start_timeout_s,
+            timeout_s,
+            requests,
+        ),
+        events,
+    )
+    search = ts.Search(seqs, batched, objective)
+    started = time.monotonic()
+    points: list[ts.Measurement] = []
+    with SignalsToStop():
+        try:
+            measure = known_or_measured(known, runner.measure)
+            if search_kind == "exhaustive":
+                points = [measure(setting) for setting in ts.exhaustive(seqs, batched)]
+            else:
+                points = ts.run_search(search, measure)
+        except Stopped as stop:
+            left = [pid for server in runner.servers for pid in server.leftovers()]
+            click.echo(f"rocmdoctor: tune stopped ({stop}); no server left" if not left else
+                       f"rocmdoctor: tune stopped ({stop}); server processes left: {left}", err=True)  # fmt: skip
+            sys.exit(1)
+        choice = ts.choose(points, objective)
+        if not check_only:
+            state.add(context, [p for p in points if p.source == "measured"])
+            _write_state(state_path, state.to_bytes())
+        report = _report(tune_plan, points, choice, objective, time.monotonic() - started, runner.starts)
+        change = None
+        if (write or check_only) and choice.winner is not None:
+            events("writing", setting=choice.winner.setting.to_json())
+            change = _write_back(app, target, check_only, instance, choice)
+    _finish(report, change, choice, as_json, app, plot_path)
+
+
+def ts_schema() -> int:
+    from ..model import SCHEMA_VERSION
+
+    return SCHEMA_VERSION
+
+
+def _write_state(path: Path, data: bytes) -> None:
+    from ..host_writes import HostWriter
+
+    try:
+        HostWriter("/").write_file(str(path.absolute()), data, 0o600)
+    except OSError as exc:
+        click.echo(f"rocmdoctor: the state file {path} could not be written: {exc}", err=True)
+
+
+def _write_back(app: App, target: Path | None, check_only: bool, instance: str | None, choice: Any):
+    from ..host_writes import HostWriter
+    from ..provision.tune_writeback import WritebackError, write_back
+
+    winner = choice.winner
+    why = f"{winner.output_tokens_per_s:.1f} output tokens/s; {choice.reason}."
+    try:
+        return write_back(
+            HostWriter(write_root(app, target), check_mode=check_only), instance, winner.setting, why
+        )
+    except (WritebackError, OSError) as exc:
+        raise UserError(f"could not write the winner back: {exc}") from None
+
+
+def _report(plan: dict, points: list, choice: Any, slo: Any, seconds: float, starts: int) -> dict[str, Any]:
+    from ..model import SCHEMA_VERSION
+
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "command": "tune",
+        "plan": plan,
+        "points": [p.to_json() for p in points],
+        "winner": choice.winner.to_json() if choice.winner else None,
+        "best_seen": choice.best_seen.to_json() if choice.best_seen else None,
+        "reason": choice.reason,
+        "slo": slo.to_json() if slo else None,
+        "server_starts": starts,
+        "known_points_used": sum(1 for p in points if p.source == "state"),
+        "seconds": round(seconds, 1),
+        "exit_code": 0 if choice.winner else 1,
+    }
+
+
+def _finish(report: dict, change: Any, choice: Any, as_json: bool, app: App, plot_path: Path | None) -> None:
+    from ..model import envelope
+
+    if plot_path is not None:
+        from .tune_render import write_plot
+
+        write_plot(report, plot_path)
+    if change is not None:
+        document = {**change.to_json(), **{k: v for k, v in report.items() if k != "schema_version"}}
+    else:
+        msg = "nothing written (pass --write to write the winner)" if choice.winner else report["reason"]
+        document = envelope(changed=False, check=False, msg=msg, diff="", **{
+            k: v for k, v in report.items() if k != "schema_version"})  # fmt: skip
+    if as_json:
+        emit_json(document)
+    else:
+        from rocmdoctor.console import make_console
+
+        from .tune_render import render_tune
+
+        render_tune(report, document, make_console(no_color=app.no_color))
+    sys.exit(report["exit_code"])
