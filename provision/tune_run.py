@@ -105,9 +105,15 @@ class Runner:
         self.starts += 1
         self.servers.append(server)
         cold = self.starts == 1
-        self.events("starting", setting=setting.to_json(), log=str(server.log_path), cold=cold)
         try:
-            server.start()
+            try:
+                server.start()
+            except OSError as exc:
+                return Measurement(
+                    setting, 0.0, error=f"cannot start {server.executable}: {exc.strerror or exc}"
+                )
+            # Announced once the server runs: a stop from here on has a process group to stop.
+            self.events("starting", setting=setting.to_json(), log=str(server.log_path), cold=cold)
             outcome = server.wait_ready(self.options.start_timeout_s)
             if not outcome.ready:
                 why = outcome.reason + (f" ({outcome.cause.summary})" if outcome.cause else "")

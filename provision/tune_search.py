@@ -5,7 +5,7 @@ The search asks for one setting at a time (`Search.propose`) and is told what it
 unit tests drive the same code.
 
 - Phase 1, `--max-num-seqs`: from the smallest candidate, double (the next candidate at least twice the
-  last) while throughput still rises by RISE_SHARE and the latency limit holds. vLLM's batch throughput
+  last) while the latency limit holds, until FLAT_STEPS doublings in a row added less than RISE_SHARE. vLLM's batch throughput
   is concave in the batch size until a resource saturates, so doubling brackets the knee in log2(range)
   starts.
 - Phase 2, refine: bisect between the best point and its measured neighbours (the one that broke the
@@ -31,6 +31,7 @@ PERCENTILES = (50, 95, 99)
 # Throughput that rises by less than this share is "stopped rising" (run-to-run noise on a shared
 # host is a few per cent).
 RISE_SHARE = 0.03
+FLAT_STEPS = 2
 # Refinement stops once the bracket is narrower than this share of the best value.
 REFINE_SHARE = 0.125
 KNEE_SHARE = 0.95
@@ -76,7 +77,7 @@ def parse_slo(text: str) -> Slo:
     metric, pct, number, unit = match.groups()
     limit_ms = float(number) * (1000 if unit == "s" else 1)
     if limit_ms <= 0:
-        raise SloError(f"--slo {text!r}: the limit must be positive")
+        raise SloError(f"--slo {text!r}: the limit must be positive (METRIC:pPCT<=LIMIT, e.g. ttft:p95<=2s)")
     return Slo(metric, int(pct), limit_ms)
 
 
@@ -203,9 +204,11 @@ class Search:
             point = seen.get(setting)
             return point.output_tokens_per_s if point and feasible(point, self.slo) else -1.0
 
-        # Phase 1: doubling.
+        # Phase 1: doubling, until the limit breaks or FLAT_STEPS doublings in a row add less than
+        # RISE_SHARE (one flat step on a shared host is as often noise as a knee).
         value = self.seqs[0]
         best = value
+        flat = 0
         while True:
             if at(value) not in seen:
                 yield at(value)
@@ -215,7 +218,8 @@ class Search:
             rising = tput(at(value)) >= tput(at(best)) * (1 + RISE_SHARE) or value == best
             if tput(at(value)) > tput(at(best)):
                 best = value
-            if not rising:
+            flat = 0 if rising else flat + 1
+            if flat >= FLAT_STEPS:
                 break
             bigger = [c for c in self.seqs if c >= 2 * value]
             if not bigger:

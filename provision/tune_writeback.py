@@ -75,6 +75,8 @@ def with_setting(argv: list[str], setting: Setting) -> list[str]:
     out = without_tuned(argv)
     # Before the first ${...} reference: the template's per-instance words stay last.
     at = next((i for i, w in enumerate(out) if _REFERENCE.fullmatch(w)), len(out))
+    if 0 < at < len(out) and out[at - 1].startswith("-"):
+        at -= 1  # the reference is a flag's value: before the flag
     return out[:at] + setting.flags() + out[at:]
 
 

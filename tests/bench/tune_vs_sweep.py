@@ -85,9 +85,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seqs", default="1:24")
     parser.add_argument("--slo", default="e2el:p95<=60s")
-    parser.add_argument("--requests", type=int, default=16)
+    parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--prompt-tokens", type=int, default=64)
-    parser.add_argument("--output-tokens", type=int, default=64)
+    parser.add_argument("--output-tokens", type=int, default=128)
     parser.add_argument("--out", type=Path, default=None)
     options = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="tune-vs-sweep-") as tmp:

@@ -153,6 +153,11 @@ def _plan(app: App, args: Any, opts: dict[str, Any], kv_cache_memory: str | None
         )
     except ConfigError as exc:
         raise UserError(f"{files.location}: {exc}") from None
+    if plan.fits is None:
+        raise UserError(
+            f"the plan cannot tell whether {opts['model']} fits here: {plan.memory_null_reason}; tune measures "
+            "only a model the plan says fits (give the model's safetensors files, or --kv-cache-memory)"
+        )
     if not plan.fits:
         remedies = "; ".join(f"{r.action} ({r.flag}: {r.figure})" for r in plan.remedies) or "a larger GPU"
         raise UserError(
@@ -437,7 +442,8 @@ def tune(
     )
     search = ts.Search(seqs, batched, objective)
     started = time.monotonic()
-    points: list[ts.Measurement] = []
+    # From here on a SIGTERM, SIGINT or SIGHUP is an exception: the runner's `finally` stops the server
+    # that runs, and a stop during the write-back leaves the files as they were (atomic writes).
     with SignalsToStop():
         try:
             measure = known_or_measured(known, runner.measure)
@@ -445,20 +451,23 @@ def tune(
                 points = [measure(setting) for setting in ts.exhaustive(seqs, batched)]
             else:
                 points = ts.run_search(search, measure)
+            choice = ts.choose(points, objective)
+            if not check_only:
+                state.add(context, [p for p in points if p.source == "measured"])
+                _write_state(state_path, state.to_bytes())
+            report = _report(tune_plan, points, choice, objective, time.monotonic() - started, runner.starts)
+            change = None
+            if (write or check_only) and choice.winner is not None:
+                events("writing", setting=choice.winner.setting.to_json())
+                change = _write_back(app, target, check_only, instance, choice)
         except Stopped as stop:
-            left = [pid for server in runner.servers for pid in server.leftovers()]
-            click.echo(f"rocmdoctor: tune stopped ({stop}); no server left" if not left else
-                       f"rocmdoctor: tune stopped ({stop}); server processes left: {left}", err=True)  # fmt: skip
+            left = [proc.pid for server in runner.servers for proc in server.leftovers()]
+            click.echo(
+                f"rocmdoctor: tune stopped ({stop}); "
+                + (f"server processes left: {left}" if left else "no server process left"),
+                err=True,
+            )
             sys.exit(1)
-        choice = ts.choose(points, objective)
-        if not check_only:
-            state.add(context, [p for p in points if p.source == "measured"])
-            _write_state(state_path, state.to_bytes())
-        report = _report(tune_plan, points, choice, objective, time.monotonic() - started, runner.starts)
-        change = None
-        if (write or check_only) and choice.winner is not None:
-            events("writing", setting=choice.winner.setting.to_json())
-            change = _write_back(app, target, check_only, instance, choice)
     _finish(report, change, choice, as_json, app, plot_path)
 
 
