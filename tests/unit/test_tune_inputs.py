@@ -31,7 +31,10 @@ GOOD = b'{"prompt": "Classify: the pump failed", "output_tokens": 4}\n\n# a comm
 
 def test_workload_lines_are_read_typed():
     workload = parse_jsonl(GOOD, "jobs.jsonl", seed=7)
-    assert [(i.prompt, i.output_tokens) for i in workload.items] == [("Classify: the pump failed", 4), ("x", 1)]
+    assert [(i.prompt, i.output_tokens) for i in workload.items] == [
+        ("Classify: the pump failed", 4),
+        ("x", 1),
+    ]
     assert workload.to_json()["requests_in_file"] == 2 and workload.seed == 7
 
 
@@ -46,8 +49,12 @@ def test_workload_lines_are_read_typed():
         (b'["prompt", 2]\n', 1, ""),
         (b'{"prompt": "a", "output_tokens": 2}\n{"prompt": "a", "output_tokens": NaN}\n', 2, ""),
         (b'{"prompt": "a", "output_tokens": 2\n', 1, ""),
-        (b'\xff\xfe\n', 1, ""),
-        (b'[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[' * 100 + b"\n", 1, ""),
+        (b"\xff\xfe\n", 1, ""),
+        (
+            b"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[" * 100 + b"\n",
+            1,
+            "",
+        ),
     ],
 )
 def test_a_bad_line_is_named_with_the_form_to_write(data, line, field):
@@ -87,16 +94,26 @@ def test_synthetic_prompts_are_token_ids_of_the_asked_length_and_unique_across_t
 
 
 def point(seqs: int, tokens_per_s: float, error: str = "") -> Measurement:
-    return Measurement(Setting(seqs), tokens_per_s, 8, 0, {"ttft": {"p50": 1.0, "p95": 2.0, "p99": 3.0}}, error=error)
+    return Measurement(
+        Setting(seqs), tokens_per_s, 8, 0, {"ttft": {"p50": 1.0, "p95": 2.0, "p99": 3.0}}, error=error
+    )
 
 
 def test_state_round_trip_keeps_known_points_per_context():
-    context = {"host": "h", "bundle": "b@sha256:1", "model_revision": "sha256:2", "server_argv": ["--model", "m"]}
+    context = {
+        "host": "h",
+        "bundle": "b@sha256:1",
+        "model_revision": "sha256:2",
+        "server_argv": ["--model", "m"],
+    }
     state = State()
     state.add(context, [point(1, 10.0), point(2, 19.5), point(4, 0.0, error="not ready after 900 s")])
     again = State.parse(state.to_bytes(), "state.json")
     known = again.known(context)
-    assert [(p.setting.max_num_seqs, p.output_tokens_per_s, p.source) for p in known] == [(1, 10.0, "state"), (2, 19.5, "state")]
+    assert [(p.setting.max_num_seqs, p.output_tokens_per_s, p.source) for p in known] == [
+        (1, 10.0, "state"),
+        (2, 19.5, "state"),
+    ]
     assert known[0].latency_ms["ttft"]["p95"] == 2.0
     # A new bundle (or model revision, host, arguments) is a new context: nothing is known for it.
     assert again.known({**context, "bundle": "b@sha256:9"}) == []
@@ -113,7 +130,16 @@ def test_a_damaged_state_file_is_not_trusted_and_says_so(data):
 
 
 def test_the_state_context_ignores_the_port_and_the_tuned_flags():
-    argv = ["--model", "m", "--port", "8001", "--max-num-seqs", "4", "--max-num-batched-tokens=512", "--enforce-eager"]
+    argv = [
+        "--model",
+        "m",
+        "--port",
+        "8001",
+        "--max-num-seqs",
+        "4",
+        "--max-num-batched-tokens=512",
+        "--enforce-eager",
+    ]
     assert stable_argv(argv) == ["--model", "m", "--enforce-eager"]
 
 
@@ -121,8 +147,18 @@ UNIT = (
     "[Service]\n"
     "Environment=A=1\n"
     "ExecStart="
-    + command_line(["/opt/rocmdoctor/current/bin/vllm-server", "--model", "/srv/models/my model", "--max-num-seqs", "10",
-                    "--served-model-name", "50%$off", "--enforce-eager"])  # fmt: skip
+    + command_line(
+        [
+            "/opt/rocmdoctor/current/bin/vllm-server",
+            "--model",
+            "/srv/models/my model",
+            "--max-num-seqs",
+            "10",
+            "--served-model-name",
+            "50%$off",
+            "--enforce-eager",
+        ]
+    )  # fmt: skip
     + "\nExecStartPost=/bin/true\n"
 )
 
@@ -154,7 +190,10 @@ def test_an_instance_drop_in_keeps_the_template_references(tmp_path):
     writer.write_file("/etc/systemd/system/vllm@.service", template.encode(), 0o644)
     write_back(writer, "3", Setting(12), "measured.")
     text = (tmp_path / "etc/systemd/system/vllm@3.service.d" / DROPIN_NAME).read_text()
-    assert "--max-num-seqs 12 --port ${ROCMDOCTOR_PORT} --gpu-memory-utilization ${ROCMDOCTOR_GPU_MEMORY_UTILIZATION}" in text
+    assert (
+        "--max-num-seqs 12 --port ${ROCMDOCTOR_PORT} --gpu-memory-utilization ${ROCMDOCTOR_GPU_MEMORY_UTILIZATION}"
+        in text
+    )
 
 
 def test_write_back_without_a_unit_says_to_write_it_first(tmp_path):

@@ -36,8 +36,8 @@ def parse_seqs(text: str, upper: int) -> list[int]:
         if ":" in spec:
             low_text, high_text = spec.split(":", 1)
             low = int(low_text)
-            high = upper if high_text.strip() == "auto" else int(high_text)
-            values = seqs_candidates(low, min(high, SEQS_LIMIT))
+            high = min(upper, SEQS_LIMIT) if high_text.strip() == "auto" else int(high_text)
+            values = seqs_candidates(low, high) if high <= SEQS_LIMIT else []
         else:
             values = sorted({int(v) for v in spec.split(",") if v.strip()})
     except ValueError:
@@ -127,11 +127,11 @@ def _plan(app: App, args: Any, opts: dict[str, Any], kv_cache_memory: str | None
     from .plan import load_model_files, parse_size
 
     if kv_cache_memory is None and args.plan is None:
+        why = "; ".join(n for n in args.notes if "plan" in n) or "no GPU memory to plan with"
         raise UserError(
-            "no memory plan for the model, so whether it fits is unknown: "
-            + "; ".join(n for n in args.notes if "plan" in n or "GPU" in n)
-            + " -- on a host without an AMD GPU pass --kv-cache-memory SIZE (the KV cache the server gets, "
-            "e.g. VLLM_CPU_KVCACHE_SPACE for vLLM on the CPU)"
+            f"no memory plan for the model ({why}), so whether it fits is unknown; on a host without an "
+            "AMD GPU pass --kv-cache-memory SIZE (the KV cache the server gets, e.g. VLLM_CPU_KVCACHE_SPACE "
+            "for vLLM on the CPU)"
         )
     files = load_model_files(opts["model"], "main", True)
     if kv_cache_memory is not None:
@@ -347,7 +347,7 @@ def tune(
         chosen = tw.synthetic(in_tokens, out_tokens, seed)
     plan = _plan(app, args, opts, kv_cache_memory, chosen.typical_len())
     kv_seqs = max(1, (plan.kv_cache_tokens or 0) // max(1, chosen.typical_len()))
-    seqs = parse_seqs(seqs_spec, min(kv_seqs, SEQS_LIMIT))
+    seqs = parse_seqs(seqs_spec, kv_seqs)
     over = [v for v in seqs if v > kv_seqs]
     if over and ":" not in seqs_spec:
         raise UserError(
@@ -356,9 +356,10 @@ def tune(
         )
     batched: list[int | None] = [int(v) for v in batched_list.split(",")] if batched_list else [None]
     from ..provision.tune_state import State, context_key, stable_argv
+    from ..provision.tune_writeback import without_tuned
     from ..provision.unit import ServiceLayout, readiness_url
 
-    base_argv = args.argv()
+    base_argv = without_tuned(args.argv())  # tune sets these per trial
     context = {
         "host": _host_identity(app),
         "bundle": _bundle_identity(opts["prefix"]),
@@ -414,7 +415,6 @@ def tune(
     known = {p.setting: p for p in state.known(context)}
     from ..provision.serve import server_env
     from ..provision.tune_run import Runner, RunOptions, known_or_measured
-    from ..provision.tune_writeback import without_tuned
 
     env = server_env(
         os.environ,
@@ -427,7 +427,7 @@ def tune(
     runner = Runner(
         RunOptions(
             executable,
-            without_tuned(base_argv),
+            base_argv,
             env,
             readiness_url(args),
             args.served_model_name,

@@ -1,0 +1,163 @@
+"""`rocmdoctor tune` before any server: the plan on host fixtures (APUs: never above the free-memory
+rule), and every refusal of bad input (exit 2, a message that says what to do, no traceback)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+
+import pytest
+
+from conftest import FIXTURES
+from harness.hosts import fixture_root, run_cli
+from rocmdoctor.checks import facts
+from rocmdoctor.commands.host_pools import pools_from_facts
+from rocmdoctor.host import Host
+from rocmdoctor.memory_rule import recommended
+from rocmdoctor.registry import Context, Options
+
+# The APU captures whose pool the runtime reports with its use (tests/cli/test_server_args_hosts.py).
+APUS = ("strix-halo-clean", "strix-halo-nocwsr-dkms", "strix-halo-default-ttm")
+
+
+def header_only_model(tmp_path, fixture: str, parameters: int) -> str:
+    """A real config with a header-only bf16 safetensors file of the model's size (the plan reads headers)."""
+    model = tmp_path / fixture
+    model.mkdir()
+    shutil.copy(FIXTURES / "model_configs" / fixture / "config.json", model / "config.json")
+    rows = parameters // 4096
+    header = {"w": {"dtype": "BF16", "shape": [rows, 4096], "data_offsets": [0, rows * 4096 * 2]}}
+    blob = json.dumps(header).encode()
+    (model / "model.safetensors").write_bytes(struct.pack("<Q", len(blob)) + blob)
+    return str(model)
+
+
+def plan_of(done) -> dict:
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)["plan"]
+
+
+@pytest.mark.parametrize("fixture_id", APUS)
+def test_on_an_apu_tune_never_asks_more_than_the_free_memory_rule(tmp_path, fixture_id):
+    model = header_only_model(tmp_path, "qwen3-8b", 8_190_735_360)
+    plan = plan_of(run_cli("tune", "--model", model, "--plan-only", "--json", root=fixture_root(fixture_id)))
+    (pool,) = pools_from_facts(Context(Host(fixture_root(fixture_id)), Options()))
+    assert pool.unified and pool.total and pool.free is not None
+    rule = recommended(pool.total, pool.free)
+    assert 0 < float(plan["gpu_memory_utilization"]) <= rule
+    argv = plan["server_argv"]
+    assert argv[argv.index("--gpu-memory-utilization") + 1] == plan["gpu_memory_utilization"]
+    assert "--max-num-seqs" not in argv  # tune sets it per trial
+    assert plan["seqs"][0] == 1 and plan["seqs"][-1] <= plan["kv_requests"]
+    # Asked for more than the rule allows now, tune refuses before any start: one start over the
+    # rule on a unified-memory APU can take the host down.
+    over = f"{min(1.0, rule + 0.05):.2f}"
+    refused = run_cli(
+        "tune",
+        "--model",
+        model,
+        "--gpu-memory-utilization",
+        over,
+        "--plan-only",
+        root=fixture_root(fixture_id),
+    )
+    assert (
+        refused.returncode == 2 and "free-memory rule" in refused.stderr and "Traceback" not in refused.stderr
+    )
+
+
+def test_an_apu_fixture_is_what_the_rule_test_reads():
+    gpus = facts.gpus(Context(Host(fixture_root("strix-halo-clean")), Options()))
+    assert any(g.apu for g in gpus)
+
+
+def test_a_model_the_plan_says_does_not_fit_is_refused_with_what_to_do(tmp_path):
+    model = header_only_model(tmp_path, "llama-3.1-8b-instruct", 8_030_261_248)
+    done = run_cli("tune", "--model", model, "--plan-only", root=fixture_root("strix-point"))
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "cannot start here" in done.stderr and "rocmdoctor plan" in done.stderr
+
+
+CPU = ("--gpu-memory-utilization", "0.5", "--plan-only")
+
+
+def cpu_tune(*args: str, model: str | None = None):
+    model = model or str(FIXTURES / "model_configs" / "qwen3-8b")
+    return run_cli("tune", "--model", model, *CPU, *args, root=fixture_root("no-amd-gpu"))
+
+
+def test_without_a_gpu_the_plan_needs_the_kv_cache_size():
+    done = cpu_tune()
+    assert done.returncode == 2 and "--kv-cache-memory" in done.stderr
+    planned = plan_of(cpu_tune("--kv-cache-memory", "8GiB", "--json"))
+    assert planned["kv_cache_tokens"] > 0 and planned["workload"]["source"] == "synthetic"
+    small = cpu_tune("--kv-cache-memory", "1KiB")
+    assert small.returncode == 2 and "does not fit" in small.stderr and "Try:" in small.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--slo", "ttft<2s"), "METRIC:pPCT<=LIMIT"),
+        (("--slo", "ttft:p95<=0ms"), "must be positive"),
+        (("--seqs", "0:8"), "LOW:HIGH"),
+        (("--seqs", "a,b"), "LOW:HIGH"),
+        (("--seqs", "1:99999"), "LOW:HIGH"),
+        (("--write", "--check"), "give one"),
+        (("--instance", "2"), "--write or --check"),
+        (("--plot", "out.gif"), ".png or .svg"),
+    ],
+)
+def test_bad_options_are_refused_with_the_form(args, message):
+    done = cpu_tune("--kv-cache-memory", "8GiB", *args)
+    assert done.returncode == 2, done.stdout
+    assert message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_seqs_beyond_what_the_kv_cache_holds_are_refused():
+    done = cpu_tune("--kv-cache-memory", "2GiB", "--max-model-len", "512", "--seqs", "1,4096")
+    assert done.returncode == 2 and "the KV cache holds" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b'{"prompt": "a", "output_tokens": 2}\n{"prompt": "b"}\n', "line 2"),
+        (b"[1, 2]\n", "line 1"),
+        (b"", "no requests"),
+    ],
+)
+def test_a_bad_workload_file_is_refused_naming_the_line(tmp_path, content, message):
+    workload = tmp_path / "jobs.jsonl"
+    workload.write_bytes(content)
+    done = cpu_tune("--kv-cache-memory", "8GiB", "--workload", str(workload))
+    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_workload_that_is_not_a_regular_file_is_refused(tmp_path):
+    done = cpu_tune("--kv-cache-memory", "8GiB", "--workload", "/dev/zero")
+    assert done.returncode == 2 and "not a regular file" in done.stderr
+    missing = cpu_tune("--kv-cache-memory", "8GiB", "--workload", str(tmp_path / "none.jsonl"))
+    assert missing.returncode == 2 and "no such file" in missing.stderr
+
+
+def test_the_workload_sets_the_typical_length_the_plan_bounds_the_search_with(tmp_path):
+    workload = tmp_path / "jobs.jsonl"
+    workload.write_text(
+        "".join(json.dumps({"prompt": "w" * 400, "output_tokens": 28}) + "\n" for _ in range(3))
+    )
+    planned = plan_of(
+        cpu_tune("--kv-cache-memory", "2GiB", "--max-model-len", "512", "--workload", str(workload), "--json")
+    )
+    assert planned["workload"]["typical_len"] == 128 and planned["workload"]["requests_in_file"] == 3
+    assert planned["kv_requests"] == planned["kv_cache_tokens"] // 128
+    assert planned["seqs"][-1] == min(planned["kv_requests"], 4096)
+
+
+def test_without_an_installed_bundle_tune_says_to_install_one(tmp_path):
+    done = run_cli(
+        "tune", "--model", str(FIXTURES / "model_configs" / "qwen3-8b"), "--gpu-memory-utilization", "0.5",
+        "--kv-cache-memory", "8GiB", "--prefix", str(tmp_path / "opt"), root=fixture_root("no-amd-gpu"),
+    )  # fmt: skip
+    assert done.returncode == 2 and "install a bundle first" in done.stderr
