@@ -274,8 +274,38 @@ def _gmu_within_rule(app: App, args: Any) -> None:
 @click.option("--log-dir", type=params.NonEmptyPath(file_okay=False, path_type=Path), default=None,
               help="Server logs [default: ~/.cache/rocmdoctor/tune].")  # fmt: skip
 @pass_app
-def tune(
+def tune(app: App, **options: Any) -> None:
+    """Find the --max-num-seqs (and --max-num-batched-tokens) with the most throughput under --slo.
+
+    The model must fit (the plan says so first). Each setting is one server start (the command line
+    `unit`/`serve` compute), warmed, then measured; known points come from the state file. Without
+    --slo the knee is chosen. Extra vLLM arguments go after `--`.
+
+    Exit 0: a winner (written with --write); 1: no setting met --slo (the best seen is reported);
+    2: bad input, or the model does not fit.
+    """
+    from ..provision.serve import SignalsToStop, Stopped
+
+    servers: list[Any] = []  # every server started, for the message when a signal stops the run
+    # A SIGTERM, SIGINT or SIGHUP in any phase is an exception: the runner's `finally` stops the server
+    # that runs (a SIGKILL leaves that to the server's tether), and a stop before or during the
+    # write-back leaves the files as they were (atomic writes).
+    with SignalsToStop():
+        try:
+            _tune(app, servers, **options)
+        except Stopped as stop:
+            left = [proc.pid for server in servers for proc in server.leftovers()]
+            click.echo(
+                f"rocmdoctor: tune stopped ({stop}); "
+                + (f"server processes left: {left}" if left else "no server process left"),
+                err=True,
+            )
+            sys.exit(1)
+
+
+def _tune(
     app: App,
+    servers: list[Any],
     seqs_spec: str,
     batched_list: str | None,
     search_kind: str,
@@ -298,15 +328,6 @@ def tune(
     log_dir: Path | None,
     **opts: Any,
 ) -> None:
-    """Find the --max-num-seqs (and --max-num-batched-tokens) with the most throughput under --slo.
-
-    The model must fit (the plan says so first). Each setting is one server start (the command line
-    `unit`/`serve` compute), warmed, then measured; known points come from the state file. Without
-    --slo the knee is chosen. Extra vLLM arguments go after `--`.
-
-    Exit 0: a winner (written with --write); 1: no setting met --slo (the best seen is reported);
-    2: bad input, or the model does not fit.
-    """
     from ..provision import tune_search as ts
     from ..provision import tune_workload as tw
 
@@ -396,7 +417,7 @@ def tune(
             f"{executable} is missing or not executable: install a bundle first "
             f"(rocmdoctor install --prefix {opts['prefix']})"
         )
-    from ..provision.serve import HostUnresolvable, SignalsToStop, Stopped, default_cache_base, port_in_use
+    from ..provision.serve import HostUnresolvable, default_cache_base, port_in_use
 
     try:
         taken = port_in_use(args.host, args.port)
@@ -439,35 +460,24 @@ def tune(
             requests,
         ),
         events,
+        servers=servers,
     )
     search = ts.Search(seqs, batched, objective)
     started = time.monotonic()
-    # From here on a SIGTERM, SIGINT or SIGHUP is an exception: the runner's `finally` stops the server
-    # that runs, and a stop during the write-back leaves the files as they were (atomic writes).
-    with SignalsToStop():
-        try:
-            measure = known_or_measured(known, runner.measure)
-            if search_kind == "exhaustive":
-                points = [measure(setting) for setting in ts.exhaustive(seqs, batched)]
-            else:
-                points = ts.run_search(search, measure)
-            choice = ts.choose(points, objective)
-            if not check_only:
-                state.add(context, [p for p in points if p.source == "measured"])
-                _write_state(state_path, state.to_bytes())
-            report = _report(tune_plan, points, choice, objective, time.monotonic() - started, runner.starts)
-            change = None
-            if (write or check_only) and choice.winner is not None:
-                events("writing", setting=choice.winner.setting.to_json())
-                change = _write_back(app, target, check_only, instance, choice)
-        except Stopped as stop:
-            left = [proc.pid for server in runner.servers for proc in server.leftovers()]
-            click.echo(
-                f"rocmdoctor: tune stopped ({stop}); "
-                + (f"server processes left: {left}" if left else "no server process left"),
-                err=True,
-            )
-            sys.exit(1)
+    measure = known_or_measured(known, runner.measure)
+    if search_kind == "exhaustive":
+        points = [measure(setting) for setting in ts.exhaustive(seqs, batched)]
+    else:
+        points = ts.run_search(search, measure)
+    choice = ts.choose(points, objective)
+    if not check_only:
+        state.add(context, [p for p in points if p.source == "measured"])
+        _write_state(state_path, state.to_bytes())
+    report = _report(tune_plan, points, choice, objective, time.monotonic() - started, runner.starts)
+    change = None
+    if (write or check_only) and choice.winner is not None:
+        events("writing", setting=choice.winner.setting.to_json())
+        change = _write_back(app, target, check_only, instance, choice)
     _finish(report, change, choice, as_json, app, plot_path)
 
 
