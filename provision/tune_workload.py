@@ -84,7 +84,7 @@ def parse_jsonl(data: bytes, source: str, seed: int = DEFAULT_SEED) -> Workload:
     """The workload in `data` (the bytes of `source`, read by the caller at most MAX_FILE_BYTES + 1)."""
     if len(data) > MAX_FILE_BYTES:
         raise WorkloadError(f"{source}: larger than {MAX_FILE_BYTES} bytes; split the workload")
-    items = []
+    items: list[Item] = []
     for number, raw in enumerate(data.split(b"\n"), 1):
         line = raw.strip()
         if not line or line.startswith(b"#"):

@@ -401,6 +401,7 @@ def _tune(
         "batched_tokens": batched,
         "slo": objective.to_json() if objective else None,
         "workload": chosen.to_json(),
+        "context": context,  # what the state file keys its known points by
         "context_key": context_key(context),
         "search": search_kind,
     }
