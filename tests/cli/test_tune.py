@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import shutil
 import struct
+from pathlib import Path
 
+import jsonschema
 import pytest
 
 from conftest import FIXTURES
@@ -16,6 +18,9 @@ from rocmdoctor.commands.host_pools import pools_from_facts
 from rocmdoctor.host import Host
 from rocmdoctor.memory_rule import recommended
 from rocmdoctor.registry import Context, Options
+from rocmdoctor.report import load_schema
+
+CHANGE = jsonschema.Draft202012Validator(load_schema("change.schema.json"))
 
 # The APU captures whose pool the runtime reports with its use (tests/cli/test_server_args_hosts.py).
 APUS = ("strix-halo-clean", "strix-halo-nocwsr-dkms", "strix-halo-default-ttm")
@@ -31,6 +36,12 @@ def header_only_model(tmp_path, fixture: str, parameters: int) -> str:
     blob = json.dumps(header).encode()
     (model / "model.safetensors").write_bytes(struct.pack("<Q", len(blob)) + blob)
     return str(model)
+
+
+def tree_bytes(root: Path) -> dict[str, bytes | None]:
+    return {
+        str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))
+    }
 
 
 def plan_of(done) -> dict:
@@ -161,3 +172,77 @@ def test_without_an_installed_bundle_tune_says_to_install_one(tmp_path):
         "--kv-cache-memory", "8GiB", "--prefix", str(tmp_path / "opt"), root=fixture_root("no-amd-gpu"),
     )  # fmt: skip
     assert done.returncode == 2 and "install a bundle first" in done.stderr
+
+
+def fake_prefix(tmp_path) -> Path:
+    """An installed-looking prefix whose server fails loudly if anything ever starts it."""
+    server = tmp_path / "opt" / "current" / "bin" / "vllm-server"
+    server.parent.mkdir(parents=True)
+    server.write_text("#!/bin/sh\necho 'this test starts no server' >&2\nexit 97\n")
+    server.chmod(0o755)
+    return tmp_path / "opt"
+
+
+RECORDED = [  # measured by a real tune run on the vLLM CPU engine (tests/fixtures/tune), replayed here
+    {"max_num_seqs": 1, "output_tokens_per_s": 451.8, "requests": 16,
+     "latency_ms": {"ttft": {"p50": 139.0, "p95": 149.9, "p99": 155.2}}},
+    {"max_num_seqs": 2, "output_tokens_per_s": 842.3, "requests": 16,
+     "latency_ms": {"ttft": {"p50": 150.3, "p95": 161.2, "p99": 170.1}}},
+]  # fmt: skip
+
+
+def test_write_back_from_known_points_check_then_write_then_converged(tmp_path):
+    """The change contract without a server: every point known from the state file, --check shows the
+    drop-in's diff and writes nothing, --write writes it, a rerun changes nothing."""
+    from rocmdoctor.provision.tune_state import KIND, context_key
+
+    prefix, target, state = fake_prefix(tmp_path), tmp_path / "target", tmp_path / "state.json"
+    target.mkdir()
+    model = str(FIXTURES / "model_configs" / "qwen3-8b")
+    common = ("--gpu-memory-utilization", "0.5", "--max-model-len", "512", "--prefix", str(prefix))
+    unit = run_cli("unit", "--write", "--target", str(target), "--model", model, *common)
+    assert unit.returncode == 0, unit.stderr
+    tune = ("tune", "--model", model, *common, "--kv-cache-memory", "2GiB", "--seqs", "1,2", "--json",
+            "--state-file", str(state), "--target", str(target))  # fmt: skip
+    context = plan_of(run_cli(*tune, "--plan-only", root=fixture_root("no-amd-gpu")))["context"]
+    entries = {context_key(context): {"context": context, "points": RECORDED}}
+    state.write_text(json.dumps({"schema_version": 1, "kind": KIND, "entries": entries}))
+    tree, state_bytes = tree_bytes(target), state.read_bytes()
+
+    checked = run_cli(*tune, "--check", root=fixture_root("no-amd-gpu"))
+    assert checked.returncode == 0, checked.stderr
+    document = json.loads(checked.stdout)
+    CHANGE.validate(document)
+    assert document["check"] is True and document["changed"] is True and document["server_starts"] == 0
+    assert document["known_points_used"] == 2 and document["winner"]["max_num_seqs"] == 2
+    assert "+ExecStart=" in document["diff"] and "--max-num-seqs 2" in document["diff"]
+    assert tree_bytes(target) == tree and state.read_bytes() == state_bytes  # --check wrote nothing
+
+    written = run_cli(*tune, "--write", root=fixture_root("no-amd-gpu"))
+    assert written.returncode == 0, written.stderr
+    assert json.loads(written.stdout)["diff"] == document["diff"]
+    dropin = target / "etc/systemd/system/vllm.service.d/rocmdoctor-tune.conf"
+    assert "--max-num-seqs 2" in dropin.read_text()
+    again = json.loads(run_cli(*tune, "--write", root=fixture_root("no-amd-gpu")).stdout)
+    CHANGE.validate(again)
+    assert again["changed"] is False and again["diff"] == ""
+
+
+def test_the_table_for_people_names_the_winner_and_the_diff(tmp_path):
+    from rocmdoctor.provision.tune_state import KIND, context_key
+
+    prefix, state = fake_prefix(tmp_path), tmp_path / "state.json"
+    model = str(FIXTURES / "model_configs" / "qwen3-8b")
+    tune = ("tune", "--model", model, "--gpu-memory-utilization", "0.5", "--max-model-len", "512",
+            "--prefix", str(prefix), "--kv-cache-memory", "2GiB", "--seqs", "1,2", "--state-file", str(state),
+            "--slo", "ttft:p95<=155ms")  # fmt: skip
+    context = plan_of(run_cli(*tune, "--plan-only", "--json", root=fixture_root("no-amd-gpu")))["context"]
+    entries = {context_key(context): {"context": context, "points": RECORDED}}
+    state.write_text(json.dumps({"schema_version": 1, "kind": KIND, "entries": entries}))
+    done = run_cli(*tune, root=fixture_root("no-amd-gpu"))
+    assert done.returncode == 0, done.stderr
+    assert "winner: --max-num-seqs 1 (451.8 output tokens/s)" in done.stdout  # 2 breaks the limit
+    assert "ttft p95 <= 155 ms" in done.stdout and "nothing written (pass --write" in done.stdout
+    limited = run_cli(*tune[:-1], "ttft:p95<=100ms", root=fixture_root("no-amd-gpu"))
+    assert limited.returncode == 1 and "NO WINNER: no setting met ttft p95 <= 100 ms" in limited.stdout
+    assert "best seen: max-num-seqs 1, 451.8 tokens/s" in limited.stdout  # the only one tried
