@@ -357,7 +357,7 @@ def _tune(
         chosen = None
 
     # Phase: plan. The server's arguments as `unit`/`serve` compute them (their refusals included).
-    from .serve import api_key, jit_environment, resolve_args
+    from .serve import api_key, resolve_args, server_environment, startable
 
     args = resolve_args(app, opts)
     _gmu_within_rule(app, args)
@@ -378,7 +378,7 @@ def _tune(
     batched: list[int | None] = [int(v) for v in batched_list.split(",")] if batched_list else [None]
     from ..provision.tune_state import State, context_key, stable_argv
     from ..provision.tune_writeback import without_tuned
-    from ..provision.unit import ServiceLayout, readiness_url
+    from ..provision.unit import readiness_url
 
     base_argv = without_tuned(args.argv())  # tune sets these per trial
     context = {
@@ -412,45 +412,23 @@ def _tune(
         else:
             click.echo(json.dumps(tune_plan, indent=2))
         return
-    executable = Path(ServiceLayout(prefix=opts["prefix"]).server)
-    if not os.access(executable, os.X_OK):
-        raise UserError(
-            f"{executable} is missing or not executable: install a bundle first "
-            f"(rocmdoctor install --prefix {opts['prefix']})"
-        )
-    from ..provision.serve import HostUnresolvable, default_cache_base, port_in_use
+    from ..provision.serve import default_cache_base
 
-    try:
-        taken = port_in_use(args.host, args.port)
-    except HostUnresolvable as exc:
-        raise UserError(str(exc)) from None
-    if taken:
-        raise UserError(
-            f"port {args.port} on {args.host} is in use: stop the server that holds it (its GPU memory is "
-            "needed for the trial servers too, e.g. systemctl stop vllm) or pass --port"
-        )
+    # A port in use is most often the production server: its GPU memory is needed by the trials too.
+    executable = startable(args, opts["prefix"])
     cache_base = default_cache_base(os.environ)
     state_path = state_file or cache_base / "rocmdoctor" / "tune-state.json"
     state = State.parse(read_bounded(state_path, STATE_LIMIT, "--state-file"), str(state_path))
     if state.problem:
         events("state", problem=state.problem)
     known = {p.setting: p for p in state.known(context)}
-    from ..provision.serve import server_env
     from ..provision.tune_run import Runner, RunOptions, known_or_measured
 
-    env = server_env(
-        os.environ,
-        Path(os.environ.get("VLLM_CACHE_ROOT") or cache_base / "vllm"),
-        api_key(opts),
-        "",
-    )
-    env.update(jit_environment(Path(opts["prefix"]), cache_base / "rocmdoctor"))
-    env.update(args.environment)
     runner = Runner(
         RunOptions(
             executable,
             base_argv,
-            env,
+            server_environment(args, opts, cache_base),
             readiness_url(args),
             args.served_model_name,
             api_key(opts),
