@@ -342,6 +342,8 @@ def _tune(
         raise UserError("--write and --check: give one (--check shows what --write would write)")
     if instance is not None and not (write or check_only):
         raise UserError("--instance names where --write writes: give --write or --check with it")
+    if write or check_only:
+        write_root(app, target)  # --root only reads: refused now, not after the measuring
     from .smoke import _plot_path as plot_path_rule
 
     plot_path = plot_path_rule(plot)
