@@ -69,7 +69,8 @@ def _events(as_json: bool):
                 if isinstance(detail, dict)
                 else ""
             )
-            sys.stderr.write(f"tune: {phase}{label}\n")
+            problem = f": {data['problem']}" if "problem" in data else ""
+            sys.stderr.write(f"tune: {phase}{label}{problem}\n")
         sys.stderr.flush()
         if hold == phase:
             time.sleep(HOLD_S)
@@ -328,6 +329,7 @@ def _tune(
     log_dir: Path | None,
     **opts: Any,
 ) -> None:
+    from ..model import envelope
     from ..provision import tune_search as ts
     from ..provision import tune_workload as tw
 
@@ -410,7 +412,7 @@ def _tune(
     events("plan", **{k: tune_plan[k] for k in ("seqs", "batched_tokens", "gpu_memory_utilization", "slo")})
     if plan_only:
         if as_json:
-            emit_json({"schema_version": ts_schema(), "command": "tune", "plan": tune_plan})
+            emit_json(envelope(command="tune", plan=tune_plan))
         else:
             click.echo(json.dumps(tune_plan, indent=2))
         return
@@ -460,12 +462,6 @@ def _tune(
         events("writing", setting=choice.winner.setting.to_json())
         change = _write_back(app, target, check_only, instance, choice)
     _finish(report, change, choice, as_json, app, plot_path)
-
-
-def ts_schema() -> int:
-    from ..model import SCHEMA_VERSION
-
-    return SCHEMA_VERSION
 
 
 def _write_state(path: Path, data: bytes) -> None:
