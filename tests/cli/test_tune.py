@@ -13,6 +13,7 @@ import pytest
 
 from conftest import FIXTURES
 from harness.hosts import fixture_root, run_cli
+from harness.trees import tree_state
 from rocmdoctor.checks import facts
 from rocmdoctor.commands.host_pools import pools_from_facts
 from rocmdoctor.host import Host
@@ -36,12 +37,6 @@ def header_only_model(tmp_path, fixture: str, parameters: int) -> str:
     blob = json.dumps(header).encode()
     (model / "model.safetensors").write_bytes(struct.pack("<Q", len(blob)) + blob)
     return str(model)
-
-
-def tree_bytes(root: Path) -> dict[str, bytes | None]:
-    return {
-        str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))
-    }
 
 
 def plan_of(done) -> dict:
@@ -207,7 +202,7 @@ def test_write_back_from_known_points_check_then_write_then_converged(tmp_path):
     context = plan_of(run_cli(*tune, "--plan-only", root=fixture_root("no-amd-gpu")))["context"]
     entries = {context_key(context): {"context": context, "points": RECORDED}}
     state.write_text(json.dumps({"schema_version": 1, "kind": KIND, "entries": entries}))
-    tree, state_bytes = tree_bytes(target), state.read_bytes()
+    tree, state_bytes = tree_state(target), state.read_bytes()
 
     checked = run_cli(*tune, "--check", root=fixture_root("no-amd-gpu"))
     assert checked.returncode == 0, checked.stderr
@@ -216,7 +211,7 @@ def test_write_back_from_known_points_check_then_write_then_converged(tmp_path):
     assert document["check"] is True and document["changed"] is True and document["server_starts"] == 0
     assert document["known_points_used"] == 2 and document["winner"]["max_num_seqs"] == 2
     assert "+ExecStart=" in document["diff"] and "--max-num-seqs 2" in document["diff"]
-    assert tree_bytes(target) == tree and state.read_bytes() == state_bytes  # --check wrote nothing
+    assert tree_state(target) == tree and state.read_bytes() == state_bytes  # --check wrote nothing
 
     written = run_cli(*tune, "--write", root=fixture_root("no-amd-gpu"))
     assert written.returncode == 0, written.stderr

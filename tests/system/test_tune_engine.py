@@ -33,6 +33,7 @@ import pytest
 from harness.cli import rocmdoctor
 from harness.engine import free_port
 from harness.served_bundle import ENGINE_ARGS, ENGINE_ENV
+from harness.trees import account_root, tree_state
 from rocmdoctor.report import load_schema
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
@@ -40,12 +41,6 @@ pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 TAG = "ROCMDOCTOR_TEST_TUNE_TAG"
 CHANGE = jsonschema.Draft202012Validator(load_schema("change.schema.json"))
 DROPIN = "etc/systemd/system/vllm.service.d/rocmdoctor-tune.conf"
-
-
-def tree_bytes(root: Path) -> dict[str, bytes | None]:
-    return {
-        str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))
-    }
 
 
 def tagged(tag: str) -> list[int]:
@@ -69,8 +64,7 @@ def wait_none_tagged(tag: str, timeout: float = 90) -> None:
 class Setup:
     def __init__(self, prefix: Path, model: Path, base: Path) -> None:
         self.prefix, self.model, self.base = prefix, model, base
-        self.pristine = base / "pristine"  # a unit written by `unit --write`, no drop-in
-        self.pristine.mkdir()
+        self.pristine = account_root(base / "pristine")  # a unit written by `unit --write`, no drop-in
         done = rocmdoctor(
             "unit", "--write", "--target", str(self.pristine), "--prefix", str(prefix), "--model", str(model),
             "--served-model-name", "tiny", "--gpu-memory-utilization", "0.5", "--max-model-len", "512",
@@ -180,19 +174,19 @@ def test_tune_measures_each_setting_on_its_own_server_and_writes_the_winner(setu
 
 def test_a_rerun_knows_every_point_starts_nothing_and_converges(setup, tuned):
     _, first, target, _, _ = tuned
-    before = tree_bytes(target)
+    before = tree_state(target)
     with TuneRun(setup.argv(target, setup.state, "--seqs", "1,2")) as run:
         code, document = run.finish(timeout=120)
     assert code == 0
     assert document["server_starts"] == 0 and document["known_points_used"] == 2
     assert document["winner"]["max_num_seqs"] == first["winner"]["max_num_seqs"]
     assert document["changed"] is False and document["diff"] == ""
-    assert tree_bytes(target) == before
+    assert tree_state(target) == before
 
 
 def test_a_limit_nothing_meets_is_exit_1_with_the_best_setting_seen(setup, tuned):
     _, first, target, _, _ = tuned
-    before = tree_bytes(target)
+    before = tree_state(target)
     with TuneRun(setup.argv(target, setup.state, "--seqs", "1,2", "--slo", "ttft:p50<=0.001ms")) as run:
         code, document = run.finish(timeout=120)
     assert code == 1
@@ -202,7 +196,7 @@ def test_a_limit_nothing_meets_is_exit_1_with_the_best_setting_seen(setup, tuned
     assert document["best_seen"]["max_num_seqs"] == 1 and document["best_seen"]["source"] == "state"
     assert "no setting met ttft p50 <= 0.001 ms" in document["reason"]
     assert document["server_starts"] == 0
-    assert tree_bytes(target) == before
+    assert tree_state(target) == before
 
 
 KILLS = [
@@ -225,7 +219,7 @@ def test_a_killed_tune_leaves_no_server_and_the_configuration_as_it_was(setup, t
     state = tmp_path / "state.json"
     if phase in ("plan", "writing"):
         shutil.copy(setup.state, state)
-    before, state_before = tree_bytes(target), state.read_bytes() if state.exists() else None
+    before, state_before = tree_state(target), state.read_bytes() if state.exists() else None
     with TuneRun(
         setup.argv(target, state, "--seqs", "1,2" if phase == "writing" else "1"), hold=phase
     ) as run:
@@ -239,6 +233,6 @@ def test_a_killed_tune_leaves_no_server_and_the_configuration_as_it_was(setup, t
         if sig == signal.SIGTERM and phase not in ("plan",):
             assert "no server process left" in run.lines[-1]
         wait_none_tagged(run.tag)
-    assert tree_bytes(target) == before
+    assert tree_state(target) == before
     assert not (target / DROPIN).exists()
     assert (state.read_bytes() if state.exists() else None) == state_before
