@@ -111,7 +111,7 @@ def test_without_a_gpu_the_plan_needs_the_kv_cache_size():
         (("--seqs", "a,b"), "LOW:HIGH"),
         (("--seqs", "1:99999"), "LOW:HIGH"),
         (("--write", "--check"), "give one"),
-        (("--instance", "2"), "--write or --check"),
+        (("--instance", "2", "--lemonade-model", "m"), "give one"),
         (("--plot", "out.gif"), ".png or .svg"),
     ],
 )
@@ -241,3 +241,40 @@ def test_the_table_for_people_names_the_winner_and_the_diff(tmp_path):
     limited = run_cli(*tune[:-1], "ttft:p95<=100ms", root=fixture_root("no-amd-gpu"))
     assert limited.returncode == 1 and "NO WINNER: no setting met ttft p95 <= 100 ms" in limited.stdout
     assert "best seen: max-num-seqs 1, 451.8 tokens/s" in limited.stdout  # the only one tried
+
+
+def test_write_back_into_lemonade_saved_options_check_then_write_then_converged(tmp_path):
+    """The winner into a Lemonade model's saved vllm_args through its options API (the stand-in speaks
+    Lemonade's documented API over loopback): its dry run under --check, then saved, then nothing to do."""
+    from harness.lemonade_server import Registered, State, lemonade_server
+    from rocmdoctor.provision.tune_state import KIND, context_key
+
+    model_id, key = "user.Qwen3-8B-vLLM", "lemonade-admin-Zq7xV2kP9sW4"
+    state_dir = tmp_path / "lemonade-state"
+    state_dir.mkdir()
+    lemonade = State(state_dir, {model_id: Registered("Qwen/Qwen3-8B")}, admin_key=key)
+    lemonade.write_saved({model_id: {"vllm_args": "--enable-auto-tool-choice --max-num-seqs 64"}})
+    prefix, state = fake_prefix(tmp_path), tmp_path / "state.json"
+    model = str(FIXTURES / "model_configs" / "qwen3-8b")
+    tune = ("tune", "--model", model, "--gpu-memory-utilization", "0.5", "--max-model-len", "512",
+            "--prefix", str(prefix), "--kv-cache-memory", "2GiB", "--seqs", "1,2", "--json",
+            "--state-file", str(state), "--lemonade-model", model_id)  # fmt: skip
+    context = plan_of(run_cli(*tune, "--plan-only", root=fixture_root("no-amd-gpu")))["context"]
+    entries = {context_key(context): {"context": context, "points": RECORDED}}
+    state.write_text(json.dumps({"schema_version": 1, "kind": KIND, "entries": entries}))
+    env = {"LEMONADE_ADMIN_API_KEY": key}
+    with lemonade_server(lemonade) as server:
+        url = ("--lemonade-url", server.url)
+        checked = json.loads(run_cli(*tune, *url, "--check", root=fixture_root("no-amd-gpu"), env=env).stdout)
+        after_check = lemonade.saved()
+        written = json.loads(run_cli(*tune, *url, "--write", root=fixture_root("no-amd-gpu"), env=env).stdout)
+        again = json.loads(run_cli(*tune, *url, "--write", root=fixture_root("no-amd-gpu"), env=env).stdout)
+    for document in (checked, written, again):
+        CHANGE.validate(document)
+    assert checked["changed"] is True and checked["check"] is True and checked["dry_run"] is True
+    assert "--max-num-seqs 2" in checked["diff"] and checked["server_starts"] == 0
+    assert after_check[model_id]["vllm_args"] == "--enable-auto-tool-choice --max-num-seqs 64"  # untouched
+    assert written["changed"] is True
+    saved = lemonade.saved()[model_id]["vllm_args"]
+    assert "--max-num-seqs 2" in saved and "--enable-auto-tool-choice" in saved and "64" not in saved
+    assert again["changed"] is False and again["diff"] == ""

@@ -261,6 +261,25 @@ def _gmu_within_rule(app: App, args: Any) -> None:
 @click.option(
     "--instance", default=None, help="Write into vllm@N's drop-in (instances) instead of vllm.service."
 )
+@click.option(
+    "--lemonade-model",
+    default=None,
+    metavar="ID",
+    help="Write into this Lemonade model's saved options (its vllm_args) instead of a unit.",
+)
+@click.option(
+    "--lemonade-url",
+    default=None,
+    envvar="ROCMDOCTOR_LEMONADE_URL",
+    help="Lemonade Server (default: the port in its config.json, else 13305 on loopback).",
+)
+@click.option(
+    "--lemonade-key-file",
+    type=params.NonEmptyPath(path_type=Path, dir_okay=False),
+    callback=params.key_file(),
+    default=None,
+    help="File holding LEMONADE_ADMIN_API_KEY (default: that variable, then LEMONADE_API_KEY).",
+)
 @click.option("--state-file", type=params.NonEmptyPath(dir_okay=False, path_type=Path), default=None,
               help="Known points [default: ~/.cache/rocmdoctor/tune-state.json].")  # fmt: skip
 @click.option(
@@ -323,6 +342,9 @@ def _tune(
     check_only: bool,
     target: Path | None,
     instance: str | None,
+    lemonade_model: str | None,
+    lemonade_url: str | None,
+    lemonade_key_file: Path | None,
     state_file: Path | None,
     plan_only: bool,
     plot: Path | None,
@@ -342,9 +364,11 @@ def _tune(
         raise UserError(str(exc)) from None
     if write and check_only:
         raise UserError("--write and --check: give one (--check shows what --write would write)")
-    if instance is not None and not (write or check_only):
-        raise UserError("--instance names where --write writes: give --write or --check with it")
-    if write or check_only:
+    if (instance or lemonade_model) is not None and not (write or check_only or plan_only):
+        raise UserError("--instance and --lemonade-model name where --write writes: give --write or --check")
+    if instance is not None and lemonade_model is not None:
+        raise UserError("--instance and --lemonade-model: give one (where the server is configured)")
+    if (write or check_only) and lemonade_model is None:
         write_root(app, target)  # --root only reads: refused now, not after the measuring
     from .smoke import _plot_path as plot_path_rule
 
@@ -460,7 +484,10 @@ def _tune(
     change = None
     if (write or check_only) and choice.winner is not None:
         events("writing", setting=choice.winner.setting.to_json())
-        change = _write_back(app, target, check_only, instance, choice)
+        if lemonade_model is not None:
+            change = _write_lemonade(app, lemonade_model, lemonade_url, lemonade_key_file, check_only, choice)
+        else:
+            change = _write_back(app, target, check_only, instance, choice)
     _finish(report, change, choice, as_json, app, plot_path)
 
 
@@ -482,9 +509,30 @@ def _write_back(app: App, target: Path | None, check_only: bool, instance: str |
     try:
         return write_back(
             HostWriter(write_root(app, target), check_mode=check_only), instance, winner.setting, why
-        )
+        ).to_json()
     except (WritebackError, OSError) as exc:
         raise UserError(f"could not write the winner back: {exc}") from None
+
+
+def _write_lemonade(
+    app: App, model: str, url: str | None, key_file: Path | None, check_only: bool, choice: Any
+) -> dict[str, Any]:
+    """The winner as the model's saved vllm_args, through Lemonade's options API (its own dry run
+    under --check); Lemonade passes them to vllm-server at the model's next load."""
+    from ..provision.lemonade import ModelTarget, apply_options
+    from ..provision.lemonade_api import Lemonade, LemonadeError
+    from .lemonade import _key, _url
+
+    winner = choice.winner
+    words = winner.setting.flags()
+    flags = dict(zip(words[::2], words[1::2], strict=True))
+    why = f"rocmdoctor tune: {winner.output_tokens_per_s:.1f} output tokens/s; {choice.reason}"
+    target = ModelTarget(model, None, flags, reasons=dict.fromkeys(flags, why))
+    try:
+        change = apply_options(Lemonade(_url(app, url), _key(key_file)), target, check_only)
+    except LemonadeError as exc:
+        raise UserError(f"could not write the winner into Lemonade's options for {model}: {exc}") from None
+    return change.envelope(check=check_only)
 
 
 def _report(plan: dict, points: list, choice: Any, slo: Any, seconds: float, starts: int) -> dict[str, Any]:
@@ -514,7 +562,7 @@ def _finish(report: dict, change: Any, choice: Any, as_json: bool, app: App, plo
 
         write_plot(report, plot_path)
     if change is not None:
-        document = {**change.to_json(), **{k: v for k, v in report.items() if k != "schema_version"}}
+        document = {**change, **{k: v for k, v in report.items() if k != "schema_version"}}
     else:
         msg = "nothing written (pass --write to write the winner)" if choice.winner else report["reason"]
         document = envelope(changed=False, check=False, msg=msg, diff="", **{
