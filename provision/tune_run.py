@@ -8,7 +8,7 @@ hang. The server is stopped in a `finally` on every way out, a signal turned int
 command included.
 
 On each server: a warm-up round (the first one also fills the compile and JIT caches, so only the
-first start is cold), then the measured round: `requests` (at least two per sequence slot) requests
+first start is cold), then the measured round: `requests` (at least ROUNDS per sequence slot) requests
 with at most max-num-seqs in flight, so the client never holds back what the server could batch and
 never queues what it cannot (vLLM's `--link-vars max_num_seqs=max_concurrency`). Latencies are
 `bench`'s (vLLM's definitions).
@@ -30,6 +30,10 @@ from .tune_search import PERCENTILES, Measurement, Setting
 from .tune_workload import Workload, request_bodies
 
 Events = Callable[..., None]
+# Measured requests per setting: at least this many rounds of max-num-seqs. With two rounds the last
+# round's stragglers are half the window, and throughput at neighbouring settings differed by 2x on a
+# shared 2-core host (tests/bench/tune_vs_sweep.py, first run); four rounds halve that tail.
+ROUNDS = 4
 WARMUP_REQUESTS = 2  # per sequence slot, at least; the first server's also warm the caches
 
 
@@ -142,7 +146,7 @@ class Runner:
                 return Measurement(setting, 0.0, error=f"the warm-up failed: {results[0].error}")
             self.events("measuring", setting=setting.to_json())
             self.trial += 1
-            bodies = request_bodies(opts.workload, model, ids, max(opts.requests, 2 * slots), self.trial)
+            bodies = request_bodies(opts.workload, model, ids, max(opts.requests, ROUNDS * slots), self.trial)
             started = time.perf_counter()
             results, duration = await bench.run_requests(client, bodies, slots)
             point = summarize(setting, results, duration)

@@ -236,7 +236,7 @@ def _gmu_within_rule(app: App, args: Any) -> None:
 @click.option("--prompt-tokens", type=params.Count(1, 1 << 20), default=None, help="Synthetic prompt length.")
 @click.option("--output-tokens", type=params.Count(1, 1 << 16), default=None, help="Synthetic output length.")
 @click.option("--requests", type=params.Count(1, 10_000), default=16, show_default=True,
-              help="Requests measured per setting (at least 2 x max-num-seqs).")  # fmt: skip
+              help="Requests measured per setting (at least 4 x max-num-seqs).")  # fmt: skip
 @click.option("--seed", type=params.Count(0, 1 << 30), default=0, show_default=True, help="Workload order.")
 @click.option(
     "--kv-cache-memory",
