@@ -49,7 +49,7 @@ class RunOptions:
     workload: Workload
     start_timeout_s: float = 600.0
     request_timeout_s: float = 120.0
-    requests: int = 16  # measured per setting, at least 2 x max-num-seqs
+    requests: int = 16  # measured per setting, at least ROUNDS x max-num-seqs
     warmup_requests: int = 4
 
 
