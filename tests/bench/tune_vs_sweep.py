@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -81,6 +82,21 @@ def run(argv: list[str]) -> tuple[dict, float]:
     return json.loads(done.stdout), seconds
 
 
+def confirm(prefix: Path, model: Path, work: Path, options: argparse.Namespace) -> None:
+    seen: dict[int, list[float]] = {}
+    options.seqs = options.confirm
+    for repeat in range(options.repeats):
+        (work / "state-exhaustive.json").unlink(missing_ok=True)  # measure afresh every time
+        swept, _ = run(tune_argv(prefix, model, work, "exhaustive", options))
+        for point in swept["points"]:
+            seen.setdefault(point["max_num_seqs"], []).append(point["output_tokens_per_s"])
+        print(
+            f"repeat {repeat + 1}: {[(p['max_num_seqs'], p['output_tokens_per_s']) for p in swept['points']]}"
+        )
+    medians = {seqs: statistics.median(values) for seqs, values in seen.items()}
+    print(json.dumps({"command": " ".join(sys.argv), "measured": seen, "medians": medians}, indent=2))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seqs", default="1:24")
@@ -89,6 +105,14 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--output-tokens", type=int, default=128)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--confirm",
+        default=None,
+        metavar="A,B",
+        help="Instead: measure these max-num-seqs values again, alternately, --repeats times each (tune's "
+        "choice against the sweep's best, free of the sweep's winner's curse); prints the medians.",
+    )
+    parser.add_argument("--repeats", type=int, default=3)
     options = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="tune-vs-sweep-") as tmp:
         work = Path(tmp)
@@ -97,6 +121,9 @@ def main() -> None:
         prefix = work / "opt"
         subprocess.run(install_argv(work / "mirror", work / "pins", prefix), check=True, capture_output=True)
         model = make_tiny_model(work / "tiny")
+        if options.confirm:
+            confirm(prefix, model, work, options)
+            return
         tuned, tune_s = run(tune_argv(prefix, model, work, "adaptive", options))
         print(f"tune: {tune_s:.0f} s, {tuned['server_starts']} starts, winner {tuned['winner']}", flush=True)
         swept, sweep_s = run(tune_argv(prefix, model, work, "exhaustive", options))
