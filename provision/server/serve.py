@@ -128,6 +128,7 @@ class Server:
     served_name: str
     env: dict[str, str]
     log_path: Path
+    tether: bool = False  # the server dies with this process, even by SIGKILL (ProcessGroup's tether)
     process: ProcessGroup | None = field(default=None, init=False)
     started_at: float = field(default=0.0, init=False)
 
@@ -137,7 +138,7 @@ class Server:
 
     def start(self) -> None:
         self.process = ProcessGroup(
-            [str(self.executable), *self.argv], self.env, self.log_path, (MARKER, self.marker)
+            [str(self.executable), *self.argv], self.env, self.log_path, (MARKER, self.marker), self.tether
         )
         self.process.start()
         self.started_at = time.monotonic()

@@ -114,6 +114,14 @@ async def _one_request(client: oc.Client, body: dict[str, Any]) -> RequestResult
 
 
 async def run_level(client: oc.Client, bodies: list[dict[str, Any]], concurrency: int) -> dict[str, Any]:
+    results, duration = await run_requests(client, bodies, concurrency)
+    return summarize_level(concurrency, results, duration)
+
+
+async def run_requests(
+    client: oc.Client, bodies: list[dict[str, Any]], concurrency: int
+) -> tuple[list[RequestResult], float]:
+    """Every request, at most `concurrency` in flight: the results and the wall time they took."""
     gate = asyncio.Semaphore(concurrency)
 
     async def gated(body: dict[str, Any]) -> RequestResult:
@@ -129,8 +137,7 @@ async def run_level(client: oc.Client, bodies: list[dict[str, Any]], concurrency
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
-    duration = time.perf_counter() - started
-    return summarize_level(concurrency, results, duration)
+    return list(results), time.perf_counter() - started
 
 
 def summarize_level(concurrency: int, results: list[RequestResult], duration_s: float) -> dict[str, Any]:
@@ -202,6 +209,9 @@ async def _prompt_ids(client: oc.Client, model: str) -> list[int] | None:
             raise BenchAborted(exc) from None
         return None
     return ids or None
+
+
+prompt_ids = _prompt_ids  # tune makes its synthetic prompts the same way
 
 
 def unique_prompts(units: Sequence[T], length: int, start: int, count: int) -> list[list[T]]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from types import FrameType
@@ -23,6 +24,69 @@ import psutil
 from rocmdoctor.host import Host, RunResult
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+TETHER_GRACE_S = 10.0
+# The tether of a ProcessGroup (see ProcessGroup's `tether`), run as `python -I -S -c` (standard library
+# only): it reads the group's id from its stdin, then waits for EOF, which comes when the parent closes
+# the pipe or dies, however (the kernel closes a dead process's descriptors, SIGKILL included). Then it
+# stops the group and every process carrying the marker (SIGTERM, a grace period, SIGKILL), looking once
+# more a moment after the last one is gone for a child that was between fork and exec.
+TETHER_CODE = r"""
+import os, signal, sys, time
+key, value, grace = sys.argv[1], sys.argv[2], float(sys.argv[3])
+for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    signal.signal(sig, signal.SIG_IGN)
+data = b""
+while len(data) < 64:
+    chunk = os.read(0, 64)
+    if not chunk:
+        break
+    data += chunk
+while os.read(0, 4096):
+    pass
+words = data.split()
+pgid = int(words[0]) if words and words[0].isdigit() else None
+if pgid is not None and (pgid <= 1 or pgid == os.getpgrp()):
+    pgid = None
+needle = (key + "=" + value).encode()
+
+def alive():
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open("/proc/" + name + "/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            if fields[0] == b"Z":
+                continue
+            if pgid is not None and int(fields[2]) == pgid:
+                found.append(int(name))
+                continue
+            with open("/proc/" + name + "/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    found.append(int(name))
+        except (OSError, ValueError, IndexError):
+            pass
+    return found
+
+for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+    if pgid is not None:
+        try:
+            os.killpg(pgid, sig)
+        except OSError:
+            pass
+    for pid in alive():
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+    end = time.monotonic() + wait
+    while alive() and time.monotonic() < end:
+        time.sleep(0.2)
+    time.sleep(0.5)
+    if not alive():
+        break
+"""
 KILL_WAIT_S = 10.0
 TAIL_WINDOW = 64 * 1024
 
@@ -84,13 +148,64 @@ class ProcessGroup:
     `log_path`. `marker` names an environment variable and value set for it: a child that leaves the
     group is still found by it."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], log_path: Path, marker: tuple[str, str]) -> None:
+    def __init__(
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        log_path: Path,
+        marker: tuple[str, str],
+        tether: bool = False,
+    ) -> None:
+        """`tether`: the group dies with this process, even by SIGKILL (no finally runs then): a second
+        process in its own session holds the read end of a pipe whose only write end is ours, and
+        stops the group (and the marker's processes) when the pipe closes."""
         self.argv, self.env, self.log_path, self.marker = argv, env, log_path, marker
         self.process: subprocess.Popen[bytes] | None = None
+        self.tether: subprocess.Popen[bytes] | None = None
+        self._tether_fd: int | None = None
+        self._tethered = tether
+
+    def _start_tether(self) -> None:
+        read_fd, self._tether_fd = os.pipe()  # both close-on-exec: no other child inherits the write end
+        try:
+            self.tether = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", TETHER_CODE, *self.marker, str(TETHER_GRACE_S)],
+                stdin=read_fd,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,  # a signal to our group (Ctrl-C, kill -- -PGID) spares it
+            )
+        finally:
+            os.close(read_fd)
+
+    def _release_tether(self) -> None:
+        """The group is stopped: close our end, so the tether looks once, finds nothing, and exits."""
+        if self._tether_fd is not None:
+            os.close(self._tether_fd)
+            self._tether_fd = None
+        if self.tether is not None:
+            try:
+                self.tether.wait(timeout=TETHER_GRACE_S)
+            except subprocess.TimeoutExpired:
+                pass
 
     def start(self) -> None:
         """Raises OSError when the program cannot be started (the log cannot be written, no such file)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        if self._tethered:
+            # The tether first: killed at any moment after this line, we leave nothing behind (before
+            # the group id reaches it, the tether finds the server by its marker).
+            self._start_tether()
+        try:
+            self._spawn()
+        except BaseException:
+            self._release_tether()
+            raise
+        if self._tether_fd is not None:
+            assert self.process is not None
+            os.write(self._tether_fd, f"{self.process.pid}\n".encode())
+
+    def _spawn(self) -> None:
         with self.log_path.open("wb") as log:
             # Own session = own process group: one killpg reaches the API server and EngineCore, and
             # the terminal's Ctrl-C reaches only us, so the stop is ours to sequence.
@@ -140,6 +255,12 @@ class ProcessGroup:
 
     def stop(self, grace_s: float, kill_wait_s: float = KILL_WAIT_S) -> list[int]:
         """SIGTERM the group, SIGKILL what is left after the grace period; the pids that survived."""
+        try:
+            return self._stop(grace_s, kill_wait_s)
+        finally:
+            self._release_tether()
+
+    def _stop(self, grace_s: float, kill_wait_s: float) -> list[int]:
         if self.process is None:
             return []
         pgid = self.process.pid

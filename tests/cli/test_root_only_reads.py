@@ -44,6 +44,7 @@ def every_command(out: Path) -> list[tuple[str, ...]]:
         ("rollback", *prefix),
         ("bundle", "prune", *prefix),
         ("install", "--check", "--frozen", "--family", "gfx942", *prefix),
+        ("tune", "--write", *MODEL),
     ]
 
 

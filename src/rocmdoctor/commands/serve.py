@@ -218,46 +218,20 @@ def serve(
     Exit 0 after a clean stop; 1 when the server did not become ready, died, or left a process behind.
     """
     from rocmdoctor.provision.server.serve import (
-        HostUnresolvable,
         ProgressLine,
         Server,
         SignalsToStop,
         Stopped,
         default_cache_base,
         new_marker,
-        port_in_use,
-        server_env,
     )
-    from rocmdoctor.provision.server.unit import ServiceLayout, readiness_url
+    from rocmdoctor.provision.server.unit import readiness_url
 
     refuse_root_facts_for_live_action(app, with_root_facts, "serve")
     args = resolve_args(app, opts)
-    executable = Path(ServiceLayout(prefix=opts["prefix"]).server)
-    if not os.access(executable, os.X_OK):
-        raise UserError(
-            f"{executable} is missing or not executable: install a bundle first "
-            f"(rocmdoctor install --prefix {opts['prefix']})"
-        )
-    try:
-        taken = port_in_use(args.host, args.port)
-    except HostUnresolvable as exc:
-        raise UserError(str(exc)) from None
-    if taken:
-        raise UserError(
-            f"port {args.port} on {args.host} is already in use (an earlier server still running?); "
-            "stop it or pass --port"
-        )
+    executable = startable(args, opts["prefix"])
     cache_base = default_cache_base(os.environ)
-    env = server_env(
-        os.environ,
-        cache_dir or Path(os.environ.get("VLLM_CACHE_ROOT") or cache_base / "vllm"),
-        api_key(opts),
-        new_marker(),
-    )
-    env.update(jit_environment(Path(opts["prefix"]), cache_base / "rocmdoctor"))
-    if cache_dir:
-        env["VLLM_CACHE_ROOT"] = str(cache_dir)
-    env.update(args.environment)
+    env = server_environment(args, opts, cache_base, cache_dir, new_marker())
     server = Server(
         executable,
         args.argv(),
@@ -321,6 +295,49 @@ def serve(
                     f"stopped the server after an error of rocmdoctor ({exc}); left: {left}", file=sys.stderr
                 )
             raise
+
+
+def server_environment(
+    args: Any, opts: dict[str, Any], cache_base: Path, cache_dir: Path | None = None, marker: str = ""
+) -> dict[str, str]:
+    """The server's environment: the bundle's, its caches (JIT caches of the qualified bundle), the key,
+    the run's marker and what the arguments pin (ROCR_VISIBLE_DEVICES)."""
+    from rocmdoctor.provision.server.serve import server_env
+
+    env = server_env(
+        os.environ,
+        cache_dir or Path(os.environ.get("VLLM_CACHE_ROOT") or cache_base / "vllm"),
+        api_key(opts),
+        marker,
+    )
+    env.update(jit_environment(Path(opts["prefix"]), cache_base / "rocmdoctor"))
+    if cache_dir:
+        env["VLLM_CACHE_ROOT"] = str(cache_dir)
+    env.update(args.environment)
+    return env
+
+
+def startable(args: Any, prefix: str) -> Path:
+    """The bundle's server program, refused (exit 2) when it is missing or the port is taken."""
+    from rocmdoctor.provision.server.serve import HostUnresolvable, port_in_use
+    from rocmdoctor.provision.server.unit import ServiceLayout
+
+    executable = Path(ServiceLayout(prefix=prefix).server)
+    if not os.access(executable, os.X_OK):
+        raise UserError(
+            f"{executable} is missing or not executable: install a bundle first "
+            f"(rocmdoctor install --prefix {prefix})"
+        )
+    try:
+        taken = port_in_use(args.host, args.port)
+    except HostUnresolvable as exc:
+        raise UserError(str(exc)) from None
+    if taken:
+        raise UserError(
+            f"port {args.port} on {args.host} is already in use (an earlier server still running?); "
+            "stop it or pass --port"
+        )
+    return executable
 
 
 class Events:

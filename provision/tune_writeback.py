@@ -1,0 +1,128 @@
+"""Where `rocmdoctor tune` writes its winner: a drop-in beside the server's unit.
+
+`unit --write` and `instances --write` own their unit files (a rerun rewrites them), so tune writes
+`<unit>.d/rocmdoctor-tune.conf`, which systemd reads after the unit (systemd.unit, "drop-in"): it
+empties ExecStart= and sets it again to the unit's own command line with --max-num-seqs and
+--max-num-batched-tokens replaced. The command line is read from the unit as installed (never
+recomputed), so every other argument stays exactly as `unit` wrote it; for `vllm@.service` the
+per-instance `${...}` references stay references. `vllm@N` gets its own drop-in
+(`vllm@N.service.d/`), so one instance can be tuned apart from the others.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+from rocmdoctor.host_writes import HostWriter, WriteRefused
+from rocmdoctor.provision.tune_search import Setting
+from rocmdoctor.provision.server.unit import UNIT_DIR, UNIT_NAME, FileChange, FileSpec, UnitError, WriteReport, apply_file, command_line
+from rocmdoctor.provision.server.unit import daemon_reload as reload_units
+
+DROPIN_NAME = "rocmdoctor-tune.conf"
+TEMPLATE_NAME = "vllm@.service"  # instances.TEMPLATE_NAME (kept apart: instances imports the layout)
+MAX_UNIT_BYTES = 256 << 10
+_REFERENCE = re.compile(r"\$\{\w+\}")
+TUNED_FLAGS = ("--max-num-seqs", "--max-num-batched-tokens")
+
+
+class WritebackError(ValueError):
+    """The winner cannot be written where asked; the message says what to do."""
+
+
+def unit_names(instance: str | None) -> tuple[str, str]:
+    """(the unit file that holds ExecStart=, the unit whose drop-in directory tune writes)."""
+    if instance is None:
+        return UNIT_NAME, UNIT_NAME
+    if not re.fullmatch(r"[0-9]{1,4}", instance):
+        raise WritebackError(f"instance {instance!r}: give the number of a vllm@N instance")
+    return TEMPLATE_NAME, f"vllm@{instance}.service"
+
+
+def exec_start(unit_text: str, unit_path: str) -> list[str]:
+    """The words of the unit's one ExecStart= line (systemd's quoting: shell-like, `%%` and `$$` doubled)."""
+    lines = [line for line in unit_text.splitlines() if line.startswith("ExecStart=")]
+    if len(lines) != 1 or not lines[0][len("ExecStart=") :].strip():
+        raise WritebackError(
+            f"{unit_path} has {len(lines)} ExecStart= lines, not the one `rocmdoctor unit --write` writes; "
+            "rewrite it with `rocmdoctor unit --write` (or `instances --write`) and rerun tune"
+        )
+    try:
+        words = shlex.split(lines[0][len("ExecStart=") :], posix=True)
+    except ValueError as exc:
+        raise WritebackError(f"{unit_path}: ExecStart= cannot be read ({exc})") from None
+    return [w if _REFERENCE.fullmatch(w) else w.replace("%%", "%").replace("$$", "$") for w in words]
+
+
+def without_tuned(argv: list[str]) -> list[str]:
+    """`argv` without the tuned flags, in either spelling (`--flag V` or `--flag=V`)."""
+    out: list[str] = []
+    skip = False
+    for word in argv:
+        if skip:
+            skip = False
+            continue
+        flag, eq, _ = word.partition("=")
+        if flag in TUNED_FLAGS:
+            skip = not eq
+            continue
+        out.append(word)
+    return out
+
+
+def with_setting(argv: list[str], setting: Setting) -> list[str]:
+    """`argv` with the tuned flags replaced by `setting`'s."""
+    out = without_tuned(argv)
+    # Before the first ${...} reference: the template's per-instance words stay last.
+    at = next((i for i, w in enumerate(out) if _REFERENCE.fullmatch(w)), len(out))
+    if 0 < at < len(out) and out[at - 1].startswith("-"):
+        at -= 1  # the reference is a flag's value: before the flag
+    return out[:at] + setting.flags() + out[at:]
+
+
+def render_dropin(argv: list[str], setting: Setting, why: str) -> str:
+    words = []
+    for word in argv:
+        words.append(word if _REFERENCE.fullmatch(word) else command_line([word]))
+    return (
+        "# Written by `rocmdoctor tune`: the measured best setting; rerun tune rather than editing this\n"
+        f"# file. {why.replace(chr(10), ' ')}\n"
+        "[Service]\n"
+        "ExecStart=\n"
+        f"ExecStart={' '.join(words)}\n"
+    )
+
+
+def dropin_spec(
+    writer: HostWriter, instance: str | None, setting: Setting, why: str, unit_dir: str = UNIT_DIR
+) -> FileSpec:
+    source, target = unit_names(instance)
+    unit_path = f"{unit_dir}/{source}"
+    raw = writer.read_current(unit_path, MAX_UNIT_BYTES)
+    if raw is None:
+        command = "rocmdoctor unit --write" if instance is None else "rocmdoctor instances --write"
+        raise WritebackError(
+            f"{writer.root / unit_path.lstrip('/')} does not exist: the server is not configured as a unit "
+            f"there; write it first (`{command}`), or leave --write out to only see the result"
+        )
+    argv = exec_start(raw.decode(errors="replace"), unit_path)
+    return FileSpec(
+        f"{unit_dir}/{target}.d/{DROPIN_NAME}",
+        render_dropin(with_setting(argv, setting), setting, why),
+        0o644,
+    )
+
+
+def write_back(
+    writer: HostWriter, instance: str | None, setting: Setting, why: str
+) -> WriteReport[FileChange]:
+    """Make the drop-in hold `setting` (a writer in check mode only reports, with the diff)."""
+    report: WriteReport[FileChange] = WriteReport(check=writer.check_mode)
+    try:
+        spec = dropin_spec(writer, instance, setting, why)
+        report.files = [apply_file(writer, spec)]
+        if report.changed:
+            report.daemon_reload = reload_units(writer)
+    except (WriteRefused, UnitError) as exc:
+        raise WritebackError(str(exc)) from None
+    return report
