@@ -17,9 +17,9 @@ from harness.trees import tree_state
 from rocmdoctor.checks import facts
 from rocmdoctor.commands.host_pools import pools_from_facts
 from rocmdoctor.host import Host
-from rocmdoctor.vllm.memory_rule import recommended
 from rocmdoctor.registry import Context, Options
 from rocmdoctor.report import load_schema
+from rocmdoctor.vllm.memory_rule import recommended
 
 CHANGE = jsonschema.Draft202012Validator(load_schema("change.schema.json"))
 
@@ -189,7 +189,7 @@ RECORDED = [  # measured by a real tune run on the vLLM CPU engine (tests/fixtur
 def test_write_back_from_known_points_check_then_write_then_converged(tmp_path):
     """The change contract without a server: every point known from the state file, --check shows the
     drop-in's diff and writes nothing, --write writes it, a rerun changes nothing."""
-    from rocmdoctor.provision.tune_state import KIND, context_key
+    from rocmdoctor.provision.tune.state import KIND, context_key
 
     prefix, target, state = fake_prefix(tmp_path), tmp_path / "target", tmp_path / "state.json"
     target.mkdir()
@@ -224,7 +224,7 @@ def test_write_back_from_known_points_check_then_write_then_converged(tmp_path):
 
 
 def test_the_table_for_people_names_the_winner_and_the_diff(tmp_path):
-    from rocmdoctor.provision.tune_state import KIND, context_key
+    from rocmdoctor.provision.tune.state import KIND, context_key
 
     prefix, state = fake_prefix(tmp_path), tmp_path / "state.json"
     model = str(FIXTURES / "model_configs" / "qwen3-8b")
@@ -247,7 +247,7 @@ def test_write_back_into_lemonade_saved_options_check_then_write_then_converged(
     """The winner into a Lemonade model's saved vllm_args through its options API (the stand-in speaks
     Lemonade's documented API over loopback): its dry run under --check, then saved, then nothing to do."""
     from harness.lemonade_server import Registered, State, lemonade_server
-    from rocmdoctor.provision.tune_state import KIND, context_key
+    from rocmdoctor.provision.tune.state import KIND, context_key
 
     model_id, key = "user.Qwen3-8B-vLLM", "lemonade-admin-Zq7xV2kP9sW4"
     state_dir = tmp_path / "lemonade-state"

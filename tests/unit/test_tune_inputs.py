@@ -8,23 +8,23 @@ import json
 import pytest
 
 from rocmdoctor.host_writes import HostWriter
-from rocmdoctor.provision.tune_search import Measurement, Setting
-from rocmdoctor.provision.tune_state import State, stable_argv
-from rocmdoctor.provision.tune_workload import (
+from rocmdoctor.provision.server.unit import command_line
+from rocmdoctor.provision.tune.search import Measurement, Setting
+from rocmdoctor.provision.tune.state import State, stable_argv
+from rocmdoctor.provision.tune.workload import (
     MAX_FILE_BYTES,
     WorkloadError,
     parse_jsonl,
     request_bodies,
     synthetic,
 )
-from rocmdoctor.provision.tune_writeback import (
+from rocmdoctor.provision.tune.writeback import (
     DROPIN_NAME,
     WritebackError,
     exec_start,
     with_setting,
     write_back,
 )
-from rocmdoctor.provision.server.unit import command_line
 
 GOOD = b'{"prompt": "Classify: the pump failed", "output_tokens": 4}\n\n# a comment\n{"prompt": "x", "output_tokens": 1, "label": "kept"}\n'
 

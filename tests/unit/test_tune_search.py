@@ -7,7 +7,7 @@ import json
 import pytest
 
 from conftest import FIXTURES
-from rocmdoctor.provision.tune_search import (
+from rocmdoctor.provision.tune.search import (
     Measurement,
     Search,
     Setting,

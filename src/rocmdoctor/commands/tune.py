@@ -13,9 +13,9 @@ from typing import Any
 import click
 
 from rocmdoctor import params
-from rocmdoctor.report import strict
 from rocmdoctor.commands.common import App, UserError, emit_json, pass_app, write_root
 from rocmdoctor.commands.server_options import server_option, server_options
+from rocmdoctor.report import strict
 
 # A test seam: `ROCMDOCTOR_TUNE_HOLD=<phase>` holds tune for this long once it announced that phase,
 # so the kill tests can signal it there (tests/system/test_tune_engine.py).
@@ -29,7 +29,7 @@ SEQS_LIMIT = 4096
 
 def parse_seqs(text: str, upper: int) -> list[int]:
     """'1:64' (every value, searched), '1:auto' (up to what the KV cache holds), '1,2,4,8' (these)."""
-    from rocmdoctor.provision.tune_search import seqs_candidates
+    from rocmdoctor.provision.tune.search import seqs_candidates
 
     spec = text.strip()
     try:
@@ -123,9 +123,9 @@ def _host_identity(app: App) -> str:
 
 def _plan(app: App, args: Any, opts: dict[str, Any], kv_cache_memory: str | None, typical_len: int):
     """The model's memory plan: the GPU's (from the server's arguments) or one for --kv-cache-memory."""
-    from rocmdoctor.vllm.memory_plan import ConfigError, EngineSettings, Memory, plan_from_files
-    from rocmdoctor.provision.server.plan_settings import engine_settings
     from rocmdoctor.commands.plan import load_model_files, parse_size
+    from rocmdoctor.provision.server.plan_settings import engine_settings
+    from rocmdoctor.vllm.memory_plan import ConfigError, EngineSettings, Memory, plan_from_files
 
     if kv_cache_memory is None and args.plan is None:
         why = "; ".join(n for n in args.notes if "plan" in n) or "no GPU memory to plan with"
@@ -171,9 +171,9 @@ def _plan(app: App, args: Any, opts: dict[str, Any], kv_cache_memory: str | None
 def _gmu_within_rule(app: App, args: Any) -> None:
     """A --gpu-memory-utilization above the free-memory rule on a known GPU is refused: tune starts the
     server many times, and on a unified-memory APU one start over the rule can take the host down."""
-    from rocmdoctor.vllm.memory_rule import recommended
-    from rocmdoctor.registry import Context, Options
     from rocmdoctor.commands.host_pools import pools_from_facts
+    from rocmdoctor.registry import Context, Options
+    from rocmdoctor.vllm.memory_rule import recommended
 
     value = args.value("--gpu-memory-utilization")
     if value is None:
@@ -352,8 +352,8 @@ def _tune(
     **opts: Any,
 ) -> None:
     from rocmdoctor.model import envelope
-    from rocmdoctor.provision import tune_search as ts
-    from rocmdoctor.provision import tune_workload as tw
+    from rocmdoctor.provision.tune import search as ts
+    from rocmdoctor.provision.tune import workload as tw
 
     opts["max_num_seqs"] = None
     as_json = opts["as_json"]
@@ -404,9 +404,9 @@ def _tune(
             f"{chosen.typical_len()} tokens ({plan.kv_cache_tokens} tokens, rocmdoctor plan); search at most that"
         )
     batched: list[int | None] = [int(v) for v in batched_list.split(",")] if batched_list else [None]
-    from rocmdoctor.provision.tune_state import State, context_key, stable_argv
-    from rocmdoctor.provision.tune_writeback import without_tuned
     from rocmdoctor.provision.server.unit import readiness_url
+    from rocmdoctor.provision.tune.state import State, context_key, stable_argv
+    from rocmdoctor.provision.tune.writeback import without_tuned
 
     base_argv = without_tuned(args.argv())  # tune sets these per trial
     context = {
@@ -450,7 +450,7 @@ def _tune(
     if state.problem:
         events("state", problem=state.problem)
     known = {p.setting: p for p in state.known(context)}
-    from rocmdoctor.provision.tune_run import Runner, RunOptions, known_or_measured
+    from rocmdoctor.provision.tune.run import Runner, RunOptions, known_or_measured
 
     runner = Runner(
         RunOptions(
@@ -502,7 +502,7 @@ def _write_state(path: Path, data: bytes) -> None:
 
 def _write_back(app: App, target: Path | None, check_only: bool, instance: str | None, choice: Any):
     from rocmdoctor.host_writes import HostWriter
-    from rocmdoctor.provision.tune_writeback import WritebackError, write_back
+    from rocmdoctor.provision.tune.writeback import WritebackError, write_back
 
     winner = choice.winner
     why = f"{winner.output_tokens_per_s:.1f} output tokens/s; {choice.reason}."
@@ -519,9 +519,9 @@ def _write_lemonade(
 ) -> dict[str, Any]:
     """The winner as the model's saved vllm_args, through Lemonade's options API (its own dry run
     under --check); Lemonade passes them to vllm-server at the model's next load."""
+    from rocmdoctor.commands.lemonade import _key, _url
     from rocmdoctor.provision.server.lemonade import ModelTarget, apply_options
     from rocmdoctor.provision.server.lemonade_api import Lemonade, LemonadeError
-    from rocmdoctor.commands.lemonade import _key, _url
 
     winner = choice.winner
     words = winner.setting.flags()
@@ -570,9 +570,8 @@ def _finish(report: dict, change: Any, choice: Any, as_json: bool, app: App, plo
     if as_json:
         emit_json(document)
     else:
-        from rocmdoctor.rendering.console import make_console
-
         from rocmdoctor.commands.tune_render import render_tune
+        from rocmdoctor.rendering.console import make_console
 
         render_tune(report, document, make_console(no_color=app.no_color))
     sys.exit(report["exit_code"])

@@ -16,8 +16,8 @@ import msgspec
 
 from rocmdoctor.documents import DocumentError, decode
 from rocmdoctor.model import SCHEMA_VERSION
-from rocmdoctor.provision.tune_search import Measurement
-from rocmdoctor.provision.tune_writeback import without_tuned
+from rocmdoctor.provision.tune.search import Measurement
+from rocmdoctor.provision.tune.writeback import without_tuned
 
 KIND = "rocmdoctor-tune-state"
 MAX_STATE_BYTES = 16 << 20

@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rocmdoctor.provision.server.serve import MARKER, Server, new_marker
+from rocmdoctor.provision.tune.search import PERCENTILES, Measurement, Setting
+from rocmdoctor.provision.tune.workload import Workload, request_bodies
 from rocmdoctor.provision.verify import bench
 from rocmdoctor.provision.verify import openai_client as oc
-from rocmdoctor.provision.server.serve import MARKER, Server, new_marker
-from rocmdoctor.provision.tune_search import PERCENTILES, Measurement, Setting
-from rocmdoctor.provision.tune_workload import Workload, request_bodies
 
 Events = Callable[..., None]
 # Measured requests per setting: at least this many rounds of max-num-seqs. With two rounds the last

@@ -15,9 +15,18 @@ import re
 import shlex
 
 from rocmdoctor.host_writes import HostWriter, WriteRefused
-from rocmdoctor.provision.tune_search import Setting
-from rocmdoctor.provision.server.unit import UNIT_DIR, UNIT_NAME, FileChange, FileSpec, UnitError, WriteReport, apply_file, command_line
+from rocmdoctor.provision.server.unit import (
+    UNIT_DIR,
+    UNIT_NAME,
+    FileChange,
+    FileSpec,
+    UnitError,
+    WriteReport,
+    apply_file,
+    command_line,
+)
 from rocmdoctor.provision.server.unit import daemon_reload as reload_units
+from rocmdoctor.provision.tune.search import Setting
 
 DROPIN_NAME = "rocmdoctor-tune.conf"
 TEMPLATE_NAME = "vllm@.service"  # instances.TEMPLATE_NAME (kept apart: instances imports the layout)
