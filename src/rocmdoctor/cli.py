@@ -34,6 +34,7 @@ COMMANDS: dict[str, str] = {
     "plan": "plan:plan",
     "lemonade": "lemonade:lemonade",
     "fix": "fix:fix",
+    "cluster": "cluster:cluster",
 }
 
 

@@ -1,0 +1,62 @@
+"""The units of one node of a multi-node vLLM (cluster_layout): the head is `vllm.service` with the
+cluster's arguments (it serves HTTP, and its readiness gate passes only once every worker joined);
+a worker is `vllm-worker.service`, the same unit code and hardening, running `vllm serve --headless`
+through `libexec/vllm-serve` (why: provision/vllm_serve.py). Both get the node's advertised address
+and socket interface in their environment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..cluster_layout import ClusterLayout
+from ..host_files import shipped_text
+from .server_args import ServerArgs
+from .unit import DEFAULT_LOAD_TIMEOUT_S, FileSpec, ServiceLayout, file_specs, render_unit
+
+WORKER_UNIT = "vllm-worker.service"
+SERVE_SCRIPT = "libexec/vllm-serve"
+
+
+def node_environment(advertise: str, socket_ifname: str | None) -> dict[str, str]:
+    """What vLLM, torch.distributed (Gloo) and RCCL read to pick this node's address and interface."""
+    env = {"VLLM_HOST_IP": advertise}
+    if socket_ifname:
+        env.update({"GLOO_SOCKET_IFNAME": socket_ifname, "NCCL_SOCKET_IFNAME": socket_ifname})
+    return env
+
+
+def node_args(
+    args: ServerArgs, cluster: ClusterLayout, rank: int, advertise: str, ifname: str | None
+) -> ServerArgs:
+    return replace(
+        args,
+        extra=[*args.extra, *cluster.vllm_args(rank)],
+        environment={**args.environment, **node_environment(advertise, ifname)},
+        notes=[*args.notes, f"cluster: node {rank} of {cluster.nnodes} ({cluster.role(rank)})"],
+    )
+
+
+def specs(
+    args: ServerArgs,
+    cluster: ClusterLayout,
+    rank: int,
+    advertise: str,
+    ifname: str | None,
+    layout: ServiceLayout,
+    user: str,
+    api_key: str | None,
+    timeout_s: int = DEFAULT_LOAD_TIMEOUT_S,
+) -> list[FileSpec]:
+    """This node's files: the head's are a server's (unit, env file, readiness gate, health units)."""
+    node = node_args(args, cluster, rank, advertise, ifname)
+    if rank == 0:
+        return file_specs(node, layout, user, api_key, timeout_s)
+    script = f"{layout.prefix}/{SERVE_SCRIPT}"
+    unit = render_unit(
+        node, layout, user, timeout_s, unit_name=WORKER_UNIT, server=[layout.python, script], ready_gate=False
+    )
+    return [
+        FileSpec(f"{layout.unit_dir}/{WORKER_UNIT}", unit, 0o644),
+        FileSpec(script, shipped_text("rocmdoctor.provision", "vllm_serve.py"), 0o755),
+    ]
