@@ -64,3 +64,18 @@ def drop_port(host: FakeHost, port: int) -> None:
 
 def clear_rules(host: FakeHost) -> None:
     subprocess.run(["ip", "netns", "exec", host.netns, "nft", "flush", "ruleset"], check=True)
+
+
+def bare_nodes(prefix: str, count: int) -> list[FakeHost]:
+    """`count` network namespaces (loopback up) standing for nodes that need no SSH: a command runs
+    in one with `ip netns exec`. Stop them with `kill_netns`."""
+    from pathlib import Path
+
+    nodes = []
+    for i in range(count):
+        netns = f"{prefix}-{i}"
+        kill_netns(netns)
+        _ip("ip", "netns", "add", netns)
+        _ip("ip", "link", "set", "lo", "up", netns=netns)
+        nodes.append(FakeHost(name=f"node{i}", netns=netns, dir=Path("/nonexistent")))
+    return nodes
