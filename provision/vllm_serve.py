@@ -55,10 +55,11 @@ def main() -> None:
         env = bundle_environment(prefix, dict(os.environ))
         env[MARK] = "1"
         os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *sys.argv[1:]], env)
-    from vllm.entrypoints.cli.serve import ServeSubcommand
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
-    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    # the bundle's vLLM, absent where rocmdoctor itself runs
+    from vllm.entrypoints.cli.serve import ServeSubcommand  # type: ignore[import-not-found]
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args  # type: ignore[import-not-found]
+    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup  # type: ignore[import-not-found]
+    from vllm.utils.argparse_utils import FlexibleArgumentParser  # type: ignore[import-not-found]
 
     cli_env_setup()
     args = make_arg_parser(FlexibleArgumentParser(prog="vllm-serve")).parse_args()

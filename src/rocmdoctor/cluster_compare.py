@@ -483,7 +483,7 @@ def compare(nodes: Sequence[Mapping[str, Any]], probes: Iterable[Probe] = ()) ->
         findings += _address_findings(facts) + _ifname_findings(facts) + _host_findings(facts, multi_gpu)
         if facts is not head:
             findings += _same_findings(head, facts)
-    advertised = [n.get("advertise") for n in nodes if n.get("advertise")]
+    advertised = [str(n["advertise"]) for n in nodes if n.get("advertise")]
     for twice in sorted({a for a in advertised if advertised.count(a) > 1}):
         findings.append(
             Finding(

@@ -161,8 +161,10 @@ def rdma_ports(host: Host) -> list[dict[str, str | None]]:
 
 
 def kernel_options(host: Host) -> list[str]:
+    """The kernel's own options (what follows `--` goes to init)."""
     read = host.read_text(CMDLINE)
-    return str(read.value).split() if read.ok else []
+    words = str(read.value).split() if read.ok else []
+    return words[: words.index("--")] if "--" in words else words
 
 
 def bundle(host: Host, prefix: str) -> dict[str, Any]:
