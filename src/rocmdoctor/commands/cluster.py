@@ -147,14 +147,22 @@ def _peer(text: str) -> tuple[str, str, int]:
     show_default=True,
     help="Seconds one connect may take (a firewall that drops packets uses all of it).",
 )
+@click.option(
+    "--wait",
+    "wait_s",
+    type=params.Duration(max_s=600.0, inclusive=True),
+    default=PROBE_PATIENCE_S,
+    show_default=True,
+    help="Seconds a refused port is tried again (the peer's `cluster listen` may still be starting).",
+)
 @click.option("--json", "as_json", is_flag=True)
-def probe_command(name: str, peers: tuple[str, ...], timeout_s: float, as_json: bool) -> None:
+def probe_command(name: str, peers: tuple[str, ...], timeout_s: float, wait_s: float, as_json: bool) -> None:
     """Connect to each peer's declared port: the matrix row of this node."""
     from ..host_sockets import connect
 
     rows = []
     for peer, address, port in map(_peer, peers):
-        deadline = time.monotonic() + PROBE_PATIENCE_S
+        deadline = time.monotonic() + wait_s
         while True:
             result = connect(address, port, timeout_s)
             if result.ok or result.error != "refused" or time.monotonic() > deadline:
