@@ -18,7 +18,7 @@ import click
 
 from .. import params
 from ..model import EXIT_FAILURES, EXIT_OK
-from .common import App, UserError, echo_write_report, emit_json, pass_app, write_root
+from .common import App, UserError, emit_json, pass_app
 from .server_options import SINGLE_SERVER, server_options
 
 MAX_LISTEN_S = 600.0
@@ -268,11 +268,9 @@ def unit_command(
 ) -> None:
     """The units of this node: the head's vllm.service, or a worker's vllm-worker.service (headless)."""
     from ..cluster_layout import DEFAULT_DP_RPC_PORT, DEFAULT_MASTER_PORT, ClusterLayout, ClusterLayoutError
-    from ..host_writes import HostWriter
     from ..provision.cluster_unit import specs as node_specs
     from ..provision.unit import ServiceLayout, UnitError
-    from ..provision.unit import write as write_files
-    from .serve import api_key, resolve_args
+    from .serve import api_key, resolve_args, show_or_write
 
     try:
         layout = ClusterLayout(
@@ -297,25 +295,14 @@ def unit_command(
         )
     except (ClusterLayoutError, UnitError) as exc:
         raise UserError(str(exc)) from None
-    if not (write or check_only):
-        if opts["as_json"]:
-            emit_json(
-                {
-                    "schema_version": 1,
-                    "unit": files[0].content,
-                    "path": files[0].path,
-                    "cluster": layout.to_json(),
-                    "role": layout.role(node_rank),
-                }
-            )
-        else:
-            click.echo(files[0].content, nl=False)
-        return
-    try:
-        report = write_files(HostWriter(write_root(app, target), check_mode=check_only), files, user)
-    except (UnitError, OSError) as exc:
-        raise UserError(f"could not write the units: {exc}") from None
-    if opts["as_json"]:
-        emit_json({**report.to_json(), "cluster": layout.to_json(), "role": layout.role(node_rank)})
-        return
-    echo_write_report(report, check_only)
+    show_or_write(
+        app,
+        files,
+        user,
+        write,
+        check_only,
+        target,
+        opts["as_json"],
+        cluster=layout.to_json(),
+        role=layout.role(node_rank),
+    )
