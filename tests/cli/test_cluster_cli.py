@@ -5,6 +5,7 @@ MI300X host, and the plan's proposal for a model no single node holds."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import struct
 import threading
@@ -55,8 +56,13 @@ def test_check_refuses_hostile_input_in_words(tmp_path: Path):
         done = rocmdoctor("cluster", "check", "--input", str(path))
         assert done.returncode == 2, (name, done.stdout, done.stderr)
         assert "Traceback" not in done.stderr and "cluster facts --json" in done.stderr, done.stderr
-    fifo = rocmdoctor("cluster", "check", "--input", str(tmp_path / "absent.json"))
-    assert fifo.returncode == 2 and "Traceback" not in fifo.stderr
+    absent = rocmdoctor("cluster", "check", "--input", str(tmp_path / "absent.json"))
+    assert absent.returncode == 2 and "No such file" in absent.stderr and "Traceback" not in absent.stderr
+    os.mkfifo(tmp_path / "fifo")  # nothing writes to it: a read would block forever
+    fifo = rocmdoctor("cluster", "check", "--input", str(tmp_path / "fifo"))
+    assert fifo.returncode == 2 and "not a regular file" in fifo.stderr, fifo.stderr
+    stdin = rocmdoctor("cluster", "check", "--input", "-", input=recorded_input(tmp_path).read_text())
+    assert stdin.returncode == 0, stdin.stderr
 
 
 def test_probe_against_a_real_listener_and_a_closed_port():

@@ -193,19 +193,26 @@ def probe_command(name: str, peers: tuple[str, ...], timeout_s: float, wait_s: f
 @click.option(
     "--input",
     "source",
-    type=click.File("rb"),
     required=True,
-    help='{"nodes": [facts of each node, the head first], "probes": [...]} ("-": stdin).',
+    help='A file (or "-": stdin) holding {"nodes": [facts of each node, the head first], "probes": [...]}.',
 )
 @click.option("--json", "as_json", is_flag=True)
-def check_command(source: Any, as_json: bool) -> None:
+def check_command(source: str, as_json: bool) -> None:
     """Compare the nodes' facts and the connect matrix: exit 0 when no fault, 1 otherwise."""
     from ..cluster_compare import MAX_INPUT_BYTES, compare, parse_input
     from ..documents import DocumentError
+    from ..rootfs import read_regular
 
-    name = getattr(source, "name", "-")
     try:
-        nodes, probes = parse_input(source.read(MAX_INPUT_BYTES + 1), name)
+        # a regular file only: a FIFO or a device is refused at once, never read from
+        raw = (
+            sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)
+            if source == "-"
+            else read_regular(source, MAX_INPUT_BYTES)
+        )
+        nodes, probes = parse_input(raw, source)
+    except OSError as exc:
+        raise UserError(f"--input {source}: {exc.strerror or exc}") from None
     except DocumentError as exc:
         raise UserError(
             f"{exc}; give the documents `cluster facts --json` and `cluster probe --json` print"
