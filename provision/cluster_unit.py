@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..bundle_env import BUNDLE_SETTINGS
 from ..cluster_layout import ClusterLayout
 from ..host_files import shipped_text
 from .server_args import ServerArgs
-from .unit import DEFAULT_LOAD_TIMEOUT_S, FileSpec, ServiceLayout, file_specs, render_unit
+from .unit import DEFAULT_LOAD_TIMEOUT_S, FileSpec, ServiceLayout, file_specs, ready_gate_argv, render_unit
 
 WORKER_UNIT = "vllm-worker.service"
 SERVE_SCRIPT = "libexec/vllm-serve"
@@ -35,6 +36,27 @@ def node_args(
         environment={**args.environment, **node_environment(advertise, ifname)},
         notes=[*args.notes, f"cluster: node {rank} of {cluster.nnodes} ({cluster.role(rank)})"],
     )
+
+
+def process(
+    args: ServerArgs,
+    cluster: ClusterLayout,
+    rank: int,
+    advertise: str,
+    ifname: str | None,
+    layout: ServiceLayout,
+    timeout_s: int = DEFAULT_LOAD_TIMEOUT_S,
+) -> dict[str, object]:
+    """What the node's unit runs, for a host without systemd (the playbook's detached start): its
+    ExecStart argv, the environment its Environment= sets besides the service account's paths, and
+    the head's readiness gate (ExecStartPost; None on a worker)."""
+    node = node_args(args, cluster, rank, advertise, ifname)
+    server = [layout.server] if rank == 0 else [layout.python, f"{layout.prefix}/{SERVE_SCRIPT}"]
+    return {
+        "exec_start": [*server, *node.argv()],
+        "environment": {**BUNDLE_SETTINGS, **node.environment},
+        "ready_gate": ready_gate_argv(node, layout, timeout_s) if rank == 0 else None,
+    }
 
 
 def specs(

@@ -179,6 +179,11 @@ def read_api_key(path: Path) -> str:
         raise UnitError(str(exc)) from None
 
 
+def ready_gate_argv(args: ServerArgs, layout: ServiceLayout, timeout_s: int) -> list[str]:
+    """The unit's readiness gate (ExecStartPost): the bundle's Python waits for a real completion."""
+    return [layout.python, layout.wait_ready, readiness_url(args), args.served_model_name, str(timeout_s)]
+
+
 def _environment_line(settings: dict[str, str]) -> str:
     return " ".join(f"{name}={value}" for name, value in settings.items())
 
@@ -212,11 +217,7 @@ def render_unit(
         "jit_env_file": f"{layout.prefix}/current/{JIT_ENV_FILE}",
         "exec_start": command_line([*(server or [layout.server]), *args.argv()]),
         # an empty ExecStartPost= is systemd's "no such command" (it resets the list)
-        "exec_start_post": command_line(
-            [layout.python, layout.wait_ready, readiness_url(args), args.served_model_name, str(timeout_s)]
-        )
-        if ready_gate
-        else "",
+        "exec_start_post": command_line(ready_gate_argv(args, layout, timeout_s)) if ready_gate else "",
         # The readiness wait gives up first, so its message (not systemd's timeout) is in the journal.
         "timeout_start_s": str(timeout_s + 60),
     }

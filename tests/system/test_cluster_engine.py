@@ -1,8 +1,11 @@
-"""The real vLLM CPU engine serving one tiny model across two nodes (network namespaces joined by veth):
-pipeline parallel 2 over Gloo, a head and a headless worker, each started from the unit
-`rocmdoctor cluster unit --write` rendered for its node (its ExecStart and the environment the unit
-gives it), the worker first; the head's own readiness gate (its ExecStartPost) passes only once the
-worker joined; smoke passes on the head's endpoint; the group's stop ends every process of both nodes.
+"""The real vLLM CPU engine serving one tiny model across two nodes, brought up by the real
+ansible-playbook (playbooks/cluster.yml --tags start) over real SSH: two fake hosts (network
+namespaces, each with its own /opt) joined by veth; the pre-flight passes; each node's units are
+written by `rocmdoctor cluster unit`; the worker starts first, then the head, whose own readiness
+gate (the unit's ExecStartPost, a real completion) passes only once the worker joined; smoke passes
+on the head's endpoint; `--tags stop` ends every process of both nodes. Pipeline parallel 2 over
+Gloo. These hosts have no systemd, so the playbook starts what each unit runs, detached
+(`cluster unit --json`: exec_start, environment, ready_gate).
 
 Not eager: with --enforce-eager vLLM 0.32's CPU runner skips its warm-up (cpu_model_runner.py
 `warming_up_model` returns when compilation is off), the last pipeline stage never allocates its
@@ -12,11 +15,7 @@ on the worker, "KeyError: 'cmpl-...'" in the head's scheduler) although /health 
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,141 +23,130 @@ from pathlib import Path
 import pytest
 
 from harness import cluster_net
-from harness.cli import rocmdoctor
-from harness.engine import engine_env, log_tail, make_tiny_model, require_vllm_python, stop_group
+from harness.engine import log_tail, make_tiny_model, require_vllm_python
 from harness.engine import test_cache as engine_cache
-from harness.fleet import kill_netns
+from harness.fleet import SshFleet, netns_pids, run_playbook
 from harness.trees import account_root
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.ssh]
 
-HEAD_PORT = 8000
-STARTUP_S = 420
-
-
-def unit_lines(unit: str, key: str) -> list[str]:
-    return [line.split("=", 1)[1] for line in unit.splitlines() if line.startswith(key + "=")]
+DIGEST = "sha256:" + "5" * 64
 
 
-def unit_command(unit: str, tree: Path) -> tuple[list[str], dict[str, str]]:
-    """The unit's ExecStart argv (a path written into the target tree read from there) and the
-    variables its Environment= lines set."""
-    argv = shlex.split(unit_lines(unit, "ExecStart")[0])
-    argv = [
-        str(tree) + word if word.startswith("/") and (tree / word.lstrip("/")).exists() else word
-        for word in argv
-    ]
-    env: dict[str, str] = {}
-    for line in unit_lines(unit, "Environment"):
-        env.update(word.split("=", 1) for word in shlex.split(line))
-    return argv, env
+def install_test_bundle(host, python: Path) -> None:
+    """The test bundle's layout in the host's own /opt (harness.bundles.vllm_test_bundle): the
+    launcher, the interpreter, and the qualification record install leaves."""
+    current = host.opt / "rocmdoctor" / "current"
+    (current / "bin").mkdir(parents=True, exist_ok=True)
+    (current / "bin/vllm-server").write_text(
+        f'#!/bin/bash\nexec "{python}" -m vllm.entrypoints.openai.api_server "$@"\n'
+    )
+    (current / "bin/python3").write_text(f'#!/bin/bash\nexec "{python}" "$@"\n')
+    for name in ("vllm-server", "python3"):
+        (current / "bin" / name).chmod(0o755)
+    record = {"tag": "vllm0.32.0-cpu-test", "bundle_digest": DIGEST, "qualified": True}
+    (current / ".rocmdoctor-qualification.json").write_text(json.dumps(record))
 
 
-def start(node, argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-    with open(log, "ab") as out:
-        return subprocess.Popen(
-            ["ip", "netns", "exec", node.netns, *argv],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-
-
-def test_pipeline_parallel_across_two_nodes(tmp_path: Path):
+def test_pipeline_parallel_across_two_nodes_by_the_playbook(tmp_path: Path):
     python = require_vllm_python()
     # one path for every run: vLLM's compile cache is keyed by it, and a warm cache saves a minute
     model = make_tiny_model(engine_cache() / "cluster-tiny-model")
-    prefix = tmp_path / "prefix"
-    (prefix / "current" / "bin").mkdir(parents=True)
-    # the test bundle's layout (harness.bundles.vllm_test_bundle): its launcher and its interpreter
-    (prefix / "current/bin/vllm-server").write_text(
-        f'#!/bin/bash\nexec "{python}" -m vllm.entrypoints.openai.api_server "$@"\n'
-    )
-    (prefix / "current/bin/python3").write_text(f'#!/bin/bash\nexec "{python}" "$@"\n')
-    for name in ("vllm-server", "python3"):
-        (prefix / "current/bin" / name).chmod(0o755)
-    nodes = cluster_net.bare_nodes("clue", 2)
-    net = cluster_net.connect("clue", nodes, net=89)
-    head_ip = net.addresses["node0"]
-    running: list[subprocess.Popen] = []
-    logs = [tmp_path / "head.log", tmp_path / "worker.log"]
+    fleet = SshFleet("clue", tmp_path / "fleet")
+    net = None
     try:
-        commands = []
-        for rank, node in enumerate(nodes):
-            tree = account_root(tmp_path / f"node{rank}")
-            done = rocmdoctor(
-                "cluster", "unit", "--write", "--target", str(tree), "--prefix", str(prefix),
-                "--nnodes", "2", "--node-rank", str(rank), "--master-addr", head_ip,
-                "--advertise", net.addresses[node.name], "--socket-ifname", cluster_net.IFNAME,
-                "--model", str(model), "--served-model-name", "tiny", "--host", "127.0.0.1",
-                "--port", str(HEAD_PORT), "--max-model-len", "512", "--gpu-memory-utilization", "0.5",
-                "--", "--load-format", "dummy",
-            )  # fmt: skip
-            assert done.returncode == 0, done.stderr
-            name = "vllm.service" if rank == 0 else "vllm-worker.service"
-            unit = (tree / "etc/systemd/system" / name).read_text()
-            argv, unit_env = unit_command(unit, tree)
-            assert unit_env["VLLM_HOST_IP"] == net.addresses[node.name]
-            assert unit_env["GLOO_SOCKET_IFNAME"] == cluster_net.IFNAME
-            assert ("--headless" in argv) == (rank == 1) and "--node-rank" in argv
-            # the unit's own variables, without its service-account paths (/var/lib/vllm, ...)
-            keep = {k: v for k, v in unit_env.items() if not v.startswith("/")}
-            # one core each: both nodes share this machine's two
-            env = engine_env({**keep, "VLLM_CPU_OMP_THREADS_BIND": str(rank)})
-            commands.append((argv, env, unit, tree))
-        # the worker first, then the head (the playbook's order)
-        for rank in (1, 0):
-            argv, env, _, _ = commands[rank]
-            running.append(start(nodes[rank], argv, env, logs[rank]))
+        hosts = [fleet.add(f"node{i}") for i in range(2)]
+        net = cluster_net.connect("clue", hosts, net=89)
+        for rank, host in enumerate(hosts):
+            install_test_bundle(host, python)
+            host.hostvars.update(
+                rocmdoctor_cluster_advertise=net.addresses[host.name],
+                rocmdoctor_cluster_ifname=cluster_net.IFNAME,
+                # the unit's account and files go into a private tree: these hosts share /etc
+                rocmdoctor_target=str(account_root(tmp_path / f"tree{rank}")),
+                rocmdoctor_detached_environment={
+                    "HF_HUB_OFFLINE": "1",
+                    "VLLM_CPU_KVCACHE_SPACE": "1",
+                    "VLLM_CACHE_ROOT": str(engine_cache() / "vllm-cache"),
+                    "VLLM_CPU_OMP_THREADS_BIND": str(rank),  # one core each: they share two
+                },
+            )
+        inventory = fleet.write_inventory(
+            tmp_path / "inventory.json",
+            group="rocmdoctor_cluster",
+            group_vars={
+                "rocmdoctor_cluster_cli": [sys.executable, "-m", "rocmdoctor"],
+                "rocmdoctor_cluster_model": str(model),
+                "rocmdoctor_prefix": "/opt/rocmdoctor",
+                "rocmdoctor_cluster_listen_s": 5,
+                "rocmdoctor_detached_server": True,
+                "rocmdoctor_cluster_server_args": [
+                    "--served-model-name",
+                    "tiny",
+                    "--host",
+                    "127.0.0.1",
+                    "--max-model-len",
+                    "512",
+                    "--gpu-memory-utilization",
+                    "0.5",
+                    "--timeout",
+                    "420",
+                    "--",
+                    "--load-format",
+                    "dummy",
+                ],
+            },  # fmt: skip
+        )
         started = time.monotonic()
-        head_unit, head_tree = commands[0][2], commands[0][3]
-        gate = shlex.split(unit_lines(head_unit, "ExecStartPost")[0])
-        gate = [
-            str(head_tree) + w if w.startswith("/") and (head_tree / w.lstrip("/")).exists() else w
-            for w in gate
-        ]
-        gate[-1] = str(STARTUP_S)
-        ready = subprocess.run(
-            ["ip", "netns", "exec", nodes[0].netns, *gate],
-            capture_output=True,
-            text=True,
-            timeout=STARTUP_S + 30,
-        )
-        assert ready.returncode == 0, (
-            ready.stdout + ready.stderr + "\nhead:\n" + log_tail(logs[0]) + "\nworker:\n" + log_tail(logs[1])
-        )
+        run = run_playbook(fleet, inventory, "--tags", "start", playbook="cluster.yml", timeout=600)
         startup_s = time.monotonic() - started
-        worker_log = logs[1].read_text(errors="replace")
-        assert "PP rank 1" in worker_log and f"tcp://{head_ip}:29501" in worker_log, log_tail(logs[1])
-        smoke = subprocess.run(
-            ["ip", "netns", "exec", nodes[0].netns, sys.executable, "-m", "rocmdoctor", "smoke",
-             "--url", f"http://127.0.0.1:{HEAD_PORT}", "--json"],
-            capture_output=True, text=True, timeout=180,
-            env={**os.environ, "ROCMDOCTOR_NO_COLOR": "1"},
-        )  # fmt: skip
-        assert smoke.returncode == 0, smoke.stdout[-3000:] + smoke.stderr[-3000:]
-        steps = {
-            step["id"]: step["status"]
-            for value in json.loads(smoke.stdout).values()
-            if isinstance(value, list)
-            for step in value
-            if isinstance(step, dict) and "status" in step
+        logs = {
+            h.name: h.opt / "rocmdoctor/run" / f"cluster-{r}.log"
+            for h, r in zip(hosts, ("head", "worker"), strict=True)
         }
-        assert steps.get("completion") == "pass" and steps.get("chat") == "pass", steps
-        # the group's stop (the playbook's `stop`: every node's unit, the head first): each process
-        # group ends within the grace period. A worker left alone notices its head gone only after
-        # vLLM's own shutdown timeout (about 90 s on this machine), so it is stopped, not awaited.
-        worker, head = running
-        for process in (head, worker):
-            stop_group(process, process.pid)
-        running.clear()
-        print(f"two-node PP startup (worker and head started, readiness gate passed): {startup_s:.0f} s")
+        tails = "".join(f"\n--- {name}:\n{log_tail(path)}" for name, path in logs.items())
+        assert run.rc == 0, run.stdout[-6000:] + run.stderr[-2000:] + tails
+        assert "cluster pre-flight ok: 2 nodes, head node0, 2 of 2 connections" in run.stdout
+        # the head's own gate passed on the head, then smoke on its endpoint (the last run of each task)
+        for task in ("Pass the head's readiness gate", "Smoke on the head's endpoint"):
+            after = run.stdout[run.stdout.rindex(f"TASK [{task}") :]
+            assert "ok: [node0]" in after.split("\n\n")[0].splitlines(), after[:800]
+        worker_log = logs["node1"].read_text(errors="replace")
+        assert "PP rank 1" in worker_log and f"tcp://{net.addresses['node0']}:29501" in worker_log
+        assert "backend=gloo" in worker_log
+        head_unit = Path(hosts[0].hostvars["rocmdoctor_target"]) / "etc/systemd/system/vllm.service"
+        worker_unit = Path(hosts[1].hostvars["rocmdoctor_target"]) / "etc/systemd/system/vllm-worker.service"
+        assert "--node-rank 0" in head_unit.read_text() and "--headless" in worker_unit.read_text()
+        recap = run.recap()
+        assert recap["node0"]["failed"] == 0 and recap["node1"]["failed"] == 0, recap
+
+        stop = run_playbook(fleet, inventory, "--tags", "stop", playbook="cluster.yml", timeout=300)
+        assert stop.rc == 0, stop.stdout[-4000:]
+        assert stop.recap()["node0"]["changed"] == 1 and stop.recap()["node1"]["changed"] == 1, stop.stdout
+        for host in hosts:
+            left = [p for p in netns_pids(host.netns) if p != host.sshd_pid()]
+            engine = [p for p in left if not _is_ssh(p)]
+            task = stop.stdout[stop.stdout.index("TASK [Stop the detached") :]
+            assert not engine, (host.name, [_cmdline(p) for p in engine], task)
+        print(
+            f"playbook --tags start on two nodes (pre-flight, units, worker, head gate, smoke): {startup_s:.0f} s"
+        )
     finally:
-        for process in running:
-            with contextlib.suppress(RuntimeError):
-                stop_group(process, process.pid)
-        net.close()
-        for node in nodes:
-            kill_netns(node.netns)
+        if net is not None:
+            net.close()
+        fleet.close()
+
+
+def _is_ssh(pid: int) -> bool:
+    try:
+        # sshd's sessions, and the ProxyCommand (`nc`) of the controller's persisted SSH connections
+        return Path(f"/proc/{pid}/comm").read_text().strip() in ("sshd", "sshd-session", "nc")
+    except OSError:
+        return True  # gone meanwhile
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200]
+    except OSError:
+        return "(gone)"

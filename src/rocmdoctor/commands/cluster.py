@@ -232,6 +232,17 @@ def check_command(source: str, as_json: bool) -> None:
     sys.exit(EXIT_OK if report["ok"] else EXIT_FAILURES)
 
 
+def written_under(runs: dict[str, Any], target: str, written: str) -> dict[str, Any]:
+    """The commands as this host finds them when the unit's own files were written under --target."""
+
+    def here(argv: list[str] | None) -> list[str] | None:
+        if argv is None:
+            return None
+        return [target.rstrip("/") + word if word.startswith(written) else word for word in argv]
+
+    return {**runs, "exec_start": here(runs["exec_start"]), "ready_gate": here(runs["ready_gate"])}
+
+
 @cluster.command("unit", cls=params.VllmPassThrough)
 @server_options("write", "check", "target", "user", "timeout")
 @click.option("--nnodes", type=params.Count(2, 1024), required=True, help="Nodes in the cluster.")
@@ -275,6 +286,7 @@ def unit_command(
 ) -> None:
     """The units of this node: the head's vllm.service, or a worker's vllm-worker.service (headless)."""
     from ..cluster_layout import DEFAULT_DP_RPC_PORT, DEFAULT_MASTER_PORT, ClusterLayout, ClusterLayoutError
+    from ..provision.cluster_unit import process
     from ..provision.cluster_unit import specs as node_specs
     from ..provision.unit import ServiceLayout, UnitError
     from .serve import api_key, resolve_args, show_or_write
@@ -289,17 +301,14 @@ def unit_command(
             dp_rpc_port=master_port or DEFAULT_DP_RPC_PORT,
         )
         args = resolve_args(app, opts)
+        service = ServiceLayout(prefix=opts["prefix"])
         files = node_specs(
-            args,
-            layout,
-            node_rank,
-            advertise,
-            socket_ifname,
-            ServiceLayout(prefix=opts["prefix"]),
-            user,
-            api_key(opts),
-            timeout_s,
+            args, layout, node_rank, advertise, socket_ifname, service, user, api_key(opts), timeout_s
         )
+        # what the unit runs, for the playbook's start where systemd does not run
+        runs = process(args, layout, node_rank, advertise, socket_ifname, service, timeout_s)
+        if write and target is not None:
+            runs = written_under(runs, str(target), f"{service.prefix}/libexec/")
     except (ClusterLayoutError, UnitError) as exc:
         raise UserError(str(exc)) from None
     show_or_write(
@@ -312,4 +321,5 @@ def unit_command(
         opts["as_json"],
         cluster=layout.to_json(),
         role=layout.role(node_rank),
+        **runs,
     )
