@@ -199,7 +199,8 @@ def probe_command(name: str, peers: tuple[str, ...], timeout_s: float, wait_s: f
 @click.option("--json", "as_json", is_flag=True)
 def check_command(source: str, as_json: bool) -> None:
     """Compare the nodes' facts and the connect matrix: exit 0 when no fault, 1 otherwise."""
-    from ..cluster_compare import MAX_INPUT_BYTES, compare, parse_input
+    from ..cluster_compare import compare
+    from ..cluster_input import MAX_INPUT_BYTES, parse_input
     from ..documents import DocumentError
     from ..rootfs import read_regular
 
