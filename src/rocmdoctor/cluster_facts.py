@@ -221,8 +221,12 @@ def model(host: Host, path: str | None) -> dict[str, Any] | None:
     """The model directory's files and their digests, and the revision when it is a hub snapshot."""
     if not path:
         return None
-    root = Path(str(host.root) + path) if not host.is_live else Path(path)
     out: dict[str, Any] = {"path": path, "revision": None, "files": {}, "problem": None}
+    if not host.is_live:
+        # a captured tree's links could name files outside it: its model is not digested
+        out["problem"] = f"not digested: --root {host.root} is a captured tree"
+        return out
+    root = Path(path)
     if root.parent.name == "snapshots":
         out["revision"] = root.name
     if not root.is_dir():
