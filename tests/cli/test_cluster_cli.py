@@ -197,3 +197,23 @@ def test_plan_proposes_nodes_for_a_model_one_node_cannot_hold(tmp_path: Path):
         "plan", "--model", str(model), "--memory", "8GiB", "--max-model-len", "8192", "--nodes", "2"
     )
     assert one.returncode == 1 and "does not fit 2 nodes" in one.stdout
+
+
+def test_gpu_facts_come_from_the_diagnosis_of_each_host(tmp_path: Path):
+    """Two recorded hosts (an MI300X and an MI350X node): the GPUs are the diagnosis's, and the
+    comparison names the worker whose GPUs differ from the head's."""
+    docs = []
+    for name in ("mi300x", "mi350x"):
+        done = rocmdoctor("cluster", "facts", "--json", "--name", name, "--advertise", "10.0.0.1",
+                          root=FIXTURES / "hosts" / name)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        docs.append(json.loads(done.stdout))
+    assert [g["model"] for g in docs[0]["gpus"]] == ["gfx942 0x74a1"]
+    assert docs[1]["gpus"] and all(g["model"].startswith("gfx950") for g in docs[1]["gpus"])
+    path = tmp_path / "input.json"
+    path.write_text(json.dumps({"nodes": docs}))
+    report = json.loads(rocmdoctor("cluster", "check", "--json", "--input", str(path)).stdout)
+    named = {(f["node"], f["id"]) for f in report["findings"]}
+    assert ("mi350x", "gpu.model_differs") in named or ("mi350x", "gpu.count_differs") in named, named
+    # a captured tree has no interfaces of its own: the advertised address is not local there
+    assert ("mi300x", "address.not_local") in named

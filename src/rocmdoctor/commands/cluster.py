@@ -36,7 +36,16 @@ def _gpus(app: App) -> list[dict[str, Any]]:
     from ..registry import Context, Options
 
     ctx = Context(app.host(), Options())
-    return [{"model": g.gfx, "node": g.node, "pci_slot": g.pci_slot} for g in facts.gpus(ctx)]
+    # the model: the ISA and the PCI device id (an MI300X and an MI300A share gfx942), and the memory
+    return [
+        {
+            "model": g.gfx if g.device_id is None else f"{g.gfx} 0x{g.device_id:04x}",
+            "node": g.node,
+            "pci_slot": g.pci_slot,
+            "vram_total": g.vram_total,
+        }
+        for g in facts.gpus(ctx)
+    ]
 
 
 @cluster.command("facts")
