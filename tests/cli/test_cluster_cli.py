@@ -209,11 +209,11 @@ def test_gpu_facts_come_from_the_diagnosis_of_each_host(tmp_path: Path):
         assert done.returncode == 0, done.stderr
         docs.append(json.loads(done.stdout))
     assert [g["model"] for g in docs[0]["gpus"]] == ["gfx942 0x74a1"]
-    assert docs[1]["gpus"] and all(g["model"].startswith("gfx950") for g in docs[1]["gpus"])
+    assert [g["model"] for g in docs[1]["gpus"]] == ["gfx950 0x75a0"]
     path = tmp_path / "input.json"
     path.write_text(json.dumps({"nodes": docs}))
     report = json.loads(rocmdoctor("cluster", "check", "--json", "--input", str(path)).stdout)
     named = {(f["node"], f["id"]) for f in report["findings"]}
-    assert ("mi350x", "gpu.model_differs") in named or ("mi350x", "gpu.count_differs") in named, named
+    assert ("mi350x", "gpu.model_differs") in named, named  # one GPU each, of another model
     # a captured tree has no interfaces of its own: the advertised address is not local there
     assert ("mi300x", "address.not_local") in named
