@@ -16,6 +16,9 @@ from .server_args import ServerArgs
 from .unit import DEFAULT_LOAD_TIMEOUT_S, FileSpec, ServiceLayout, file_specs, ready_gate_argv, render_unit
 
 WORKER_UNIT = "vllm-worker.service"
+RAY_UNITS = ("ray-head.service", "ray-worker.service")  # by role: the head's, every other node's
+# Ray's own CLI (ray/scripts/scripts.py), run by the bundle's Python: the same Ray on every node
+RAY_CLI = ("-m", "ray.scripts.scripts")
 SERVE_SCRIPT = "libexec/vllm-serve"
 
 
@@ -33,7 +36,7 @@ def node_args(
     return replace(
         args,
         extra=[*args.extra, *cluster.vllm_args(rank)],
-        environment={**args.environment, **node_environment(advertise, ifname)},
+        environment={**args.environment, **node_environment(advertise, ifname), **cluster.environment},
         notes=[*args.notes, f"cluster: node {rank} of {cluster.nnodes} ({cluster.role(rank)})"],
     )
 
@@ -51,6 +54,12 @@ def process(
     ExecStart argv, the environment its Environment= sets besides the service account's paths, and
     the head's readiness gate (ExecStartPost; None on a worker)."""
     node = node_args(args, cluster, rank, advertise, ifname)
+    if cluster.backend == "ray" and rank:
+        return {
+            "exec_start": [layout.python, *RAY_CLI, *cluster.ray_start(rank, advertise)],
+            "environment": {**BUNDLE_SETTINGS, **node.environment},
+            "ready_gate": None,
+        }
     server = [layout.server] if rank == 0 else [layout.python, f"{layout.prefix}/{SERVE_SCRIPT}"]
     return {
         "exec_start": [*server, *node.argv()],
@@ -72,6 +81,22 @@ def specs(
 ) -> list[FileSpec]:
     """This node's files: the head's are a server's (unit, env file, readiness gate, health units)."""
     node = node_args(args, cluster, rank, advertise, ifname)
+    if cluster.backend == "ray":
+        # every node runs `ray start --block`; the head also runs the one vLLM, which places its ranks on Ray
+        ray = ServerArgs(settings=[], extra=cluster.ray_start(rank, advertise), environment=node.environment)
+        name = RAY_UNITS[0 if rank == 0 else 1]
+        unit = render_unit(
+            ray,
+            layout,
+            user,
+            timeout_s,
+            unit_name=name,
+            server=[layout.python, *RAY_CLI],
+            ready_gate=False,
+            description=f"Ray {cluster.role(rank)} for {args.served_model_name}",
+        )
+        ray_spec = FileSpec(f"{layout.unit_dir}/{name}", unit, 0o644)
+        return [*file_specs(node, layout, user, api_key, timeout_s), ray_spec] if rank == 0 else [ray_spec]
     if rank == 0:
         return file_specs(node, layout, user, api_key, timeout_s)
     script = f"{layout.prefix}/{SERVE_SCRIPT}"

@@ -197,6 +197,7 @@ def render_unit(
     unit_name: str = UNIT_NAME,
     server: list[str] | None = None,
     ready_gate: bool = True,
+    description: str | None = None,
 ) -> str:
     """The unit of one server. A cluster's headless worker (provision/cluster_unit.py) is another
     unit name, another program before the vLLM arguments, and no readiness gate of its own (it serves
@@ -209,7 +210,7 @@ def render_unit(
         raise UnitError(f"--timeout {timeout_s!r}: give whole seconds from 1 to {MAX_DURATION_S}")
     values = {
         "unit_name": unit_name,
-        "description": args.served_model_name.replace("%", "%%"),
+        "description": (description or args.served_model_name).replace("%", "%%"),
         "user": user,
         "state_name": STATE_NAME,
         "bundle_environment": _environment_line({**BUNDLE_SETTINGS, **args.environment}),

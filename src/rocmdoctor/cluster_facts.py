@@ -15,7 +15,7 @@ import hashlib
 import ipaddress
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,8 +37,6 @@ QUALIFICATION = ".rocmdoctor-qualification.json"
 # and Gloo read the *_SOCKET_IFNAME ones, a comma list, `^` excluding, `=` exact: NCCL env docs).
 ADDRESS_VARIABLES = ("VLLM_HOST_IP",)
 IFNAME_VARIABLES = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
-# Which GPUs a rank sees: vLLM on ROCm reads CUDA_VISIBLE_DEVICES; Ray masks through ROCR (section 2.4).
-VISIBILITY_VARIABLES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
 # Model files hashed whole up to this size; larger ones (weights) by size, head and tail, unless they
 # are blobs of the Hugging Face cache, whose file names are their sha256 already.
 WHOLE_HASH_LIMIT = 64 << 20
@@ -269,8 +267,11 @@ def hostname(host: Host) -> str | None:
     return str(read.value).strip() if read.ok else None
 
 
-def collect(host: Host, settings: NodeSettings, gpus: list[dict[str, Any]]) -> dict[str, Any]:
-    """This node's facts document (versioned); `gpus` come from the diagnosis's facts."""
+def collect(
+    host: Host, settings: NodeSettings, gpus: list[dict[str, Any]], visibility: Iterable[str]
+) -> dict[str, Any]:
+    """This node's facts document (versioned); `gpus` come from the diagnosis's facts, `visibility`
+    names the variables that pick a rank's GPUs (the diagnosis's rules data)."""
     env = host.env
     ifaces = interfaces(host)
     advertise = settings.advertise or env.get("VLLM_HOST_IP") or None
@@ -284,7 +285,7 @@ def collect(host: Host, settings: NodeSettings, gpus: list[dict[str, Any]]) -> d
         "addresses": local_addresses(ifaces),
         "interfaces": ifaces,
         "socket_ifnames": socket_ifnames,
-        "visibility": {v: env.get(v) for v in VISIBILITY_VARIABLES},
+        "visibility": {v: env.get(v) for v in visibility},
         "ports": list(settings.ports),
         "bundle": bundle(host, settings.prefix),
         "model": model(host, settings.model),

@@ -20,7 +20,7 @@ Sources (ecosystem-2026-11.md section 2.1; vLLM 0.32 `engine/arg_utils.py`, `con
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 BACKENDS = ("mp", "ray")
 LAYOUTS = ("pipeline", "data")
@@ -49,6 +49,8 @@ class ClusterLayout:
     backend: str = "mp"
     master_port: int = DEFAULT_MASTER_PORT
     dp_rpc_port: int = DEFAULT_DP_RPC_PORT
+    # variables every node's processes get (the command puts Ray's visibility rule here)
+    environment: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.nnodes < 2:

@@ -217,3 +217,33 @@ def test_gpu_facts_come_from_the_diagnosis_of_each_host(tmp_path: Path):
     assert ("mi350x", "gpu.model_differs") in named, named  # one GPU each, of another model
     # a captured tree has no interfaces of its own: the advertised address is not local there
     assert ("mi300x", "address.not_local") in named
+
+
+def test_ray_units_pin_ports_and_keep_rocr_masks(tmp_path: Path):
+    from harness.trees import account_root
+
+    common = [
+        "cluster", "unit", "--backend", "ray", "--nnodes", "2", "--master-addr", "10.0.0.1", *UNIT_OPTIONS,
+    ]  # fmt: skip
+    root = account_root(tmp_path)
+    head = rocmdoctor(*common, "--node-rank", "0", "--advertise", "10.0.0.1", "--write", "--target", str(root),
+                      root=MI300X)  # fmt: skip
+    assert head.returncode == 0, head.stderr
+    units = root / "etc/systemd/system"
+    vllm, ray_head = (units / "vllm.service").read_text(), (units / "ray-head.service").read_text()
+    assert "--pipeline-parallel-size 2 --distributed-executor-backend ray" in vllm and "--nnodes" not in vllm
+    assert "RAY_EXPERIMENTAL_NOSET_ROCR_VISIBLE_DEVICES=1" in vllm
+    start = next(x for x in ray_head.splitlines() if x.startswith("ExecStart="))
+    assert start.startswith(
+        "ExecStart=/opt/rocmdoctor/current/bin/python3 -m ray.scripts.scripts start --head"
+    )
+    assert "--port 6379" in start and "--min-worker-port 10002 --max-worker-port 10011" in start
+    worker = rocmdoctor(*common, "--node-rank", "1", "--advertise", "10.0.0.2", "--json", root=MI300X)
+    doc = json.loads(worker.stdout)
+    assert doc["path"] == "/etc/systemd/system/ray-worker.service" and doc["ready_gate"] is None
+    assert doc["exec_start"][3:6] == ["start", "--address", "10.0.0.1:6379"]
+    assert doc["cluster"]["ports"] == [6379, 6380, 6381]
+    refused = rocmdoctor(
+        *common, "--node-rank", "1", "--advertise", "10.0.0.2", "--layout", "data", root=MI300X
+    )
+    assert refused.returncode == 2 and "mp backend" in refused.stderr

@@ -86,10 +86,11 @@ def facts_command(
     as_json: bool,
 ) -> None:
     """This node's facts for the cluster pre-flight."""
+    from ..checks.host_rules import rules
     from ..cluster_facts import NodeSettings, collect
 
     settings = NodeSettings(name, advertise, socket_ifname, prefix, model_dir, tuple(sorted(set(ports))))
-    doc = collect(app.host(), settings, _gpus(app))
+    doc = collect(app.host(), settings, _gpus(app), rules()["visibility"]["variables"])
     if as_json:
         emit_json(doc)
         return
@@ -242,6 +243,13 @@ def check_command(source: str, as_json: bool) -> None:
     sys.exit(EXIT_OK if report["ok"] else EXIT_FAILURES)
 
 
+def ray_environment() -> dict[str, str]:
+    """Ray must not re-mask each worker through ROCR_VISIBLE_DEVICES (vllm#12572): the rule's data."""
+    from ..checks.host_rules import rules
+
+    return {rules()["visibility"]["ray_noset"]: "1"}
+
+
 def written_under(runs: dict[str, Any], target: str, written: str) -> dict[str, Any]:
     """The commands as this host finds them when the unit's own files were written under --target."""
 
@@ -276,6 +284,13 @@ def written_under(runs: dict[str, Any], target: str, written: str) -> dict[str, 
     show_default=True,
     help="pipeline: PP across nodes; data: one replica per node.",
 )
+@click.option(
+    "--backend",
+    type=click.Choice(["mp", "ray"]),
+    default="mp",
+    show_default=True,
+    help="mp: vLLM's own processes on every node; ray: a Ray head and workers (ray-*.service), one vLLM on the head.",
+)
 @SINGLE_SERVER
 @pass_app
 def unit_command(
@@ -292,6 +307,7 @@ def unit_command(
     advertise: str,
     socket_ifname: str | None,
     cluster_layout: str,
+    backend: str,
     **opts: Any,
 ) -> None:
     """The units of this node: the head's vllm.service, or a worker's vllm-worker.service (headless)."""
@@ -307,8 +323,10 @@ def unit_command(
             master_addr,
             opts["tensor_parallel_size"] or 1,
             cluster_layout,
+            backend,
             master_port=master_port or DEFAULT_MASTER_PORT,
             dp_rpc_port=master_port or DEFAULT_DP_RPC_PORT,
+            environment=ray_environment() if backend == "ray" else {},
         )
         args = resolve_args(app, opts)
         service = ServiceLayout(prefix=opts["prefix"])
