@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from .. import params
-from ..model import EXIT_FAILURES, EXIT_OK
+from ..model import EXIT_FAILURES, EXIT_OK, SCHEMA_VERSION
 from .common import App, UserError, emit_json, pass_app
 from .server_options import SINGLE_SERVER, server_options
 
@@ -126,7 +126,14 @@ def listen_command(address: str, ports: tuple[int, ...], seconds: float, as_json
             "that the address is this node's"
         ) from None
     if as_json:
-        emit_json({"schema_version": 1, "address": address, "ports": sorted(set(ports)), "reached": reached})
+        emit_json(
+            {
+                "schema_version": SCHEMA_VERSION,
+                "address": address,
+                "ports": sorted(set(ports)),
+                "reached": reached,
+            }
+        )
     else:
         click.echo(f"{address}: reached on {', '.join(map(str, reached)) or 'no port'}")
 
@@ -189,7 +196,7 @@ def probe_command(name: str, peers: tuple[str, ...], timeout_s: float, wait_s: f
             }
         )
     if as_json:
-        emit_json({"schema_version": 1, "probes": rows})
+        emit_json({"schema_version": SCHEMA_VERSION, "probes": rows})
     else:
         for row in rows:
             click.echo(
