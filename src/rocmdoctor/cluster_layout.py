@@ -161,13 +161,15 @@ class Proposal:
     pipeline_parallel_size: int
     backend: str
     why: str
+    layout: str = "pipeline"  # pipeline: one model over the nodes; data: one replica per node
 
     def to_json(self) -> dict[str, object]:
         return {
             "nodes": self.nodes,
-            "layout": "pipeline" if self.pipeline_parallel_size > 1 else "single-node",
+            "layout": self.layout,
             "tensor_parallel_size": self.tensor_parallel_size,
             "pipeline_parallel_size": self.pipeline_parallel_size,
+            "data_parallel_size": self.nodes if self.layout == "data" else 1,
             "backend": self.backend,
             "why": self.why,
         }
@@ -176,14 +178,29 @@ class Proposal:
 def propose(
     fits: Callable[[int, int], bool | None], gpus_per_node: int, max_nodes: int, backend: str = "mp"
 ) -> Proposal | None:
-    """The fewest nodes on which the model fits: TP = the GPUs of a node, PP = the nodes.
+    """How `max_nodes` nodes of `gpus_per_node` GPUs serve the model: when one node holds it, one
+    data-parallel replica per node (mp only: vLLM runs DP across nodes on it); else the fewest nodes
+    on which it fits, TP = the GPUs of a node, PP = the nodes.
 
     `fits(tp, pp)` is the memory plan's verdict for that layout (None: cannot be judged). None is
-    returned when one node is enough or none of up to `max_nodes` is."""
+    returned when it cannot be judged, when there is one node, or when not even `max_nodes` hold it."""
     if backend not in BACKENDS:
         raise ClusterLayoutError(f"backend {backend!r}: one of {', '.join(BACKENDS)}")
-    if fits(gpus_per_node, 1) is not False:
+    alone = fits(gpus_per_node, 1)
+    if alone is None or max_nodes < 2:
         return None
+    if alone:
+        if backend != "mp":
+            return None
+        return Proposal(
+            max_nodes,
+            gpus_per_node,
+            1,
+            backend,
+            f"fits one node of {gpus_per_node} GPU(s): {max_nodes} replicas, one per node (data parallel "
+            "behind the head's endpoint; independent servers behind a balancer serve as well)",
+            layout="data",
+        )
     for nodes in range(2, max_nodes + 1):
         if fits(gpus_per_node, nodes):
             return Proposal(

@@ -197,6 +197,12 @@ def test_plan_proposes_nodes_for_a_model_one_node_cannot_hold(tmp_path: Path):
         "plan", "--model", str(model), "--memory", "8GiB", "--max-model-len", "8192", "--nodes", "2"
     )
     assert one.returncode == 1 and "does not fit 2 nodes" in one.stdout
+    # a node of four 256 GiB GPUs holds it: with three nodes, one replica on each
+    big = ["plan", "--model", str(model), "--memory", "256GiB", "--tensor-parallel-size", "4"]
+    replicas = rocmdoctor(*big, "--max-model-len", "8192", "--nodes", "3", "--json")
+    assert replicas.returncode == 0, replicas.stderr
+    doc = json.loads(replicas.stdout)["cluster"]
+    assert doc["layout"] == "data" and doc["data_parallel_size"] == 3 and doc["nodes"] == 3
 
 
 def test_gpu_facts_come_from_the_diagnosis_of_each_host(tmp_path: Path):

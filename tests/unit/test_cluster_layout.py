@@ -68,6 +68,12 @@ def test_propose_the_fewest_nodes_that_fit():
     proposal = propose(fits, gpus_per_node=8, max_nodes=4)
     assert proposal is not None and proposal.nodes == 3 and proposal.pipeline_parallel_size == 3
     assert proposal.tensor_parallel_size == 8 and proposal.to_json()["layout"] == "pipeline"
-    assert propose(lambda tp, pp: True, 8, 4) is None  # one node is enough
+    # one node holds it: one data-parallel replica per node (mp; Ray runs no DP across nodes)
+    replicas = propose(lambda tp, pp: True, 8, 4)
+    assert replicas is not None and replicas.layout == "data" and replicas.nodes == 4
+    assert replicas.to_json()["data_parallel_size"] == 4 and replicas.pipeline_parallel_size == 1
+    assert propose(lambda tp, pp: True, 8, 4, backend="ray") is None
+    assert propose(lambda tp, pp: True, 8, 1) is None  # one node only
     assert propose(lambda tp, pp: False, 8, 4) is None  # not even 4
     assert propose(lambda tp, pp: None, 8, 4) is None  # cannot be judged
+    assert propose(fits, 8, 4, backend="ray").backend == "ray"  # type: ignore[union-attr]

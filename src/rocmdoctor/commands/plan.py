@@ -243,6 +243,13 @@ def render_diagnosis(diagnosis) -> None:
     help="Nodes of these GPUs available: when the model does not fit one, propose the fewest that fit "
     "(--tensor-parallel-size within a node, pipeline parallel across nodes; docs/cluster.md).",
 )
+@click.option(
+    "--backend",
+    type=click.Choice(["mp", "ray"]),
+    default="mp",
+    show_default=True,
+    help="With --nodes: the distributed backend the proposal uses (as `cluster unit --backend`).",
+)
 @click.option("--url", default=None, help="Diagnose the running vLLM server at this URL from its /metrics.")
 @click.option(
     "--window",
@@ -274,6 +281,7 @@ def plan(
     mamba_cache_dtype: str,
     mamba_ssm_cache_dtype: str,
     max_nodes: int,
+    backend: str,
     url: str | None,
     window_s: float,
     as_json: bool,
@@ -338,7 +346,7 @@ def plan(
     except ConfigError as exc:
         raise UserError(f"{files.location}: {exc}") from None
     proposal = None
-    if max_nodes > 1 and result.fits is False:
+    if max_nodes > 1:
         from rocmdoctor.cluster_layout import propose
 
         proposal = propose(
@@ -347,6 +355,7 @@ def plan(
             ),
             tp,
             max_nodes,
+            backend,
         )
     if as_json:
         emit_json({**result.to_json(SCHEMA_VERSION), "cluster": proposal.to_json() if proposal else None})
@@ -354,7 +363,7 @@ def plan(
         render(result)
         if proposal:
             click.echo(f"across nodes: {proposal.nodes} nodes; {proposal.why} (rocmdoctor cluster unit)")
-        elif max_nodes > 1 and result.fits is False:
+        elif max_nodes > 1 and result.fits is False:  # not even --nodes of them
             click.echo(f"across nodes: does not fit {max_nodes} nodes of {tp} GPU(s) either")
     sys.exit(EXIT_FAILURES if result.fits is False and proposal is None else EXIT_OK)
 
