@@ -240,8 +240,8 @@ def render_diagnosis(diagnosis) -> None:
     type=params.Count(1, 1024),
     default=1,
     show_default=True,
-    help="Nodes of these GPUs available: when the model does not fit one, propose the fewest that fit "
-    "(--tensor-parallel-size within a node, pipeline parallel across nodes; docs/cluster.md).",
+    help="Nodes of these GPUs available: propose the fewest that hold the model (--tensor-parallel-size "
+    "within a node, pipeline parallel across), or one replica per node when one holds it (docs/cluster.md).",
 )
 @click.option(
     "--backend",
