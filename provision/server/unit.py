@@ -179,13 +179,29 @@ def read_api_key(path: Path) -> str:
         raise UnitError(str(exc)) from None
 
 
+def ready_gate_argv(args: ServerArgs, layout: ServiceLayout, timeout_s: int) -> list[str]:
+    """The unit's readiness gate (ExecStartPost): the bundle's Python waits for a real completion."""
+    return [layout.python, layout.wait_ready, readiness_url(args), args.served_model_name, str(timeout_s)]
+
+
 def _environment_line(settings: dict[str, str]) -> str:
     return " ".join(f"{name}={value}" for name, value in settings.items())
 
 
 def render_unit(
-    args: ServerArgs, layout: ServiceLayout, user: str, timeout_s: int = DEFAULT_LOAD_TIMEOUT_S
+    args: ServerArgs,
+    layout: ServiceLayout,
+    user: str,
+    timeout_s: int = DEFAULT_LOAD_TIMEOUT_S,
+    *,
+    unit_name: str = UNIT_NAME,
+    server: list[str] | None = None,
+    ready_gate: bool = True,
+    description: str | None = None,
 ) -> str:
+    """The unit of one server. A cluster's headless worker (provision/cluster_unit.py) is another
+    unit name, another program before the vLLM arguments, and no readiness gate of its own (it serves
+    no HTTP: the head's gate passes only once every worker joined)."""
     problem = service_user_problem(user)
     if problem:
         raise UnitError(f"--user {user!r}: {problem}")
@@ -193,17 +209,16 @@ def render_unit(
         # TimeoutStartSec must be a real bound: never negative, huge or missing.
         raise UnitError(f"--timeout {timeout_s!r}: give whole seconds from 1 to {MAX_DURATION_S}")
     values = {
-        "unit_name": UNIT_NAME,
-        "description": args.served_model_name.replace("%", "%%"),
+        "unit_name": unit_name,
+        "description": (description or args.served_model_name).replace("%", "%%"),
         "user": user,
         "state_name": STATE_NAME,
         "bundle_environment": _environment_line({**BUNDLE_SETTINGS, **args.environment}),
         "env_file": layout.env_file,
         "jit_env_file": f"{layout.prefix}/current/{JIT_ENV_FILE}",
-        "exec_start": command_line([layout.server, *args.argv()]),
-        "exec_start_post": command_line(
-            [layout.python, layout.wait_ready, readiness_url(args), args.served_model_name, str(timeout_s)]
-        ),
+        "exec_start": command_line([*(server or [layout.server]), *args.argv()]),
+        # an empty ExecStartPost= is systemd's "no such command" (it resets the list)
+        "exec_start_post": command_line(ready_gate_argv(args, layout, timeout_s)) if ready_gate else "",
         # The readiness wait gives up first, so its message (not systemd's timeout) is in the journal.
         "timeout_start_s": str(timeout_s + 60),
     }

@@ -35,6 +35,7 @@ COMMANDS: dict[str, str] = {
     "lemonade": "lemonade:lemonade",
     "fix": "fix:fix",
     "tune": "tune:tune",
+    "cluster": "cluster:cluster",
 }
 
 

@@ -45,7 +45,10 @@ def every_command(out: Path) -> list[tuple[str, ...]]:
         ("bundle", "prune", *prefix),
         ("install", "--check", "--frozen", "--family", "gfx942", *prefix),
         ("tune", "--write", *MODEL),
-    ]
+        ("cluster", "facts", "--json", "--advertise", "10.0.0.1", *prefix),
+        ("cluster", "unit", "--write", "--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1",
+         "--advertise", "10.0.0.2", *MODEL),
+    ]  # fmt: skip
 
 
 def test_every_command_is_covered():

@@ -325,11 +325,13 @@ class PlaybookRun:
         }
 
 
-def run_playbook(fleet: SshFleet, inventory: Path, *args: str, timeout: float = 1200) -> PlaybookRun:
-    """The real ansible-playbook on playbooks/site.yml, from playbooks/ (its ansible.cfg applies)."""
+def run_playbook(
+    fleet: SshFleet, inventory: Path, *args: str, timeout: float = 1200, playbook: str = "site.yml"
+) -> PlaybookRun:
+    """The real ansible-playbook on playbooks/site.yml (or `playbook`), from playbooks/ (its ansible.cfg applies)."""
     started = time.monotonic()
     done = subprocess.run(
-        [str(ANSIBLE_PLAYBOOK), "-i", str(inventory), "site.yml", *args],
+        [str(ANSIBLE_PLAYBOOK), "-i", str(inventory), playbook, *args],
         cwd=PLAYBOOKS,
         env=fleet.ansible_env(),
         capture_output=True,

@@ -8,6 +8,8 @@ needed=(openssh-server openssh-client netcat-openbsd iproute2 systemd systemd-co
         prometheus prometheus-node-exporter)
 # python3-dev: the qualification tests build a real abi3 extension module (Python.h) with gcc
 needed+=(python3-dev)
+# nftables: the cluster pre-flight test drops a port inside one node's network namespace
+needed+=(nftables)
 missing=()
 for pkg in "${needed[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

@@ -232,6 +232,22 @@ def render_diagnosis(diagnosis) -> None:
     type=MAMBA_DTYPES,
     help="vLLM's dtype of the SSM state alone (auto: as --mamba-cache-dtype).",
 )
+@click.option(
+    "--nodes",
+    "max_nodes",
+    type=params.Count(1, 1024),
+    default=1,
+    show_default=True,
+    help="Nodes of these GPUs available: propose the fewest that hold the model (--tensor-parallel-size "
+    "within a node, pipeline parallel across), or one replica per node when one holds it (docs/cluster.md).",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(["mp", "ray"]),
+    default="mp",
+    show_default=True,
+    help="With --nodes: the distributed backend the proposal uses (as `cluster unit --backend`).",
+)
 @click.option("--url", default=None, help="Diagnose the running vLLM server at this URL from its /metrics.")
 @click.option(
     "--window",
@@ -262,6 +278,8 @@ def plan(
     prefix_caching: bool,
     mamba_cache_dtype: str,
     mamba_ssm_cache_dtype: str,
+    max_nodes: int,
+    backend: str,
     url: str | None,
     window_s: float,
     as_json: bool,
@@ -325,8 +343,44 @@ def plan(
         )
     except ConfigError as exc:
         raise UserError(f"{files.location}: {exc}") from None
+    proposal = None
+    if max_nodes > 1:
+        from rocmdoctor.cluster_layout import propose
+
+        proposal = propose(
+            lambda tp_, pp_: across_nodes(
+                files, budget, settings, tp_, pp_, max_model_len, typical_len, model
+            ),
+            tp,
+            max_nodes,
+            backend,
+        )
     if as_json:
-        emit_json(result.to_json(SCHEMA_VERSION))
+        emit_json({**result.to_json(SCHEMA_VERSION), "cluster": proposal.to_json() if proposal else None})
     else:
         render(result)
-    sys.exit(EXIT_FAILURES if result.fits is False else EXIT_OK)
+        if proposal:
+            click.echo(f"across nodes: {proposal.nodes} nodes; {proposal.why} (rocmdoctor cluster unit)")
+        elif max_nodes > 1 and result.fits is False:  # not even --nodes of them
+            click.echo(f"across nodes: does not fit {max_nodes} nodes of {tp} GPU(s) either")
+    sys.exit(EXIT_FAILURES if result.fits is False and proposal is None else EXIT_OK)
+
+
+def across_nodes(files, budget, settings, tp: int, pp: int, max_model_len, typical_len, model) -> bool | None:
+    """The plan's verdict with TP `tp` in each node and PP `pp` across nodes: each GPU holds its
+    stage's share of the weights (1/pp of them, split TP ways)."""
+    import dataclasses
+    import math
+
+    from rocmdoctor.vllm.memory_plan import plan_model, weights_from_headers
+
+    weights = None if files.weights_note else weights_from_headers(files.headers)
+    return plan_model(
+        model,
+        files.config,
+        None if weights is None else math.ceil(weights / pp),
+        budget,
+        settings=dataclasses.replace(settings, tensor_parallel_size=tp, pipeline_parallel_size=pp),
+        max_model_len=max_model_len,
+        typical_len=typical_len,
+    ).fits

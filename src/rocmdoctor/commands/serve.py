@@ -157,18 +157,35 @@ def unit(
         }
         write_layout(app, {**opts, **layout}, write, check_only, target, user, timeout_s)
         return
-    from rocmdoctor.host_writes import HostWriter
     from rocmdoctor.provision.server.unit import ServiceLayout, UnitError, file_specs
-    from rocmdoctor.provision.server.unit import write as write_files
 
     args = resolve_args(app, opts)
     try:
         specs = file_specs(args, ServiceLayout(prefix=opts["prefix"]), user, api_key(opts), timeout_s)
     except UnitError as exc:
         raise UserError(str(exc)) from None
+    show_or_write(app, specs, user, write, check_only, target, opts["as_json"], server_args=args.to_json())
+
+
+def show_or_write(
+    app: App,
+    specs: list[Any],
+    user: str,
+    write: bool,
+    check_only: bool,
+    target: Path | None,
+    as_json: bool,
+    **fields: Any,
+) -> None:
+    """Print the first unit (`--json`: with `fields`), or make the host match `specs` (--write, or
+    --check's dry run) and report what changed: `unit` and `cluster unit`."""
+    from rocmdoctor.host_writes import HostWriter
+    from rocmdoctor.provision.server.unit import UnitError
+    from rocmdoctor.provision.server.unit import write as write_files
+
     if not (write or check_only):
-        if opts["as_json"]:
-            emit_json({"unit": specs[0].content, "path": specs[0].path, "server_args": args.to_json()})
+        if as_json:
+            emit_json({"unit": specs[0].content, "path": specs[0].path, **fields})
         else:
             click.echo(specs[0].content, nl=False)
         return
@@ -176,8 +193,8 @@ def unit(
         report = write_files(HostWriter(write_root(app, target), check_mode=check_only), specs, user)
     except (UnitError, OSError) as exc:
         raise UserError(f"could not write the unit: {exc}") from None
-    if opts["as_json"]:
-        emit_json({**report.to_json(), "server_args": args.to_json()})
+    if as_json:
+        emit_json({**report.to_json(), **fields})
         return
     echo_write_report(report, check_only)
 
