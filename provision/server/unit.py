@@ -199,7 +199,7 @@ def render_unit(
     ready_gate: bool = True,
     description: str | None = None,
 ) -> str:
-    """The unit of one server. A cluster's headless worker (provision/cluster_unit.py) is another
+    """The unit of one server. A cluster's headless worker (provision/server/cluster_unit.py) is another
     unit name, another program before the vLLM arguments, and no readiness gate of its own (it serves
     no HTTP: the head's gate passes only once every worker joined)."""
     problem = service_user_problem(user)

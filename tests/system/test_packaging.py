@@ -54,6 +54,6 @@ def test_package_data_is_in_the_wheel(wheel_names):
         f"rocmdoctor/provision/server/templates/{n}" for n in sources("provision/server/templates", "*")
     ]
     # The readiness gate is a module of the package; `unit` writes its source to <prefix>/libexec.
-    expected += ["rocmdoctor/provision/server/wait_ready.py"]
+    expected += ["rocmdoctor/provision/server/wait_ready.py", "rocmdoctor/provision/server/vllm_serve.py"]
     assert "rocmdoctor/schema/check-report.schema.json" in expected
     assert sorted(set(expected) - wheel_names) == []

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from rocmdoctor import cluster_facts
-from rocmdoctor.cluster_compare import FAULT, WARNING, Probe, compare
-from rocmdoctor.cluster_input import parse_input
+from rocmdoctor.cluster import facts as cluster_facts
+from rocmdoctor.cluster.compare import FAULT, WARNING, Probe, compare
+from rocmdoctor.cluster.documents import parse_input
 from rocmdoctor.documents import DocumentError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "cluster"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from rocmdoctor.cluster_layout import ClusterLayout, ClusterLayoutError, propose
+from rocmdoctor.cluster.layout import ClusterLayout, ClusterLayoutError, propose
 
 
 def test_pipeline_across_nodes_head_and_headless_workers():

@@ -49,7 +49,7 @@ def modules() -> dict[str, Path]:
     return found
 
 
-DOMAIN = ("rocmdoctor.facts", "rocmdoctor.vllm", "rocmdoctor.archive")
+DOMAIN = ("rocmdoctor.facts", "rocmdoctor.vllm", "rocmdoctor.archive", "rocmdoctor.cluster")
 # Core modules above the domain packages: they may use them, and the domain packages may not use these.
 UPPER_CORE = (
     "rocmdoctor.registry",

@@ -17,9 +17,9 @@ from typing import Any
 import click
 
 from rocmdoctor import params
-from rocmdoctor.model import EXIT_FAILURES, EXIT_OK, SCHEMA_VERSION
 from rocmdoctor.commands.common import App, UserError, emit_json, pass_app
 from rocmdoctor.commands.server_options import SINGLE_SERVER, server_options
+from rocmdoctor.model import EXIT_FAILURES, EXIT_OK, SCHEMA_VERSION
 
 MAX_LISTEN_S = 600.0
 # A refused connect while the peer's listener may still be starting is tried again until this passes.
@@ -87,7 +87,7 @@ def facts_command(
 ) -> None:
     """This node's facts for the cluster pre-flight."""
     from rocmdoctor.checks.host_rules import rules
-    from rocmdoctor.cluster_facts import NodeSettings, collect
+    from rocmdoctor.cluster.facts import NodeSettings, collect
 
     settings = NodeSettings(name, advertise, socket_ifname, prefix, model_dir, tuple(sorted(set(ports))))
     doc = collect(app.host(), settings, _gpus(app), rules()["visibility"]["variables"])
@@ -216,8 +216,8 @@ def probe_command(name: str, peers: tuple[str, ...], timeout_s: float, wait_s: f
 @click.option("--json", "as_json", is_flag=True)
 def check_command(source: str, as_json: bool) -> None:
     """Compare the nodes' facts and the connect matrix: exit 0 when no fault, 1 otherwise."""
-    from rocmdoctor.cluster_compare import compare
-    from rocmdoctor.cluster_input import MAX_INPUT_BYTES, parse_input
+    from rocmdoctor.cluster.compare import compare
+    from rocmdoctor.cluster.documents import MAX_INPUT_BYTES, parse_input
     from rocmdoctor.documents import DocumentError
     from rocmdoctor.rootfs import read_regular
 
@@ -318,11 +318,16 @@ def unit_command(
     **opts: Any,
 ) -> None:
     """The units of this node: the head's vllm.service, or a worker's vllm-worker.service (headless)."""
-    from rocmdoctor.cluster_layout import DEFAULT_DP_RPC_PORT, DEFAULT_MASTER_PORT, ClusterLayout, ClusterLayoutError
-    from rocmdoctor.provision.cluster_unit import process
-    from rocmdoctor.provision.cluster_unit import specs as node_specs
-    from rocmdoctor.provision.server.unit import ServiceLayout, UnitError
+    from rocmdoctor.cluster.layout import (
+        DEFAULT_DP_RPC_PORT,
+        DEFAULT_MASTER_PORT,
+        ClusterLayout,
+        ClusterLayoutError,
+    )
     from rocmdoctor.commands.serve import api_key, resolve_args, show_or_write
+    from rocmdoctor.provision.server.cluster_unit import process
+    from rocmdoctor.provision.server.cluster_unit import specs as node_specs
+    from rocmdoctor.provision.server.unit import ServiceLayout, UnitError
 
     try:
         layout = ClusterLayout(

@@ -345,7 +345,7 @@ def plan(
         raise UserError(f"{files.location}: {exc}") from None
     proposal = None
     if max_nodes > 1:
-        from rocmdoctor.cluster_layout import propose
+        from rocmdoctor.cluster.layout import propose
 
         proposal = propose(
             lambda tp_, pp_: across_nodes(

@@ -9,7 +9,7 @@ import msgspec
 from msgspec import Meta
 
 from rocmdoctor import documents
-from rocmdoctor.cluster_compare import Probe
+from rocmdoctor.cluster.compare import Probe
 from rocmdoctor.model import SCHEMA_VERSION
 
 MAX_INPUT_BYTES = 64 << 20

@@ -1,7 +1,7 @@
 """The units of one node of a multi-node vLLM (cluster_layout): the head is `vllm.service` with the
 cluster's arguments (it serves HTTP, and its readiness gate passes only once every worker joined);
 a worker is `vllm-worker.service`, the same unit code and hardening, running `vllm serve --headless`
-through `libexec/vllm-serve` (why: provision/vllm_serve.py). Both get the node's advertised address
+through `libexec/vllm-serve` (why: provision/server/vllm_serve.py). Both get the node's advertised address
 and socket interface in their environment.
 """
 
@@ -9,11 +9,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from rocmdoctor.vllm.environment import BUNDLE_SETTINGS
-from rocmdoctor.cluster_layout import ClusterLayout
+from rocmdoctor.cluster.layout import ClusterLayout
 from rocmdoctor.host_files import shipped_text
 from rocmdoctor.provision.server.args import ServerArgs
-from rocmdoctor.provision.server.unit import DEFAULT_LOAD_TIMEOUT_S, FileSpec, ServiceLayout, file_specs, ready_gate_argv, render_unit
+from rocmdoctor.provision.server.unit import (
+    DEFAULT_LOAD_TIMEOUT_S,
+    FileSpec,
+    ServiceLayout,
+    file_specs,
+    ready_gate_argv,
+    render_unit,
+)
+from rocmdoctor.vllm.environment import BUNDLE_SETTINGS
 
 WORKER_UNIT = "vllm-worker.service"
 RAY_UNITS = ("ray-head.service", "ray-worker.service")  # by role: the head's, every other node's
@@ -105,5 +112,5 @@ def specs(
     )
     return [
         FileSpec(f"{layout.unit_dir}/{WORKER_UNIT}", unit, 0o644),
-        FileSpec(script, shipped_text("rocmdoctor.provision", "vllm_serve.py"), 0o755),
+        FileSpec(script, shipped_text("rocmdoctor.provision.server", "vllm_serve.py"), 0o755),
     ]
