@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import fnmatch
+import hashlib
 import os
 import re
 import signal
@@ -498,6 +499,53 @@ class Host:
         except OSError:
             return None
         return st.f_bavail * st.f_frsize
+
+    def fs_size_bytes(self, path: str) -> int | None:
+        """The size of the filesystem mounted at `path` (/dev/shm); from stat.json's "size_bytes" for a
+        captured root, else unknown there."""
+        self._note(path)
+        if not self.is_live:
+            entry = self._stat_meta().get(os.path.normpath(path))
+            size = entry.get("size_bytes") if isinstance(entry, dict) else None
+            return size if isinstance(size, int) and not isinstance(size, bool) and size >= 0 else None
+        try:
+            st = os.statvfs(path)
+        except OSError:
+            return None
+        return st.f_frsize * st.f_blocks
+
+    def file_digest(self, path: str, whole_limit: int, edge_bytes: int) -> Read:
+        """sha256 of a regular file, opened without following its last link: "sha256:<hex>" of the whole
+        file up to `whole_limit` bytes; above it "edges-sha256:<size>:<hex>" of the size and the first and
+        last `edge_bytes` (enough to tell two large weight files apart without reading them whole)."""
+        self._note(path)
+        self._guard(path)
+        real = self._inside(path, follow_last=False)
+        if real is None:
+            return Read(path, ReadState.UNREADABLE, detail="too many levels of symbolic links")
+        try:
+            fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return Read(path, ReadState.MISSING)
+        except OSError as exc:
+            state = ReadState.DENIED if exc.errno in (errno.EACCES, errno.EPERM) else ReadState.UNREADABLE
+            return Read(path, state, detail=exc.strerror or str(exc))
+        digest = hashlib.sha256()
+        try:
+            size = os.fstat(fd).st_size
+            if not stat_mod.S_ISREG(os.fstat(fd).st_mode):
+                return Read(path, ReadState.UNREADABLE, detail="not a regular file")
+            if size <= whole_limit:
+                while chunk := os.read(fd, 1 << 20):
+                    digest.update(chunk)
+                return Read(path, ReadState.OK, f"sha256:{digest.hexdigest()}")
+            digest.update(os.pread(fd, edge_bytes, 0))
+            digest.update(os.pread(fd, edge_bytes, size - edge_bytes))
+            return Read(path, ReadState.OK, f"edges-sha256:{size}:{digest.hexdigest()}")
+        except OSError as exc:
+            return Read(path, ReadState.UNREADABLE, detail=exc.strerror or str(exc))
+        finally:
+            os.close(fd)
 
     def distro(self) -> dict[str, str]:
         """id, version, name, like and codename from os-release (through `distro`, under the root).

@@ -11,13 +11,10 @@ multi-node checklist (/dev/shm, `ibstat` link state), RCCL's `Missing "iommu=pt"
 
 from __future__ import annotations
 
-import hashlib
 import ipaddress
 import os
-import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from rocmdoctor.host import Host
@@ -195,71 +192,66 @@ def bundle(host: Host, prefix: str) -> dict[str, Any]:
     }
 
 
-def _file_digest(path: Path) -> str:
-    """sha256 of a model file: the Hugging Face blob name where the file is one, else its bytes
-    (weights larger than WHOLE_HASH_LIMIT: size, first and last MiB, enough to tell two files apart)."""
-    target = path.resolve()
-    name = target.name
-    if target.parent.name == "blobs" and len(name) == 64 and all(c in "0123456789abcdef" for c in name):
+def _hub_blob(host: Host, path: str) -> str | None:
+    """A Hugging Face snapshot file is a link to its blob, named by its sha256: that name is the digest
+    (the link is read, never followed)."""
+    link = host.readlink(path)
+    if not link.ok:
+        return None
+    target = str(link.value)
+    name = target.rsplit("/", 1)[-1]
+    parent = target.rsplit("/", 2)[-2] if target.count("/") >= 1 else ""
+    if parent == "blobs" and len(name) == 64 and all(c in "0123456789abcdef" for c in name):
         return f"sha256:{name}"
-    size = target.stat().st_size
-    digest = hashlib.sha256()
-    with open(target, "rb") as handle:
-        if size <= WHOLE_HASH_LIMIT:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-            return f"sha256:{digest.hexdigest()}"
-        digest.update(handle.read(EDGE_BYTES))
-        handle.seek(size - EDGE_BYTES)
-        digest.update(handle.read(EDGE_BYTES))
-    return f"edges-sha256:{size}:{digest.hexdigest()}"
+    return None
 
 
 def model(host: Host, path: str | None) -> dict[str, Any] | None:
-    """The model directory's files and their digests, and the revision when it is a hub snapshot."""
+    """The model directory's files and their digests, and the revision when it is a hub snapshot; read
+    through the Host (a captured tree's links resolved inside it, no other link followed)."""
     if not path:
         return None
     out: dict[str, Any] = {"path": path, "revision": None, "files": {}, "problem": None}
-    if not host.is_live:
-        # a captured tree's links could name files outside it: its model is not digested
-        out["problem"] = f"not digested: --root {host.root} is a captured tree"
+    root = os.path.normpath(path)
+    if not root.startswith("/"):
+        out["problem"] = f"{path} is not an absolute path"
         return out
-    root = Path(path)
-    if root.parent.name == "snapshots":
-        out["revision"] = root.name
-    if not root.is_dir():
+    if os.path.basename(os.path.dirname(root)) == "snapshots":
+        out["revision"] = os.path.basename(root)
+    if not host.is_dir(root):
         out["problem"] = f"{path} is not a directory on this node"
         return out
     files: dict[str, str] = {}
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        for name in sorted(filenames):
+    pending = [root]
+    while pending and len(files) < MAX_MODEL_FILES:
+        directory = pending.pop(0)
+        for name in host.listdir(directory):
             if name.startswith("."):
                 continue
-            full = Path(dirpath) / name
-            rel = str(full.relative_to(root))
-            try:
-                if not stat.S_ISREG(full.stat().st_mode):
-                    continue
-                files[rel] = _file_digest(full)
-            except OSError as exc:
-                files[rel] = f"unreadable: {exc.strerror or exc}"
+            full = f"{directory}/{name}"
+            info = host.stat(full)
+            if info is None:
+                continue
+            if info.type == "dir":
+                pending.append(full)
+                continue
+            rel = full[len(root) + 1 :]
+            if info.type == "link":
+                blob = _hub_blob(host, full)
+                files[rel] = blob or "link: not followed"
+            elif info.type == "file":
+                read = host.file_digest(full, WHOLE_HASH_LIMIT, EDGE_BYTES)
+                files[rel] = str(read.value) if read.ok else f"unreadable: {read.describe()}"
             if len(files) >= MAX_MODEL_FILES:
                 out["problem"] = f"more than {MAX_MODEL_FILES} files; only the first are compared"
                 break
-    out["files"] = files
+    out["files"] = dict(sorted(files.items()))
     return out
 
 
 def shm_bytes(host: Host) -> int | None:
-    """The size of /dev/shm (statvfs of the mount; on a replayed tree, of the tree: unknown there)."""
-    if not host.is_live:
-        return None
-    try:
-        st = os.statvfs(SHM)
-    except OSError:
-        return None
-    return st.f_frsize * st.f_blocks
+    """The size of /dev/shm (its mount on this node; a captured tree's stat.json entry, else unknown)."""
+    return host.fs_size_bytes(SHM)
 
 
 def hostname(host: Host) -> str | None:
