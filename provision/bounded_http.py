@@ -66,15 +66,22 @@ class Deadline:
 
 def read_body(response, limit: int, deadline: float) -> bytes:
     """Up to `limit` bytes of `response` (a streamed requests.Response); BodyTooSlow when `deadline`
-    (a time.monotonic() value) passes first. The caller asks for one byte more than it accepts to
+    (a time.monotonic() value) passes first, or a read stalls past the socket's read timeout. The caller asks for one byte more than it accepts to
     tell a body at the cap from a longer one."""
+    from urllib3.exceptions import ReadTimeoutError
+
     raw = response.raw
     chunks: list[bytes] = []
     size = 0
     while size < limit:
         if time.monotonic() > deadline:
             raise BodyTooSlow()
-        chunk = raw.read1(min(CHUNK, limit - size), decode_content=True)
+        try:
+            chunk = raw.read1(min(CHUNK, limit - size), decode_content=True)
+        except ReadTimeoutError:
+            # The socket's read timeout is capped by the deadline: a body that stalls that long is one
+            # that did not arrive in time, however loaded the machine that waited for it.
+            raise BodyTooSlow() from None
         if not chunk:
             break
         chunks.append(chunk)

@@ -70,6 +70,14 @@ def state(machine: Machine, unit: str) -> str:
     return machine.run(["systemctl", "show", "-p", "ActiveState", "--value", unit]).stdout.strip()
 
 
+def settled(machine: Machine, unit: str, wanted: str, timeout: float = 90) -> None:
+    """The unit reaches `wanted` (a stop job still deactivating it gets `timeout` seconds)."""
+    deadline = time.monotonic() + timeout
+    while (now := state(machine, unit)) != wanted and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert now == wanted, f"{unit} is {now}, not {wanted}, {timeout:.0f} s after the stop"
+
+
 def completion_status(machine: Machine, port: int) -> int:
     code = (
         "import json,urllib.request,urllib.error\n"
@@ -169,7 +177,8 @@ def test_two_instances_of_the_template_under_systemd(machine):
         ["systemctl", "show", "-p", "MainPID", "--value", "vllm@1.service"]
     ).stdout.strip()
     machine.run(["systemctl", "stop", "vllm@0.service"], timeout=60)
-    assert state(machine, "vllm@0.service") == "inactive" and state(machine, "vllm@1.service") == "active"
+    settled(machine, "vllm@0.service", "inactive")
+    assert state(machine, "vllm@1.service") == "active"
     assert completion_status(machine, 8000) == 0  # nothing listens there any more
     assert completion_status(machine, 8002) == 200
     # RemoveIPC= is reference-counted per user: the survivor's shared memory is still there.
@@ -184,7 +193,9 @@ def test_two_instances_of_the_template_under_systemd(machine):
     assert len(service_processes(machine)) >= 2
 
     machine.run(["systemctl", "stop", "vllm.target"], timeout=120)
-    assert state(machine, "vllm@0.service") == state(machine, "vllm@1.service") == "inactive"
+    # systemctl waits for the target's own stop job; the instances' jobs it pulled in finish on their own.
+    settled(machine, "vllm@0.service", "inactive")
+    settled(machine, "vllm@1.service", "inactive")
     assert service_processes(machine) == [], "processes of the instances survived stopping vllm.target"
     assert (
         machine.run("ls /dev/shm | grep rack-instance", check=False).stdout == ""
