@@ -83,7 +83,7 @@ class Setup:
             sys.executable, "-m", "rocmdoctor", "tune", "--json", "--prefix", str(self.prefix),
             "--model", str(self.model), "--served-model-name", "tiny", "--port", str(free_port()),
             "--gpu-memory-utilization", "0.5", "--max-model-len", "512", "--kv-cache-memory", "1GiB",
-            "--requests", "4", "--prompt-tokens", "16", "--output-tokens", "8", "--start-timeout", "400",
+            "--requests", "4", "--min-seconds", "0", "--prompt-tokens", "16", "--output-tokens", "8", "--start-timeout", "400",
             "--write", "--target", str(target), "--state-file", str(state),
             "--log-dir", str(self.base / "logs"), *extra, "--", *ENGINE_ARGS,
         ]  # fmt: skip
