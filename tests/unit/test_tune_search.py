@@ -1,4 +1,4 @@
-"""`rocmdoctor tune`'s search and objective on recorded and shaped throughput curves (no server)."""
+"""`rocmdoctor tune`'s search and objective on shaped throughput curves (no server)."""
 
 from __future__ import annotations
 
