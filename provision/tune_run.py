@@ -20,7 +20,6 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from . import bench
 from . import openai_client as oc
@@ -169,7 +168,3 @@ def known_or_measured(
         return known[setting] if setting in known else measure(setting)
 
     return answer
-
-
-def point_rows(points: list[Measurement]) -> list[dict[str, Any]]:
-    return [p.to_json() for p in points]
