@@ -10,7 +10,7 @@ plan, server starting, warm-up, measuring, writing back. After each, no process 
 and the state file are byte-identical. A SIGKILLed tune runs no `finally`: its server dies by the
 tether (host_processes.ProcessGroup), which is what these kills prove. Server starts: 2 for the
 measured run, one per kill in the warm-up and measuring phases, and the "starting" kills stop a loading
-one (about 2.5 minutes in all on the 2-core VM).
+one (3 minutes in all on the shared 2-core VM, the test bundle's install included).
 """
 
 from __future__ import annotations
