@@ -17,11 +17,9 @@ never queues what it cannot (vLLM's `--link-vars max_num_seqs=max_concurrency`).
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from rocmdoctor.provision.server.serve import MARKER, Server, new_marker
 from rocmdoctor.provision.tune.search import PERCENTILES, Measurement, Setting
@@ -50,6 +48,7 @@ class RunOptions:
     start_timeout_s: float = 600.0
     request_timeout_s: float = 120.0
     requests: int = 16  # measured per setting, at least ROUNDS x max-num-seqs
+    min_seconds: float = 0.0  # more batches of requests until the measuring took this long
     warmup_requests: int = 4
 
 
@@ -145,12 +144,18 @@ class Runner:
             if not any(r.ok for r in results):
                 return Measurement(setting, 0.0, error=f"the warm-up failed: {results[0].error}")
             self.events("measuring", setting=setting.to_json())
-            self.trial += 1
-            bodies = request_bodies(opts.workload, model, ids, max(opts.requests, ROUNDS * slots), self.trial)
-            started = time.perf_counter()
-            results, duration = await bench.run_requests(client, bodies, slots)
+            # Batches of fresh requests until min_seconds of measuring: a stall of the host (another
+            # job's burst) is then a small part of the window, not half of it.
+            results, duration = [], 0.0
+            while not results or (duration < opts.min_seconds and all(r.ok for r in results)):
+                self.trial += 1
+                count = max(opts.requests, ROUNDS * slots)
+                bodies = request_bodies(opts.workload, model, ids, count, self.trial)
+                batch, seconds = await bench.run_requests(client, bodies, slots)
+                results += batch
+                duration += seconds
             point = summarize(setting, results, duration)
-            point.seconds = time.perf_counter() - started
+            point.seconds = duration
             return point
 
 
@@ -163,7 +168,3 @@ def known_or_measured(
         return known[setting] if setting in known else measure(setting)
 
     return answer
-
-
-def point_rows(points: list[Measurement]) -> list[dict[str, Any]]:
-    return [p.to_json() for p in points]

@@ -58,6 +58,8 @@ def tune_argv(prefix: Path, model: Path, work: Path, search: str, options: argpa
         *(["--slo", options.slo] if options.slo else []),
         "--requests",
         str(options.requests),
+        "--min-seconds",
+        str(options.min_seconds),
         "--prompt-tokens",
         str(options.prompt_tokens),
         "--output-tokens",
@@ -102,6 +104,7 @@ def main() -> None:
     parser.add_argument("--seqs", default="1:24")
     parser.add_argument("--slo", default="e2el:p95<=60s")
     parser.add_argument("--requests", type=int, default=32)
+    parser.add_argument("--min-seconds", type=float, default=8.0)
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--output-tokens", type=int, default=128)
     parser.add_argument("--out", type=Path, default=None)

@@ -1,12 +1,9 @@
-"""`rocmdoctor tune`'s search and objective on recorded and shaped throughput curves (no server)."""
+"""`rocmdoctor tune`'s search and objective on shaped throughput curves (no server)."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from conftest import FIXTURES
 from rocmdoctor.provision.tune.search import (
     Measurement,
     Search,
@@ -87,24 +84,6 @@ def test_search_reaches_95_percent_of_the_grid_best_in_a_third_of_its_points(sha
         assert chosen.output_tokens_per_s >= 0.95 * grid.output_tokens_per_s
     assert len(points) <= len(seqs) / 3
     assert len({p.setting for p in points}) == len(points)  # never the same point twice
-
-
-def test_search_on_the_recorded_cpu_engine_sweep():
-    """The exhaustive sweep measured by tests/bench/tune_vs_sweep.py (real vLLM CPU engine, tiny model),
-    replayed: the search picks from those measurements as it would have live."""
-    recorded = json.loads((FIXTURES / "tune" / "cpu-engine-sweep.json").read_text())
-    table = {p[0]: p[1] for p in recorded["sweep"]["points"]}
-    slo = parse_slo(recorded["slo"])
-
-    def measure(setting: Setting) -> Measurement:
-        return Measurement(setting, table[setting.max_num_seqs], 16, 0, {"e2el": {"p95": 1.0}})
-
-    seqs = sorted(table)
-    points = run_search(Search(seqs, [None], slo), measure)
-    chosen = choose(points, slo).winner
-    assert chosen is not None
-    assert chosen.output_tokens_per_s >= 0.95 * max(table.values())
-    assert len(points) <= len(seqs) / 3
 
 
 def test_no_setting_meets_the_limit_gives_no_winner_and_the_best_seen():

@@ -237,6 +237,13 @@ def _gmu_within_rule(app: App, args: Any) -> None:
 @click.option("--output-tokens", type=params.Count(1, 1 << 16), default=None, help="Synthetic output length.")
 @click.option("--requests", type=params.Count(1, 10_000), default=16, show_default=True,
               help="Requests measured per setting (at least 4 x max-num-seqs).")  # fmt: skip
+@click.option(
+    "--min-seconds",
+    type=params.Duration(max_s=3600, min_s=0.0, inclusive=True),
+    default=10.0,
+    show_default=True,
+    help="Measure each setting at least this long (more batches of --requests): steadier on a busy host.",
+)
 @click.option("--seed", type=params.Count(0, 1 << 30), default=0, show_default=True, help="Workload order.")
 @click.option(
     "--kv-cache-memory",
@@ -334,6 +341,7 @@ def _tune(
     prompt_tokens: int | None,
     output_tokens: int | None,
     requests: int,
+    min_seconds: float,
     seed: int,
     kv_cache_memory: str | None,
     start_timeout_s: float,
@@ -418,6 +426,7 @@ def _tune(
         "environment": dict(sorted(args.environment.items())),
         "workload": chosen.digest(),
         "requests": requests,
+        "min_seconds": min_seconds,
     }
     tune_plan = {
         "server_argv": base_argv,
@@ -465,6 +474,7 @@ def _tune(
             start_timeout_s,
             timeout_s,
             requests,
+            min_seconds,
         ),
         events,
         servers=servers,
