@@ -185,6 +185,25 @@ def test_an_error_of_serve_itself_after_the_spawn_stops_the_group_and_says_so(tm
     assert not group_alive(server_pgid(prefix))
 
 
+def test_a_sigkilled_serve_leaves_no_server_behind(tmp_path):
+    """SIGKILL runs no handler and no `finally`: the server's tether sees serve's end and stops the group."""
+    prefix = fake_server_bundle(tmp_path / "opt", "--mode", "endless-health")  # never ready
+    process = subprocess.Popen(
+        serve_argv(prefix, tmp_path / "serve.log", "--timeout", "300"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    pgid = server_pgid(prefix)
+    time.sleep(1)
+    assert group_alive(pgid)
+    process.kill()
+    process.wait(timeout=10)
+    deadline = time.monotonic() + SLACK_S
+    while group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not group_alive(pgid), "the server outlived a SIGKILLed serve"
+
+
 def test_a_second_ctrl_c_does_not_leave_the_server_running(tmp_path):
     prefix = fake_server_bundle(tmp_path / "opt", "--mode", "endless-health")  # never ready
     process = subprocess.Popen(

@@ -256,6 +256,8 @@ def serve(
         args.served_model_name,
         env,
         log_file or cache_base / "rocmdoctor" / f"serve-{args.port}.log",
+        # A serve killed by SIGKILL (or the OOM killer) runs no `finally`: the tether stops the server.
+        tether=True,
     )
     events = Events(opts["as_json"])
     print(f"starting {executable} (log: {server.log_path})", file=sys.stderr)
