@@ -37,7 +37,7 @@ from harness.engine import (
     start_engine,
     vllm_python,
 )
-from rocmdoctor.provision.verify.memory import diagnose_url
+from rocmdoctor.provision.verify.memory import MetricsError, diagnose_url
 from rocmdoctor.vllm.memory_plan import EngineSettings, Memory, plan_model
 
 pytestmark = pytest.mark.engine
@@ -245,7 +245,7 @@ def test_plan_matches_vllm_on_dense_mla_sliding_and_hybrid_architectures(tmp_pat
     RESULTS.write_text(json.dumps(rows, indent=2) + "\n")
 
 
-CLIENTS = 8
+CLIENTS = 6
 
 
 def _complete_until(base_url: str, errors: list[str], stop: threading.Event) -> None:
@@ -260,7 +260,7 @@ def _complete(base_url: str, errors: list[str]) -> None:
         {
             "model": "tiny",
             "prompt": "The server answers the prompt",
-            "max_tokens": 400,
+            "max_tokens": 480,
             "ignore_eos": True,
             "temperature": 0,
         }
@@ -274,8 +274,9 @@ def _complete(base_url: str, errors: list[str]) -> None:
 
 
 def test_metrics_diagnosis_of_an_engine_driven_into_preemption(tmp_path: Path):
-    """A KV cache of 16 blocks (4 sequences of 512 tokens) and 8 clients sending 400-token requests
-    until the diagnosis has sampled: twice what fits, without burying /metrics under the API's load."""
+    """A KV cache of 16 blocks (4 sequences of 512 tokens) and 6 clients sending 480-token requests
+    until the diagnosis has sampled: half again what fits, each sequence long in the cache, without
+    burying /metrics under the API's load on a 2-core machine shared with other tests."""
     require_vllm_python()
     model = make_tiny_model(tmp_path / "tiny")
     # 16 blocks of 128 tokens: 4 sequences of 512 tokens
@@ -296,8 +297,14 @@ def test_metrics_diagnosis_of_an_engine_driven_into_preemption(tmp_path: Path):
             # vLLM's stats path so that its KV-usage gauge does not move in a window while the preemption
             # counter does, or sample it only between the moments the cache is full: another window is
             # sampled then (the clients keep the cache full meanwhile).
-            for _window in range(4):
-                diagnosis = diagnose_url(engine.base_url, window_s=20, interval_s=1, timeout_s=30)
+            # A window whose /metrics the starved API server did not answer in time is sampled again too
+            # (the bounded deadline itself is tested against misbehaving servers in tests/cli).
+            diagnosis = None
+            for _window in range(6):
+                try:
+                    diagnosis = diagnose_url(engine.base_url, window_s=20, interval_s=1, timeout_s=30)
+                except MetricsError:
+                    continue
                 if diagnosis.usage_peak > 0.8 and diagnosis.preemptions > 0:
                     break
         finally:
@@ -305,6 +312,7 @@ def test_metrics_diagnosis_of_an_engine_driven_into_preemption(tmp_path: Path):
             for worker in workers:
                 worker.join(timeout=300)
     assert not errors, errors[:3]
+    assert diagnosis is not None, "no window's /metrics answered within 30 s"
     assert diagnosis.preemptions > 0 and diagnosis.verdict == "preempting", diagnosis.findings
     assert diagnosis.num_gpu_blocks == 16 and diagnosis.block_size == 128
     assert diagnosis.usage_peak > 0.8
