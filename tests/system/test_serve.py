@@ -94,7 +94,13 @@ class ServeRun:
         return self.process.stderr.read()
 
     def engine_processes(self) -> list[psutil.Process]:
-        return psutil.Process(self.process.pid).children(recursive=True)
+        """serve's children and theirs, but for its tether (`python -I -S -c`: host_processes), which
+        stops them should serve be SIGKILLed and is no engine process."""
+        found: list[psutil.Process] = []
+        for child in psutil.Process(self.process.pid).children():
+            if child.cmdline()[1:4] != ["-I", "-S", "-c"]:
+                found += [child, *child.children(recursive=True)]
+        return found
 
     def finish(self, timeout: float = 90) -> int:
         return self.process.wait(timeout)
