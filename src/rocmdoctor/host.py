@@ -532,8 +532,9 @@ class Host:
             return Read(path, state, detail=exc.strerror or str(exc))
         digest = hashlib.sha256()
         try:
-            size = os.fstat(fd).st_size
-            if not stat_mod.S_ISREG(os.fstat(fd).st_mode):
+            opened = os.fstat(fd)
+            size = opened.st_size
+            if not stat_mod.S_ISREG(opened.st_mode):
                 return Read(path, ReadState.UNREADABLE, detail="not a regular file")
             if size <= whole_limit:
                 while chunk := os.read(fd, 1 << 20):

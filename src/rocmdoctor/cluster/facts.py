@@ -15,6 +15,7 @@ import ipaddress
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 from typing import Any
 
 from rocmdoctor.host import Host
@@ -198,10 +199,9 @@ def _hub_blob(host: Host, path: str) -> str | None:
     link = host.readlink(path)
     if not link.ok:
         return None
-    target = str(link.value)
-    name = target.rsplit("/", 1)[-1]
-    parent = target.rsplit("/", 2)[-2] if target.count("/") >= 1 else ""
-    if parent == "blobs" and len(name) == 64 and all(c in "0123456789abcdef" for c in name):
+    target = PurePosixPath(str(link.value))
+    name = target.name
+    if target.parent.name == "blobs" and len(name) == 64 and all(c in "0123456789abcdef" for c in name):
         return f"sha256:{name}"
     return None
 
