@@ -187,6 +187,9 @@ def diagnose(snaps: list[Snapshot], info: dict[str, str], url: str) -> Diagnosis
         if capacity and running_peak > 0 and usage_peak > 0:
             per_seq = usage_peak * capacity / running_peak
             seqs = max(1, math.floor(capacity * SEQS_HEADROOM / per_seq))
+        # Preemption means the cache was full while `running_peak` sequences ran, even when no sample
+        # caught it full (samples a second apart miss the moment): fewer must run than did.
+        seqs = max(1, min(seqs, math.ceil(running_peak) - 1))
         d.findings.append(
             f"{preemptions:.0f} preemptions in {d.window_s:.0f} s: the running sequences outgrew the "
             f"KV cache (usage {usage_peak:.0%}) and vLLM evicted some to recompute them later"

@@ -279,7 +279,8 @@ def test_working_compiler_links_a_shared_object(tmp_path):
     result = run_check(Path("/"), "toolchain.jit", prefix=str(prefix))
     elapsed = time.perf_counter() - started
     assert result.status is Status.PASS, result.summary
-    assert result.details["bundle_compiler"] is True and elapsed < 1.0
+    # "ends" (the compile has a deadline), not a speed: tests/bench/check_speed.py measures speed
+    assert result.details["bundle_compiler"] is True and elapsed < 30
 
 
 def test_compiler_without_libc_headers_fails_naming_them(tmp_path):

@@ -135,6 +135,17 @@ def test_preempting_server_gets_a_max_num_seqs_from_its_own_numbers():
     assert doc["prefix_cache_hit_rate"] is not None and doc["prefix_cache_hit_rate"] < 0.2
 
 
+@pytest.mark.parametrize("usage_peak", [0.30, 0.87, 0.9])
+def test_preemptions_the_samples_did_not_see_full_still_ask_for_fewer_sequences_than_ran(usage_peak):
+    """Samples a second apart can miss the moment the cache was full; the preemption counter did not."""
+    pages = [exposition(usage_peak / 2, 3, 0, 4, 0, 0), exposition(usage_peak, 5, 1, 9, 0, 0)]
+    with metrics_server("pages", pages) as url:
+        diagnosis = diagnose_url(url, window_s=0.5, interval_s=0.2)
+    assert diagnosis.verdict == "preempting" and diagnosis.running_peak == 5
+    flag = diagnosis.changes[0]["flag"]
+    assert flag.startswith("--max-num-seqs ") and 1 <= int(flag.split()[1]) < 5
+
+
 def test_queueing_with_room_in_the_cache_says_raise_max_num_seqs():
     pages = [exposition(0.20, 10, 30, 0, 0, 0), exposition(0.25, 10, 40, 0, 0, 0)]
     with metrics_server("pages", pages) as url:
