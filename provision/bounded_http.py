@@ -1,5 +1,5 @@
 """The one HTTP client of rocmdoctor's foreign servers (the release API, bundle downloads, the Hugging
-Face Hub, vLLM's /metrics): one total deadline over connect, response headers and body.
+Face Hub, vLLM's /metrics, Lemonade's API): one total deadline over connect, response headers and body.
 
 `requests`' timeouts bound each socket read, not the whole exchange: a server that drips its status line
 or headers one byte a second, or its body, keeps a plain `requests.get` busy forever. Here the exchange
@@ -36,6 +36,10 @@ class HttpTimeout(HttpError):
 
 class HttpNoAnswer(HttpError):
     """One connect or read waited out its socket timeout (the server accepted nothing, or said nothing)."""
+
+
+class HttpUnreachable(HttpError):
+    """No connection: nothing listens there, or the name does not resolve."""
 
 
 class BodyTooSlow(HttpTimeout):
@@ -137,26 +141,62 @@ def get(
 ) -> Answer:
     """GET `url`: status, headers and at most `limit` bytes of body (limit + 1 read without a range, so
     the caller can tell a body over the cap), all before `deadline`. With `byte_range`, a server that
-    ignores Range (200 from byte 0) is read only up to the range's end and the range is cut out."""
+    ignores Range (200 from byte 0) is read only up to the range's end and the range is cut out. The body
+    of an answer other than 200 or 206 is not read."""
+    sent = dict(headers or {})
+    if byte_range:
+        sent["Range"] = f"bytes={byte_range[0]}-{byte_range[1]}"
+    return request(
+        "GET",
+        url,
+        deadline=deadline,
+        limit=limit,
+        headers=sent,
+        session=session,
+        byte_range=byte_range,
+        error_bodies=False,
+        connect_s=connect_s,
+        read_s=read_s,
+    )
+
+
+def request(
+    method: str,
+    url: str,
+    *,
+    deadline: Deadline,
+    limit: int,
+    headers: Mapping[str, str] | None = None,
+    json_body: Any = None,
+    session=None,
+    byte_range: tuple[int, int] | None = None,
+    error_bodies: bool = True,
+    connect_s: float = 10.0,
+    read_s: float = 30.0,
+) -> Answer:
+    """`method` on `url` with an optional JSON body: the answer's status, headers and at most `limit` + 1
+    bytes of its body (the body of any status, unless `error_bodies` is off), all before `deadline`."""
     import requests
     import urllib3
 
     sender = session or requests
-    sent = dict(headers or {})
-    if byte_range:
-        sent["Range"] = f"bytes={byte_range[0]}-{byte_range[1]}"
 
     def work(box: dict[str, Any]) -> Answer:
         try:
-            response = sender.get(
-                url, headers=sent, stream=True, timeout=_timeouts(deadline, connect_s, read_s)
+            response = sender.request(
+                method,
+                url,
+                json=json_body,
+                headers=dict(headers or {}),
+                stream=True,
+                timeout=_timeouts(deadline, connect_s, read_s),
             )
             box["response"] = response
             with response:
                 skip = byte_range[0] if byte_range and response.status_code == 200 else 0
                 want = skip + limit + (0 if byte_range else 1)
                 body = b""
-                if response.status_code in (200, 206):
+                if error_bodies or response.status_code in (200, 206):
                     body = read_body(response, want, deadline.end)[skip:]
                 return Answer(response.status_code, dict(response.headers), body, response.url or url)
         except BodyTooSlow:
@@ -165,12 +205,22 @@ def get(
             if box.get("late"):
                 raise HttpTimeout("closed at the deadline") from None
             raise HttpNoAnswer(redact_exception(exc)) from None
+        except requests.ConnectionError as exc:
+            if box.get("late"):
+                raise HttpTimeout("closed at the deadline") from None
+            # requests wraps a refused connect or an unknown name in MaxRetryError(NewConnectionError); a
+            # connection reset mid-answer is a broken answer, not an unreachable server
+            cause = exc.args[0] if exc.args else None
+            unreachable = isinstance(cause, urllib3.exceptions.MaxRetryError) and isinstance(
+                cause.reason, urllib3.exceptions.NewConnectionError
+            )
+            raise (HttpUnreachable if unreachable else HttpError)(redact_exception(exc)) from None
         except (requests.RequestException, urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
             if box.get("late"):
                 raise HttpTimeout("closed at the deadline") from None
             raise HttpError(redact_exception(exc)) from None
 
-    return within(deadline, work, "http-get")
+    return within(deadline, work, f"http-{method.lower()}")
 
 
 def open_stream(

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from rocmdoctor import host_files as files
 from rocmdoctor.atomic import write_atomic
+from rocmdoctor.host_writes import HostWriter
+from rocmdoctor.model import Change, state_diff
 
 ENV_FILE = ".rocmdoctor-jit.env"
 FINGERPRINT = "fingerprint.json"
@@ -68,34 +69,19 @@ def prepare(state_dir: Path, digest: str, gfx: str | None, tag: str) -> dict[str
     return environment(key_dir)
 
 
-@dataclass
-class Purge:
-    changed: bool
-    msg: str
-    removed: list[str]
-    kept: list[str]
-    check: bool
-
-    def to_json(self) -> dict[str, object]:
-        from rocmdoctor.model import SCHEMA_VERSION
-
-        return {"schema_version": SCHEMA_VERSION, **vars(self)}
-
-
-def purge(state_dir: Path, keep_key: str | None, check: bool = False) -> Purge:
+def purge(writer: HostWriter, state_dir: Path, keep_key: str | None) -> Change:
     """Remove every cache directory under `<state_dir>/jit` but `keep_key` (None: all of them)."""
     jit = state_dir / "jit"
     names = sorted(files.list_dir(jit)) if files.is_dir(jit) else []
     doomed = [n for n in names if n != keep_key]
-    if not check:
-        for name in doomed:
+    for name in doomed:
+        if writer.change("remove", str(jit / name)):
             files.remove_tree(jit / name, ignore_errors=True)
     kept = [n for n in names if n == keep_key]
-    verb = "would remove" if check else "removed"
-    return Purge(
+    verb = "would remove" if writer.check_mode else "removed"
+    return Change(
         bool(doomed),
         f"{verb} {len(doomed)} JIT cache(s) under {jit}" + (f"; kept {keep_key}" if kept else ""),
-        doomed,
-        kept,
-        check,
+        state_diff({"caches": names}, {"caches": kept}),
+        data={"removed": doomed, "kept": kept},
     )

@@ -9,11 +9,10 @@ message says what to do and never carries the key.
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from typing import Any
 
-from rocmdoctor.provision.bounded_http import BodyTooSlow, read_body
+from rocmdoctor.provision import bounded_http
 from rocmdoctor.provision.server.lemonade_args import ProtectedFlagError, refuse_protected
 
 DEFAULT_PORT = 13305  # docs/guide/configuration/README.md, `port`
@@ -55,33 +54,33 @@ class Lemonade:
 
     def request(self, method: str, path: str, body: Any = None, timeout_s: float | None = None) -> Any:
         """The JSON answer of a 2xx; LemonadeError for anything else, within `timeout_s` in all."""
-        import requests
-        import urllib3
-
         limit = timeout_s or self.timeout_s
         url = self.base_url + path
         headers = {"Accept-Encoding": "identity"}
         if self.key:
             headers["Authorization"] = f"Bearer {self.key}"
-        deadline = time.monotonic() + limit
         try:
-            with self._session().request(
-                method, url, json=body, headers=headers, stream=True, timeout=(min(limit, 10.0), limit)
-            ) as response:
-                raw = read_body(response, MAX_BODY_BYTES + 1, deadline)
-                status = response.status_code
-        except BodyTooSlow:
+            answer = bounded_http.request(
+                method,
+                url,
+                deadline=bounded_http.Deadline(limit),
+                limit=MAX_BODY_BYTES,
+                headers=headers,
+                json_body=body,
+                session=self._session(),
+                read_s=limit,
+            )
+        except (bounded_http.HttpTimeout, bounded_http.HttpNoAnswer):
             raise LemonadeError(
-                "timeout", f"{method} {url}: the answer did not arrive within {limit:g} s"
+                "timeout",
+                f"{method} {url}: no complete answer within {limit:g} s; if lemond is busy (loading a model), "
+                "raise --timeout",
             ) from None
-        except requests.Timeout:
-            raise LemonadeError("timeout", f"{method} {url}: no answer within {limit:g} s") from None
-        except requests.ConnectionError:
+        except bounded_http.HttpUnreachable:
             raise LemonadeError("unreachable", f"nothing answers at {self.base_url}; {START_HINT}") from None
-        except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
-            raise LemonadeError(
-                "unreachable", _scrub(f"{method} {url}: {type(exc).__name__}: {exc}", self.key)
-            ) from None
+        except bounded_http.HttpError as exc:
+            raise LemonadeError("unreachable", _scrub(f"{method} {url}: {exc}", self.key)) from None
+        raw, status = answer.body, answer.status
         if len(raw) > MAX_BODY_BYTES:
             raise LemonadeError("shape", f"{method} {url}: the answer is larger than {MAX_BODY_BYTES} bytes")
         if status >= 400:

@@ -157,14 +157,3 @@ class Runner:
             point = summarize(setting, results, duration)
             point.seconds = duration
             return point
-
-
-def known_or_measured(
-    known: dict[Setting, Measurement], measure: Callable[[Setting], Measurement]
-) -> Callable[[Setting], Measurement]:
-    """`measure`, answering from `known` (the state file) without a server where it can."""
-
-    def answer(setting: Setting) -> Measurement:
-        return known[setting] if setting in known else measure(setting)
-
-    return answer

@@ -93,11 +93,19 @@ class Change:
 
     changed: bool
     msg: str
-    diff: str = ""
+    diff: str | dict[str, Any] = ""  # a unified diff of files, or state_diff's {before, after}
     data: dict[str, Any] = field(default_factory=dict)
 
     def envelope(self, **extra: Any) -> dict[str, Any]:
         return envelope(changed=self.changed, msg=self.msg, diff=self.diff, **self.data, **extra)
+
+    def diff_text(self) -> str:
+        """The diff for people: a unified diff as it is; a state diff a `-`/`+` line per field."""
+        if isinstance(self.diff, str):
+            return self.diff
+        before, after = self.diff.get("before", {}), self.diff.get("after", {})
+        lines = [f"- {key}: {before.get(key)}\n+ {key}: {after.get(key)}\n" for key in {**before, **after}]
+        return "".join(lines)
 
 
 def state_diff(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:

@@ -90,3 +90,21 @@ def test_check_alone_needs_no_write_flag_and_says_so_in_text(tmp_path: Path, com
     assert done.returncode == 0, done.stderr
     assert "would change" in done.stdout and "changed=true" in done.stdout
     assert tree_state(root) == before
+
+
+def test_jit_cache_purge(tmp_path: Path):
+    jit = tmp_path / "state/jit"
+    for name in ("gfx1151-00aa", "gfx1151-11bb"):
+        (jit / name / "triton").mkdir(parents=True)
+        (jit / name / "triton" / "kernel.so").write_bytes(b"\x7fELF")
+    args = (
+        "bundle",
+        "cache",
+        "purge",
+        "--prefix",
+        str(tmp_path / "opt"),
+        "--state-dir",
+        str(tmp_path / "state"),
+    )
+    assert_contract(tmp_path, lambda *flags: rocmdoctor(*args, *flags))
+    assert list(jit.iterdir()) == []  # no current bundle: every cache was another bundle's

@@ -40,9 +40,10 @@ RENDER = "sys/devices/pci0000:00/0000:65:00.0"
 # The report's vLLM refusal (issue 25): "Free memory on device (76.45/96.0 GiB) on startup is less than
 # desired GPU memory utilization (0.92, 88.32 GiB)"; the carve-out fixture's 96 GiB is from its captures.
 REPORT_FREE = int(76.45 * GIB)
-FAULTS = ("ok", "400", "401", "500", "slow", "trickle", "wrong-shape")
+FAULTS = ("ok", "400", "401", "500", "slow", "trickle", "trickle-headers", "wrong-shape")
 TRICKLE_S = 0.3
 SLOW_S = 5.0
+DRIP_S = 60.0  # longer than any client waits that bounds each socket read and not the exchange
 # [RES] protected_flags(): Lemonade-managed process arguments, refused in vllm_args.
 PROTECTED = {
     "--enable-prefix-caching",
@@ -289,6 +290,17 @@ async def faults(request: web.Request, handler: Any) -> web.StreamResponse:
                 await asyncio.sleep(TRICKLE_S)
             await response.write(b"{}")
             return response
+        elif state.fault == "trickle-headers":  # a status line, then a header a byte at a time, for a minute
+            transport = request.transport
+            assert transport is not None
+            transport.write(b"HTTP/1.1 200 OK\r\n")
+            for byte in b"X-Drip: " + b"." * int(DRIP_S / TRICKLE_S):
+                if transport.is_closing():
+                    break
+                transport.write(bytes([byte]))
+                await asyncio.sleep(TRICKLE_S)
+            transport.close()
+            return web.Response()
         elif state.fault == "400":
             return _error(400, "bad request")
         elif state.fault == "401":

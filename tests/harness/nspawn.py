@@ -106,6 +106,14 @@ class Machine:
             time.sleep(0.5)
         raise BootError(f"{self.name}: not running after {timeout:.0f} s (state {state!r}):\n{self.log()}")
 
+    def user_processes(self, user: str) -> list[str]:
+        """`PID STAT PPID ARGS` of every process of `user` that has not exited. An exited process
+        waiting for its parent to collect it (a zombie) holds no memory and runs nothing; on a loaded
+        machine PID 1 of the container collects it late, so it is not counted."""
+        done = self.run(["ps", "-u", user, "-o", "pid=,stat=,ppid=,args="], check=False)
+        rows = [line.split(None, 3) for line in done.stdout.splitlines()]
+        return [" ".join(row) for row in rows if len(row) >= 2 and not row[1].startswith("Z")]
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:] if self.log_path.exists() else ""
 

@@ -95,10 +95,6 @@ def recorded(machine: Machine, port: int) -> dict:
     return json.loads(machine.run(["cat", f"/var/lib/vllm/instance-{port}.json"]).stdout)
 
 
-def service_processes(machine: Machine) -> list[str]:
-    return machine.run(["pgrep", "-a", "-u", "vllm"], check=False).stdout.splitlines()
-
-
 def wait_for(predicate, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -190,13 +186,13 @@ def test_two_instances_of_the_template_under_systemd(machine):
 
     machine.run(["systemctl", "restart", "vllm@0.service"], timeout=120)
     assert completion_status(machine, 8000) == 200
-    assert len(service_processes(machine)) >= 2
+    assert len(machine.user_processes("vllm")) >= 2
 
     machine.run(["systemctl", "stop", "vllm.target"], timeout=120)
     # systemctl waits for the target's own stop job; the instances' jobs it pulled in finish on their own.
     settled(machine, "vllm@0.service", "inactive")
     settled(machine, "vllm@1.service", "inactive")
-    assert service_processes(machine) == [], "processes of the instances survived stopping vllm.target"
+    assert machine.user_processes("vllm") == [], "processes of the instances survived stopping vllm.target"
     assert (
         machine.run("ls /dev/shm | grep rack-instance", check=False).stdout == ""
     )  # the last one out cleans up

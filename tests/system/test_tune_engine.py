@@ -36,6 +36,8 @@ from harness.served_bundle import ENGINE_ARGS, ENGINE_ENV
 from harness.trees import account_root, tree_state
 from rocmdoctor.report import load_schema
 
+HARNESS = Path(__file__).resolve().parents[1] / "harness"
+
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 
 TAG = "ROCMDOCTOR_TEST_TUNE_TAG"
@@ -95,8 +97,8 @@ class TuneRun:
     def __init__(self, argv: list[str], hold: str | None = None) -> None:
         self.tag = uuid.uuid4().hex
         env = {**os.environ, **ENGINE_ENV, TAG: self.tag}
-        if hold:
-            env["ROCMDOCTOR_TUNE_HOLD"] = hold
+        if hold:  # the same command, held once it announced that phase
+            argv = [argv[0], str(HARNESS / "tune_held.py"), hold, *argv[3:]]
         self.process = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True
         )

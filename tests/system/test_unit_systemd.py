@@ -57,12 +57,6 @@ def completion_status(machine: Machine, key: str | None) -> int:
     return int(machine.run(["python3", "-c", code]).stdout.strip())
 
 
-def unit_processes(machine: Machine) -> list[str]:
-    """Every process of the service user (the engine runs as `vllm`, nothing else does)."""
-    done = machine.run(["pgrep", "-a", "-u", "vllm"], check=False)
-    return done.stdout.splitlines()
-
-
 def wait_for(predicate, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -166,7 +160,7 @@ def test_unit_runs_restarts_and_stops_under_systemd(machine, bundle_mirror):
 
     # SIGKILL of the API server orphans VLLM::EngineCore (vllm#55510); systemd must kill the rest
     # of the control group before it restarts the unit.
-    first_generation = {line.split()[0] for line in unit_processes(machine)}
+    first_generation = {line.split()[0] for line in machine.user_processes("vllm")}
     assert len(first_generation) >= 2, "expected the API server and EngineCore"
     machine.run(["kill", "-KILL", main_pid])
     restarted = wait_for(
@@ -182,27 +176,28 @@ def test_unit_runs_restarts_and_stops_under_systemd(machine, bundle_mirror):
     assert completion_status(machine, API_KEY) == 200
 
     def survivors() -> set[str]:
-        return first_generation & {line.split()[0] for line in unit_processes(machine)}
+        return first_generation & {line.split()[0] for line in machine.user_processes("vllm")}
 
     # Killed processes can still be listed for a moment on a loaded machine; a live one stays listed.
     reaped = time.monotonic() + 15
     while survivors() and time.monotonic() < reaped:
         time.sleep(1)
-    assert survivors() == set(), f"processes of the killed generation survived the restart: {survivors()}"
+    everything = machine.run(["ps", "-e", "-o", "pid,stat,ppid,user,args"], check=False).stdout
+    assert survivors() == set(), f"processes of the killed generation survived the restart:\n{everything}"
     journal = machine.run(["journalctl", "-u", "vllm.service", "--no-pager"], check=False).stdout
     # The orphaned EngineCore was stopped by systemd's control-group kill, not by its dead parent.
     assert "Main process exited, code=killed, status=9/KILL" in journal
 
-    before_stop = unit_processes(machine)
+    before_stop = machine.user_processes("vllm")
     assert before_stop, "the engine should be running as user vllm"
     machine.run(["systemctl", "stop", "vllm.service"], timeout=150)
     assert show(machine, "ActiveState") == "inactive"
     # `systemctl stop` returns once the cgroup is empty; a process pgrep listed as it exited (not yet
     # reaped on a loaded machine) gets a few seconds, a process that keeps running does not pass.
     reaped = time.monotonic() + 15
-    while unit_processes(machine) and time.monotonic() < reaped:
+    while machine.user_processes("vllm") and time.monotonic() < reaped:
         time.sleep(1)
-    left = unit_processes(machine)
+    left = machine.user_processes("vllm")
     assert left == [], (
         f"processes of the unit survived `systemctl stop`: {left}\n"
         + machine.run(["journalctl", "-u", "vllm.service", "--no-pager", "-n", "30"], check=False).stdout

@@ -249,7 +249,7 @@ def apply_cmd(
     change = Change(
         any(c.changed for c in changes) or timeout.changed,
         "; ".join(c.msg for c in [*changes, timeout] if c.changed) or "the saved options already match",
-        "".join(c.diff for c in [*changes, timeout]),
+        "".join(c.diff_text() for c in [*changes, timeout]),
         {
             "check": check_only,
             "models": [c.data | {"changed": c.changed, "msg": c.msg} for c in changes],
@@ -267,10 +267,10 @@ def apply_cmd(
         for note in c.data["notes"]:
             click.echo(f"  note: {note}")
         if c.diff:
-            click.echo(c.diff.rstrip("\n"))
+            click.echo(c.diff_text().rstrip("\n"))
     click.echo(f"{word if timeout.changed else 'ok'} global_timeout: {timeout.msg}")
     if timeout.diff:
-        click.echo(timeout.diff.rstrip("\n"))
+        click.echo(timeout.diff_text().rstrip("\n"))
     click.echo(f"changed={str(change.changed).lower()}")
 
 

@@ -17,42 +17,12 @@ from rocmdoctor.commands.common import App, UserError, emit_json, pass_app, writ
 from rocmdoctor.commands.server_options import server_option, server_options
 from rocmdoctor.report import strict
 
-# A test seam: `ROCMDOCTOR_TUNE_HOLD=<phase>` holds tune for this long once it announced that phase,
-# so the kill tests can signal it there (tests/system/test_tune_engine.py).
-HOLD_VARIABLE = "ROCMDOCTOR_TUNE_HOLD"
-HOLD_S = 300.0
-PHASES = ("plan", "starting", "warm-up", "measuring", "writing")
 STATE_LIMIT = 16 << 20
 WORKLOAD_LIMIT = 64 << 20
-SEQS_LIMIT = 4096
-
-
-def parse_seqs(text: str, upper: int) -> list[int]:
-    """'1:64' (every value, searched), '1:auto' (up to what the KV cache holds), '1,2,4,8' (these)."""
-    from rocmdoctor.provision.tune.search import seqs_candidates
-
-    spec = text.strip()
-    try:
-        if ":" in spec:
-            low_text, high_text = spec.split(":", 1)
-            low = int(low_text)
-            high = min(upper, SEQS_LIMIT) if high_text.strip() == "auto" else int(high_text)
-            values = seqs_candidates(low, high) if high <= SEQS_LIMIT else []
-        else:
-            values = sorted({int(v) for v in spec.split(",") if v.strip()})
-    except ValueError:
-        values = []
-    if not values or values[0] < 1 or values[-1] > SEQS_LIMIT or len(values) > SEQS_LIMIT:
-        raise UserError(
-            f"--seqs {text!r}: give LOW:HIGH (e.g. 1:64, or 1:auto for up to what the KV cache holds: "
-            f"{upper}) or a list (1,2,4,8), values from 1 to {SEQS_LIMIT}"
-        )
-    return values
 
 
 def _events(as_json: bool):
-    """Progress on stderr (one JSON object a line with --json); the hold seam."""
-    hold = os.environ.get(HOLD_VARIABLE)
+    """Progress on stderr (one JSON object a line with --json)."""
 
     def emit(phase: str, **data: Any) -> None:
         if as_json:
@@ -72,8 +42,6 @@ def _events(as_json: bool):
             problem = f": {data['problem']}" if "problem" in data else ""
             sys.stderr.write(f"tune: {phase}{label}{problem}\n")
         sys.stderr.flush()
-        if hold == phase:
-            time.sleep(HOLD_S)
 
     return emit
 
@@ -88,32 +56,6 @@ def read_bounded(path: Path, limit: int, what: str) -> bytes | None:
         return None
     except OSError as exc:
         raise UserError(f"{what} {path}: {exc.strerror or exc}") from None
-
-
-def _model_revision(model: str) -> str:
-    """A local model directory: its config's digest (a new checkpoint is a new model); else the id."""
-    import hashlib
-
-    config = Path(model) / "config.json"
-    data = read_bounded(config, 4 << 20, "model config") if Path(model).is_dir() else None
-    return f"sha256:{hashlib.sha256(data).hexdigest()[:16]}" if data is not None else model
-
-
-def _bundle_identity(prefix: str) -> str:
-    from rocmdoctor.provision.bundle.install import Layout
-
-    layout = Layout(Path(prefix))
-    tag = layout.current_tag()
-    if tag is None:
-        return "none"
-    meta = layout.metadata(tag) or {}
-    assets = meta.get("assets")
-    digest = (
-        assets[0].get("digest")
-        if isinstance(assets, list) and assets and isinstance(assets[0], dict)
-        else None
-    )
-    return f"{tag}@{digest}" if digest else tag
 
 
 def _host_identity(app: App) -> str:
@@ -361,6 +303,7 @@ def _tune(
 ) -> None:
     from rocmdoctor.model import envelope
     from rocmdoctor.provision.tune import search as ts
+    from rocmdoctor.provision.tune import session
     from rocmdoctor.provision.tune import workload as tw
 
     opts["max_num_seqs"] = None
@@ -403,45 +346,46 @@ def _tune(
         in_tokens = prompt_tokens or max(1, min(1024, (max_len or 2048) // 2) - out_tokens)
         chosen = tw.synthetic(in_tokens, out_tokens, seed)
     plan = _plan(app, args, opts, kv_cache_memory, chosen.typical_len())
-    kv_seqs = max(1, (plan.kv_cache_tokens or 0) // max(1, chosen.typical_len()))
-    seqs = parse_seqs(seqs_spec, kv_seqs)
+    kv_seqs = session.kv_requests(plan.kv_cache_tokens, chosen)
+    try:
+        seqs = session.parse_seqs(seqs_spec, kv_seqs)
+    except session.SeqsError as exc:
+        raise UserError(str(exc)) from None
     over = [v for v in seqs if v > kv_seqs]
     if over and ":" not in seqs_spec:
         raise UserError(
             f"--seqs {','.join(map(str, over))}: the KV cache holds {kv_seqs} requests of "
             f"{chosen.typical_len()} tokens ({plan.kv_cache_tokens} tokens, rocmdoctor plan); search at most that"
         )
-    batched: list[int | None] = [int(v) for v in batched_list.split(",")] if batched_list else [None]
     from rocmdoctor.provision.server.unit import readiness_url
-    from rocmdoctor.provision.tune.state import State, context_key, stable_argv
+    from rocmdoctor.provision.tune.state import State
     from rocmdoctor.provision.tune.writeback import without_tuned
 
-    base_argv = without_tuned(args.argv())  # tune sets these per trial
-    context = {
-        "host": _host_identity(app),
-        "bundle": _bundle_identity(opts["prefix"]),
-        "model": opts["model"],
-        "model_revision": _model_revision(opts["model"]),
-        "server_argv": stable_argv(base_argv),
-        "environment": dict(sorted(args.environment.items())),
-        "workload": chosen.digest(),
-        "requests": requests,
-        "min_seconds": min_seconds,
-    }
-    tune_plan = {
-        "server_argv": base_argv,
-        "gpu_memory_utilization": args.value("--gpu-memory-utilization"),
-        "max_model_len": max_len,
-        "kv_cache_tokens": plan.kv_cache_tokens,
-        "kv_requests": kv_seqs,
-        "seqs": seqs,
-        "batched_tokens": batched,
-        "slo": objective.to_json() if objective else None,
-        "workload": chosen.to_json(),
-        "context": context,  # what the state file keys its known points by
-        "context_key": context_key(context),
-        "search": search_kind,
-    }
+    trial = session.Trial(
+        base_argv=without_tuned(args.argv()),  # tune sets these per trial
+        environment=args.environment,
+        gpu_memory_utilization=args.value("--gpu-memory-utilization"),
+        max_model_len=max_len,
+        kv_cache_tokens=plan.kv_cache_tokens,
+        workload=chosen,
+        seqs=seqs,
+        batched=[int(v) for v in batched_list.split(",")] if batched_list else [None],
+        slo=objective,
+        search=search_kind,
+        requests=requests,
+        min_seconds=min_seconds,
+    )
+    model = opts["model"]
+    config = (
+        read_bounded(Path(model) / "config.json", 4 << 20, "model config") if Path(model).is_dir() else None
+    )
+    tune_plan = session.plan_document(
+        trial,
+        _host_identity(app),
+        session.bundle_identity(Path(opts["prefix"])),
+        model,
+        session.model_revision(model, config),
+    )
     events("plan", **{k: tune_plan[k] for k in ("seqs", "batched_tokens", "gpu_memory_utilization", "slo")})
     if plan_only:
         if as_json:
@@ -458,13 +402,13 @@ def _tune(
     state = State.parse(read_bounded(state_path, STATE_LIMIT, "--state-file"), str(state_path))
     if state.problem:
         events("state", problem=state.problem)
-    known = {p.setting: p for p in state.known(context)}
-    from rocmdoctor.provision.tune.run import Runner, RunOptions, known_or_measured
+    context = tune_plan["context"]
+    from rocmdoctor.provision.tune.run import Runner, RunOptions
 
     runner = Runner(
         RunOptions(
             executable,
-            base_argv,
+            trial.base_argv,
             server_environment(args, opts, cache_base),
             readiness_url(args),
             args.served_model_name,
@@ -479,18 +423,12 @@ def _tune(
         events,
         servers=servers,
     )
-    search = ts.Search(seqs, batched, objective)
     started = time.monotonic()
-    measure = known_or_measured(known, runner.measure)
-    if search_kind == "exhaustive":
-        points = [measure(setting) for setting in ts.exhaustive(seqs, batched)]
-    else:
-        points = ts.run_search(search, measure)
-    choice = ts.choose(points, objective)
+    points, choice = session.run(trial, {p.setting: p for p in state.known(context)}, runner.measure)
     if not check_only:
         state.add(context, [p for p in points if p.source == "measured"])
         _write_state(state_path, state.to_bytes())
-    report = _report(tune_plan, points, choice, objective, time.monotonic() - started, runner.starts)
+    report = session.report(tune_plan, points, choice, objective, time.monotonic() - started, runner.starts)
     change = None
     if (write or check_only) and choice.winner is not None:
         events("writing", setting=choice.winner.setting.to_json())
@@ -543,25 +481,6 @@ def _write_lemonade(
     except LemonadeError as exc:
         raise UserError(f"could not write the winner into Lemonade's options for {model}: {exc}") from None
     return change.envelope(check=check_only)
-
-
-def _report(plan: dict, points: list, choice: Any, slo: Any, seconds: float, starts: int) -> dict[str, Any]:
-    from rocmdoctor.model import SCHEMA_VERSION
-
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "command": "tune",
-        "plan": plan,
-        "points": [p.to_json() for p in points],
-        "winner": choice.winner.to_json() if choice.winner else None,
-        "best_seen": choice.best_seen.to_json() if choice.best_seen else None,
-        "reason": choice.reason,
-        "slo": slo.to_json() if slo else None,
-        "server_starts": starts,
-        "known_points_used": sum(1 for p in points if p.source == "state"),
-        "seconds": round(seconds, 1),
-        "exit_code": 0 if choice.winner else 1,
-    }
 
 
 def _finish(report: dict, change: Any, choice: Any, as_json: bool, app: App, plot_path: Path | None) -> None:

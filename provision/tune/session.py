@@ -1,0 +1,156 @@
+"""One tune run, apart from its command line: what it searches (the plan), what the state file keys its
+known points by (the context), the search itself, and the report every output renders."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rocmdoctor.model import SCHEMA_VERSION
+from rocmdoctor.provision.bundle.install import Layout
+from rocmdoctor.provision.tune import search as ts
+from rocmdoctor.provision.tune.state import context_key, stable_argv
+from rocmdoctor.provision.tune.workload import Workload
+
+SEQS_LIMIT = 4096
+
+
+class SeqsError(ValueError):
+    """A --seqs the search cannot take; the message says what it takes."""
+
+
+def parse_seqs(text: str, upper: int) -> list[int]:
+    """'1:64' (every value, searched), '1:auto' (up to what the KV cache holds: `upper`), '1,2,4,8'."""
+    spec = text.strip()
+    try:
+        if ":" in spec:
+            low_text, high_text = spec.split(":", 1)
+            low = int(low_text)
+            high = min(upper, SEQS_LIMIT) if high_text.strip() == "auto" else int(high_text)
+            values = ts.seqs_candidates(low, high) if high <= SEQS_LIMIT else []
+        else:
+            values = sorted({int(v) for v in spec.split(",") if v.strip()})
+    except ValueError:
+        values = []
+    if not values or values[0] < 1 or values[-1] > SEQS_LIMIT or len(values) > SEQS_LIMIT:
+        raise SeqsError(
+            f"--seqs {text!r}: give LOW:HIGH (e.g. 1:64, or 1:auto for up to what the KV cache holds: "
+            f"{upper}) or a list (1,2,4,8), values from 1 to {SEQS_LIMIT}"
+        )
+    return values
+
+
+def bundle_identity(prefix: Path) -> str:
+    """The current bundle's tag and its asset's digest: a new bundle is a new server."""
+    layout = Layout(prefix)
+    tag = layout.current_tag()
+    if tag is None:
+        return "none"
+    assets = (layout.metadata(tag) or {}).get("assets")
+    first = assets[0] if isinstance(assets, list) and assets and isinstance(assets[0], dict) else {}
+    digest = first.get("digest")
+    return f"{tag}@{digest}" if digest else tag
+
+
+def model_revision(model: str, config: bytes | None) -> str:
+    """A local model directory: its config's digest (a new checkpoint is a new model); else the id."""
+    return f"sha256:{hashlib.sha256(config).hexdigest()[:16]}" if config is not None else model
+
+
+@dataclass(frozen=True)
+class Trial:
+    """What every trial server shares, and what is searched."""
+
+    base_argv: list[str]  # the server's arguments without the tuned flags
+    environment: dict[str, str]
+    gpu_memory_utilization: str | None
+    max_model_len: int | None
+    kv_cache_tokens: int | None
+    workload: Workload
+    seqs: list[int]
+    batched: list[int | None]
+    slo: ts.Slo | None
+    search: str  # "curve" or "exhaustive"
+    requests: int
+    min_seconds: float
+
+    def kv_requests(self) -> int:
+        return kv_requests(self.kv_cache_tokens, self.workload)
+
+
+def kv_requests(kv_cache_tokens: int | None, workload: Workload) -> int:
+    """How many of the workload's typical requests the KV cache holds at once (at least one)."""
+    return max(1, (kv_cache_tokens or 0) // max(1, workload.typical_len()))
+
+
+def plan_document(trial: Trial, host: str, bundle: str, model: str, revision: str) -> dict[str, Any]:
+    """The plan `--plan-only` prints and the report carries, with the context known points are keyed by."""
+    context = {
+        "host": host,
+        "bundle": bundle,
+        "model": model,
+        "model_revision": revision,
+        "server_argv": stable_argv(trial.base_argv),
+        "environment": dict(sorted(trial.environment.items())),
+        "workload": trial.workload.digest(),
+        "requests": trial.requests,
+        "min_seconds": trial.min_seconds,
+    }
+    return {
+        "server_argv": trial.base_argv,
+        "gpu_memory_utilization": trial.gpu_memory_utilization,
+        "max_model_len": trial.max_model_len,
+        "kv_cache_tokens": trial.kv_cache_tokens,
+        "kv_requests": trial.kv_requests(),
+        "seqs": trial.seqs,
+        "batched_tokens": trial.batched,
+        "slo": trial.slo.to_json() if trial.slo else None,
+        "workload": trial.workload.to_json(),
+        "context": context,  # what the state file keys its known points by
+        "context_key": context_key(context),
+        "search": trial.search,
+    }
+
+
+def run(
+    trial: Trial,
+    known: dict[ts.Setting, ts.Measurement],
+    measure: Callable[[ts.Setting], ts.Measurement],
+) -> tuple[list[ts.Measurement], ts.Choice]:
+    """Every point the search asked for (known ones from the state file, without a server) and the choice."""
+
+    def answer(setting: ts.Setting) -> ts.Measurement:
+        return known[setting] if setting in known else measure(setting)
+
+    if trial.search == "exhaustive":
+        points = [answer(setting) for setting in ts.exhaustive(trial.seqs, trial.batched)]
+    else:
+        points = ts.run_search(ts.Search(trial.seqs, trial.batched, trial.slo), answer)
+    return points, ts.choose(points, trial.slo)
+
+
+def report(
+    plan: dict[str, Any],
+    points: list[ts.Measurement],
+    choice: ts.Choice,
+    slo: ts.Slo | None,
+    seconds: float,
+    starts: int,
+) -> dict[str, Any]:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "command": "tune",
+        "plan": plan,
+        "points": [p.to_json() for p in points],
+        "winner": choice.winner.to_json() if choice.winner else None,
+        "best_seen": choice.best_seen.to_json() if choice.best_seen else None,
+        "reason": choice.reason,
+        "slo": slo.to_json() if slo else None,
+        "server_starts": starts,
+        "known_points_used": sum(1 for p in points if p.source == "state"),
+        "seconds": round(seconds, 1),
+        "exit_code": 0 if choice.winner else 1,
+    }
