@@ -39,7 +39,7 @@ from rocmdoctor.facts.manifest import ManifestError, check_tag
 from rocmdoctor.host_files import lexists, secure_dir, tree_bytes
 from rocmdoctor.host_processes import run_program
 from rocmdoctor.host_writes import HostWriter
-from rocmdoctor.model import SCHEMA_VERSION, state_diff
+from rocmdoctor.model import SCHEMA_VERSION, Change, state_diff
 from rocmdoctor.provision.bundle.download import (
     DownloadCancelled,
     Downloader,
@@ -150,8 +150,12 @@ class InstallResult:
     older_bundles_bytes: int = 0
     diff: dict[str, Any] = field(default_factory=lambda: state_diff({}, {}))  # Ansible's {before, after}
 
+    def change(self) -> Change:
+        fields = asdict(self)
+        return Change(fields.pop("changed"), fields.pop("msg"), fields.pop("diff"), fields)
+
     def to_json(self) -> dict[str, Any]:
-        return {"schema_version": SCHEMA_VERSION, **asdict(self)}
+        return self.change().envelope()
 
 
 class Layout:
@@ -868,8 +872,12 @@ class PruneResult:
     def failed(self) -> bool:
         return bool(self.refused)
 
+    def change(self) -> Change:
+        fields = {**asdict(self), "failed": self.failed}
+        return Change(fields.pop("changed"), fields.pop("msg"), fields.pop("diff"), fields)
+
     def to_json(self) -> dict[str, Any]:
-        return {"schema_version": SCHEMA_VERSION, **asdict(self), "failed": self.failed}
+        return self.change().envelope()
 
 
 def _keep_list(layout: Layout, keep: int) -> list[str]:

@@ -237,7 +237,9 @@ def owned_ports(writer: HostWriter) -> set[int]:
 
 
 @dataclass
-class Change:
+class FileAction:
+    """One file of an instances write and what was done to it (unit.FileChange, with the action)."""
+
     path: str
     action: str  # "unchanged", "created", "updated", "mode", "removed"
     diff: str = ""
@@ -251,26 +253,26 @@ class Change:
 
 
 @dataclass
-class Report(WriteReport[Change]):
+class Report(WriteReport[FileAction]):
     restart: list[str] = field(default_factory=list)  # running instances whose settings changed
 
     def to_json(self) -> dict:
         return {**super().to_json(), "restart_needed": self.restart}
 
 
-def _apply(writer: HostWriter, spec: FileSpec) -> Change:
+def _apply(writer: HostWriter, spec: FileSpec) -> FileAction:
     existed = writer.read_current(spec.path) is not None
     change = apply_file(writer, spec)
     if not change.changed:
-        return Change(spec.path, "unchanged")
+        return FileAction(spec.path, "unchanged")
     if spec.secret:
-        return Change(
+        return FileAction(
             spec.path,
             "created" if not existed else "updated",
             f"{spec.path}: content changed (it may hold the API key: not shown)",
         )
     action = "mode" if change.diff.startswith("mode ") else ("created" if not existed else "updated")
-    return Change(spec.path, action, change.diff)
+    return FileAction(spec.path, action, change.diff)
 
 
 def write(writer: HostWriter, specs: list[FileSpec], user: str) -> Report:
@@ -288,7 +290,7 @@ def write(writer: HostWriter, specs: list[FileSpec], user: str) -> Report:
             if path not in wanted:
                 writer.remove_file(path)
                 report.files.append(
-                    Change(
+                    FileAction(
                         path,
                         "removed",
                         f"{path}: instance {name} is not in the new layout (stop it: systemctl stop vllm@{name})",

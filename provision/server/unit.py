@@ -16,7 +16,7 @@ from typing import Generic, Protocol, TypeVar
 
 from rocmdoctor.host_files import is_dir, shipped_text
 from rocmdoctor.host_writes import HostWriter, WriteRefused
-from rocmdoctor.model import envelope
+from rocmdoctor.model import Change
 from rocmdoctor.params import MAX_DURATION_S, prefix_problem, service_user_problem
 from rocmdoctor.provision.server.args import ServerArgs
 from rocmdoctor.provision.server.jit_cache import ENV_FILE as JIT_ENV_FILE
@@ -133,19 +133,24 @@ class WriteReport(Generic[F]):
             parts.append(f"{'would create' if self.check else 'created'} {', '.join(self.accounts)}")
         return "; ".join(parts)
 
-    def to_json(self) -> dict:
-        """The change envelope (schema_version, changed, msg, diff) with the write's own fields."""
-        return envelope(
-            changed=self.changed,
-            msg=self.summary(),
-            diff="".join(
+    def change(self) -> Change:
+        """The one Change: the files' unified diffs, and the write's own fields."""
+        return Change(
+            self.changed,
+            self.summary(),
+            "".join(
                 f.diff if f.diff.endswith("\n") else f.diff + "\n" for f in self.files if f.changed and f.diff
             ),
-            check=self.check,
-            files=[f.to_json() for f in self.files],
-            accounts_created=self.accounts,
-            daemon_reload=self.daemon_reload,
+            {
+                "check": self.check,
+                "files": [f.to_json() for f in self.files],
+                "accounts_created": self.accounts,
+                "daemon_reload": self.daemon_reload,
+            },
         )
+
+    def to_json(self) -> dict:
+        return self.change().envelope()
 
 
 def systemd_quote(word: str) -> str:
