@@ -6,6 +6,7 @@ debugger would stop it, and everything else is the real command."""
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from typing import Any
@@ -25,6 +26,9 @@ def held_events(phase: str):
         def emit_and_hold(name: str, **data: Any) -> None:
             emit(name, **data)
             if name == phase:
+                # Said once the hold begins, so a test signals a process that is surely held.
+                sys.stderr.write(json.dumps({"event": "held", "phase": name}) + "\n")
+                sys.stderr.flush()
                 time.sleep(HOLD_S)
 
         return emit_and_hold

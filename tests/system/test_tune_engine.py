@@ -105,22 +105,31 @@ class TuneRun:
         self.selector = selectors.DefaultSelector()
         self.selector.register(self.process.stderr, selectors.EVENT_READ)
         self.lines: list[str] = []
+        self.pending = ""  # read from stderr, not yet a whole line
 
     def wait_event(self, name: str, timeout: float) -> dict:
+        """The next event called `name`. stderr is read from its descriptor (a text reader's buffer would
+        hide a second line that arrived with the first from the selector)."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.selector.select(timeout=1.0):
-                line = self.process.stderr.readline()
-                if not line:
-                    break
-                self.lines.append(line)
+        while True:
+            while "\n" in self.pending:
+                line, self.pending = self.pending.split("\n", 1)
+                self.lines.append(line + "\n")
                 if line.startswith("{") and json.loads(line)["event"] == name:
                     return json.loads(line)
-        raise AssertionError(f"no {name!r} event within {timeout} s:\n{''.join(self.lines)}")
+            if time.monotonic() >= deadline:
+                break
+            if self.selector.select(timeout=1.0):
+                chunk = os.read(self.process.stderr.fileno(), 65536)
+                if not chunk:
+                    break
+                self.pending += chunk.decode(errors="replace")
+        raise AssertionError(f"no {name!r} event within {timeout} s:\n{''.join(self.lines)}{self.pending}")
 
     def finish(self, timeout: float = 600) -> tuple[int, dict]:
         out, err = self.process.communicate(timeout=timeout)
-        self.lines.append(err)
+        self.lines.append(self.pending + err)
+        self.pending = ""
         return self.process.returncode, (json.loads(out) if out.strip() else {})
 
     def __enter__(self) -> TuneRun:
@@ -228,6 +237,7 @@ def test_a_killed_tune_leaves_no_server_and_the_configuration_as_it_was(setup, t
         setup.argv(target, state, "--seqs", "1,2" if phase == "writing" else "1"), hold=phase
     ) as run:
         event = run.wait_event(phase, timeout=400)
+        assert run.wait_event("held", timeout=60)["phase"] == phase
         if phase == "starting":
             assert run.process.poll() is None and tagged(run.tag)  # the server is loading
             assert "log" in event
