@@ -273,6 +273,12 @@ def _complete(base_url: str, errors: list[str]) -> None:
         errors.append(str(exc))
 
 
+# Three quarters of the 16 blocks or more: the gauge is sampled a second apart, and on a loaded 2-core
+# machine the samples land between the moments the cache is full (a CI run saw 0.8 as its peak in
+# every window while the preemption counter rose).
+NEAR_FULL = 0.75
+
+
 def test_metrics_diagnosis_of_an_engine_driven_into_preemption(tmp_path: Path):
     """A KV cache of 16 blocks (4 sequences of 512 tokens) and 6 clients sending 480-token requests
     until the diagnosis has sampled: half again what fits, each sequence long in the cache, without
@@ -305,7 +311,7 @@ def test_metrics_diagnosis_of_an_engine_driven_into_preemption(tmp_path: Path):
                     diagnosis = diagnose_url(engine.base_url, window_s=20, interval_s=1, timeout_s=30)
                 except MetricsError:
                     continue
-                if diagnosis.usage_peak > 0.8 and diagnosis.preemptions > 0:
+                if diagnosis.usage_peak >= NEAR_FULL and diagnosis.preemptions > 0:
                     break
         finally:
             stop.set()
@@ -315,6 +321,6 @@ def test_metrics_diagnosis_of_an_engine_driven_into_preemption(tmp_path: Path):
     assert diagnosis is not None, "no window's /metrics answered within 30 s"
     assert diagnosis.preemptions > 0 and diagnosis.verdict == "preempting", diagnosis.findings
     assert diagnosis.num_gpu_blocks == 16 and diagnosis.block_size == 128
-    assert diagnosis.usage_peak > 0.8
+    assert diagnosis.usage_peak >= NEAR_FULL
     flag = diagnosis.changes[0]["flag"]
     assert flag.startswith("--max-num-seqs ") and int(flag.split()[1]) < diagnosis.running_peak
