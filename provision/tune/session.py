@@ -73,7 +73,7 @@ class Trial:
     seqs: list[int]
     batched: list[int | None]
     slo: ts.Slo | None
-    search: str  # "curve" or "exhaustive"
+    search: str  # "adaptive" (the curve-guided search) or "exhaustive"
     requests: int
     min_seconds: float
 
