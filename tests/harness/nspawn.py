@@ -56,13 +56,20 @@ class Machine:
 
     @property
     def leader(self) -> int:
-        """The container's PID 1 (systemd), as seen from the host."""
-        if self._leader is None:
-            children = psutil.Process(self.process.pid).children()
-            if not children:
-                raise BootError(f"{self.name}: systemd-nspawn has no child yet")
-            self._leader = children[0].pid
-        return self._leader
+        """The container's PID 1 (systemd), as seen from the host. nspawn's first child can be its own
+        short-lived set-up process (slow to go on a loaded machine): only a child that runs systemd is
+        the leader, and one that is gone is looked up again."""
+        if self._leader is not None and psutil.pid_exists(self._leader):
+            return self._leader
+        self._leader = None
+        for child in psutil.Process(self.process.pid).children():
+            try:
+                if child.name() == "systemd":
+                    self._leader = child.pid
+                    return child.pid
+            except psutil.Error:
+                continue
+        raise BootError(f"{self.name}: systemd-nspawn has no systemd child yet")
 
     def run(
         self, cmd: Sequence[str] | str, timeout: float = 120.0, check: bool = True, input: str | None = None
@@ -96,15 +103,27 @@ class Machine:
                     f"{self.name}: systemd-nspawn exited {self.process.returncode}:\n{self.log()}"
                 )
             try:
+                # --wait returns when the boot ends; bounded, so one stuck call cannot use up the budget
                 state = self.run(
-                    ["systemctl", "is-system-running", "--wait"], timeout=timeout, check=False
+                    ["systemctl", "is-system-running", "--wait"],
+                    timeout=max(1.0, min(30.0, deadline - time.monotonic())),
+                    check=False,
                 ).stdout.strip()
             except (BootError, psutil.Error, subprocess.TimeoutExpired):
                 state = ""
             if state in ("running", "degraded"):
                 return state
             time.sleep(0.5)
-        raise BootError(f"{self.name}: not running after {timeout:.0f} s (state {state!r}):\n{self.log()}")
+        raise BootError(
+            f"{self.name}: not running after {timeout:.0f} s (state {state!r}):\n{self.log()}\n{self.jobs()}"
+        )
+
+    def jobs(self) -> str:
+        """What the container's systemd is still doing (for a boot that does not end)."""
+        try:
+            return self.run(["systemctl", "list-jobs", "--no-pager"], timeout=10, check=False).stdout
+        except (BootError, psutil.Error, subprocess.TimeoutExpired) as exc:
+            return f"(no job list: {exc})"
 
     def user_processes(self, user: str) -> list[str]:
         """`PID STAT PPID ARGS` of every process of `user` that has not exited. An exited process
