@@ -178,11 +178,17 @@ def test_unit_runs_restarts_and_stops_under_systemd(machine, bundle_mirror):
     def survivors() -> set[str]:
         return first_generation & {line.split()[0] for line in machine.user_processes("vllm")}
 
-    # Killed processes can still be listed for a moment on a loaded machine; a live one stays listed.
-    reaped = time.monotonic() + 15
+    # On a loaded machine the killed generation was still listed (sleeping, reparented to PID 1) 15 s
+    # after the new one answered, in three of five full runs and never alone: it gets the unit's
+    # TimeoutStopSec (90 s, after which systemd's SIGKILL leaves nothing) and a margin; one that is
+    # still there then has outlived every stop systemd has.
+    reaped = time.monotonic() + 120
     while survivors() and time.monotonic() < reaped:
         time.sleep(1)
-    everything = machine.run(["ps", "-e", "-o", "pid,stat,ppid,user,args"], check=False).stdout
+    everything = machine.run(["ps", "-e", "-o", "pid,stat,ppid,user,cgroup:60,args"], check=False).stdout
+    everything += machine.run(
+        ["journalctl", "-u", "vllm.service", "--no-pager", "-n", "40", "-o", "short-monotonic"], check=False
+    ).stdout
     assert survivors() == set(), f"processes of the killed generation survived the restart:\n{everything}"
     journal = machine.run(["journalctl", "-u", "vllm.service", "--no-pager"], check=False).stdout
     # The orphaned EngineCore was stopped by systemd's control-group kill, not by its dead parent.
