@@ -186,8 +186,8 @@ def boot(
     # supported distribution boots cgroup v2), whatever this test machine's own: on the legacy hierarchy
     # inside a container systemd does not wait for a unit's leftover processes to die before restarting
     # it (systemd commit 743970d2, src/core/unit.c: "for nspawn we actually can't wait for cgroups
-    # running empty since systemd will get exactly zero notifications about it"), so a killed server's
-    # EngineCore outlived the restart here (twice in full runs under load) for a reason no user host has.
+    # running empty since systemd will get exactly zero notifications about it"), a condition no
+    # supported host has.
     env = {**os.environ, "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1"}
     with log_path.open("wb") as log:
         process = subprocess.Popen(
