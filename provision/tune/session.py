@@ -77,9 +77,6 @@ class Trial:
     requests: int
     min_seconds: float
 
-    def kv_requests(self) -> int:
-        return kv_requests(self.kv_cache_tokens, self.workload)
-
 
 def kv_requests(kv_cache_tokens: int | None, workload: Workload) -> int:
     """How many of the workload's typical requests the KV cache holds at once (at least one)."""
@@ -104,7 +101,7 @@ def plan_document(trial: Trial, host: str, bundle: str, model: str, revision: st
         "gpu_memory_utilization": trial.gpu_memory_utilization,
         "max_model_len": trial.max_model_len,
         "kv_cache_tokens": trial.kv_cache_tokens,
-        "kv_requests": trial.kv_requests(),
+        "kv_requests": kv_requests(trial.kv_cache_tokens, trial.workload),
         "seqs": trial.seqs,
         "batched_tokens": trial.batched,
         "slo": trial.slo.to_json() if trial.slo else None,

@@ -267,18 +267,19 @@ class Host:
 
     # -- reads ---------------------------------------------------------------------------
 
-    def read_text(self, path: str, limit: int = DEFAULT_READ_LIMIT) -> Read:
-        """Read a file as text without trusting st_size and without blocking on sysfs quirks."""
+    def _open(self, path: str, follow_last: bool = True) -> int | Read:
+        """A descriptor of the file `path` names inside the root, opened to read without blocking, or
+        the Read that says why not (a denial is recorded in `denied`: unreadable is not absent). With
+        `follow_last` off, a link as the last component is not followed, on a live root too."""
         self._note(path)
         self._guard(path)
-        real = self._inside(path)
+        real = self._inside(path, follow_last=follow_last)
         if real is None:
             return Read(path, ReadState.UNREADABLE, detail="too many levels of symbolic links")
+        nofollow = self._nofollow if follow_last else os.O_NOFOLLOW
         try:
-            fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | self._nofollow)
-        except FileNotFoundError:
-            return Read(path, ReadState.MISSING)
-        except NotADirectoryError:
+            return os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | nofollow)
+        except (FileNotFoundError, NotADirectoryError):
             return Read(path, ReadState.MISSING)
         except PermissionError as exc:
             if exc.errno == errno.ELOOP:
@@ -287,6 +288,12 @@ class Host:
             return Read(path, ReadState.DENIED, detail=exc.strerror or "")
         except OSError as exc:
             return Read(path, ReadState.UNREADABLE, detail=exc.strerror or str(exc))
+
+    def read_text(self, path: str, limit: int = DEFAULT_READ_LIMIT) -> Read:
+        """Read a file as text without trusting st_size and without blocking on sysfs quirks."""
+        fd = self._open(path)
+        if isinstance(fd, Read):
+            return fd
         chunks: list[bytes] = []
         size = 0
         try:
@@ -518,18 +525,9 @@ class Host:
         """sha256 of a regular file, opened without following its last link: "sha256:<hex>" of the whole
         file up to `whole_limit` bytes; above it "edges-sha256:<size>:<hex>" of the size and the first and
         last `edge_bytes` (enough to tell two large weight files apart without reading them whole)."""
-        self._note(path)
-        self._guard(path)
-        real = self._inside(path, follow_last=False)
-        if real is None:
-            return Read(path, ReadState.UNREADABLE, detail="too many levels of symbolic links")
-        try:
-            fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
-        except FileNotFoundError:
-            return Read(path, ReadState.MISSING)
-        except OSError as exc:
-            state = ReadState.DENIED if exc.errno in (errno.EACCES, errno.EPERM) else ReadState.UNREADABLE
-            return Read(path, state, detail=exc.strerror or str(exc))
+        fd = self._open(path, follow_last=False)
+        if isinstance(fd, Read):
+            return fd
         digest = hashlib.sha256()
         try:
             opened = os.fstat(fd)
