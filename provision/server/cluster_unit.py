@@ -17,6 +17,7 @@ from rocmdoctor.provision.server.unit import (
     FileSpec,
     ServiceLayout,
     file_specs,
+    helper_specs,
     ready_gate_argv,
     render_unit,
 )
@@ -103,7 +104,9 @@ def specs(
             description=f"Ray {cluster.role(rank)} for {args.served_model_name}",
         )
         ray_spec = FileSpec(f"{layout.unit_dir}/{name}", unit, 0o644)
-        return [*file_specs(node, layout, user, api_key, timeout_s), ray_spec] if rank == 0 else [ray_spec]
+        if rank == 0:
+            return [*file_specs(node, layout, user, api_key, timeout_s), ray_spec]
+        return [ray_spec, *helper_specs(layout)]  # its unit's ExecStartPre is stop-leftovers
     if rank == 0:
         return file_specs(node, layout, user, api_key, timeout_s)
     script = f"{layout.prefix}/{SERVE_SCRIPT}"
@@ -113,4 +116,5 @@ def specs(
     return [
         FileSpec(f"{layout.unit_dir}/{WORKER_UNIT}", unit, 0o644),
         FileSpec(script, shipped_text("rocmdoctor.provision.server", "vllm_serve.py"), 0o755),
+        *helper_specs(layout),
     ]

@@ -44,8 +44,9 @@ from rocmdoctor.provision.server.unit import (
     daemon_reload,
     ensure_accounts,
     health_specs,
+    helper_specs,
     readiness_url,
-    wait_ready_script,
+    stop_leftovers_argv,
 )
 from rocmdoctor.textnum import is_decimal
 from rocmdoctor.vllm.environment import BUNDLE_SETTINGS
@@ -116,6 +117,7 @@ def render_template(
         "bundle_environment": _environment_line(BUNDLE_SETTINGS),
         "env_file": env_path("%i"),
         "jit_env_file": f"{layout.prefix}/current/{JIT_ENV_FILE}",  # one StateDirectory: shared caches
+        "exec_start_pre": stop_leftovers_argv(layout),
         "exec_start": exec_start,
         "exec_start_post": exec_post,
         "timeout_start_s": str(timeout_s + 60),
@@ -187,7 +189,7 @@ def file_specs(
         ),
         FileSpec(f"{layout.unit_dir}/{TARGET_NAME}", render_target(plan), 0o644),
         *(FileSpec(env_path(i.name), render_env(i, api_key), 0o600, secret=True) for i in plan.instances),
-        FileSpec(layout.wait_ready, wait_ready_script(), 0o755),
+        *helper_specs(layout),
         *health_specs(layout),
     ]
 

@@ -71,6 +71,10 @@ class ServiceLayout:
         return f"{self.prefix}/libexec/wait-ready"
 
     @property
+    def stop_leftovers(self) -> str:
+        return f"{self.prefix}/libexec/stop-leftovers"
+
+    @property
     def unit_path(self) -> str:
         return f"{self.unit_dir}/{UNIT_NAME}"
 
@@ -189,6 +193,11 @@ def ready_gate_argv(args: ServerArgs, layout: ServiceLayout, timeout_s: int) -> 
     return [layout.python, layout.wait_ready, readiness_url(args), args.served_model_name, str(timeout_s)]
 
 
+def stop_leftovers_argv(layout: ServiceLayout) -> str:
+    """The unit's ExecStartPre: `%n` is systemd's name of the unit (the script acts only in its group)."""
+    return command_line([layout.python, layout.stop_leftovers]) + " %n"
+
+
 def _environment_line(settings: dict[str, str]) -> str:
     return " ".join(f"{name}={value}" for name, value in settings.items())
 
@@ -221,6 +230,7 @@ def render_unit(
         "bundle_environment": _environment_line({**BUNDLE_SETTINGS, **args.environment}),
         "env_file": layout.env_file,
         "jit_env_file": f"{layout.prefix}/current/{JIT_ENV_FILE}",
+        "exec_start_pre": stop_leftovers_argv(layout),
         "exec_start": command_line([*(server or [layout.server]), *args.argv()]),
         # an empty ExecStartPost= is systemd's "no such command" (it resets the list)
         "exec_start_post": command_line(ready_gate_argv(args, layout, timeout_s)) if ready_gate else "",
@@ -238,9 +248,15 @@ def render_env(api_key: str | None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def wait_ready_script() -> str:
-    # The module itself, standard library only: the bundle's python runs it as ExecStartPost.
-    return shipped_text("rocmdoctor.provision.server", "wait_ready.py")
+def helper_specs(layout: ServiceLayout) -> list[FileSpec]:
+    """The unit's own programs in <prefix>/libexec, standard library only (the bundle's python runs them):
+    the readiness gate (ExecStartPost) and the leftover stop (ExecStartPre)."""
+    return [
+        FileSpec(layout.wait_ready, shipped_text("rocmdoctor.provision.server", "wait_ready.py"), 0o755),
+        FileSpec(
+            layout.stop_leftovers, shipped_text("rocmdoctor.provision.server", "stop_leftovers.py"), 0o755
+        ),
+    ]
 
 
 def file_specs(
@@ -253,7 +269,7 @@ def file_specs(
     return [
         FileSpec(layout.unit_path, render_unit(args, layout, user, timeout_s), 0o644),
         FileSpec(layout.env_file, render_env(api_key), 0o600, secret=True),
-        FileSpec(layout.wait_ready, wait_ready_script(), 0o755),
+        *helper_specs(layout),
         *health_specs(layout),
     ]
 

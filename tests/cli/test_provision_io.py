@@ -31,6 +31,9 @@ EXEMPT = {
     # Runs standalone on the bundle's own Python as the unit's ExecStartPost (shipped to libexec):
     # it cannot import rocmdoctor, so it cannot use the seam. It only talks HTTP to the local server.
     "wait_ready.py",
+    # The same for ExecStartPre (libexec/stop-leftovers): it signals leftovers of the unit's own
+    # control group, through pidfds, before the server starts.
+    "stop_leftovers.py",
     # The same for a cluster worker's ExecStart (libexec/vllm-serve): it sets the bundle launcher's
     # environment by one re-exec and runs `vllm serve` in the bundle's Python.
     "vllm_serve.py",

@@ -282,9 +282,9 @@ def test_the_write_json_is_the_change_envelope(tmp_path):
     root = account_root(tmp_path)
     planned = write_unit(root, "--check")
     assert list(planned)[0] == "schema_version" and planned["check"] is True
-    assert planned["msg"].startswith("would change 5 files; would create") and "user vllm" in planned["msg"]
+    assert planned["msg"].startswith("would change 6 files; would create") and "user vllm" in planned["msg"]
     assert "+ExecStart=" in planned["diff"] and "secret, not shown" in planned["diff"]
     done = write_unit(root)
-    assert done["check"] is False and done["msg"].startswith("changed 5 files; created")
+    assert done["check"] is False and done["msg"].startswith("changed 6 files; created")
     again = write_unit(root)
     assert (again["changed"], again["msg"], again["diff"]) == (False, "nothing to change", "")

@@ -42,6 +42,58 @@ class Bind:
         return f"--bind{'-ro' if self.read_only else ''}={self.source}:{self.target or self.source}"
 
 
+# Each machine's own control group, in every hierarchy this host tracks processes in. nspawn with
+# --keep-unit puts the container under its own group's "payload"; from this VM's root group every
+# machine got the same /payload, so a unit of one machine shared its directory with the same unit of
+# every other (and with what a killed machine left there). systemd 252 cannot kill a group holding a
+# process of another PID namespace (cgroup.procs lists it as 0: cg_kill_recursive fails with EIO,
+# "skip unmapped pids" came in v254) and then restarts the unit beside its leftovers.
+CGROUP_ROOTS = ("/sys/fs/cgroup/unified", "/sys/fs/cgroup/systemd", "/sys/fs/cgroup")
+CGROUP_PARENT = "rocmdoctor-machines"
+
+
+def machine_cgroups(name: str) -> list[Path]:
+    """Where machine `name`'s group goes: the unified hierarchy (/sys/fs/cgroup on a cgroup v2 host,
+    /sys/fs/cgroup/unified on a hybrid one) and systemd's named legacy hierarchy where mounted."""
+    found = []
+    for mount in map(Path, CGROUP_ROOTS):
+        if mount == Path("/sys/fs/cgroup") and not (mount / "cgroup.controllers").exists():
+            continue  # legacy controllers at the top: not a hierarchy of its own
+        if (mount / "cgroup.procs").exists():
+            found.append(mount / CGROUP_PARENT / name)
+    return found
+
+
+def group_pids(group: Path) -> set[int]:
+    """Every process in `group` and the groups below it (as this PID namespace numbers them)."""
+    pids: set[int] = set()
+    for procs in group.rglob("cgroup.procs") if group.is_dir() else ():
+        try:
+            pids.update(int(word) for word in procs.read_text().split() if word != "0")
+        except OSError:
+            continue
+    return pids
+
+
+def empty_and_remove(group: Path, timeout: float = 30.0) -> None:
+    """SIGKILL everything left in `group` (a machine whose nspawn was killed leaves its PID 1 and what it
+    had not stopped), wait until it is empty, remove its directories from the bottom up."""
+    deadline = time.monotonic() + timeout
+    while (pids := group_pids(group)) and time.monotonic() < deadline:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.1)
+    if pids:
+        raise RuntimeError(f"{group}: processes {sorted(pids)} survived SIGKILL for {timeout:.0f} s")
+    for directory in sorted((d for d in group.rglob("*") if d.is_dir()), key=lambda d: -len(d.parts)):
+        directory.rmdir()
+    if group.exists():
+        group.rmdir()
+
+
 class BootError(RuntimeError):
     pass
 
@@ -137,7 +189,8 @@ class Machine:
         return self.log_path.read_text(errors="replace")[-4000:] if self.log_path.exists() else ""
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Power off (SIGTERM to nspawn makes the container's systemd shut down), then drop the netns."""
+        """Power off (SIGTERM to nspawn makes the container's systemd shut down), then kill what is left
+        in the machine's control group (all of it, if the shutdown did not end) and drop the netns."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
@@ -145,6 +198,8 @@ class Machine:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(10)
+        for group in machine_cgroups(self.name):
+            empty_and_remove(group)
         subprocess.run(["ip", "netns", "delete", self.netns], capture_output=True)
 
 
@@ -189,9 +244,15 @@ def boot(
     # running empty since systemd will get exactly zero notifications about it"), a condition no
     # supported host has.
     env = {**os.environ, "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1"}
+    groups = machine_cgroups(name)
+    for group in groups:
+        empty_and_remove(group)  # what a machine of this name left, if its stop never ran
+        group.mkdir(parents=True)
+    # nspawn starts in the machine's own groups (a shell that moves itself, then execs nspawn).
+    enter = " ".join(f"echo $$ > {group / 'cgroup.procs'} &&" for group in groups)
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            argv,
+            ["sh", "-c", f'{enter} exec "$@"', "sh", *argv],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -53,7 +53,9 @@ def test_package_data_is_in_the_wheel(wheel_names):
     expected += [
         f"rocmdoctor/provision/server/templates/{n}" for n in sources("provision/server/templates", "*")
     ]
-    # The readiness gate is a module of the package; `unit` writes its source to <prefix>/libexec.
-    expected += ["rocmdoctor/provision/server/wait_ready.py", "rocmdoctor/provision/server/vllm_serve.py"]
+    # The unit's helpers are modules of the package; `unit` writes their source to <prefix>/libexec.
+    expected += [
+        f"rocmdoctor/provision/server/{n}" for n in ("wait_ready.py", "stop_leftovers.py", "vllm_serve.py")
+    ]
     assert "rocmdoctor/schema/check-report.schema.json" in expected
     assert sorted(set(expected) - wheel_names) == []
