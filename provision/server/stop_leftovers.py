@@ -71,7 +71,7 @@ def unit_directory(me):
 
 def members(directory):
     """PIDs (as text) in the control group at `directory` and every group below it; links not followed."""
-    found = set()
+    found: set[str] = set()
     for root, _dirs, _files in os.walk(directory, followlinks=False):
         try:
             with open(os.path.join(root, "cgroup.procs"), encoding="ascii") as f:
