@@ -101,8 +101,10 @@ def signal_leftovers(pids, sig, key, path):
     for pid in pids:
         try:
             fd = os.pidfd_open(int(pid))
+        except ProcessLookupError:
+            continue  # gone already
         except (OSError, AttributeError):
-            fd = None  # gone, or a kernel before 5.3 / Python before 3.9: check and kill by PID
+            fd = None  # a kernel before 5.3 or a Python before 3.9: check, then signal by PID
         try:
             if not inside(pid, key, path):
                 continue
