@@ -1,6 +1,8 @@
 """Every command that changes a host, under --check --json: nothing written (the tree byte-identical,
 links and modes included), the one change envelope (src/rocmdoctor/schema/change.schema.json), and
-`changed`/`diff` right in both directions: "would change" before, converged after the real run."""
+`changed`/`diff` right in both directions: "would change" before, converged after the real run. For
+people, the same --check ends in the one rendering of a Change (rendering/change_text.py): the
+envelope's message, then `changed=`."""
 
 from __future__ import annotations
 
@@ -28,6 +30,13 @@ def envelope_of(done: Any) -> dict[str, Any]:
     return doc
 
 
+def assert_rendered(done: Any, doc: dict[str, Any]) -> None:
+    """The people-facing output of a --check: the envelope's message and `changed=` close it."""
+    assert done.returncode == 0, done.stdout + done.stderr
+    closing = f"{doc['msg']}\nchanged={str(doc['changed']).lower()}"
+    assert done.stdout.rstrip("\n").endswith(closing), done.stdout
+
+
 def assert_contract(watched: Path, run: Callable[..., Any], apply: tuple[str, ...] = ()) -> None:
     """--check first (would change, writes nothing), the real run (`apply`: the flag that makes a
     command write rather than show), then --check again (converged)."""
@@ -35,11 +44,14 @@ def assert_contract(watched: Path, run: Callable[..., Any], apply: tuple[str, ..
     planned = envelope_of(run("--check", "--json"))
     assert tree_state(watched) == before, "a --check run wrote"
     assert planned["check"] is True and planned["changed"] is True and planned["diff"], planned
+    assert_rendered(run("--check"), planned)
+    assert tree_state(watched) == before, "a --check run wrote"
     done = envelope_of(run(*apply, "--json"))
     assert done["check"] is False and done["changed"] is True, done
     after = tree_state(watched)
     again = envelope_of(run("--check", "--json"))
     assert again["changed"] is False and tree_state(watched) == after, again
+    assert_rendered(run("--check"), again)
     assert envelope_of(run(*apply, "--json"))["changed"] is False
 
 

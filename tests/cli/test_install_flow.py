@@ -199,7 +199,8 @@ def test_progress_bars_on_a_terminal_only(install_lab):
         check=False,
     )
     assert tty.returncode == 0, tty.stdout
-    assert "download" in tty.stdout and "extract" in tty.stdout and "changed: installed" in tty.stdout
+    assert "download" in tty.stdout and "extract" in tty.stdout and "\ninstalled vllm" in tty.stdout
+    assert tty.stdout.rstrip().endswith("changed=true")
     quiet = subprocess.run(
         ["script", "-qec", shlex.join(argv + ["--force", "--json"]), "/dev/null"],
         capture_output=True,

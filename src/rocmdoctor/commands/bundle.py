@@ -7,6 +7,7 @@ changed, msg, ...; failed: true on failure), so a playbook can use `changed_when
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,11 +16,10 @@ import click
 
 from rocmdoctor import params
 from rocmdoctor.commands.bundle_qualify import qualification_state, run_purge, run_qualify
-from rocmdoctor.commands.common import App, UserError, emit_json, pass_app
+from rocmdoctor.commands.common import App, UserError, emit_change, emit_json, pass_app
 from rocmdoctor.commands.install import (
     Failed,
     auto_family,
-    emit_result,
     failures,
     install,
     prefix_option,
@@ -39,7 +39,7 @@ from rocmdoctor.commands.option_groups import (
     qualify_options,
     selection_options,
 )
-from rocmdoctor.model import SCHEMA_VERSION, state_diff
+from rocmdoctor.model import SCHEMA_VERSION, Change, state_diff
 
 
 @click.command()
@@ -195,7 +195,7 @@ def lock(
     network: NetworkOptions,
 ) -> None:
     """Refresh the lock file (part names, sizes, sha256 digests) from the release API."""
-    from rocmdoctor.provision.bundle.install import write_json_atomic
+    from rocmdoctor.host_writes import HostWriter
     from rocmdoctor.provision.bundle.selection import family_from_tag, refresh_lock
 
     with failures(as_json):
@@ -218,34 +218,33 @@ def lock(
         ]
         updated, report = refresh_lock(manifest, current, requests_, pins.release_api(), network.api())
         changed = any(r.get("changed") for r in report)
-        if changed and not check:
+        if changed:
+            # through the one write seam: under --check it records the write and makes none
+            writer = HostWriter(Path("/"), check_mode=check)
             try:
-                target.parent.mkdir(parents=True, exist_ok=True)
-                write_json_atomic(target, updated.to_json())
+                if writer.change("mkdir", str(target.parent)):
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                lock_text = json.dumps(updated.to_json(), indent=2) + "\n"
+                writer.write_file(str(target.absolute()), lock_text.encode())
             except OSError as exc:
                 raise Failed(f"cannot write {target}: {exc.strerror or exc}; pass --out FILE") from None
     failed = [r for r in report if not r["pinned"]]
     verb = "would pin" if check else "pinned"
     moved = [r["family"] for r in report if r.get("changed")]
-    doc = {
-        "schema_version": SCHEMA_VERSION,
-        "changed": changed,
-        "check": check,
-        "failed": bool(failed),
-        "lock": str(target),
-        "msg": f"{verb} {len(report) - len(failed)} of {len(report)} families into {target}",
-        "diff": state_diff(
-            {f: current.families[f].tag if f in current.families else None for f in moved},
-            {f: updated.families[f].tag for f in moved},
-        ),
-        "families": report,
-    }
-    if as_json:
-        emit_json(doc)
-    else:
-        for r in report:
-            click.echo(f"{'ok  ' if r['pinned'] else 'FAIL'} {r['family']:<8} {r['tag'] or '-'}: {r['msg']}")
-        click.echo(doc["msg"])
+    diff = state_diff(
+        {f: current.families[f].tag if f in current.families else None for f in moved},
+        {f: updated.families[f].tag for f in moved},
+    )
+    change = Change(
+        changed,
+        f"{verb} {len(report) - len(failed)} of {len(report)} families into {target}",
+        diff,
+        {"check": check, "failed": bool(failed), "lock": str(target), "families": report},
+    )
+    rows = [
+        f"{'ok  ' if r['pinned'] else 'FAIL'} {r['family']:<8} {r['tag'] or '-'}: {r['msg']}" for r in report
+    ]
+    emit_change(change, as_json, rows)
     if failed:
         sys.exit(1)
 
@@ -310,15 +309,10 @@ def fetch(
             sources += choose_release(request, manifest, lock_doc, pins.release_api(), network.api()).sources
         if check:
             missing = [s.asset.name for s in sources if not lexists(dest / s.asset.name)]
-            doc = {
-                "schema_version": SCHEMA_VERSION,
-                "changed": bool(missing),
-                "check": True,
-                "msg": f"would fetch {len(missing)} part(s) and verify {len(sources) - len(missing)} in {dest}",
-                "fetched": missing,
-                "mirror": str(dest),
-            }
-            emit_result(doc, as_json, str(doc["msg"]))
+            would = f"would fetch {len(missing)} part(s) and verify {len(sources) - len(missing)} in {dest}"
+            emit_change(
+                Change(bool(missing), would, data={"check": True}), as_json, fetched=missing, mirror=str(dest)
+            )
             return
         with progress(not as_json, sum(s.asset.size for s in sources), extracting=False) as (on_bytes, _):
             fetched = [
@@ -326,15 +320,8 @@ def fetch(
                 for asset, new in fetch_to(sources, dest, download.settings(network), on_bytes)
             ]
     new = [name for name, was_new in fetched if was_new]
-    doc = {
-        "schema_version": SCHEMA_VERSION,
-        "changed": bool(new),
-        "msg": f"{len(new)} part(s) fetched, "
-        f"{len(fetched) - len(new)} already present and verified in {dest}",
-        "fetched": new,
-        "mirror": str(dest),
-    }
-    emit_result(doc, as_json, str(doc["msg"]))
+    done = f"{len(new)} part(s) fetched, {len(fetched) - len(new)} already present and verified in {dest}"
+    emit_change(Change(bool(new), done), as_json, fetched=new, mirror=str(dest))
 
 
 @bundle.command("prune")
@@ -352,7 +339,7 @@ def prune(prefix: Path, keep: int, check: bool, as_json: bool) -> None:
     """Remove old bundles (keeps current and previous); refuses one a running process uses."""
     with failures(as_json):
         result = run_prune(prefix, keep, check)
-    emit_result(result.to_json(), as_json, f"{'changed' if result.changed else 'ok'}: {result.msg}")
+    emit_change(result.change(), as_json)
     if result.failed:
         sys.exit(1)
 

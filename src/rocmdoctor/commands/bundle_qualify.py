@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from rocmdoctor.commands.common import App, UserError, emit_json
+from rocmdoctor.commands.common import App, UserError, emit_change, emit_json
 from rocmdoctor.host_writes import HostWriter
 
 SKIP_WARNING = (
@@ -121,7 +121,4 @@ def run_purge(prefix: Path, state_dir: Path, everything: bool, check: bool, as_j
     if not everything and doc is not None and isinstance(doc.get("bundle_digest"), str):
         keep = jit_cache.cache_key(doc["bundle_digest"], doc.get("host_gfx"))
     result = jit_cache.purge(HostWriter(Path("/"), check_mode=check), state_dir, keep)
-    if as_json:
-        emit_json(result.envelope(check=check))
-    else:
-        click.echo(f"{'changed' if result.changed else 'ok'}: {result.msg}")
+    emit_change(result, as_json, check=check)

@@ -10,6 +10,8 @@ from typing import Any
 import click
 
 from rocmdoctor.cli import App, UserError
+from rocmdoctor.model import Change
+from rocmdoctor.rendering.change_text import change_text
 from rocmdoctor.report import dumps
 
 __all__ = [
@@ -17,6 +19,7 @@ __all__ = [
     "App",
     "UserError",
     "echo_write_report",
+    "emit_change",
     "emit_json",
     "pass_app",
     "refuse_root_facts_for_live_action",
@@ -61,22 +64,26 @@ def emit_json(document: Any) -> None:
     sys.stdout.flush()
 
 
+def emit_change(change: Change, as_json: bool, details: Sequence[str] = (), **extra: Any) -> None:
+    """A changing command's result: with --json the one envelope (and the command's own fields); for
+    people the one rendering of a Change (rendering/change_text.py) under the command's `details`."""
+    if as_json:
+        emit_json(change.envelope(**extra))
+    else:
+        click.echo(change_text(change, details))
+
+
 def echo_write_report(
     report: Any,
-    check_only: bool,
     label: Callable[[str, Any], str] = lambda word, change: word,
     restart: Sequence[str] = (),
 ) -> None:
-    """What `unit --write` and `instances --write` did (or, with --check, would do): each file and its
-    diff, the accounts created, daemon-reload, the instances to restart, and `changed=`."""
-    word = "would change" if check_only else "changed"
-    for change in report.files:
-        click.echo(f"{label(word, change) if change.changed else 'ok'} {change.path}")
-        if change.diff:
-            click.echo(change.diff.rstrip("\n"))
-    for account in report.accounts:
-        click.echo(f"{'would create' if check_only else 'created'} {account}")
-    click.echo(f"daemon-reload: {report.daemon_reload}")
+    """What `unit --write` and `instances --write` did (or, with --check, would do): each file, then
+    daemon-reload and the instances to restart, then the Change (the files' diffs, the message naming
+    the accounts created, `changed=`)."""
+    word = "would change" if report.check else "changed"
+    details = [f"{label(word, f) if f.changed else 'ok'} {f.path}" for f in report.files]
+    details.append(f"daemon-reload: {report.daemon_reload}")
     if restart:
-        click.echo("restart to apply: " + " ".join(f"vllm@{n}" for n in restart))
-    click.echo(f"changed={str(report.changed).lower()}")
+        details.append("restart to apply: " + " ".join(f"vllm@{n}" for n in restart))
+    click.echo(change_text(report.change(), details))

@@ -15,6 +15,7 @@ from rocmdoctor.commands.check import check_context, choose_gpus
 from rocmdoctor.commands.common import App, UserError, emit_json, pass_app
 from rocmdoctor.commands.server_options import server_option
 from rocmdoctor.registry import DEFAULT_PREFIX
+from rocmdoctor.rendering.change_text import change_text
 
 FIX_IDS = ("groups", "ttm", "cmdline", "udev", "orphans", "dkms")
 # Checks whose findings the fix answers (fix-kernel's, and the access, process and multi-GPU ones).
@@ -230,10 +231,11 @@ def fix(
     if as_json:
         emit_json(result.envelope(verify=verify, unapplied=unapplied))
         return
-    for row in verify:
-        click.echo(f"verify {row['id']}: {row['state']}" + (f" ({row['note']})" if row["note"] else ""))
-    click.echo(result.msg)
-    click.echo(f"changed={str(result.changed).lower()}")
+    rows = [
+        f"verify {row['id']}: {row['state']}" + (f" ({row['note']})" if row["note"] else "") for row in verify
+    ]
+    # the diff was shown with the plan, before the confirmation
+    click.echo(change_text(result, rows, with_diff=False))
 
 
 def _verify(

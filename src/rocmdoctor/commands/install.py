@@ -11,6 +11,7 @@ import contextlib
 import functools
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from rocmdoctor.commands.common import (
     WITH_ROOT_FACTS,
     App,
     UserError,
+    emit_change,
     emit_json,
     pass_app,
     refuse_root_facts_for_live_action,
@@ -150,13 +152,6 @@ def auto_family(app: App, prefix: Path, force: bool, manifest: Manifest) -> tupl
     if len(families) > 1:
         raise UserError(f"this host has GPUs of several families ({', '.join(families)}); pass --family")
     return resolve_family(families[0], manifest), problems
-
-
-def emit_result(result: dict[str, Any], as_json: bool, line: str) -> None:
-    if as_json:
-        emit_json(result)
-    else:
-        click.echo(line)
 
 
 @click.command()
@@ -291,22 +286,24 @@ def install(
         result.notes[:0] = choice.notes
         if prune_after:
             prune_doc = run_prune(prefix, 2, check)
-    doc = result.to_json()
-    doc["qualified"] = choice.qualified
+    extra: dict[str, Any] = {"qualified": choice.qualified}
     if plan.qualify.last is not None:
-        doc["qualification"] = qualification_summary(plan.qualify.last.to_json())
-    doc["trusted_on_first_use"] = choice.trusted_on_first_use
+        extra["qualification"] = qualification_summary(plan.qualify.last.to_json())
+    extra["trusted_on_first_use"] = choice.trusted_on_first_use
     if warnings:
-        doc["forced_past"] = warnings
+        extra["forced_past"] = warnings
+    change = result.change()
+    details = [f"{prefix}/current -> {result.current}", *(f"note: {n}" for n in result.notes)]
     if prune_doc is not None:
-        doc["prune"] = prune_doc.to_json()
-        doc["changed"] = doc["changed"] or prune_doc.changed
-        doc["failed"] = prune_doc.failed
-    lines = [f"{'changed' if doc['changed'] else 'ok'}: {result.msg} ({prefix}/current -> {result.current})"]
-    lines += [f"  note: {n}" for n in result.notes]
-    if prune_doc is not None:
-        lines.append(f"  prune: {prune_doc.msg}")
-    emit_result(doc, as_json, "\n".join(lines))
+        # the install's Change, joined by the prune's: one result, changed if either changed
+        extra["prune"] = prune_doc.to_json()
+        change = replace(
+            change,
+            changed=change.changed or prune_doc.changed,
+            data={**change.data, "failed": prune_doc.failed},
+        )
+        details.append(f"prune: {prune_doc.msg}")
+    emit_change(change, as_json, details, **extra)
     if prune_doc is not None and prune_doc.failed:
         sys.exit(1)
 
@@ -340,4 +337,4 @@ def rollback(prefix: Path, to: str | None, force: bool, check: bool, as_json: bo
 
     with failures(as_json):
         result = run_rollback(prefix, prefix_writer(check), to, force=force)
-    emit_result(result.to_json(), as_json, f"{'changed' if result.changed else 'ok'}: {result.msg}")
+    emit_change(result.change(), as_json)

@@ -293,9 +293,7 @@ def write_layout(
         )
         return
     show_plan(plan, sys.stdout)
-    echo_write_report(
-        report, check_only, label=lambda word, change: f"{word} ({change.action})", restart=report.restart
-    )
+    echo_write_report(report, label=lambda word, change: f"{word} ({change.action})", restart=report.restart)
 
 
 def written_targets(writer, host: str | None) -> list:

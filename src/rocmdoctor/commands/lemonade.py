@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 import click
 
 from rocmdoctor import params
-from rocmdoctor.commands.common import App, UserError, emit_json, pass_app
+from rocmdoctor.commands.common import App, UserError, emit_change, emit_json, pass_app
 
 KEY_ENV = ("LEMONADE_ADMIN_API_KEY", "LEMONADE_API_KEY")
 
@@ -256,22 +256,14 @@ def apply_cmd(
             "global_timeout": timeout.data | {"changed": timeout.changed, "msg": timeout.msg},
         },
     )
-    if target.as_json:
-        emit_json(change.envelope())
-        return
     word = "would change" if check_only else "changed"
+    details = []
     for c in changes:
-        click.echo(f"{word if c.changed else 'ok'} {c.data['model']}")
-        for key, why in c.data["reasons"].items():
-            click.echo(f"  {key}: {why}")
-        for note in c.data["notes"]:
-            click.echo(f"  note: {note}")
-        if c.diff:
-            click.echo(c.diff_text().rstrip("\n"))
-    click.echo(f"{word if timeout.changed else 'ok'} global_timeout: {timeout.msg}")
-    if timeout.diff:
-        click.echo(timeout.diff_text().rstrip("\n"))
-    click.echo(f"changed={str(change.changed).lower()}")
+        details.append(f"{word if c.changed else 'ok'} {c.data['model']}")
+        details += [f"  {key}: {why}" for key, why in c.data["reasons"].items()]
+        details += [f"  note: {note}" for note in c.data["notes"]]
+    details.append(f"{word if timeout.changed else 'ok'} global_timeout: {timeout.msg}")
+    emit_change(change, target.as_json, details)
 
 
 @lemonade.command("verify")
@@ -417,8 +409,4 @@ def install_backend_cmd(
             change = Change(True, f"installed vllm:{backend}", diff, data)
     except LemonadeError as exc:
         _fail(exc, target.as_json)
-    if target.as_json:
-        emit_json(change.envelope())
-    else:
-        click.echo(change.msg)
-        click.echo(f"changed={str(change.changed).lower()}")
+    emit_change(change, target.as_json)

@@ -196,7 +196,7 @@ def show_or_write(
     if as_json:
         emit_json({**report.to_json(), **fields})
         return
-    echo_write_report(report, check_only)
+    echo_write_report(report)
 
 
 @click.command(cls=params.VllmPassThrough)

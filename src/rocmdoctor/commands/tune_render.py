@@ -5,6 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rocmdoctor.model import Change
+from rocmdoctor.rendering.change_text import change_text
+
 
 def _ms(latency: dict[str, dict[str, float]], metric: str, key: str) -> str:
     value = (latency.get(metric) or {}).get(key)
@@ -63,9 +66,9 @@ def render_tune(report: dict[str, Any], document: dict[str, Any], console: Any) 
             else ""
         )
         console.print(f"NO WINNER: {report['reason']}{seen}", markup=False)
-    if document.get("diff"):
-        console.print(document["diff"].rstrip("\n"), markup=False, highlight=False)
-    console.print(f"{document['msg']}; changed={str(document['changed']).lower()}", markup=False)
+    # the one rendering of a Change: the write-back's diff, its message, changed=
+    change = Change(document["changed"], document["msg"], document.get("diff") or "")
+    console.print(change_text(change), markup=False, highlight=False)
 
 
 def write_plot(report: dict[str, Any], path: Path) -> None:
