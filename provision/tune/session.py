@@ -14,6 +14,7 @@ from rocmdoctor.provision.bundle.install import Layout
 from rocmdoctor.provision.tune import search as ts
 from rocmdoctor.provision.tune.state import context_key, stable_argv
 from rocmdoctor.provision.tune.workload import Workload
+from rocmdoctor.vllm.memory_plan import ConfigError, EngineSettings, Memory, ModelPlan, plan_from_files
 
 SEQS_LIMIT = 4096
 
@@ -41,6 +42,59 @@ def parse_seqs(text: str, upper: int) -> list[int]:
             f"{upper}) or a list (1,2,4,8), values from 1 to {SEQS_LIMIT}"
         )
     return values
+
+
+def searchable_seqs(text: str, kv_cache_tokens: int | None, workload: Workload) -> list[int]:
+    """The --max-num-seqs values to search: a list may not ask for more requests than the KV cache holds
+    (a range is clipped by the search itself)."""
+    upper = kv_requests(kv_cache_tokens, workload)
+    values = parse_seqs(text, upper)
+    over = [v for v in values if v > upper]
+    if over and ":" not in text:
+        raise SeqsError(
+            f"--seqs {','.join(map(str, over))}: the KV cache holds {upper} requests of "
+            f"{workload.typical_len()} tokens ({kv_cache_tokens} tokens, rocmdoctor plan); search at most that"
+        )
+    return values
+
+
+class Unfit(ValueError):
+    """The model's memory plan does not let tune measure; the message says what to do."""
+
+
+def fitting_plan(
+    files: Any,
+    memory: Memory,
+    settings: EngineSettings,
+    max_model_len: int | None,
+    typical_len: int,
+    model: str,
+) -> ModelPlan:
+    """The model's memory plan for the search, only when it says the model fits: tune measures a
+    server start per setting, and a model that cannot load would fail every one of them."""
+    try:
+        plan = plan_from_files(
+            files,
+            memory,
+            settings=settings,
+            max_model_len=max_model_len,
+            typical_len=typical_len,
+            model=model,
+        )
+    except ConfigError as exc:
+        raise Unfit(f"{files.location}: {exc}") from None
+    if plan.fits is None:
+        raise Unfit(
+            f"the plan cannot tell whether {model} fits here: {plan.memory_null_reason}; tune measures "
+            "only a model the plan says fits (give the model's safetensors files, or --kv-cache-memory)"
+        )
+    if not plan.fits:
+        remedies = "; ".join(f"{r.action} ({r.flag}: {r.figure})" for r in plan.remedies) or "a larger GPU"
+        raise Unfit(
+            f"{model} does not fit: {'; '.join(plan.reasons)}. Try: {remedies} "
+            "(rocmdoctor plan --model ... shows the whole plan); tune measures only a model that fits"
+        )
+    return plan
 
 
 def bundle_identity(prefix: Path) -> str:

@@ -211,3 +211,15 @@ def test_with_setting_accepts_both_spellings():
     assert with_setting(["x", "--max-num-seqs=3", "--max-num-batched-tokens", "9", "y"], Setting(5)) == [
         "x", "y", "--max-num-seqs", "5"]  # fmt: skip
     assert json.dumps(Setting(5).to_json()) == '{"max_num_seqs": 5, "max_num_batched_tokens": null}'
+
+
+def test_a_seqs_list_beyond_what_the_kv_cache_holds_is_refused_a_range_is_clipped():
+    from rocmdoctor.provision.tune.session import SeqsError, searchable_seqs
+
+    workload = synthetic(96, 32, seed=0)  # 128 tokens a request
+    assert searchable_seqs("1,2,4", 4 * 128, workload) == [1, 2, 4]
+    with pytest.raises(SeqsError, match=r"--seqs 8,16: the KV cache holds 4 requests of 128 tokens"):
+        searchable_seqs("1,8,16", 4 * 128, workload)
+    assert max(searchable_seqs("1:auto", 4 * 128, workload)) == 4
+    with pytest.raises(SeqsError, match="give LOW:HIGH"):
+        searchable_seqs("0,1", 4 * 128, workload)

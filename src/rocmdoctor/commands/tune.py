@@ -67,7 +67,8 @@ def _plan(app: App, args: Any, opts: dict[str, Any], kv_cache_memory: str | None
     """The model's memory plan: the GPU's (from the server's arguments) or one for --kv-cache-memory."""
     from rocmdoctor.commands.plan import load_model_files, parse_size
     from rocmdoctor.provision.server.plan_settings import engine_settings
-    from rocmdoctor.vllm.memory_plan import ConfigError, EngineSettings, Memory, plan_from_files
+    from rocmdoctor.provision.tune import session
+    from rocmdoctor.vllm.memory_plan import EngineSettings, Memory
 
     if kv_cache_memory is None and args.plan is None:
         why = "; ".join(n for n in args.notes if "plan" in n) or "no GPU memory to plan with"
@@ -86,28 +87,11 @@ def _plan(app: App, args: Any, opts: dict[str, Any], kv_cache_memory: str | None
     )
     max_len = args.value("--max-model-len")
     try:
-        plan = plan_from_files(
-            files,
-            memory,
-            settings=settings,
-            max_model_len=int(max_len) if max_len else None,
-            typical_len=typical_len,
-            model=opts["model"],
+        return session.fitting_plan(
+            files, memory, settings, int(max_len) if max_len else None, typical_len, opts["model"]
         )
-    except ConfigError as exc:
-        raise UserError(f"{files.location}: {exc}") from None
-    if plan.fits is None:
-        raise UserError(
-            f"the plan cannot tell whether {opts['model']} fits here: {plan.memory_null_reason}; tune measures "
-            "only a model the plan says fits (give the model's safetensors files, or --kv-cache-memory)"
-        )
-    if not plan.fits:
-        remedies = "; ".join(f"{r.action} ({r.flag}: {r.figure})" for r in plan.remedies) or "a larger GPU"
-        raise UserError(
-            f"{opts['model']} does not fit: {'; '.join(plan.reasons)}. Try: {remedies} "
-            "(rocmdoctor plan --model ... shows the whole plan); tune measures only a model that fits"
-        )
-    return plan
+    except session.Unfit as exc:
+        raise UserError(str(exc)) from None
 
 
 def _gmu_within_rule(app: App, args: Any) -> None:
@@ -346,17 +330,10 @@ def _tune(
         in_tokens = prompt_tokens or max(1, min(1024, (max_len or 2048) // 2) - out_tokens)
         chosen = tw.synthetic(in_tokens, out_tokens, seed)
     plan = _plan(app, args, opts, kv_cache_memory, chosen.typical_len())
-    kv_seqs = session.kv_requests(plan.kv_cache_tokens, chosen)
     try:
-        seqs = session.parse_seqs(seqs_spec, kv_seqs)
+        seqs = session.searchable_seqs(seqs_spec, plan.kv_cache_tokens, chosen)
     except session.SeqsError as exc:
         raise UserError(str(exc)) from None
-    over = [v for v in seqs if v > kv_seqs]
-    if over and ":" not in seqs_spec:
-        raise UserError(
-            f"--seqs {','.join(map(str, over))}: the KV cache holds {kv_seqs} requests of "
-            f"{chosen.typical_len()} tokens ({plan.kv_cache_tokens} tokens, rocmdoctor plan); search at most that"
-        )
     from rocmdoctor.provision.server.unit import readiness_url
     from rocmdoctor.provision.tune.state import State
     from rocmdoctor.provision.tune.writeback import without_tuned
