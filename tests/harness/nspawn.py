@@ -6,7 +6,7 @@
 
 Each machine boots from the one read-only base with --volatile=overlay (every boot starts clean,
 several can run at once), lives in its own network namespace (its 127.0.0.1:8000 is its own; reach
-it from the host with `ip netns exec NETNS ...`), and runs commands through nsenter into the
+it from the host with `ip netns exec NETNS ...`) and its own control group (emptied when it stops), and runs commands through nsenter into the
 container's namespaces, so no sshd or machined is needed.
 """
 
