@@ -95,6 +95,11 @@ def command_name(pid):
         return "?"
 
 
+def described(pids):
+    """'167 (VLLM::EngineCore), 183 (VLLM::Worker)': the journal's names for them."""
+    return ", ".join("%s (%s)" % (pid, command_name(pid)) for pid in sorted(pids, key=int))
+
+
 def signal_leftovers(pids, sig, key, path):
     """Send `sig` to each PID still in the unit's group: through a pidfd opened before the membership
     check, so the process checked is the process signalled."""
@@ -153,7 +158,7 @@ def main(argv):
     left = members(directory) - {str(os.getpid())}
     if not left:
         return 0
-    names = ", ".join("%s (%s)" % (pid, command_name(pid)) for pid in sorted(left, key=int))
+    names = described(left)
     signal_leftovers(left, signal.SIGTERM, key, path)
     left = wait_gone(directory, time.monotonic() + GRACE_S)
     killed = bool(left)
@@ -163,7 +168,7 @@ def main(argv):
     if left:
         print(
             "stop-leftovers: %d process(es) of an earlier run survived SIGKILL: %s; not starting beside them"
-            % (len(left), ", ".join("%s (%s)" % (pid, command_name(pid)) for pid in sorted(left, key=int))),
+            % (len(left), described(left)),
             file=sys.stderr,
         )
         return 1

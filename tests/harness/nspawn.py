@@ -6,8 +6,8 @@
 
 Each machine boots from the one read-only base with --volatile=overlay (every boot starts clean,
 several can run at once), lives in its own network namespace (its 127.0.0.1:8000 is its own; reach
-it from the host with `ip netns exec NETNS ...`) and its own control group (emptied when it stops), and runs commands through nsenter into the
-container's namespaces, so no sshd or machined is needed.
+it from the host with `ip netns exec NETNS ...`) and its own control group (emptied when it stops),
+and runs commands through nsenter into the container's namespaces, so no sshd or machined is needed.
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -98,6 +99,19 @@ class BootError(RuntimeError):
     pass
 
 
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Poll `predicate` every half second until it is truthy (its value is returned); AssertionError
+    naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.5)
+
+
 @dataclass
 class Machine:
     name: str
@@ -139,6 +153,10 @@ class Machine:
         if check and done.returncode != 0:
             raise subprocess.CalledProcessError(done.returncode, argv, done.stdout, done.stderr)
         return done
+
+    def unit_property(self, unit: str, prop: str) -> str:
+        """One property of a unit of the machine's systemd (`systemctl show -p PROP --value UNIT`)."""
+        return self.run(["systemctl", "show", "-p", prop, "--value", unit]).stdout.strip()
 
     def host_run(self, argv: Sequence[str], timeout: float = 60.0) -> subprocess.CompletedProcess:
         """Run a host command inside the machine's network namespace (to reach its loopback)."""

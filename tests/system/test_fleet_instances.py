@@ -89,10 +89,6 @@ def inventory(fleet: SshFleet, pins: Path) -> Path:
     )
 
 
-def unit_value(machine, unit: str, prop: str) -> str:
-    return machine.run(["systemctl", "show", "-p", prop, "--value", unit]).stdout.strip()
-
-
 def read(machine, path: str) -> str:
     return machine.run(["cat", path]).stdout
 
@@ -104,7 +100,7 @@ def runs(rack_host, fleet_upstream):
     inv = inventory(fleet, fleet_upstream.pins)
     out = {}
     out["first"] = run_playbook(fleet, inv)
-    out["pids"] = {n: unit_value(machine, f"vllm@{n}.service", "MainPID") for n in ("0", "1")}
+    out["pids"] = {n: machine.unit_property(f"vllm@{n}.service", "MainPID") for n in ("0", "1")}
     out["second"] = run_playbook(fleet, inv)
     files = ["/etc/systemd/system/vllm@.service", "/etc/systemd/system/vllm.target"]
     files += [f"{ENV_DIR}/{n}.env" for n in ("0", "1")]
@@ -147,13 +143,13 @@ def test_the_host_converges_to_two_instances_each_smoke_tested(rack_host, runs):
         env = read(machine, f"{ENV_DIR}/{name}.env")
         assert f"ROCR_VISIBLE_DEVICES={devices}\n" in env and f"ROCMDOCTOR_PORT={port}\n" in env, env
         assert "ROCMDOCTOR_TENSOR_PARALLEL_SIZE=1\n" in env and "ROCMDOCTOR_GPU_MEMORY_UTILIZATION=0." in env
-        assert unit_value(machine, f"vllm@{name}.service", "ActiveState") == "active"
+        assert machine.unit_property(f"vllm@{name}.service", "ActiveState") == "active"
         # what systemd started each instance with: its own port and devices, from its own file
         seen = json.loads(read(machine, f"/var/lib/vllm/instance-{port}.json"))
         assert seen["env"]["ROCR_VISIBLE_DEVICES"] == devices
         assert seen["argv"][seen["argv"].index("--tensor-parallel-size") + 1] == "1"
-    assert unit_value(machine, "vllm.target", "ActiveState") == "active"
-    assert unit_value(machine, "vllm.target", "UnitFileState") == "enabled"
+    assert machine.unit_property("vllm.target", "ActiveState") == "active"
+    assert machine.unit_property("vllm.target", "UnitFileState") == "enabled"
     # readiness went through the template's own gate under systemd
     journal = machine.run(["journalctl", "-u", "vllm@*", "--no-pager"], check=False).stdout
     assert "ready after" in journal
@@ -165,8 +161,8 @@ def test_a_rerun_changes_nothing_and_restarts_nothing(rack_host, runs):
     recap = second.recap()["node"]
     assert second.rc == 0 and recap["failed"] == 0 and recap["changed"] == 0, second.stdout[-4000:]
     for name in ("0", "1"):
-        assert unit_value(machine, f"vllm@{name}.service", "MainPID") == runs["pids"][name] != "0"
-        assert unit_value(machine, f"vllm@{name}.service", "NRestarts") == "0"
+        assert machine.unit_property(f"vllm@{name}.service", "MainPID") == runs["pids"][name] != "0"
+        assert machine.unit_property(f"vllm@{name}.service", "NRestarts") == "0"
     assert "rocmdoctor smoke passed on node vllm@1" in second.stdout
 
 

@@ -21,7 +21,7 @@ import pytest
 
 from conftest import REPO
 from harness.hosts import two_instance_layout
-from harness.nspawn import Bind, Machine, boot
+from harness.nspawn import Bind, Machine, boot, wait_for
 
 pytestmark = [pytest.mark.nspawn, pytest.mark.timeout(600)]
 
@@ -67,7 +67,7 @@ def write(machine: Machine) -> dict:
 
 
 def state(machine: Machine, unit: str) -> str:
-    return machine.run(["systemctl", "show", "-p", "ActiveState", "--value", unit]).stdout.strip()
+    return machine.unit_property(unit, "ActiveState")
 
 
 def settled(machine: Machine, unit: str, wanted: str, timeout: float = 90) -> None:
@@ -93,15 +93,6 @@ def completion_status(machine: Machine, port: int) -> int:
 
 def recorded(machine: Machine, port: int) -> dict:
     return json.loads(machine.run(["cat", f"/var/lib/vllm/instance-{port}.json"]).stdout)
-
-
-def wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 @pytest.fixture
@@ -169,9 +160,7 @@ def test_two_instances_of_the_template_under_systemd(machine):
     again = write(machine)
     assert again["changed"] is False and [i["port"] for i in again["instances"]] == [8000, 8002], again
 
-    survivor_pid = machine.run(
-        ["systemctl", "show", "-p", "MainPID", "--value", "vllm@1.service"]
-    ).stdout.strip()
+    survivor_pid = machine.unit_property("vllm@1.service", "MainPID")
     machine.run(["systemctl", "stop", "vllm@0.service"], timeout=60)
     settled(machine, "vllm@0.service", "inactive")
     assert state(machine, "vllm@1.service") == "active"
@@ -179,10 +168,7 @@ def test_two_instances_of_the_template_under_systemd(machine):
     assert completion_status(machine, 8002) == 200
     # RemoveIPC= is reference-counted per user: the survivor's shared memory is still there.
     assert machine.run(["test", "-e", "/dev/shm/rack-instance-8002"], check=False).returncode == 0
-    assert (
-        machine.run(["systemctl", "show", "-p", "MainPID", "--value", "vllm@1.service"]).stdout.strip()
-        == survivor_pid
-    )
+    assert machine.unit_property("vllm@1.service", "MainPID") == survivor_pid
 
     machine.run(["systemctl", "restart", "vllm@0.service"], timeout=120)
     assert completion_status(machine, 8000) == 200

@@ -8,12 +8,10 @@ an orphaned VLLM::EngineCore: docs/unit.md); its sandbox is the shipped unit's o
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from conftest import REPO
-from harness.nspawn import Machine, boot
+from harness.nspawn import Machine, boot, wait_for
 
 pytestmark = [pytest.mark.nspawn, pytest.mark.timeout(300)]
 
@@ -75,12 +73,8 @@ def machine(request, tmp_path):
     started.stop()
 
 
-def show(machine: Machine, unit: str, prop: str) -> str:
-    return machine.run(["systemctl", "show", "-p", prop, "--value", unit]).stdout.strip()
-
-
 def group_pids(machine: Machine, unit: str) -> set[str]:
-    group = show(machine, unit, "ControlGroup")
+    group = machine.unit_property(unit, "ControlGroup")
     procs = machine.run(
         f"cat /sys/fs/cgroup{group}/cgroup.procs || cat /sys/fs/cgroup/systemd{group}/cgroup.procs"
     )
@@ -94,30 +88,22 @@ def alive(machine: Machine, pids: set[str]) -> set[str]:
     return {row.split()[0] for row in done.stdout.splitlines() if not row.split()[1].startswith("Z")}
 
 
-def wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.5)
-
-
 def test_a_restart_stops_what_the_killed_run_left_and_nothing_else(machine):
     unit = "leftover@a.service"
     # the same user, another unit: never signalled
     machine.run(["systemd-run", "--uid=nobody", "--unit=bystander", "sleep", "1000"])
-    bystander = show(machine, "bystander.service", "MainPID")
+    bystander = machine.unit_property("bystander.service", "MainPID")
     machine.run(["systemctl", "start", unit])
     wait_for(lambda: len(group_pids(machine, unit)) == 3, 30, "the server and its two children")
     first = group_pids(machine, unit)
-    main_pid = show(machine, unit, "MainPID")
+    main_pid = machine.unit_property(unit, "MainPID")
 
     machine.run(["kill", "-KILL", main_pid])
     wait_for(
         lambda: (
-            show(machine, unit, "ActiveState") == "active"
-            and show(machine, unit, "MainPID") not in ("0", main_pid)
-            and int(show(machine, unit, "NRestarts")) >= 1
+            machine.unit_property(unit, "ActiveState") == "active"
+            and machine.unit_property(unit, "MainPID") not in ("0", main_pid)
+            and int(machine.unit_property(unit, "NRestarts")) >= 1
         ),
         60,
         "systemd to restart the unit",

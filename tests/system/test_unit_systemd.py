@@ -19,7 +19,7 @@ import pytest
 
 from conftest import REPO
 from harness.engine import vllm_python
-from harness.nspawn import Bind, Machine, boot
+from harness.nspawn import Bind, Machine, boot, wait_for
 from harness.served_bundle import ENGINE_ARGS, ENGINE_ENV, install_argv
 
 pytestmark = [pytest.mark.nspawn, pytest.mark.engine, pytest.mark.timeout(900)]
@@ -39,10 +39,6 @@ def dropin() -> str:
     )
 
 
-def show(machine: Machine, prop: str) -> str:
-    return machine.run(["systemctl", "show", "-p", prop, "--value", "vllm.service"]).stdout.strip()
-
-
 def completion_status(machine: Machine, key: str | None) -> int:
     code = (
         "import json,sys,urllib.request,urllib.error\n"
@@ -55,16 +51,6 @@ def completion_status(machine: Machine, key: str | None) -> int:
         "except urllib.error.HTTPError as e: print(e.code)\n"
     )
     return int(machine.run(["python3", "-c", code]).stdout.strip())
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(1)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 @pytest.fixture
@@ -143,12 +129,12 @@ def test_unit_runs_restarts_and_stops_under_systemd(machine, bundle_mirror):
     start = machine.run(["systemctl", "start", "vllm.service"], timeout=480, check=False)
     journal = machine.run(["journalctl", "-u", "vllm.service", "--no-pager", "-n", "60"], check=False).stdout
     assert start.returncode == 0, start.stderr + journal
-    assert show(machine, "ActiveState") == "active"
+    assert machine.unit_property("vllm.service", "ActiveState") == "active"
     assert "ready after" in journal, "ExecStartPost's readiness wait did not report"
     assert completion_status(machine, API_KEY) == 200
     assert completion_status(machine, None) == 401
 
-    main_pid = show(machine, "MainPID")
+    main_pid = machine.unit_property("vllm.service", "MainPID")
     status = machine.run(["cat", f"/proc/{main_pid}/status"]).stdout
     groups = {
         line.split(":")[0]: line.split(":")[2]
@@ -165,9 +151,9 @@ def test_unit_runs_restarts_and_stops_under_systemd(machine, bundle_mirror):
     machine.run(["kill", "-KILL", main_pid])
     restarted = wait_for(
         lambda: (
-            show(machine, "ActiveState") == "active"
-            and show(machine, "MainPID") not in ("0", main_pid)
-            and int(show(machine, "NRestarts")) >= 1
+            machine.unit_property("vllm.service", "ActiveState") == "active"
+            and machine.unit_property("vllm.service", "MainPID") not in ("0", main_pid)
+            and int(machine.unit_property("vllm.service", "NRestarts")) >= 1
         ),
         420,
         "systemd to restart the unit",
@@ -190,7 +176,7 @@ def test_unit_runs_restarts_and_stops_under_systemd(machine, bundle_mirror):
     before_stop = machine.user_processes("vllm")
     assert before_stop, "the engine should be running as user vllm"
     machine.run(["systemctl", "stop", "vllm.service"], timeout=150)
-    assert show(machine, "ActiveState") == "inactive"
+    assert machine.unit_property("vllm.service", "ActiveState") == "inactive"
     # `systemctl stop` returns once the cgroup is empty; a process pgrep listed as it exited (not yet
     # reaped on a loaded machine) gets a few seconds, a process that keeps running does not pass.
     reaped = time.monotonic() + 15

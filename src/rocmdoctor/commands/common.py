@@ -64,13 +64,16 @@ def emit_json(document: Any) -> None:
     sys.stdout.flush()
 
 
-def emit_change(change: Change, as_json: bool, details: Sequence[str] = (), **extra: Any) -> None:
+def emit_change(
+    change: Change, as_json: bool, details: Sequence[str] = (), with_diff: bool = True, **extra: Any
+) -> None:
     """A changing command's result: with --json the one envelope (and the command's own fields); for
-    people the one rendering of a Change (rendering/change_text.py) under the command's `details`."""
+    people the one rendering of a Change (rendering/change_text.py) under the command's `details`
+    (`with_diff=False` where the command showed the diff before asking to apply it)."""
     if as_json:
         emit_json(change.envelope(**extra))
     else:
-        click.echo(change_text(change, details))
+        click.echo(change_text(change, details, with_diff))
 
 
 def echo_write_report(

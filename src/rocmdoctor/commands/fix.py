@@ -12,10 +12,9 @@ import click
 
 from rocmdoctor import params
 from rocmdoctor.commands.check import check_context, choose_gpus
-from rocmdoctor.commands.common import App, UserError, emit_json, pass_app
+from rocmdoctor.commands.common import App, UserError, emit_change, pass_app
 from rocmdoctor.commands.server_options import server_option
 from rocmdoctor.registry import DEFAULT_PREFIX
-from rocmdoctor.rendering.change_text import change_text
 
 FIX_IDS = ("groups", "ttm", "cmdline", "udev", "orphans", "dkms")
 # Checks whose findings the fix answers (fix-kernel's, and the access, process and multi-GPU ones).
@@ -228,14 +227,11 @@ def fix(
     else:
         verify = []
     result = change(items, check_only, notes)
-    if as_json:
-        emit_json(result.envelope(verify=verify, unapplied=unapplied))
-        return
     rows = [
         f"verify {row['id']}: {row['state']}" + (f" ({row['note']})" if row["note"] else "") for row in verify
     ]
     # the diff was shown with the plan, before the confirmation
-    click.echo(change_text(result, rows, with_diff=False))
+    emit_change(result, as_json, rows, with_diff=False, verify=verify, unapplied=unapplied)
 
 
 def _verify(
