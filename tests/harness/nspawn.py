@@ -17,10 +17,9 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import psutil
 
@@ -97,19 +96,6 @@ def empty_and_remove(group: Path, timeout: float = 30.0) -> None:
 
 class BootError(RuntimeError):
     pass
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll `predicate` every half second until it is truthy (its value is returned); AssertionError
-    naming `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.5)
 
 
 @dataclass

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness import polling
 from harness.engine import free_port
 
 NODE_EXPORTER = "/usr/bin/prometheus-node-exporter"
@@ -76,15 +77,12 @@ def wait_for(
     what: str, predicate: Callable[[], Any], step: Callable[[], None] = lambda: None, timeout_s: float = 60
 ) -> Any:
     """Call `step` (e.g. write the textfile again) and poll `predicate` until it is truthy."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+
+    def stepped() -> Any:
         step()
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(0.5)
+        return predicate()
+
+    return polling.wait_for(stepped, timeout_s, what)
 
 
 @contextlib.contextmanager

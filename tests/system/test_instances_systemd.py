@@ -21,7 +21,8 @@ import pytest
 
 from conftest import REPO
 from harness.hosts import two_instance_layout
-from harness.nspawn import Bind, Machine, boot, wait_for
+from harness.nspawn import Bind, Machine, boot
+from harness.polling import wait_for
 
 pytestmark = [pytest.mark.nspawn, pytest.mark.timeout(600)]
 

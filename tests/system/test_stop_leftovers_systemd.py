@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 
 from conftest import REPO
-from harness.nspawn import Machine, boot, wait_for
+from harness.nspawn import Machine, boot
+from harness.polling import wait_for
 
 pytestmark = [pytest.mark.nspawn, pytest.mark.timeout(300)]
 

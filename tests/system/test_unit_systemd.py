@@ -19,7 +19,8 @@ import pytest
 
 from conftest import REPO
 from harness.engine import vllm_python
-from harness.nspawn import Bind, Machine, boot, wait_for
+from harness.nspawn import Bind, Machine, boot
+from harness.polling import wait_for
 from harness.served_bundle import ENGINE_ARGS, ENGINE_ENV, install_argv
 
 pytestmark = [pytest.mark.nspawn, pytest.mark.engine, pytest.mark.timeout(900)]
