@@ -94,3 +94,39 @@ def run_remedy(ctx: Context, container: Container, gids: list[int]) -> str:
         f"Recreate the {container.kind} container with `{' '.join(parts)}` on the host's `{container.kind} run` "
         "(chgrp or usermod inside the container cannot change the gid the host's device nodes carry)"
     )
+
+
+# The host-side change per runtime, for what only the host can change (its kernel, udev, the nodes' gid).
+# Sources: Proxmox pct(1) `--devN path,gid=`; LXC lxc.container.conf(5) (lxc.cgroup2.devices.allow,
+# lxc.mount.entry, lxc.idmap); podman-run(1) `--group-add keep-groups` (crun: the user's supplementary
+# groups kept in a rootless container, where a host gid cannot be mapped by number); docker-run(1)
+# `--group-add`; ROCm/k8s-device-plugin (`amd.com/gpu` resource).
+def host_side_change(kind: str, details: dict) -> str:
+    devices = details.get("devices") or {}
+    majors = sorted({str(d.get("rdev", "")).split(":")[0] for d in devices.values() if d.get("rdev")})
+    rootless = bool(details.get("user_namespace"))
+    if kind == "lxc":
+        allow = " ".join(f"`lxc.cgroup2.devices.allow = c {m}:* rwm`" for m in majors) or (
+            "`lxc.cgroup2.devices.allow = c <major>:* rwm` for /dev/kfd and /dev/dri"
+        )
+        return (
+            "on the Proxmox host `pct set <id> --dev0 /dev/kfd,gid=<render gid inside> --dev1 "
+            "/dev/dri/renderD128,gid=<render gid inside>`; or in the LXC config "
+            f"{allow}, `lxc.mount.entry = /dev/kfd dev/kfd none bind,optional,create=file`, "
+            "`lxc.mount.entry = /dev/dri dev/dri none bind,optional,create=dir` and `lxc.idmap = g <render gid "
+            "inside> <host render gid> 1` (with the ranges around it); on the host, the nodes' group is "
+            "render (udev's default rule, `chgrp render /dev/kfd /dev/dri/renderD*`)"
+        )
+    if kind == "podman" and rootless:
+        return f"recreate it with `{OCI_DEVICES} --group-add keep-groups` (rootless: a host gid cannot be mapped by number)"
+    if kind in ("docker", "podman", "oci"):
+        return (
+            f"recreate it with `{OCI_DEVICES} --group-add <the host's render gid>` "
+            "(`getent group render` on the host)"
+        )
+    if kind == "kubernetes":
+        return (
+            "deploy AMD's GPU device plugin (ROCm/k8s-device-plugin) on the node and request "
+            "`resources: limits: amd.com/gpu: 1` in the pod"
+        )
+    return f"change it on the host of this {kind} container"

@@ -16,10 +16,12 @@ distribution's command-line tool (grubby: Fedora/RHEL; kernelstub: Pop!_OS; syst
 from __future__ import annotations
 
 import difflib
-import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from rocmdoctor.facts import boot_files, next_boot, remedies
+from rocmdoctor.facts.boot_files import decode, encode
+from rocmdoctor.host import Host
 from rocmdoctor.host_processes import stop_pids
 from rocmdoctor.host_writes import HostWriter, WriteRefused, with_members
 from rocmdoctor.model import Change
@@ -73,6 +75,10 @@ class Wanted:
     orphans: tuple[tuple[int, str], ...] = ()  # (pid, label) of orphaned vLLM engines
     dkms_remove: bool = False
     tools: tuple[str, ...] = ()  # boot-loader tools present on the target: grubby, kernelstub
+    kernel: str | None = None  # the running kernel (its initramfs image)
+    ram_bytes: int | None = None  # MemTotal: the RAM the host boots with until a carve-out changes
+    depends: str = ""  # a step not done that the TTM limit depends on (the BIOS carve-out)
+    host_only: str = ""  # inside a container: the runtime; what only the host can change is refused
 
 
 @dataclass
@@ -89,6 +95,7 @@ class Item:
     cannot_undo: str = ""
     refused: str = ""  # why it cannot apply to this target (printed, not applied)
     result: str = ""
+    answers: tuple[str, ...] = ()  # the check ids this remedy answers (facts/remedies.py)
 
     @property
     def changes(self) -> bool:
@@ -110,6 +117,7 @@ class Item:
     def to_json(self) -> dict[str, Any]:
         return {
             "id": self.id,
+            "answers": list(self.answers),
             "title": self.title,
             "why": self.why,
             "changes": self.changes,
@@ -128,6 +136,11 @@ def _text(writer: HostWriter, path: str) -> bytes | None:
     return writer.read_current(path)
 
 
+def _table(raw: bytes | None) -> list[list[str]]:
+    """The colon-separated rows of /etc/group or /etc/passwd (bytes that are not UTF-8 kept as they are)."""
+    return [ln.split(":") for ln in decode(raw or b"").splitlines()]
+
+
 def groups_item(writer: HostWriter, wanted: Wanted) -> Item | None:
     if not wanted.groups:
         return None
@@ -137,28 +150,35 @@ def groups_item(writer: HostWriter, wanted: Wanted) -> Item | None:
         "access to /dev/kfd and the render nodes",
     )
     current = _text(writer, "/etc/group")
-    text = (current or b"").decode(errors="replace")
-    members = {
-        f[0]: {m for m in f[3].split(",") if m}
-        for f in (ln.split(":") for ln in text.splitlines())
-        if len(f) > 3
-    }
-    if not any(
-        line.split(":", 1)[0] == wanted.user
-        for line in (_text(writer, "/etc/passwd") or b"").decode().splitlines()
-    ):
+    if current is None and writer.current_mode("/etc/group") is not None:
+        item.refused = "/etc/group exists but cannot be read: run fix as root"
+        return item
+    rows = _table(current)
+    members = {f[0]: {m for m in f[3].split(",") if m} for f in rows if len(f) > 3}
+    gids = {f[0]: f[2] for f in rows if len(f) > 3}
+    if not any(f[0] == wanted.user for f in _table(_text(writer, "/etc/passwd"))):
         item.refused = (
             f"user {wanted.user} does not exist here (`rocmdoctor unit --write` creates the service user)"
         )
         return item
-    missing = [g for g in wanted.groups if g in members and wanted.user not in members[g]]
+    # A group with gid 0 grants every file of group root: never a remedy for a device node.
+    root_groups = [g for g in wanted.groups if gids.get(g, "").strip() == "0"]
+    missing = [
+        g for g in wanted.groups if g in members and wanted.user not in members[g] and g not in root_groups
+    ]
+    if root_groups:
+        item.why += f"; {', '.join(root_groups)} left out: gid 0 is group root"
     if missing:
         item.groups = missing
         item.user = wanted.user
-        new = with_members(text, wanted.user, missing, 3).encode()
+        new = encode(with_members(decode(current or b""), wanted.user, missing, 3))
         item.files.append(("/etc/group", current, new, 0o644))
         item.before_check = f"a new login of {wanted.user} (or a restart of its services)"
     return item
+
+
+def _boot(writer: HostWriter, wanted: Wanted) -> next_boot.BootConfig:
+    return next_boot.boot_config(Host(writer.root), wanted.tools)
 
 
 def ttm_item(writer: HostWriter, wanted: Wanted) -> Item | None:
@@ -170,21 +190,63 @@ def ttm_item(writer: HostWriter, wanted: Wanted) -> Item | None:
         f"TTM limit {wanted.ttm_pages} pages ({gib} GiB) in /etc/modprobe.d",
         "memory.ttm: the GPU can reach only part of RAM",
     )
+    if wanted.ram_bytes and wanted.ttm_pages * 4096 > wanted.ram_bytes and wanted.depends:
+        # Written now, the limit would exceed the RAM this host boots with until the step it depends on is
+        # done (a BIOS carve-out): memory.ttm would then call it "exceeds RAM".
+        item.refused = (
+            f"{gib} GiB is more than the {wanted.ram_bytes / (1 << 30):.0f} GiB of RAM the host boots with until "
+            f"`{wanted.depends}` is done ({wanted.depends} first, then run fix again)"
+        )
+        return item
+    host = Host(writer.root)
+    boot = _boot(writer, wanted)
+    on_cmdline = []
     for module in wanted.ttm_modules:
-        path = f"/etc/modprobe.d/{module}.conf"
-        current = _text(writer, path)
-        line = f"options {module} pages_limit={wanted.ttm_pages}"
-        edited = [
-            _without_pages_limit(ln, module) for ln in (current or b"").decode(errors="replace").splitlines()
-        ]
-        kept = [ln for ln in edited if ln is not None]
-        new = ("\n".join([*kept, line]) + "\n").encode()
-        if current != new:
-            item.files.append((path, current, new, 0o644))
-    if item.files:
+        param = next_boot.module_param(host, boot, module, "pages_limit")
+        if param.overridden_by_cmdline:
+            on_cmdline.append(f"{module}.pages_limit={wanted.ttm_pages}")
+            continue
+        _ttm_file(writer, item, module, wanted.ttm_pages, param)
+    if on_cmdline:
+        # kmod adds the command line's module options after modprobe.d's: a file would change nothing.
+        item.title = f"TTM limit {wanted.ttm_pages} pages ({gib} GiB) on the kernel command line"
+        item.why += (
+            f"; the kernel command line ({boot.loader}) sets {', '.join(w.split('=')[0] for w in on_cmdline)}, "
+            "which overrides modprobe.d (modprobe.d(5)): changed there"
+        )
+        files, run, refused = boot_line_change(writer, boot, wanted.family, tuple(on_cmdline), ())
+        item.files += files
+        item.run += run
+        item.refused = refused
+        item.before_check = "a reboot"
+    elif item.files:
+        image = next_boot.initramfs_image(host, wanted.kernel)
         initramfs = INITRAMFS.get(wanted.family, ["dracut", "-f"])
-        item.before_check = f"`{' '.join(initramfs)}` and a reboot (ttm reads its limit when it loads)"
+        item.before_check = (
+            f"`{' '.join(initramfs)}` (ttm may load from {image}, which holds a copy of modprobe.d) and a reboot"
+            if image or wanted.kernel is None
+            else "a reboot (ttm reads its limit when it loads)"
+        )
     return item
+
+
+def _ttm_file(writer: HostWriter, item: Item, module: str, pages: int, param: next_boot.ModuleParam) -> None:
+    """`options MODULE pages_limit=N` where kmod reads it last: our file, or the /etc copy of a later
+    file that sets it too (a file in /etc hides one of the same name in /usr/lib, /lib and /run)."""
+    names = {path.rsplit("/", 1)[1] for path in param.files} | {f"{module}.conf"}
+    name = max(names)
+    path = f"/etc/modprobe.d/{name}"
+    current = _text(writer, path)
+    base = current
+    if base is None and name != f"{module}.conf":
+        hidden = next(p for p in param.files if p.endswith(f"/{name}"))
+        base = _text(writer, hidden)
+    line = f"options {module} pages_limit={pages}"
+    edited = [_without_pages_limit(ln, module) for ln in decode(base or b"").splitlines()]
+    kept = [ln for ln in edited if ln is not None]
+    new = encode("\n".join([*kept, line]) + "\n")
+    if param.value != str(pages) and current != new:
+        item.files.append((path, current, new, 0o644))
 
 
 def _without_pages_limit(line: str, module: str) -> str | None:
@@ -196,20 +258,61 @@ def _without_pages_limit(line: str, module: str) -> str | None:
     return " ".join(["options", module, *rest]) if rest else None
 
 
-def _edit_cmdline(words: list[str], add: tuple[str, ...], remove: tuple[str, ...]) -> list[str]:
-    kept = [w for w in words if w.split("=", 1)[0] not in remove]
-    return kept + [a for a in add if a not in kept]
-
-
-def _grub_default(text: str, add: tuple[str, ...], remove: tuple[str, ...]) -> str:
-    def edit(match: re.Match[str]) -> str:
-        words = _edit_cmdline(match.group(2).split(), add, remove)
-        return f'{match.group(1)}"{" ".join(words)}"'
-
-    pattern = re.compile(r'^(GRUB_CMDLINE_LINUX_DEFAULT=)"([^"]*)"', re.MULTILINE)
-    if pattern.search(text):
-        return pattern.sub(edit, text, count=1)
-    return text + f'GRUB_CMDLINE_LINUX_DEFAULT="{" ".join(_edit_cmdline([], add, remove))}"\n'
+def boot_line_change(
+    writer: HostWriter, boot: next_boot.BootConfig, family: str, add: tuple[str, ...], remove: tuple[str, ...]
+) -> tuple[list[tuple[str, bytes | None, bytes, int]], list[list[str]], str]:
+    """The files and tools that put `add` on and take `remove` off the next boot's command line, where the
+    boot loader that booted this system reads it (next_boot says which); or why it cannot."""
+    files: list[tuple[str, bytes | None, bytes, int]] = []
+    if boot.loader == "kernelstub":
+        return (
+            files,
+            [*(["kernelstub", "-a", a] for a in add), *(["kernelstub", "-d", r] for r in remove)],
+            "",
+        )
+    if boot.loader == "grubby":
+        args = [f"--args={' '.join(add)}"] if add else []
+        args += [f"--remove-args={' '.join(remove)}"] if remove else []
+        return files, [["grubby", "--update-kernel=ALL", *args]], ""
+    if boot.loader == "systemd-boot":
+        for source in boot.sources:
+            current = _text(writer, source.path) if source.path != next_boot.PROC_CMDLINE else None
+            if source.path in next_boot.KERNEL_CMDLINE or source.path == next_boot.PROC_CMDLINE:
+                # kernel-install writes the next kernel's entry from /etc/kernel/cmdline (kernel-install(8)):
+                # without it, an edit of today's entries is lost at the next kernel update.
+                path = next_boot.KERNEL_CMDLINE[0] if source.path == next_boot.PROC_CMDLINE else source.path
+                if source.words is None or (current is None and not source.words):
+                    continue
+                old = decode(current) if current is not None else " ".join(source.words) + "\n"
+                body = boot_files.kernel_cmdline_file(old)
+                edited = boot_files.edit_line(body, add, remove)
+                if current is None or edited != body:
+                    files.append((path, current, encode(edited + "\n"), 0o644))
+                continue
+            if current is None:
+                continue
+            new = encode(boot_files.bls_edit(decode(current), add, remove))
+            if new != current:
+                files.append((source.path, current, new, 0o644))
+        return files, [], ""
+    if boot.loader == "grub":
+        texts = [(path, decode(_text(writer, path) or b"")) for path in boot.grub_files or [GRUB_DEFAULT]]
+        changed, error = boot_files.grub_edit(texts, add, remove)
+        if error:
+            return [], [], error
+        for path, text in changed.items():
+            current = _text(writer, path)
+            files.append((path, current, encode(text), 0o644))
+        run = [GRUB_UPDATE.get(family, ["update-grub"])] if files else []
+        return files, run, ""
+    return (
+        files,
+        [],
+        (
+            "no boot-loader configuration found (grubby, kernelstub, systemd-boot entries or /etc/default/grub): "
+            "add it with your boot loader's tool"
+        ),
+    )
 
 
 def cmdline_item(writer: HostWriter, wanted: Wanted) -> Item | None:
@@ -218,43 +321,10 @@ def cmdline_item(writer: HostWriter, wanted: Wanted) -> Item | None:
     what = [*(f"add {a}" for a in wanted.cmdline_add), *(f"remove {r}" for r in wanted.cmdline_remove)]
     item = Item("cmdline", "Kernel command line: " + ", ".join(what), "env.multi_gpu / memory.ttm")
     item.before_check = "a reboot"
-    if "kernelstub" in wanted.tools:
-        item.run += [["kernelstub", "-a", a] for a in wanted.cmdline_add]
-        item.run += [["kernelstub", "-d", r] for r in wanted.cmdline_remove]
-        return item
-    if "grubby" in wanted.tools:
-        args = [f"--args={' '.join(wanted.cmdline_add)}"] if wanted.cmdline_add else []
-        args += [f"--remove-args={' '.join(wanted.cmdline_remove)}"] if wanted.cmdline_remove else []
-        item.run.append(["grubby", "--update-kernel=ALL", *args])
-        return item
-    entries = [n for n in writer.listdir(LOADER_ENTRIES) if n.endswith(".conf")]
-    if entries:
-        for name in sorted(entries):
-            path = f"{LOADER_ENTRIES}/{name}"
-            entry = _text(writer, path) or b""
-            lines = entry.decode(errors="replace").splitlines()
-            new_lines = [
-                "options "
-                + " ".join(_edit_cmdline(ln.split()[1:], wanted.cmdline_add, wanted.cmdline_remove))
-                if ln.startswith("options ")
-                else ln
-                for ln in lines
-            ]
-            edited = ("\n".join(new_lines) + "\n").encode()
-            if edited != entry:
-                item.files.append((path, entry, edited, 0o644))
-        return item
-    current = _text(writer, GRUB_DEFAULT)
-    if current is None:
-        item.refused = (
-            "no boot-loader configuration found (grubby, kernelstub, systemd-boot entries or /etc/default/grub): "
-            "add it with your boot loader's tool"
-        )
-        return item
-    new = _grub_default(current.decode(errors="replace"), wanted.cmdline_add, wanted.cmdline_remove).encode()
-    if new != current:
-        item.files.append((GRUB_DEFAULT, current, new, 0o644))
-        item.run.append(GRUB_UPDATE.get(wanted.family, ["update-grub"]))
+    boot = _boot(writer, wanted)
+    item.files, item.run, item.refused = boot_line_change(
+        writer, boot, wanted.family, wanted.cmdline_add, wanted.cmdline_remove
+    )
     return item
 
 
@@ -293,15 +363,44 @@ def dkms_item(writer: HostWriter, wanted: Wanted) -> Item | None:
     return item
 
 
-PLANNERS = (groups_item, ttm_item, cmdline_item, udev_item, orphans_item, dkms_item)
-IDS = ("groups", "ttm", "cmdline", "udev", "orphans", "dkms")
+PLANNERS = {
+    "groups": groups_item,
+    "ttm": ttm_item,
+    "cmdline": cmdline_item,
+    "udev": udev_item,
+    "orphans": orphans_item,
+    "dkms": dkms_item,
+}
+IDS = tuple(remedies.FIXES)
+# What only the host can change from inside a container: its kernel, its boot loader, its udev, its driver.
+HOST_ONLY = ("ttm", "cmdline", "udev", "dkms")
+
+
+def _limited(wanted: Wanted, params: set[str]) -> Wanted:
+    """`wanted` with the kernel command line limited to the parameters a part id chose (cmdline.iommu)."""
+    if not params:
+        return wanted
+    return replace(
+        wanted,
+        cmdline_add=tuple(a for a in wanted.cmdline_add if boot_files.param_name(a) in params),
+        cmdline_remove=tuple(r for r in wanted.cmdline_remove if r in params),
+    )
 
 
 def plan(writer: HostWriter, wanted: Wanted, only: tuple[str, ...] = ()) -> list[Item]:
-    """Every remedy the diagnosis asks for, against the target's current state; `only` keeps those ids."""
-    items = [i for i in (p(writer, wanted) for p in PLANNERS) if i is not None]
-    if only:
-        items = [i for i in items if i.id in only]
+    """Every remedy the diagnosis asks for, against the target's current state; `only` keeps those ids (a
+    remedy, a part of one, or a check id: facts/remedies.py)."""
+    ids, params = remedies.resolve(only)
+    wanted = _limited(wanted, params)
+    items = [
+        i
+        for i in (planner(writer, wanted) for fix, planner in PLANNERS.items() if not ids or fix in ids)
+        if i
+    ]
+    for item in items:
+        item.answers = remedies.FIXES[item.id]
+        if wanted.host_only and item.id in HOST_ONLY and item.changes and not item.refused:
+            item.refused = f"inside this container only the host can change it: {wanted.host_only}"
     if not writer.is_live:
         for item in items:
             if item.pids and not item.refused:

@@ -14,16 +14,15 @@ from rocmdoctor import params
 from rocmdoctor.commands.check import check_context, choose_gpus
 from rocmdoctor.commands.common import App, UserError, emit_change, pass_app
 from rocmdoctor.commands.server_options import server_option
+from rocmdoctor.facts import remedies
 from rocmdoctor.registry import DEFAULT_PREFIX
 
-FIX_IDS = ("groups", "ttm", "cmdline", "udev", "orphans", "dkms")
 # Checks whose findings the fix answers (fix-kernel's, and the access, process and multi-GPU ones).
 DIAGNOSED = ("kernel.version", "kernel.cwsr", "driver.dkms", "memory.ttm", "access.devices", "env.multi_gpu")
 # The fix-kernel steps `fix` applies itself; the others stay printed.
 APPLIED_STEPS = ("ttm", "gttsize", "dkms")
 DEVICE_GROUPS = ("render", "video")
 OCI_KINDS = ("docker", "podman", "kubernetes", "oci")
-TOOL_PATHS = {"grubby": ("/usr/sbin/grubby", "/usr/bin/grubby"), "kernelstub": ("/usr/bin/kernelstub",)}
 
 
 def _diagnose(ctx: Any) -> dict[str, Any]:
@@ -78,14 +77,21 @@ def _device_nodes_need_udev(ctx: Any, findings: dict[str, Any]) -> bool:
 
 def wanted_from(ctx: Any, findings: dict[str, Any], distro: dict[str, Any], target: Any, user: str) -> Any:
     """What the diagnosis asks for, as provision's plain Wanted (the one place checks meet provision here)."""
+    from rocmdoctor.checks.facts import kernel_release, meminfo
     from rocmdoctor.checks.kernel_guidance import distro_family, ttm_steps
+    from rocmdoctor.facts.next_boot import TOOL_PATHS
     from rocmdoctor.provision.fix import Wanted
 
     family = distro_family(distro.get("id"), distro.get("like"))
     groups_text = target.read_text("/etc/group")
+    if not groups_text.ok and groups_text.state.value in ("denied", "unreadable"):
+        raise UserError(
+            f"cannot read /etc/group of {target.root} ({groups_text.describe()}): run fix as root"
+        )
     table = {
         f[0]: f[2]
         for f in (ln.split(":") for ln in (groups_text.value if groups_text.ok else "").splitlines())
+        if len(f) > 2
     }
     dkms = findings.get("driver.dkms")
     removing_dkms = bool(dkms and dkms.status == "fail" and not dkms.details.get("instinct"))
@@ -105,7 +111,8 @@ def wanted_from(ctx: Any, findings: dict[str, Any], distro: dict[str, Any], targ
     return Wanted(
         user=user,
         family=family,
-        groups=tuple(g for g in DEVICE_GROUPS if g in table) if gpu_found else (),
+        # never a group whose gid is 0 (group root): provision's groups_item refuses it too
+        groups=tuple(g for g in DEVICE_GROUPS if g in table and table[g].strip() != "0") if gpu_found else (),
         ttm_pages=ttm_pages,
         ttm_modules=modules,
         cmdline_add=("iommu=pt",) if iommu else (),
@@ -114,7 +121,20 @@ def wanted_from(ctx: Any, findings: dict[str, Any], distro: dict[str, Any], targ
         orphans=tuple(_orphans(target)) if target.is_live else (),
         dkms_remove=removing_dkms,
         tools=tuple(name for name, paths in TOOL_PATHS.items() if any(target.exists(p) for p in paths)),
+        kernel=kernel_release(ctx),
+        ram_bytes=meminfo(ctx).get("MemTotal"),
+        depends="carveout" if "carveout" in steps else "",
+        host_only=host_side(access, container),
     )
+
+
+def host_side(access: Any, container: dict[str, Any]) -> str:
+    """Inside a container, what to change on the host instead (its runtime's own words); "" outside one."""
+    from rocmdoctor.checks.container import host_side_change
+
+    if not container:
+        return ""
+    return host_side_change(container.get("kind", ""), access.details if access else {})
 
 
 def _unapplied(distro: dict[str, Any], kernel: str | None, findings: dict[str, Any]) -> list[dict[str, Any]]:
@@ -155,7 +175,10 @@ def _print(items: list[Any], unapplied: list[dict[str, Any]], show_diff: bool, n
 )
 @click.option("--diff", "show_diff", is_flag=True, help="Show each change's diff.")
 @click.option(
-    "--only", multiple=True, type=click.Choice(FIX_IDS), help="Apply only these remedies (repeatable)."
+    "--only",
+    multiple=True,
+    type=click.Choice(remedies.choices()),
+    help="Apply only these remedies: a remedy, a part of one (cmdline.iommu) or the check it answers (repeatable).",
 )
 @click.option("--yes", is_flag=True, help="Apply without asking.")
 @click.option(
