@@ -255,6 +255,8 @@ def ttm_steps(family: str, ttm: Finding | None, removing_dkms: bool = False) -> 
     if ttm is None:
         return []
     details = ttm.details
+    if (details.get("pending") or {}).get("meets_target"):
+        return []  # written for the next boot: what is left is the reboot memory.ttm names
     if ttm.status not in PROBLEM:
         limits = details.get("pages_limit") or {}
         amdttm = limits.get("amdttm")

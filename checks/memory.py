@@ -6,13 +6,17 @@ from typing import Any
 
 from rocmdoctor.checks import check
 from rocmdoctor.checks.facts import (
+    DISTRO_READS,
     GPU_READS,
     MEMINFO,
     MEMINFO_READS,
+    OSRELEASE,
     GpuNode,
+    distro_info,
     gpu_identity,
     gpu_label,
     gpus,
+    kernel_release,
     meminfo,
     memory_pool,
     not_served,
@@ -20,7 +24,9 @@ from rocmdoctor.checks.facts import (
     serving_gpus,
     usable_memory,
 )
+from rocmdoctor.checks.kernel_guidance import distro_family, initramfs_command
 from rocmdoctor.checks.memory_guidance import carveout_advice
+from rocmdoctor.facts import next_boot
 from rocmdoctor.model import Result, Severity, failed, passed, skipped, warned
 from rocmdoctor.registry import Context
 from rocmdoctor.vllm.memory_rule import MIN_USEFUL_UTILIZATION, recommended
@@ -172,7 +178,15 @@ def ttm_setting(pages: int, names: list[str]) -> str:
     "APU: TTM limit lets the GPU reach most of RAM",
     severity=Severity.DEGRADING,
     depends=("gpu.arch",),
-    reads=(*GPU_READS, *MEMINFO_READS, *TTM_LIMITS.values(), "/sys/module/amdttm"),
+    reads=(
+        *GPU_READS,
+        *MEMINFO_READS,
+        *TTM_LIMITS.values(),
+        "/sys/module/amdttm",
+        *next_boot.READS,
+        OSRELEASE,
+        *DISTRO_READS,
+    ),
 )
 def memory_ttm(ctx: Context) -> Result:
     nodes = gpus(ctx)
@@ -214,6 +228,18 @@ def memory_ttm(ctx: Context) -> Result:
     advice = carveout_advice(True, apus[0].vram_total, gtt_total, ram)
     if advice is not None:
         return warned(advice.summary(), advice.remedy(), **{**details, **advice.finding_details()})
+    pending = pending_limit(ctx, governing, pages)
+    if pending is not None:
+        details["pending"] = pending
+        next_bytes = pending["next_boot"] * 4096
+        if ram * DEFAULT_TTM_FRACTION < next_bytes <= ram:
+            return warned(
+                f"written; takes effect after {' and '.join(pending['after'])}: {governing}.pages_limit "
+                f"{pending['next_boot']} ({gib(next_bytes)}) from {pending['source']}; until then the GPU can "
+                f"reach {reach}",
+                "Do what it waits for: " + "; then ".join(pending["after"]) + ".",
+                **{**details, "pending": {**pending, "meets_target": True}},
+            )
     if limit_bytes <= ram * DEFAULT_TTM_FRACTION:
         return warned(
             f"the GPU can reach only {reach} (the default TTM limit, about half of RAM)",
@@ -241,3 +267,28 @@ def memory_ttm(ctx: Context) -> Result:
             **details,
         )
     return passed(f"{governing}.pages_limit {pages or '?'}: the GPU can reach {reach}", **details)
+
+
+def pending_limit(ctx: Context, module: str, running: int | None) -> dict[str, Any] | None:
+    """A TTM limit written for the next boot that the running kernel does not have yet (facts/next_boot.py:
+    modprobe.d by kmod's order, the kernel command line over it); None when the next boot keeps today's."""
+    boot = next_boot.boot_config(ctx.host)
+    param = next_boot.module_param(ctx.host, boot, module, "pages_limit")
+    if param.value is None or not param.value.isdecimal() or int(param.value) == running or not param.source:
+        return None
+    after = ["a reboot"]
+    image = next_boot.initramfs_image(ctx.host, kernel_release(ctx))
+    if image and not param.overridden_by_cmdline:
+        distro = distro_info(ctx)
+        tool = initramfs_command(distro_family(distro.get("id"), distro.get("like")))
+        after.insert(
+            0, f"`{tool}` ({module} may load from {image}, which holds the modprobe.d it was built with)"
+        )
+    return {
+        "setting": f"{module}.pages_limit",
+        "now": running,
+        "next_boot": int(param.value),
+        "source": param.source,
+        "after": after,
+        "boot": boot.to_json(),
+    }
