@@ -198,7 +198,7 @@ def access_devices(ctx: Context) -> Result:
         ]
         return failed(
             f"{name} cannot open {', '.join(named)} in this {container.kind} container ({container.evidence})",
-            run_remedy(ctx, container, gids) + ".",
+            run_remedy(ctx, container, gids, overflow_gid(ctx)) + ".",
             **details,
         )
     kfd_opens = any(st.path == DEV_KFD and can_open(account.uid, member_of, st) for st in devices)
@@ -237,8 +237,21 @@ def access_devices(ctx: Context) -> Result:
     if tagged:
         details["uaccess_tagged"] = sorted(tagged)
     needed_groups = sorted({"render", "video"} & {g[0] for g in groups.values()})
+    # A node of group root (gid 0): joining group root would hand the user every root-group file, so the
+    # remedy is a group on the node itself (udev's render rule on the host, or the container's mapping).
+    root_owned = [st for st in blocked if st.gid == 0]
+    if blocked and len(root_owned) == len(blocked):
+        where = f" In this container: {CONTAINER_REMEDY}." if container is not None else ""
+        return failed(
+            f"{name} cannot open {', '.join(describe(st, groups) for st in blocked)}: the node belongs to group "
+            "root (gid 0), which no service user should join",
+            f'Give the node group render, mode 0660, on the host (udev\'s rule: `SUBSYSTEM=="kfd", '
+            f'GROUP="render", MODE="0660"`, or `sudo chgrp render {blocked[0].path}`), then add {name} to '
+            f"render.{where}",
+            **details,
+        )
     if blocked:
-        needed = sorted({groups[st.gid][0] for st in blocked})
+        needed = sorted({groups[st.gid][0] for st in blocked if st.gid != 0})
         uaccess_note = (
             f" (udev's uaccess tag on {', '.join(sorted(tagged & {st.path for st in blocked}))} grants an ACL only to "
             "the active local seat session, and this user has none; a service never does)"

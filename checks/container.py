@@ -83,11 +83,20 @@ def group_add(gids: list[int]) -> str:
     return " ".join(f"--group-add {g}" for g in sorted(set(gids)))
 
 
-def run_remedy(ctx: Context, container: Container, gids: list[int]) -> str:
-    """What to add to the host's `docker run`/`podman run`: the devices, the gids, and seccomp when filtered."""
+def run_remedy(ctx: Context, container: Container, gids: list[int], overflow: int | None = None) -> str:
+    """What to add to the host's `docker run`/`podman run`: the devices, the gids, and seccomp when filtered.
+
+    A node whose gid is the overflow id (its host group is not mapped into the container's user namespace)
+    cannot be granted by number: `--group-add 65534` grants nothing. Rootless podman keeps the user's own
+    supplementary groups with `--group-add keep-groups` (podman-run(1), crun); elsewhere the host's gid."""
     parts = [OCI_DEVICES]
-    if gids:
-        parts.append(group_add(gids))
+    mapped = [g for g in gids if g != overflow]
+    if overflow is not None and overflow in gids:
+        parts.append(
+            "--group-add keep-groups" if container.kind == "podman" else "--group-add <the host's render gid>"
+        )
+    if mapped:
+        parts.append(group_add(mapped))
     if seccomp_filtered(ctx):
         parts.append(SECCOMP)
     return (
