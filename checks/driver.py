@@ -52,7 +52,11 @@ _VERSION = re.compile(r"^(\d+)\.(\d+)")
 
 
 def is_instinct(gpu: GpuNode) -> bool:
-    """CDNA datacenter GPUs (gfx908, gfx90a, gfx942, gfx950): gfx9 targets that are not APUs."""
+    """The GPU's class, not whether it has VRAM: the CDNA datacenter targets (host_rules.json `instinct`)
+    are Instinct whether a part is an APU (MI300A) or not; other gfx9 targets count when they are not APUs
+    (the rule before the datacenter APU)."""
+    if gpu.gfx in rules()["instinct"]["gfx"]:
+        return True
     return gpu.gfx.startswith("gfx9") and gpu.gfx not in ("gfx90c",) and gpu.apu is not True
 
 
