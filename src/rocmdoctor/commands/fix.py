@@ -65,11 +65,13 @@ def _device_nodes_need_udev(ctx: Any, findings: dict[str, Any]) -> bool:
     """A KFD or render node of the diagnosed host that is not its group render with mode 0660 (outside a
     container, where the host's `run` decides)."""
     from rocmdoctor.checks.access import groups_table
+    from rocmdoctor.checks.container import detect
     from rocmdoctor.checks.driver import DEV_KFD, render_nodes
 
     render_gid = next((gid for gid, (name, _) in groups_table(ctx).items() if name == "render"), None)
-    access = findings.get("access.devices")
-    if render_gid is None or (access is not None and access.details.get("container")):
+    # Inside a container udev does not manage the nodes passed in: asked of the container detection itself,
+    # not of access.devices' details (absent when the service user does not exist yet).
+    if render_gid is None or detect(ctx) is not None:
         return False
     nodes = [st for st in (ctx.host.stat(p) for p in [DEV_KFD, *render_nodes(ctx)]) if st is not None]
     return any(st.gid != render_gid or st.mode & 0o060 != 0o060 for st in nodes)
@@ -104,8 +106,11 @@ def wanted_from(ctx: Any, findings: dict[str, Any], distro: dict[str, Any], targ
             ttm_pages = int(pairs[0][1])
     multi = findings.get("env.multi_gpu")
     iommu = bool(multi and any("no iommu=pt" in f["finding"] for f in multi.details.get("findings", [])))
+    from rocmdoctor.checks.container import detect
+
     access = findings.get("access.devices")
-    container = (access.details.get("container") or {}) if access else {}
+    found = detect(ctx)
+    container = found.to_json() if found is not None else {}
     # In an OCI container the nodes' gid comes from the host's `run`: access.devices names --group-add.
     gpu_found = access is not None and access.status != "skip" and container.get("kind") not in OCI_KINDS
     return Wanted(

@@ -44,7 +44,7 @@ MODPROBE_DIRS = (
 )
 TOOL_PATHS = {"grubby": ("/usr/sbin/grubby", "/usr/bin/grubby"), "kernelstub": ("/usr/bin/kernelstub",)}
 # The initramfs image of a kernel, per tool (initramfs-tools, dracut, mkinitcpio's default preset).
-INITRAMFS_IMAGES = ("/boot/initrd.img-{kernel}", "/boot/initramfs-{kernel}.img", "/boot/initramfs-linux.img")
+INITRAMFS_IMAGES = ("initrd.img-{kernel}", "initramfs-{kernel}.img")
 READS = (
     PROC_CMDLINE,
     GRUB_DEFAULT,
@@ -54,8 +54,7 @@ READS = (
     LOADER_INFO,
     *(f"{d}/*.conf" for d in MODPROBE_DIRS),
     *(p for paths in TOOL_PATHS.values() for p in paths),
-    "/boot/initrd.img-*",
-    "/boot/initramfs-*.img",
+    "/boot",
 )
 READ_LIMIT = 1 << 20
 
@@ -242,11 +241,15 @@ def module_param(host: Host, boot: BootConfig, module: str, param: str) -> Modul
 
 
 def initramfs_image(host: Host, kernel: str | None) -> str | None:
-    """The initramfs image the running kernel boots with, when there is one."""
+    """The initramfs image the running kernel boots with, when there is one: initramfs-tools' and dracut's
+    name the kernel; mkinitcpio names its image after the kernel package (/boot/initramfs-linux-cachyos.img:
+    any but the fallback). Found by listing /boot, never by reading an image (a snapshot keeps no image)."""
+    names = set(host.listdir("/boot"))
     for pattern in INITRAMFS_IMAGES:
-        path = pattern.format(kernel=kernel or "")
-        if "{kernel}" in pattern and not kernel:
-            continue
-        if host.exists(path):
-            return path
+        name = pattern.format(kernel=kernel)
+        if kernel and name in names:
+            return f"/boot/{name}"
+    for name in sorted(names):
+        if name.startswith("initramfs-linux") and name.endswith(".img") and "fallback" not in name:
+            return f"/boot/{name}"
     return None
