@@ -263,11 +263,19 @@ def access_devices(ctx: Context) -> Result:
             if kfd_opens and all(st.path != DEV_KFD for st in blocked) and userns
             else ""
         )
+        root_note = (
+            f" {', '.join(st.path for st in root_owned)} belongs to group root (gid 0), which no service user "
+            f"should join: give it group render, mode 0660, on the host (`sudo chgrp render "
+            f"{root_owned[0].path}` or udev's rule)."
+            if root_owned
+            else ""
+        )
         return failed(
             f"{half}{name} cannot open {', '.join(describe(st, groups) for st in blocked)}: "
             f"not in group {', '.join(needed)}{uaccess_note}",
             f"sudo usermod -aG {','.join(sorted(set(needed) | set(needed_groups)))} "
             f"{name}, then log out and back in (restart services running as {name})."
+            + root_note
             + (f" In this container: {CONTAINER_REMEDY}." if half else ""),
             **details,
         )

@@ -124,6 +124,7 @@ class Item:
             "files": [path for path, *_ in self.files],
             "run": [" ".join(a) for a in self.run],
             "pids": self.pids,
+            "groups": self.groups,
             "before_check": self.before_check,
             "cannot_undo": self.cannot_undo,
             "refused": self.refused,

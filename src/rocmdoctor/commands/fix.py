@@ -62,16 +62,14 @@ def check_context_for(host: Any) -> Any:
 
 
 def _device_nodes_need_udev(ctx: Any, findings: dict[str, Any]) -> bool:
-    """A KFD or render node of the diagnosed host that is not its group render with mode 0660 (outside a
-    container, where the host's `run` decides)."""
+    """A KFD or render node of the diagnosed host that is not its group render with mode 0660. Inside a
+    container udev does not manage the nodes passed in: the plan refuses the rule there and prints the
+    host's change instead (Wanted.host_only, from the container detection itself)."""
     from rocmdoctor.checks.access import groups_table
-    from rocmdoctor.checks.container import detect
     from rocmdoctor.checks.driver import DEV_KFD, render_nodes
 
     render_gid = next((gid for gid, (name, _) in groups_table(ctx).items() if name == "render"), None)
-    # Inside a container udev does not manage the nodes passed in: asked of the container detection itself,
-    # not of access.devices' details (absent when the service user does not exist yet).
-    if render_gid is None or detect(ctx) is not None:
+    if render_gid is None:
         return False
     nodes = [st for st in (ctx.host.stat(p) for p in [DEV_KFD, *render_nodes(ctx)]) if st is not None]
     return any(st.gid != render_gid or st.mode & 0o060 != 0o060 for st in nodes)
@@ -129,17 +127,22 @@ def wanted_from(ctx: Any, findings: dict[str, Any], distro: dict[str, Any], targ
         kernel=kernel_release(ctx),
         ram_bytes=meminfo(ctx).get("MemTotal"),
         depends="carveout" if "carveout" in steps else "",
-        host_only=host_side(access, container),
+        host_only=host_side(ctx, container),
     )
 
 
-def host_side(access: Any, container: dict[str, Any]) -> str:
-    """Inside a container, what to change on the host instead (its runtime's own words); "" outside one."""
+def host_side(ctx: Any, container: dict[str, Any]) -> str:
+    """Inside a container, what to change on the host instead (its runtime's own words, with the nodes'
+    device numbers); "" outside one."""
+    from rocmdoctor.checks.access import user_namespace
     from rocmdoctor.checks.container import host_side_change
+    from rocmdoctor.checks.driver import DEV_KFD, render_nodes
 
     if not container:
         return ""
-    return host_side_change(container.get("kind", ""), access.details if access else {})
+    nodes = [st for st in (ctx.host.stat(p) for p in [DEV_KFD, *render_nodes(ctx)]) if st is not None]
+    details = {"devices": {st.path: st.to_json() for st in nodes}, "user_namespace": user_namespace(ctx)}
+    return host_side_change(container.get("kind", ""), details)
 
 
 def _unapplied(distro: dict[str, Any], kernel: str | None, findings: dict[str, Any]) -> list[dict[str, Any]]:

@@ -238,11 +238,19 @@ def param_value(words: list[str], name: str) -> str | None:
 
 
 def edit_words(words: list[str], add: tuple[str, ...], remove: tuple[str, ...]) -> list[str]:
-    """Remove every parameter named in `remove` and every earlier value of a parameter `add` sets, then
-    add those of `add` that are missing."""
-    gone = {param_name(r) for r in remove} | {param_name(a) for a in add if a not in words}
-    kept = [w for w in words if param_name(w) not in gone or w in add]
-    return kept + [a for a in add if a not in kept]
+    """Remove every parameter named in `remove`; a parameter of `add` already on the line takes the new
+    value where its last occurrence stands (earlier ones go); the others are added at the end."""
+    gone = {param_name(r) for r in remove}
+    out = [w for w in words if param_name(w) not in gone]
+    for word in add:
+        name = param_name(word)
+        places = [i for i, w in enumerate(out) if param_name(w) == name]
+        if not places:
+            out.append(word)
+            continue
+        out[places[-1]] = word
+        out = [w for i, w in enumerate(out) if i not in places[:-1]]
+    return out
 
 
 def edit_line(line: str, add: tuple[str, ...], remove: tuple[str, ...]) -> str:
