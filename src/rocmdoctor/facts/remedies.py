@@ -2,7 +2,7 @@
 
 `fix --only` takes its choices from here (a remedy's id, a part of one, or the id of a check it answers),
 provision/fix.py plans exactly these ids (tests/unit/test_remedies.py compares them), and every
-`rocmdoctor fix --only X` in a check's remedy or in docs/ must name an id here (the same test). Data, below
+`fix --only` id in a check's remedy or in docs/ must name an id here (the same test). Data, below
 both `checks/` and `provision/`, so that each can name a remedy without importing the other.
 """
 
