@@ -167,6 +167,14 @@ def access_devices(ctx: Context) -> Result:
         return warned(
             "cannot tell who runs this (no identity)", "Pass --user NAME to check that user's access."
         )
+    for path in (PASSWD, GROUP):
+        # A refused read is not an absence: an unreadable /etc/group would drop every membership.
+        read = ctx.host.read_text(path)
+        if read.state.value in ("denied", "unreadable"):
+            return failed(
+                f"cannot read {path} ({read.describe()}): the user's groups are unknown",
+                f"Run as root (or make {path} readable, as it is by default: mode 0644).",
+            )
     account = find_account(ctx, name)
     if account is None:
         return failed(

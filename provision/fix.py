@@ -150,14 +150,20 @@ def groups_item(writer: HostWriter, wanted: Wanted) -> Item | None:
         f"Add {wanted.user} to {', '.join(wanted.groups)}",
         "access to /dev/kfd and the render nodes",
     )
-    current = _text(writer, "/etc/group")
-    if current is None and writer.current_mode("/etc/group") is not None:
-        item.refused = "/etc/group exists but cannot be read: run fix as root"
+    try:
+        current, passwd = _text(writer, "/etc/group"), _text(writer, "/etc/passwd")
+        unreadable = current is None and writer.current_mode("/etc/group") is not None
+    except (WriteRefused, OSError) as exc:
+        unreadable, current, passwd = True, None, None
+        item.why += f" ({exc})"
+    if unreadable:
+        # read as absent, it would look like a host without render and video
+        item.refused = "/etc/group exists but cannot be read (not a regular file, or denied): run fix as root"
         return item
     rows = _table(current)
     members = {f[0]: {m for m in f[3].split(",") if m} for f in rows if len(f) > 3}
     gids = {f[0]: f[2] for f in rows if len(f) > 3}
-    if not any(f[0] == wanted.user for f in _table(_text(writer, "/etc/passwd"))):
+    if not any(f[0] == wanted.user for f in _table(passwd)):
         item.refused = (
             f"user {wanted.user} does not exist here (`rocmdoctor unit --write` creates the service user)"
         )

@@ -506,5 +506,8 @@ def add_to_groups(root: Path, user: str, groups: list[str]) -> None:
         existing = read_file(root, f"/etc/{db}")
         if existing is None:
             continue
-        new = with_members(existing.decode(), user, groups, field_index)
-        write_file(root, f"/etc/{db}", new.encode(), mode_of(root, f"/etc/{db}", mode))
+        # bytes that are not UTF-8 (a name, a comment) are kept exactly, never a reason to fail
+        new = with_members(existing.decode(errors="surrogateescape"), user, groups, field_index)
+        write_file(
+            root, f"/etc/{db}", new.encode(errors="surrogateescape"), mode_of(root, f"/etc/{db}", mode)
+        )

@@ -182,3 +182,19 @@ def test_no_remedy_or_plan_adds_a_user_to_a_group_with_gid_0(where: str, tmp_pat
     plan = fix_json("--root", str(root), "fix", "--check", "--user", user)
     for item in plan["items"]:
         assert not set(item["groups"]) & forbidden, item
+
+
+def test_an_unreadable_group_file_is_not_an_empty_one(tmp_path: Path) -> None:
+    """issue 35: /etc/group unreadable was read as absent (no render, no video: nothing to do)."""
+    import os
+
+    root = build("initramfs-ttm", tmp_path / "root")
+    (root / "etc/group").unlink()
+    os.mkdir(root / "etc/group")  # unreadable even as root (the tests run as root, so no mode can deny it)
+    access = results(root, "user")["access.devices"]
+    assert access["status"] == "fail" and access["summary"].startswith("cannot read /etc/group")
+    target = build("initramfs-ttm", tmp_path / "target")
+    (target / "etc/group").unlink()
+    os.mkdir(target / "etc/group")
+    code, out = run("--root", str(root), "fix", "--target", str(target), "--check")
+    assert code == 2 and "cannot read /etc/group" in out and "Traceback" not in out

@@ -56,3 +56,47 @@ def test_kernelstub_and_orphans_need_the_booted_machine(tmp_path):
     items = {i.id: i for i in plan(writer, wanted)}
     assert "kernelstub -a iommu=pt" in items["cmdline"].refused
     assert "image tree" in items["orphans"].refused and items["orphans"].cannot_undo
+
+
+def test_bytes_that_are_not_utf8_are_kept_and_never_crash(tmp_path):
+    """Latin-1 names and comments in /etc/group, /etc/passwd and ttm.conf: the plan and the write keep every
+    byte it does not change (issue 35)."""
+    writer = tree(tmp_path)
+    (tmp_path / "etc/passwd").write_bytes(b"vllm:x:998:998:J\xfcrgen:/var/lib/vllm:/usr/sbin/nologin\n")
+    (tmp_path / "etc/group").write_bytes(b"caf\xe9:x:1001:vllm\nrender:x:992:\nvideo:x:44:\n")
+    (tmp_path / "etc/gshadow").write_bytes(b"caf\xe9:!::vllm\nrender:!::\nvideo:!::\n")
+    (tmp_path / "etc/modprobe.d/ttm.conf").write_bytes(b"# r\xe9seau \xff\noptions ttm pages_limit=1\n")
+    wanted = Wanted(user="vllm", family="debian", groups=("render", "video"), ttm_pages=262144 * 60)
+    items = plan(writer, wanted)
+    apply(writer, items)
+    assert (
+        tmp_path / "etc/group"
+    ).read_bytes() == b"caf\xe9:x:1001:vllm\nrender:x:992:vllm\nvideo:x:44:vllm\n"
+    assert (tmp_path / "etc/gshadow").read_bytes() == b"caf\xe9:!::vllm\nrender:!::vllm\nvideo:!::vllm\n"
+    assert (
+        tmp_path / "etc/modprobe.d/ttm.conf"
+    ).read_bytes() == b"# r\xe9seau \xff\noptions ttm pages_limit=15728640\n"
+    assert (tmp_path / "etc/passwd").read_bytes().startswith(b"vllm:x:998:998:J\xfc")
+    assert all(not i.changes for i in plan(writer, wanted))
+
+
+def test_a_group_with_gid_0_is_never_joined(tmp_path):
+    writer = tree(tmp_path)
+    (tmp_path / "etc/group").write_text("render:x:0:\nvideo:x:44:\n")  # a container whose render is gid 0
+    (item,) = plan(writer, Wanted(user="vllm", family="debian", groups=("render", "video")), ("groups",))
+    assert item.groups == ["video"] and "gid 0" in item.why
+
+
+def test_an_unreadable_group_file_is_refused_not_read_as_empty(tmp_path):
+    import os
+
+    writer = tree(tmp_path)
+    os.chmod(tmp_path / "etc/group", 0)
+    try:
+        if os.access(tmp_path / "etc/group", os.R_OK):  # root reads it anyway: make it unreadable as a FIFO
+            (tmp_path / "etc/group").unlink()
+            os.mkfifo(tmp_path / "etc/group")
+        (item,) = plan(writer, Wanted(user="vllm", family="debian", groups=("render",)), ("groups",))
+        assert "cannot be read" in item.refused and not item.changes
+    finally:
+        os.chmod(tmp_path / "etc/group", 0o644)
