@@ -397,7 +397,7 @@ def _limited(wanted: Wanted, params: set[str]) -> Wanted:
 def plan(writer: HostWriter, wanted: Wanted, only: tuple[str, ...] = ()) -> list[Item]:
     """Every remedy the diagnosis asks for, against the target's current state; `only` keeps those ids (a
     remedy, a part of one, or a check id: facts/remedies.py)."""
-    ids, params = remedies.resolve(only)
+    ids, params = remedies.selected(only)
     wanted = _limited(wanted, params)
     items = [
         i

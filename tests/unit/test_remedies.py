@@ -59,10 +59,10 @@ def test_a_part_limits_the_command_line_to_its_parameter():
     wanted = fix.Wanted(
         user="vllm", family="ubuntu", cmdline_add=("iommu=pt",), cmdline_remove=("amdgpu.gttsize",)
     )
-    limited = fix._limited(wanted, remedies.resolve(("cmdline.iommu",))[1])
+    limited = fix._limited(wanted, remedies.selected(("cmdline.iommu",))[1])
     assert limited.cmdline_add == ("iommu=pt",) and limited.cmdline_remove == ()
-    assert remedies.resolve(("env.multi_gpu",)) == ({"cmdline"}, set())
-    assert remedies.resolve(("access.devices",))[0] == {"groups", "udev"}
+    assert remedies.selected(("env.multi_gpu",)) == ({"cmdline"}, set())
+    assert remedies.selected(("access.devices",))[0] == {"groups", "udev"}
 
 
 def test_docs_list_every_remedy():

@@ -38,7 +38,7 @@ def answering(check_id: str) -> tuple[str, ...]:
     return tuple(fix for fix, checks in FIXES.items() if check_id in checks)
 
 
-def resolve(only: tuple[str, ...]) -> tuple[set[str], set[str]]:
+def selected(only: tuple[str, ...]) -> tuple[set[str], set[str]]:
     """(remedy ids, kernel parameters the cmdline remedy is limited to) for `fix --only`; empty: all."""
     ids: set[str] = set()
     params: set[str] = set()
