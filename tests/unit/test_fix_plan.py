@@ -100,3 +100,61 @@ def test_an_unreadable_group_file_is_refused_not_read_as_empty(tmp_path):
         assert "cannot be read" in item.refused and not item.changes
     finally:
         os.chmod(tmp_path / "etc/group", 0o644)
+
+
+LOADER_INFO = "sys/firmware/efi/efivars/LoaderInfo-4a67b082-0a4c-41cf-b6c7-440b29bb8c4f"
+
+
+def systemd_boot(tmp_path, kernel_cmdline: str | None):
+    writer = tree(tmp_path)
+    (tmp_path / LOADER_INFO).parent.mkdir(parents=True)
+    (tmp_path / LOADER_INFO).write_bytes(b"\x06\x00\x00\x00s\x00y\x00s\x00")
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc/cmdline").write_text("initrd=\\initrd.img root=UUID=1 rw quiet ttm.pages_limit=1\n")
+    entries = tmp_path / "boot/loader/entries"
+    entries.mkdir(parents=True)
+    (entries / "a.conf").write_text(
+        "title A\nlinux /vmlinuz\noptions root=UUID=1 rw quiet\noptions ttm.pages_limit=1\n"
+    )
+    if kernel_cmdline is not None:
+        (tmp_path / "etc/kernel").mkdir(parents=True)
+        (tmp_path / "etc/kernel/cmdline").write_text(kernel_cmdline)
+    return writer
+
+
+def test_systemd_boot_edits_the_entries_and_kernel_installs_cmdline(tmp_path):
+    """kernel-install(8) writes the next kernel's entry from /etc/kernel/cmdline: an edit of today's entries
+    alone is lost at the next kernel update. A limit on the command line is changed there, not in modprobe.d."""
+    writer = systemd_boot(tmp_path, "root=UUID=1 rw quiet ttm.pages_limit=1\n")
+    (item,) = plan(writer, Wanted(user="vllm", family="arch", ttm_pages=262144 * 60), ("ttm",))
+    assert sorted(p for p, *_ in item.files) == ["/boot/loader/entries/a.conf", "/etc/kernel/cmdline"]
+    apply(writer, [item])
+    assert (tmp_path / "etc/kernel/cmdline").read_text() == "root=UUID=1 rw quiet ttm.pages_limit=15728640\n"
+    assert (tmp_path / "boot/loader/entries/a.conf").read_text() == (
+        "title A\nlinux /vmlinuz\noptions root=UUID=1 rw quiet\noptions ttm.pages_limit=15728640\n"
+    )
+    assert not (tmp_path / "etc/modprobe.d/ttm.conf").exists()
+    (again,) = plan(writer, Wanted(user="vllm", family="arch", ttm_pages=262144 * 60), ("ttm",))
+    assert not again.changes
+
+
+def test_systemd_boot_without_kernel_cmdline_gets_one_from_the_running_line(tmp_path):
+    writer = systemd_boot(tmp_path, None)
+    (item,) = plan(writer, Wanted(user="vllm", family="arch", cmdline_add=("iommu=pt",)), ("cmdline",))
+    files = {p: new for p, _old, new, _mode in item.files}
+    # kernel-install's fallback is the running line without the loader's own initrd=
+    assert files["/etc/kernel/cmdline"] == b"root=UUID=1 rw quiet ttm.pages_limit=1 iommu=pt\n"
+    assert b"options ttm.pages_limit=1 iommu=pt\n" in files["/boot/loader/entries/a.conf"]
+
+
+def test_host_side_change_names_each_runtime():
+    from rocmdoctor.checks.container import host_side_change
+
+    devices = {"devices": {"/dev/kfd": {"rdev": "511:0"}}}
+    assert "--group-add keep-groups" in host_side_change(
+        "podman", {**devices, "user_namespace": {"uid_map": "x"}}
+    )
+    assert "--group-add <the host's render gid>" in host_side_change("docker", devices)
+    assert "amd.com/gpu" in host_side_change("kubernetes", devices)
+    lxc = host_side_change("lxc", devices)
+    assert "pct set" in lxc and "lxc.cgroup2.devices.allow = c 511:* rwm" in lxc and "lxc.idmap" in lxc
