@@ -23,6 +23,8 @@ GROUP = "/etc/group"
 UDEV_DATA = "/run/udev/data"
 UID_MAP = "/proc/self/uid_map"
 GID_MAP = "/proc/self/gid_map"
+PROC_STATUS = "/proc/[0-9]*/status"
+MAX_PROCESSES = 4096  # processes whose groups are compared (the first by PID)
 OVERFLOW_GID = "/proc/sys/kernel/overflowgid"
 DEFAULT_OVERFLOW_GID = 65534
 IDENTITY_MAP = [(0, 0, 4294967295)]
@@ -158,6 +160,8 @@ def overflow_gid(ctx: Context) -> int:
         GID_MAP,
         OVERFLOW_GID,
         *CONTAINER_READS,
+        "/proc",
+        PROC_STATUS,
     ),
     env=CONTAINER_ENV,
 )
@@ -309,6 +313,44 @@ def access_devices(ctx: Context) -> Result:
                 session_gids=sorted(session),
                 **details,
             )
+    stale_pids = stale_processes(ctx, account, devices)
+    if stale_pids:
+        # /etc/group is written, but processes of this user started before it keep their old groups
+        # (credentials(7)): the membership takes effect at their restart or the next login.
+        return warned(
+            f"written; takes effect after a new login: {name} is in the nodes' groups in {GROUP}, but its running "
+            f"process(es) {', '.join(map(str, stale_pids[:5]))} started before that and cannot open them",
+            f"Restart the services running as {name} (or log in again).",
+            pending={
+                "setting": "groups",
+                "after": ["a new login or a restart of the processes"],
+                "pids": stale_pids,
+            },
+            **details,
+        )
     return passed(
         f"{name} can open {len(devices)} device node(s): {', '.join(st.path for st in devices)}", **details
     )
+
+
+def stale_processes(ctx: Context, account: Account, devices: list[StatInfo]) -> list[int]:
+    """Processes of this user (not this one: access.devices judges its own session above) whose
+    supplementary groups do not open a node that /etc/group says the user can: a login or a service
+    started before the membership was written."""
+    if account.uid == 0 or not devices:
+        return []
+    found = []
+    for pid in ctx.host.pids()[:MAX_PROCESSES]:
+        raw = ctx.host.read_text(f"/proc/{pid}/status", limit=8192)
+        if not raw.ok:
+            continue
+        fields = dict(line.split(":", 1) for line in raw.value.splitlines() if ":" in line)
+        uids, gids = (
+            fields.get("Uid", "").split(),
+            fields.get("Groups", "").split() + fields.get("Gid", "").split()[:1],
+        )
+        if not uids or uids[0] != str(account.uid) or not all(g.isdecimal() for g in gids):
+            continue
+        if not all(can_open(account.uid, {int(g) for g in gids}, st) for st in devices):
+            found.append(pid)
+    return found

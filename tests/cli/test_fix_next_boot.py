@@ -198,3 +198,24 @@ def test_an_unreadable_group_file_is_not_an_empty_one(tmp_path: Path) -> None:
     os.mkdir(target / "etc/group")
     code, out = run("--root", str(root), "fix", "--target", str(target), "--check")
     assert code == 2 and "cannot read /etc/group" in out and "Traceback" not in out
+
+
+def test_a_group_written_for_a_running_service_is_pending_until_its_restart(tmp_path: Path) -> None:
+    """fix adds the service user to render; its server, started before, keeps its old groups (credentials(7))."""
+    root = build("initramfs-ttm", tmp_path / "root")
+    passwd = root / "etc/passwd"
+    passwd.write_text(passwd.read_text() + "vllm:x:998:998::/var/lib/vllm:/usr/sbin/nologin\n")
+    (root / "etc/group").write_text((root / "etc/group").read_text() + "vllm:x:998:\n")
+    (root / "proc/4242").mkdir(parents=True)
+    # proc(5)'s status lines of a process of vllm started before the change: only its own group
+    (root / "proc/4242/status").write_text(
+        "Name:\tpython3\nPid:\t4242\nPPid:\t1\nUid:\t998\t998\t998\t998\nGid:\t998\t998\t998\t998\nGroups:\t998 \n"
+    )
+    assert results(root, "vllm")["access.devices"]["status"] == "fail"
+    applied = fix_json("--root", str(root), "fix", "--target", str(root), "--yes", "--only", "groups")
+    assert applied["changed"] is True
+    access = results(root, "vllm")["access.devices"]
+    assert access["status"] == "warn" and access["summary"].startswith(
+        "written; takes effect after a new login"
+    )
+    assert access["details"]["pending"]["pids"] == [4242]
