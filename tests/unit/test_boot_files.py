@@ -171,3 +171,25 @@ def test_kernel_command_line_words_and_last_value_wins() -> None:
     )
     assert words_[2] == 'acpi_osi="Windows 2020"'
     assert bf.param_value(words_, "ttm.pages_limit") == "2"
+
+
+# VERBATIM: /etc/default/grub.d/amd_cwsr.cfg from ROCm/ROCm#5590 (../shared/reference/sysfs/
+# grub-d-amd_cwsr-cfg-cwsr_enable-0-strix-halo.txt): it appends with ${VAR:+...}.
+AMD_CWSR_CFG = (
+    "# /etc/default/grub.d/amd_cwsr.cfg\n"
+    'GRUB_CMDLINE_LINUX="${GRUB_CMDLINE_LINUX:+$GRUB_CMDLINE_LINUX }amdgpu.cwsr_enable=0"\n'
+)
+
+
+@pytest.mark.parametrize("linux", ['GRUB_CMDLINE_LINUX=""\n', 'GRUB_CMDLINE_LINUX="ro rd.luks"\n', ""])
+def test_a_grub_d_file_that_appends_with_parameter_expansion(linux: str, tmp_path: Path) -> None:
+    files = [
+        ("/etc/default/grub", f'GRUB_CMDLINE_LINUX_DEFAULT="quiet splash"\n{linux}'),
+        ("/etc/default/grub.d/amd_cwsr.cfg", AMD_CWSR_CFG),
+    ]
+    before = sh_values(tmp_path, files)
+    assert {v: bf.evaluate(files, VARS)[v][0] for v in VARS} == before
+    changed, error = bf.grub_edit(files, ("iommu=pt",), ("amdgpu.cwsr_enable",))
+    assert error == ""
+    after = sh_values(tmp_path, [(p, changed.get(p, t)) for p, t in files])
+    assert words(after) == [w for w in words(before) if w != "amdgpu.cwsr_enable=0"] + ["iommu=pt"]

@@ -153,6 +153,31 @@ def value_of(raw: str, env: dict[str, str | None]) -> str | None:
             else:
                 out.append(nxt)
             i += 2
+        elif ch == "$" and re.match(r"\$\{[A-Za-z_][A-Za-z0-9_]*:?[-+]", raw[i:]):
+            # ${NAME:+word} ${NAME:-word} (and without the colon): ROCm's amd_cwsr.cfg appends with one
+            close = raw.find("}", i)
+            if close < 0 or "{" in raw[i + 2 : close]:
+                return None
+            inner = raw[i + 2 : close]
+            named = NAME.match(inner)
+            if named is None:
+                return None
+            name = named.group(0)
+            op = inner[len(name) :]
+            colon = op.startswith(":")
+            sign, word = op[1 if colon else 0], op[2 if colon else 1 :]
+            value = env.get(name)
+            if name in env and value is None:
+                return None
+            is_set = name in env and (not colon or bool(value))
+            if sign == "+":
+                expanded = value_of(word, env) if is_set else ""
+            else:
+                expanded = value if is_set else value_of(word, env)
+            if expanded is None:
+                return None
+            out.append(expanded)
+            i = close + 1
         elif ch == "$":
             match = re.match(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))", raw[i:])
             if match is None:
