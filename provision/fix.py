@@ -96,6 +96,7 @@ class Item:
     refused: str = ""  # why it cannot apply to this target (printed, not applied)
     result: str = ""
     answers: tuple[str, ...] = ()  # the check ids this remedy answers (facts/remedies.py)
+    note: str = ""  # another source that decides the value, and what the plan does about it
 
     @property
     def changes(self) -> bool:
@@ -120,6 +121,7 @@ class Item:
             "answers": list(self.answers),
             "title": self.title,
             "why": self.why,
+            "note": self.note,
             "changes": self.changes,
             "files": [path for path, *_ in self.files],
             "run": [" ".join(a) for a in self.run],
@@ -217,9 +219,10 @@ def ttm_item(writer: HostWriter, wanted: Wanted) -> Item | None:
     if on_cmdline:
         # kmod adds the command line's module options after modprobe.d's: a file would change nothing.
         item.title = f"TTM limit {wanted.ttm_pages} pages ({gib} GiB) on the kernel command line"
-        item.why += (
-            f"; the kernel command line ({boot.loader}) sets {', '.join(w.split('=')[0] for w in on_cmdline)}, "
-            "which overrides modprobe.d (modprobe.d(5)): changed there"
+        item.note = (
+            f"the kernel command line ({boot.loader}: {boot.evidence}) sets "
+            f"{', '.join(w.split('=')[0] for w in on_cmdline)}, which kmod applies after modprobe.d "
+            "(modprobe.d(5)): a modprobe.d file would change nothing, so it is changed there"
         )
         files, run, refused = boot_line_change(writer, boot, wanted.family, tuple(on_cmdline), ())
         item.files += files

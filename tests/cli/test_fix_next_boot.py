@@ -89,6 +89,7 @@ def test_a_limit_on_the_kernel_command_line_is_changed_there(cases: dict[str, Ca
     )
     ttm = case.item(case.plan, "ttm")
     assert ttm["files"] == ["/etc/default/grub"] and "on the kernel command line" in ttm["title"]
+    assert "kmod applies after modprobe.d" in ttm["note"] and "BOOT_IMAGE" in ttm["note"]
     assert "-GRUB_CMDLINE_LINUX_DEFAULT=" in ttm["diff"] and "ttm.pages_limit=31719424" in ttm["diff"]
     assert not (case.copy / "etc/modprobe.d/ttm.conf").exists()
     # grub-mkconfig sources the file with sh: the user's words, with only the limit changed.

@@ -158,6 +158,8 @@ def _print(items: list[Any], unapplied: list[dict[str, Any]], show_diff: bool, n
     for item in items:
         mark = "refused" if item.refused else ("change" if item.changes else "ok")
         click.echo(f"[{mark}] {item.id}: {item.title}")
+        if item.note:
+            click.echo(f"    note: {item.note}")
         if item.refused:
             click.echo(f"    cannot apply here: {item.refused}")
         elif item.changes:
