@@ -215,14 +215,6 @@ class ModuleParam:
     def overridden_by_cmdline(self) -> bool:
         return bool(self.cmdline)
 
-    def to_json(self) -> dict[str, object]:
-        return {
-            "value": self.value,
-            "source": self.source,
-            "modprobe_d": self.files,
-            "cmdline": [{"source": s, "value": v} for s, v in self.cmdline],
-        }
-
 
 def module_param(host: Host, boot: BootConfig, module: str, param: str) -> ModuleParam:
     files: dict[str, str] = {}
