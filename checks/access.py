@@ -248,7 +248,8 @@ def access_devices(ctx: Context) -> Result:
     blocked = [st for st in blocked if st not in via_acl]
     if tagged:
         details["uaccess_tagged"] = sorted(tagged)
-    needed_groups = sorted({"render", "video"} & {g[0] for g in groups.values()})
+    # never a group whose gid is 0 (a container's /etc/group can name gid 0 render)
+    needed_groups = sorted({"render", "video"} & {g[0] for gid, g in groups.items() if gid != 0})
     # A node of group root (gid 0): joining group root would hand the user every root-group file, so the
     # remedy is a group on the node itself (udev's render rule on the host, or the container's mapping).
     root_owned = [st for st in blocked if st.gid == 0]

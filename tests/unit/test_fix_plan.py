@@ -158,3 +158,18 @@ def test_host_side_change_names_each_runtime():
     assert "amd.com/gpu" in host_side_change("kubernetes", devices)
     lxc = host_side_change("lxc", devices)
     assert "pct set" in lxc and "lxc.cgroup2.devices.allow = c 511:* rwm" in lxc and "lxc.idmap" in lxc
+
+
+def test_access_never_names_a_gid_0_group_even_when_it_is_called_render(tmp_path):
+    import re
+    import shutil
+
+    from harness.hosts import fixture_root, run_check
+
+    root = tmp_path / "root"
+    shutil.copytree(fixture_root("r9700"), root, symlinks=True)
+    (root / "etc/passwd").write_text((root / "etc/passwd").read_text() + "vllm:x:998:998::/:/sbin/nologin\n")
+    (root / "etc/group").write_text("root:x:0:\nrender:x:0:\nvideo:x:39:\nvllm:x:998:\n")
+    result = run_check(root, "access.devices", user="vllm")
+    joined = {g for m in re.findall(r"usermod -aG (\S+)", result.remedy) for g in m.split(",")}
+    assert result.status.value == "fail" and "render" not in joined and "root" not in joined
