@@ -11,6 +11,7 @@ from rocmdoctor.checks.container import READS as CONTAINER_READS
 from rocmdoctor.checks.container import detect as detect_container
 from rocmdoctor.checks.container import run_remedy
 from rocmdoctor.checks.driver import DEV_KFD, RENDER_NODES, render_nodes
+from rocmdoctor.facts.remedies import fixable
 from rocmdoctor.host import StatInfo
 from rocmdoctor.model import Result, failed, passed, warned
 from rocmdoctor.registry import Context
@@ -291,6 +292,7 @@ def access_devices(ctx: Context) -> Result:
             + root_note
             + (f" In this container: {CONTAINER_REMEDY}." if half else ""),
             **details,
+            **fixable("groups"),
         )
     if via_acl:
         groups_text = ",".join(needed_groups) or "render"
@@ -301,6 +303,7 @@ def access_devices(ctx: Context) -> Result:
             f"sudo usermod -aG {groups_text} {name}, then log out and back in.",
             acl_only=[st.path for st in via_acl],
             **details,
+            **fixable("groups"),
         )
     identity = ctx.host.identity()
     if identity is not None and identity.user == name and account.uid != 0:

@@ -11,6 +11,7 @@ from rocmdoctor.checks.container import detect as detect_container
 from rocmdoctor.checks.container import run_remedy
 from rocmdoctor.checks.facts import GPU_READS, OSRELEASE, GpuNode, gpus, kernel_release
 from rocmdoctor.checks.host_rules import rules
+from rocmdoctor.facts.remedies import fixable
 from rocmdoctor.model import Action, Result, failed, passed, warned
 from rocmdoctor.registry import DEFAULT_PREFIX, Context
 from rocmdoctor.textnum import is_decimal
@@ -276,6 +277,7 @@ def driver_dkms(ctx: Context) -> Result:
             f"amdgpu DKMS build shadows the in-tree driver on {apus[0].gfx}: {evidence}",
             DKMS_REMEDY_APT,
             signals=signals,
+            **fixable("dkms"),
         )
     return warned(
         f"amdgpu DKMS build in use: {evidence}",

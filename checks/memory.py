@@ -27,6 +27,7 @@ from rocmdoctor.checks.facts import (
 from rocmdoctor.checks.kernel_guidance import distro_family, initramfs_command
 from rocmdoctor.checks.memory_guidance import carveout_advice
 from rocmdoctor.facts import next_boot
+from rocmdoctor.facts.remedies import fixable
 from rocmdoctor.model import Result, Severity, failed, passed, skipped, warned
 from rocmdoctor.registry import Context
 from rocmdoctor.vllm.memory_rule import MIN_USEFUL_UTILIZATION, recommended
@@ -245,18 +246,21 @@ def memory_ttm(ctx: Context) -> Result:
             f"the GPU can reach only {reach} (the default TTM limit, about half of RAM)",
             f"Set {ttm_setting(target_pages, names)} ({target_gib} GiB = {target_gib} x {PAGES_PER_GIB} pages).",
             **details,
+            **fixable("ttm"),
         )
     if len(names) == 2 and len(set(limits.values())) > 1:
         return warned(
             f"ttm and amdttm disagree ({limits}): tools read one, the DKMS driver uses the other",
             f"Set both: {ttm_setting(limits[governing], names)}.",
             **details,
+            **fixable("ttm"),
         )
     if limit_bytes > ram:
         return warned(
             f"TTM limit {gib(limit_bytes)} exceeds RAM {gib(ram)}: large allocations can OOM the host",
             f"Lower it: {ttm_setting(target_pages, names)}.",
             **details,
+            **fixable("ttm"),
         )
     if gtt_total is not None and pages and gtt_total < pages * 4096 * 0.9:
         return warned(
@@ -265,6 +269,7 @@ def memory_ttm(ctx: Context) -> Result:
             "Remove amdgpu.gttsize from the kernel command line (deprecated; ttm.pages_limit alone sets GTT), "
             "then reboot.",
             **details,
+            **fixable("cmdline.gttsize"),
         )
     return passed(f"{governing}.pages_limit {pages or '?'}: the GPU can reach {reach}", **details)
 

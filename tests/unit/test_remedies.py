@@ -68,3 +68,45 @@ def test_a_part_limits_the_command_line_to_its_parameter():
 def test_docs_list_every_remedy():
     text = (REPO / "docs/fix.md").read_text()
     assert {m for m in re.findall(r"^\| `([a-z.]+)` \|", text, re.M)} >= set(remedies.FIXES)
+
+
+def fixable_results() -> list[tuple[str, str, str]]:
+    """(fixture, check id, remedy id) for every result of a golden report that says `fix` answers it."""
+    import json
+
+    from harness.hosts import FIXTURE_IDS
+
+    found = []
+    for fixture_id in FIXTURE_IDS:
+        report = json.loads((fixture_root(fixture_id) / "expected.json").read_text())
+        for entry in report["checks"]:
+            found += [(fixture_id, entry["id"], fix_id) for fix_id in entry["details"].get("fix", [])]
+    return found
+
+
+def test_fixable_results_exist_in_the_goldens():
+    """Why four golden reports gained `details.fix` (issue 33 item 4: a check that can be fixed says so in its
+    result, machine-readably): memory.ttm on strix-halo-default-ttm and strix-point, access.devices on
+    rx7900xtx-no-render, driver.dkms on strix-halo-nocwsr-dkms."""
+    assert {(f, c) for f, c, _ in fixable_results()} == {
+        ("strix-halo-default-ttm", "memory.ttm"),
+        ("strix-point", "memory.ttm"),
+        ("rx7900xtx-no-render", "access.devices"),
+        ("strix-halo-nocwsr-dkms", "driver.dkms"),
+    }
+
+
+@pytest.mark.parametrize(("fixture_id", "check_id", "fix_id"), fixable_results())
+def test_a_fixable_result_names_a_remedy_that_answers_it(fixture_id, check_id, fix_id):
+    import json
+
+    assert fix_id in remedies.choices()
+    remedy = remedies.PARTS[fix_id][0] if fix_id in remedies.PARTS else fix_id
+    assert check_id in remedies.FIXES[remedy]
+    result = CliRunner().invoke(
+        rocmdoctor_cli,
+        ["--root", str(fixture_root(fixture_id)), "fix", "--check", "--json", "--only", fix_id],
+    )
+    assert result.exit_code == 0, result.output
+    (item,) = json.loads(result.output)["items"]
+    assert item["id"] == remedy and check_id in item["answers"] and (item["changes"] or item["refused"])

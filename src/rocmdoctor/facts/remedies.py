@@ -54,3 +54,12 @@ def selected(only: tuple[str, ...]) -> tuple[set[str], set[str]]:
             ids.update(answering(choice))
             whole_cmdline |= "cmdline" in answering(choice)
     return ids, set() if whole_cmdline else params
+
+
+def fixable(*fix_ids: str) -> dict[str, list[str]]:
+    """What a check's warning or failure carries when `rocmdoctor fix` answers it: `{"fix": [ids]}` in its
+    details, machine-readable (`fix --only ID`); an id that is not registered is a programming error."""
+    unknown = [f for f in fix_ids if f not in choices()]
+    if unknown:
+        raise ValueError(f"not a registered remedy: {unknown}")
+    return {"fix": list(fix_ids)}
