@@ -1,0 +1,128 @@
+"""A log read within fixed memory: bytes in, per-signature evidence and the most error-like lines out.
+
+The scanner keeps no more than a few lines per cause and a few candidate error lines, whatever the
+size of the log; a line is looked at up to `log_signatures.MAX_LINE_CHARS` and the rest of an overlong
+line (binary data without newlines) is counted but never held. What is read, and what is skipped, is
+the caller's choice (`commands/explain_input.py`); it tells the scanner with `skip()` so that line
+numbers stay those of the file.
+"""
+
+from __future__ import annotations
+
+import heapq
+import re
+from dataclasses import dataclass, field
+
+from rocmdoctor.vllm.log_signatures import MAX_LINE_CHARS, LineMatch, Signature, match_line, message
+
+EVIDENCE_LINES = 5  # kept per cause (the first ones: where it started)
+ERROR_LINES = 5  # kept when nothing is explained
+_KEEP_CHARS = 400  # of a kept line
+
+# What makes a line look like an error when no signature explains it: an exception line, then a
+# logger's error level, then the words. A later line wins a tie: the last traceback line is the one.
+_EXCEPTION = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Exit|Fault|Failure)\b(?::|$)")
+_LEVEL = re.compile(r"\b(?:ERROR|CRITICAL|FATAL|\[Error\]|Traceback \(most recent call last\))")
+_WORDS = re.compile(
+    r"\b(?:error|failed|failure|fatal|segmentation fault|core dumped|killed)\b", re.IGNORECASE
+)
+
+
+@dataclass
+class Evidence:
+    signature: Signature
+    first: LineMatch
+    lines: list[tuple[int, str]] = field(default_factory=list)
+    count: int = 0
+
+
+@dataclass
+class Scan:
+    """What one log gave; `evidence` in the order causes were first seen."""
+
+    lines: int = 0
+    bytes_read: int = 0
+    skipped: list[tuple[int, int, int]] = field(default_factory=list)  # (first line, last line, bytes)
+    overlong_lines: int = 0
+    binary_bytes: int = 0
+    evidence: dict[str, Evidence] = field(default_factory=dict)
+    _errors: list[tuple[int, int, str]] = field(default_factory=list)  # heap of (score, line, text)
+
+    def error_like(self) -> list[tuple[int, str]]:
+        """The lines that looked most like an error, in the order of the log."""
+        return sorted((line, text) for _score, line, text in self._errors)
+
+
+class Scanner:
+    """Feed bytes as they come; `finish()` flushes the last line and gives the `Scan`."""
+
+    def __init__(self) -> None:
+        self.scan = Scan()
+        self._partial = bytearray()
+        self._partial_cut = False  # the current line passed the limit: the rest of it is dropped
+
+    def feed(self, data: bytes) -> None:
+        self.scan.bytes_read += len(data)
+        self.scan.binary_bytes += data.count(b"\x00")
+        start = 0
+        while True:
+            end = data.find(b"\n", start)
+            if end < 0:
+                self._hold(data[start:])
+                return
+            self._hold(data[start:end])
+            self._line_done()
+            start = end + 1
+
+    def skip(self, nbytes: int, newlines: int) -> None:
+        """The caller left out `nbytes` holding `newlines` line ends (the middle of a huge file): the
+        line in progress is ended and numbering continues after the gap."""
+        if self._partial or self._partial_cut:
+            self._line_done()
+            newlines -= 1
+        first = self.scan.lines + 1
+        self.scan.lines += max(newlines, 0)
+        self.scan.skipped.append((first, self.scan.lines, nbytes))
+
+    def finish(self) -> Scan:
+        if self._partial or self._partial_cut:
+            self._line_done()
+        return self.scan
+
+    def _hold(self, piece: bytes) -> None:
+        room = MAX_LINE_CHARS * 4 - len(self._partial)  # UTF-8: at most 4 bytes a character
+        if len(piece) > room:
+            self._partial += piece[: max(room, 0)]
+            self._partial_cut = True
+        else:
+            self._partial += piece
+
+    def _line_done(self) -> None:
+        self.scan.lines += 1
+        if self._partial_cut:
+            self.scan.overlong_lines += 1
+        raw = self._partial.decode("utf-8", "replace").replace("\x00", "")
+        self._partial.clear()
+        self._partial_cut = False
+        self._look_at(self.scan.lines, raw)
+
+    def _look_at(self, number: int, raw: str) -> None:
+        found = match_line(raw)
+        if found is not None:
+            ev = self.scan.evidence.get(found.signature.id)
+            if ev is None:
+                ev = self.scan.evidence[found.signature.id] = Evidence(found.signature, found)
+            ev.count += 1
+            if len(ev.lines) < EVIDENCE_LINES:
+                ev.lines.append((number, raw.strip()[:_KEEP_CHARS]))
+            return
+        text = message(raw)
+        score = 3 if _EXCEPTION.match(text) else 2 if _LEVEL.search(raw[:MAX_LINE_CHARS]) else 1
+        if score == 1 and not _WORDS.search(text):
+            return
+        entry = (score, number, raw.strip()[:_KEEP_CHARS])
+        heap = self.scan._errors
+        if len(heap) < ERROR_LINES:
+            heapq.heappush(heap, entry)
+        elif entry > heap[0]:
+            heapq.heapreplace(heap, entry)
