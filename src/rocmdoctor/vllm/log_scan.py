@@ -3,8 +3,8 @@
 The scanner keeps no more than a few lines per cause and a few candidate error lines, whatever the
 size of the log; a line is looked at up to `log_signatures.MAX_LINE_CHARS` and the rest of an overlong
 line (binary data without newlines) is counted but never held. What is read, and what is skipped, is
-the caller's choice (`commands/explain_input.py`); it tells the scanner with `skip()` so that line
-numbers stay those of the file.
+the caller's choice (`commands/explain_input.py`); it tells the scanner with `skip()`, after which line
+numbers are unknown (counting them would mean reading what was skipped) and byte offsets stand in.
 """
 
 from __future__ import annotations
@@ -28,11 +28,18 @@ _WORDS = re.compile(
 )
 
 
+@dataclass(frozen=True, slots=True)
+class Line:
+    number: int | None  # None after a skipped stretch
+    offset: int  # byte offset of the line's start
+    text: str
+
+
 @dataclass
 class Evidence:
     signature: Signature
     first: LineMatch
-    lines: list[tuple[int, str]] = field(default_factory=list)
+    lines: list[Line] = field(default_factory=list)
     count: int = 0
 
 
@@ -40,17 +47,17 @@ class Evidence:
 class Scan:
     """What one log gave; `evidence` in the order causes were first seen."""
 
-    lines: int = 0
+    lines: int = 0  # lines looked at
     bytes_read: int = 0
-    skipped: list[tuple[int, int, int]] = field(default_factory=list)  # (first line, last line, bytes)
+    skipped: list[tuple[int, int]] = field(default_factory=list)  # (byte offset, bytes) left out
     overlong_lines: int = 0
-    binary_bytes: int = 0
+    binary_bytes: int = 0  # NUL bytes seen: a binary file, not a log
     evidence: dict[str, Evidence] = field(default_factory=dict)
-    _errors: list[tuple[int, int, str]] = field(default_factory=list)  # heap of (score, line, text)
+    errors: list[tuple[int, int, Line]] = field(default_factory=list)  # heap of (score, offset, line)
 
-    def error_like(self) -> list[tuple[int, str]]:
+    def error_like(self) -> list[Line]:
         """The lines that looked most like an error, in the order of the log."""
-        return sorted((line, text) for _score, line, text in self._errors)
+        return [line for _score, _offset, line in sorted(self.errors, key=lambda e: e[1])]
 
 
 class Scanner:
@@ -60,10 +67,15 @@ class Scanner:
         self.scan = Scan()
         self._partial = bytearray()
         self._partial_cut = False  # the current line passed the limit: the rest of it is dropped
+        self._offset = 0  # where the next byte fed sits in the log
+        self._line_start = 0
+        self._numbered = True  # False once a stretch was skipped
 
     def feed(self, data: bytes) -> None:
         self.scan.bytes_read += len(data)
         self.scan.binary_bytes += data.count(b"\x00")
+        base = self._offset
+        self._offset += len(data)
         start = 0
         while True:
             end = data.find(b"\n", start)
@@ -72,17 +84,18 @@ class Scanner:
                 return
             self._hold(data[start:end])
             self._line_done()
+            self._line_start = base + end + 1
             start = end + 1
 
-    def skip(self, nbytes: int, newlines: int) -> None:
-        """The caller left out `nbytes` holding `newlines` line ends (the middle of a huge file): the
-        line in progress is ended and numbering continues after the gap."""
+    def skip(self, nbytes: int) -> None:
+        """The caller left out the next `nbytes` (the middle of a huge file): the line in progress is
+        ended there, and lines after the gap carry byte offsets only."""
         if self._partial or self._partial_cut:
             self._line_done()
-            newlines -= 1
-        first = self.scan.lines + 1
-        self.scan.lines += max(newlines, 0)
-        self.scan.skipped.append((first, self.scan.lines, nbytes))
+        self.scan.skipped.append((self._offset, nbytes))
+        self._offset += nbytes
+        self._line_start = self._offset
+        self._numbered = False
 
     def finish(self) -> Scan:
         if self._partial or self._partial_cut:
@@ -104,25 +117,26 @@ class Scanner:
         raw = self._partial.decode("utf-8", "replace").replace("\x00", "")
         self._partial.clear()
         self._partial_cut = False
-        self._look_at(self.scan.lines, raw)
+        self._look_at(self.scan.lines if self._numbered else None, raw)
 
-    def _look_at(self, number: int, raw: str) -> None:
+    def _look_at(self, number: int | None, raw: str) -> None:
         found = match_line(raw)
+        line = Line(number, self._line_start, raw.strip()[:_KEEP_CHARS])
         if found is not None:
             ev = self.scan.evidence.get(found.signature.id)
             if ev is None:
                 ev = self.scan.evidence[found.signature.id] = Evidence(found.signature, found)
             ev.count += 1
             if len(ev.lines) < EVIDENCE_LINES:
-                ev.lines.append((number, raw.strip()[:_KEEP_CHARS]))
+                ev.lines.append(line)
             return
         text = message(raw)
         score = 3 if _EXCEPTION.match(text) else 2 if _LEVEL.search(raw[:MAX_LINE_CHARS]) else 1
         if score == 1 and not _WORDS.search(text):
             return
-        entry = (score, number, raw.strip()[:_KEEP_CHARS])
-        heap = self.scan._errors
+        entry = (score, line.offset, line)
+        heap = self.scan.errors
         if len(heap) < ERROR_LINES:
             heapq.heappush(heap, entry)
-        elif entry > heap[0]:
+        elif entry[:2] > heap[0][:2]:
             heapq.heapreplace(heap, entry)
