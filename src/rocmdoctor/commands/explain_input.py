@@ -2,7 +2,8 @@
 
 - A regular file: its first HEAD_BYTES and its last TAIL_BYTES are scanned, the middle is skipped
   (line numbers after a gap are unknown; the byte offset is given instead). A 2 GB log costs the same
-  as a 64 MiB one.
+  as a 16 MiB one: a failed start's cause is near the start (the environment, the first error) or at
+  the end (the traceback), and a long-running server's middle is request logs.
 - A pipe (`-` for stdin, `<(...)`): at most STREAM_BYTES, for at most STREAM_SECONDS; an endless
   stream is cut there and the report says so.
 - A systemd unit's journal since its last start (`journalctl _SYSTEMD_INVOCATION_ID=`), at most
@@ -26,9 +27,9 @@ from rocmdoctor.vllm.log_scan import Scan, Scanner
 if TYPE_CHECKING:
     from rocmdoctor.host import Host
 
-HEAD_BYTES = 32 * 1024 * 1024
-TAIL_BYTES = 32 * 1024 * 1024
-STREAM_BYTES = 64 * 1024 * 1024
+HEAD_BYTES = 8 * 1024 * 1024
+TAIL_BYTES = 8 * 1024 * 1024
+STREAM_BYTES = 16 * 1024 * 1024
 STREAM_SECONDS = 60.0
 JOURNAL_LINES = 20000
 JOURNAL_TIMEOUT_S = 30.0

@@ -13,7 +13,7 @@ import heapq
 import re
 from dataclasses import dataclass, field
 
-from rocmdoctor.vllm.log_signatures import MAX_LINE_CHARS, LineMatch, Signature, match_line, message
+from rocmdoctor.vllm.log_signatures import MAX_LINE_CHARS, LineMatch, Signature, match_message, message
 
 EVIDENCE_LINES = 5  # kept per cause (the first ones: where it started)
 ERROR_LINES = 5  # kept when nothing is explained
@@ -22,9 +22,9 @@ _KEEP_CHARS = 400  # of a kept line
 # What makes a line look like an error when no signature explains it: an exception line, then a
 # logger's error level, then the words. A later line wins a tie: the last traceback line is the one.
 _EXCEPTION = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Exit|Fault|Failure)\b(?::|$)")
-_LEVEL = re.compile(r"\b(?:ERROR|CRITICAL|FATAL|\[Error\]|Traceback \(most recent call last\))")
-_WORDS = re.compile(
-    r"\b(?:error|failed|failure|fatal|segmentation fault|core dumped|killed)\b", re.IGNORECASE
+_ERRORISH = re.compile(
+    r"(?P<level>\bERROR\b|\bCRITICAL\b|\bFATAL\b|\[Error\]|Traceback \(most recent call last\))"
+    r"|\b(?i:error|failed|failure|fatal|segmentation fault|core dumped|killed)\b"
 )
 
 
@@ -120,7 +120,8 @@ class Scanner:
         self._look_at(self.scan.lines if self._numbered else None, raw)
 
     def _look_at(self, number: int | None, raw: str) -> None:
-        found = match_line(raw)
+        text = message(raw)
+        found = match_message(text)
         line = Line(number, self._line_start, raw.strip()[:_KEEP_CHARS])
         if found is not None:
             ev = self.scan.evidence.get(found.signature.id)
@@ -130,10 +131,13 @@ class Scanner:
             if len(ev.lines) < EVIDENCE_LINES:
                 ev.lines.append(line)
             return
-        text = message(raw)
-        score = 3 if _EXCEPTION.match(text) else 2 if _LEVEL.search(raw[:MAX_LINE_CHARS]) else 1
-        if score == 1 and not _WORDS.search(text):
-            return
+        if _EXCEPTION.match(text):
+            score = 3
+        else:
+            errorish = _ERRORISH.search(raw, 0, MAX_LINE_CHARS)
+            if errorish is None:
+                return
+            score = 2 if errorish.group("level") else 1
         entry = (score, line.offset, line)
         heap = self.scan.errors
         if len(heap) < ERROR_LINES:

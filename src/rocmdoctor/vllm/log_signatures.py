@@ -22,41 +22,42 @@ MAX_LINE_CHARS = 4096
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 # Each strips one prefix; they are tried again until none applies, since loggers nest (a journal line
 # carrying lemond's line carrying vLLM's line).
-_PREFIXES = tuple(
-    re.compile(p)
-    for p in (
-        # journalctl's short and short-iso forms: "Aug 08 22:35:13 host ident[pid]: "
-        r"^[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \S+ [^\s:\[]+(?:\[\d+\])?: ",
-        r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)? \S+ [^\s:\[]+(?:\[\d+\])?: ",
-        # dmesg: "[ 12.345678] ", dmesg -T: "[Tue Dec  9 17:04:31 2025] "
-        r"^\[\s*\d+\.\d+\] ",
-        r"^\[[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4}\] ",
-        # a bare timestamp (lemond, CI logs, docker --timestamps), bracketed or not
-        r"^\[?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?,?\s+",
-        # vLLM's process tag: "(EngineCore_DP0 pid=742) ", "(VllmWorker rank=0 pid=1) ", Ray's replicas
-        r"^\([^()]*\bpid=\d+[^()]*\) ",
-        r"^\((?:APIServer|EngineCore\w*|VllmWorker\w*|Worker\w*|RayWorkerWrapper)\) ",
-        r"^\[rank\d+\]:\s*",
-        # vLLM's level/date/file: "ERROR 06-16 20:55:14 [core.py:1224] ", older "INFO 11-15 19:35:53 api_server.py:564] "
-        r"^(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)(?: \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)?"
-        r"(?: \[[^\]]*\]| [\w./-]+:\d+\])?:?\s+",
-        # lemond: "[Error] (Router) ", its wrapped process output "[Info] (Process) "
-        r"^\[(?:Error|Warn|Warning|Info|Debug|Trace|Critical)\] \([^)]*\) ",
-        # docker compose: "vllm-1  | "
-        r"^[A-Za-z][\w.-]*\s+\| ",
-    )
+_PREFIX_FORMS = (
+    # journalctl's short and short-iso forms: "Aug 08 22:35:13 host ident[pid]: "
+    r"^[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \S+ [^\s:\[]+(?:\[\d+\])?: ",
+    r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)? \S+ [^\s:\[]+(?:\[\d+\])?: ",
+    # dmesg: "[ 12.345678] ", dmesg -T: "[Tue Dec  9 17:04:31 2025] "
+    r"^\[\s*\d+\.\d+\] ",
+    r"^\[[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4}\] ",
+    # a bare timestamp (lemond, CI logs, docker --timestamps), bracketed or not
+    r"^\[?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?,?\s+",
+    # vLLM's process tag: "(EngineCore_DP0 pid=742) ", "(VllmWorker rank=0 pid=1) ", Ray's replicas
+    r"^\([^()]*\bpid=\d+[^()]*\) ",
+    r"^\((?:APIServer|EngineCore\w*|VllmWorker\w*|Worker\w*|RayWorkerWrapper)\) ",
+    r"^\[rank\d+\]:\s*",
+    # vLLM's level/date/file: "ERROR 06-16 20:55:14 [core.py:1224] ", older "INFO 11-15 19:35:53 api_server.py:564] "
+    r"^(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)(?: \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)?"
+    r"(?: \[[^\]]*\]| [\w./-]+:\d+\])?:?\s+",
+    # lemond: "[Error] (Router) ", its wrapped process output "[Info] (Process) "
+    r"^\[(?:Error|Warn|Warning|Info|Debug|Trace|Critical)\] \([^)]*\) ",
+    # docker compose: "vllm-1  | "
+    r"^[A-Za-z][\w.-]*\s+\| ",
 )
+# One alternation: a line costs one regex call per prefix it has, not one per form.
+_PREFIX = re.compile("|".join(f"(?:{form})" for form in _PREFIX_FORMS))
 
 
 def message(line: str) -> str:
     """The message of a log line: colour codes, surrounding space and loggers' prefixes taken off."""
-    text = _ANSI.sub("", line[:MAX_LINE_CHARS]).strip()
-    for _ in range(8):  # nesting is shallow; a bound keeps a crafted line from looping long
-        before = text
-        for prefix in _PREFIXES:
-            text = prefix.sub("", text, count=1).lstrip()
-        if text == before:
+    text = line[:MAX_LINE_CHARS]
+    if "\x1b" in text:
+        text = _ANSI.sub("", text)
+    text = text.strip()
+    for _ in range(12):  # nesting is shallow; a bound keeps a crafted line from looping long
+        found = _PREFIX.match(text)
+        if found is None or not found.end():
             break
+        text = text[found.end() :].lstrip()
     return text
 
 
@@ -139,7 +140,11 @@ class LineMatch:
 
 def match_line(line: str) -> LineMatch | None:
     """The highest-priority signature whose pattern starts this line's message, if any."""
-    text = message(line)
+    return match_message(message(line))
+
+
+def match_message(text: str) -> LineMatch | None:
+    """`match_line` for a message already taken out of its line."""
     if not text:
         return None
     combined, where = _combined()
