@@ -13,6 +13,7 @@ Anything else (a directory, /dev/zero, a socket) is bad input: exit 2 with what 
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import select
@@ -20,7 +21,7 @@ import stat
 import sys
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 from rocmdoctor.vllm.log_scan import Scan, Scanner
 
@@ -68,7 +69,12 @@ def unit_name(text: str) -> str:
 def read_path(name: str) -> SourceScan:
     """A file or a pipe named on the command line; `-` is stdin."""
     if name == "-":
-        return _read_stream("-", sys.stdin.buffer.fileno(), close=False)
+        stdin = sys.stdin.buffer
+        try:
+            fd = stdin.fileno()
+        except (AttributeError, OSError, io.UnsupportedOperation):
+            return _read_buffer(stdin)  # an in-memory stdin (click's test runner): no fd to wait on
+        return _read_stream("-", fd, close=False)
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
@@ -138,6 +144,16 @@ def _read_stream(name: str, fd: int, close: bool) -> SourceScan:
         if close:
             os.close(fd)
     return SourceScan("stdin" if name == "-" else name, "stream", scanner.finish(), cut)
+
+
+def _read_buffer(stream: BinaryIO) -> SourceScan:
+    scanner = Scanner()
+    while scanner.scan.bytes_read < STREAM_BYTES:
+        data = stream.read(min(CHUNK, STREAM_BYTES - scanner.scan.bytes_read))
+        if not data:
+            return SourceScan("stdin", "stream", scanner.finish())
+        scanner.feed(data)
+    return SourceScan("stdin", "stream", scanner.finish(), f"stopped after {STREAM_BYTES // 2**20} MiB")
 
 
 def read_journal(host: Host, unit: str) -> SourceScan:
