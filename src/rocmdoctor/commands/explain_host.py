@@ -59,7 +59,7 @@ def verdict(check_ids: tuple[str, ...], host_problem: bool, outcomes: dict[str, 
     if rows and all(r["status"] == Status.PASS.value for r in rows):
         said = "; ".join(f"{r['id']}: {r['summary']}" for r in rows)
         return Verdict(
-            RULED_OUT, f"the host passes {said}; this log predates the fix or came from elsewhere", rows
+            RULED_OUT, f"the host passes {said}; this log predates that or came from elsewhere", rows
         )
     said = "; ".join(f"{r['id']} {r['status']}: {r['summary']}" for r in rows) or "the checks did not run"
     return Verdict(CANNOT_TELL, f"cannot tell from this host ({said})", rows)
