@@ -21,7 +21,7 @@ _KEEP_CHARS = 400  # of a kept line
 
 # What makes a line look like an error when no signature explains it: an exception line, then a
 # logger's error level, then the words. A later line wins a tie: the last traceback line is the one.
-_EXCEPTION = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Exit|Fault|Failure)\b(?::|$)")
+_EXCEPTION = re.compile(r"^(?:\w+\.){0,8}\w*(?:Error|Exception|Exit|Fault|Failure)\b(?::|$)")
 _ERRORISH = re.compile(
     r"(?P<level>\bERROR\b|\bCRITICAL\b|\bFATAL\b|\[Error\]|Traceback \(most recent call last\))"
     r"|\b(?i:error|failed|failure|fatal|segmentation fault|core dumped|killed)\b"

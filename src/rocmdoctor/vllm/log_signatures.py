@@ -15,9 +15,11 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-# One line is looked at up to this many characters: the start of a message carries the cause, and a
-# megabyte-long line (a binary file, a dumped tensor) must not make a regex walk it.
+# One line is kept up to MAX_LINE_CHARS and matched on its first MATCH_CHARS: the start of a message
+# carries the cause (loggers' prefixes take ~150 characters, the longest pattern ~350 after them), and a
+# long line (a binary file, a dumped tensor, a hostile one) must not make a regex walk it.
 MAX_LINE_CHARS = 4096
+MATCH_CHARS = 1024
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 # Each strips one prefix; they are tried again until none applies, since loggers nest (a journal line
@@ -49,7 +51,7 @@ _PREFIX = re.compile("|".join(f"(?:{form})" for form in _PREFIX_FORMS))
 
 def message(line: str) -> str:
     """The message of a log line: colour codes, surrounding space and loggers' prefixes taken off."""
-    text = line[:MAX_LINE_CHARS]
+    text = line[:MATCH_CHARS]
     if "\x1b" in text:
         text = _ANSI.sub("", text)
     text = text.strip()
