@@ -27,6 +27,8 @@ def test_every_check_a_signature_names_is_registered_and_only_host_problems_have
     for sig in TABLE:
         assert set(sig.checks) <= registered, sig.id
         assert sig.host_problem or not sig.checks, sig.id
+        # a remedy's `rocmdoctor check --only X` must name a check that exists
+        assert set(re.findall(r"--only ([\w.]+)", sig.remedy)) <= registered, sig.remedy
     ids = {s.id for s in TABLE}
     # every cause the issue lists has a signature
     assert {
