@@ -34,9 +34,7 @@ def machine(tmp_path):
         binds=[Bind(str(REPO)), Bind(str(Path(sys.base_prefix)))],
         log_dir=tmp_path,
     )
-    for unit in ("explain-vllm.service", "lemond.service"):
-        started.run(f"cat > /etc/systemd/system/{unit}", input=UNIT)
-    started.run(["systemctl", "daemon-reload"])
+    started.run("cat > /etc/systemd/system/explain-vllm.service && systemctl daemon-reload", input=UNIT)
     yield started
     started.stop()
 
@@ -74,8 +72,11 @@ def test_a_units_journal_is_read_since_its_last_start(machine):
     assert report["causes"][0]["host"]["verdict"] in ("confirmed", "ruled_out", "cannot_tell")
 
 
-def test_lemonade_is_read_from_lemonds_journal(machine):
-    run_once(machine, "lemond.service", LEMOND)
+# lemond.service, and the name releases before lemond installed: --lemonade finds whichever is there.
+@pytest.mark.parametrize("unit", ["lemond.service", "lemonade-server.service"])
+def test_lemonade_is_read_from_its_services_journal(machine, unit):
+    machine.run(f"cat > /etc/systemd/system/{unit} && systemctl daemon-reload", input=UNIT)
+    run_once(machine, unit, LEMOND)
     report = explain(machine, "--lemonade")
     assert report["causes"][0]["id"] == "cwsr"
-    assert report["sources"][0]["name"].startswith("journal of lemond.service")
+    assert report["sources"][0]["name"].startswith(f"journal of {unit}")

@@ -9,7 +9,7 @@ import click
 
 from rocmdoctor import params
 from rocmdoctor.commands.common import App, UserError, emit_json, pass_app
-from rocmdoctor.commands.explain_input import LEMONADE_UNIT, InputError, SourceScan
+from rocmdoctor.commands.explain_input import InputError, SourceScan
 
 
 def causes_of(scans: list[SourceScan]) -> list[dict[str, Any]]:
@@ -90,7 +90,11 @@ class _UnitName(click.ParamType):
 @click.option(
     "--unit", "units", multiple=True, type=_UnitName(), help="A systemd unit's journal since its last start."
 )
-@click.option("--lemonade", is_flag=True, help=f"Lemonade's server log (the journal of {LEMONADE_UNIT}).")
+@click.option(
+    "--lemonade",
+    is_flag=True,
+    help="Lemonade's server log (the journal of lemond.service or lemonade-server.service).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the versioned JSON document on stdout.")
 @click.option(
     "--port", default=8000, show_default=True, type=params.Port(), help="The port the server was to serve on."
@@ -102,20 +106,20 @@ def explain(
     """Name the causes in a vLLM/ROCm/Lemonade log (files, - for stdin) and check each on this host.
 
     Exit 0: nothing wrong found; 1: a cause found, or error lines no known cause explains; 2: bad input."""
-    from rocmdoctor.commands.explain_input import read_journal, read_path
+    from rocmdoctor.commands.explain_input import lemonade_unit, read_journal, read_path
     from rocmdoctor.model import envelope
 
-    journals = [*units, *([LEMONADE_UNIT] if lemonade else [])]
-    if not logs and not journals:
+    if not logs and not units and not lemonade:
         raise UserError("give a log file, - for stdin, --unit NAME or --lemonade")
-    if journals and str(app.root) != "/":
+    if (units or lemonade) and str(app.root) != "/":
         raise UserError(
             f"--unit/--lemonade read this machine's journal, not --root {app.root}; give the log as a file"
         )
     try:
         scans = [read_path(name) for name in logs]
-        if journals:
+        if units or lemonade:
             host = app.host()
+            journals = [*units, *([lemonade_unit(host)] if lemonade else [])]
             scans += [read_journal(host, unit) for unit in journals]
     except InputError as exc:
         raise UserError(str(exc)) from None

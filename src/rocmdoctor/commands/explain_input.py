@@ -37,9 +37,10 @@ JOURNAL_TIMEOUT_S = 30.0
 CHUNK = 1024 * 1024
 
 # Lemonade's Linux service runs lemond under systemd with its output in the journal
-# (lemonade-sdk/lemonade data/lemond.service.in: no StandardOutput= of its own, so journald);
+# (lemonade-sdk/lemonade data/lemond.service.in: no StandardOutput= of its own, so journald; releases
+# before lemond ran `lemonade-server serve` as data/lemonade-server.service.in, the same way);
 # rocmdoctor's own Lemonade client points users there too (provision/server/lemonade_api.py).
-LEMONADE_UNIT = "lemond.service"
+LEMONADE_UNITS = ("lemond.service", "lemonade-server.service")
 
 # systemd's unit name characters (systemd.unit(5): "ASCII letters, digits, ':', '-', '_', '.', '\\'",
 # '@' for instances); a name starting with '-' would be an option to systemctl.
@@ -154,6 +155,15 @@ def _read_buffer(stream: BinaryIO) -> SourceScan:
             return SourceScan("stdin", "stream", scanner.finish())
         scanner.feed(data)
     return SourceScan("stdin", "stream", scanner.finish(), f"stopped after {STREAM_BYTES // 2**20} MiB")
+
+
+def lemonade_unit(host: Host) -> str:
+    """The Lemonade unit this machine has: lemond.service, else the older lemonade-server.service."""
+    for unit in LEMONADE_UNITS:
+        shown = host.run(["systemctl", "show", "--property=LoadState", "--value", unit], timeout=10)
+        if shown.stdout.strip() == "loaded":
+            return unit
+    return LEMONADE_UNITS[0]
 
 
 def read_journal(host: Host, unit: str) -> SourceScan:
