@@ -161,3 +161,11 @@ def test_an_endless_stdin_is_cut_at_its_bound():
     report = json.loads(out)
     assert re.match(r"stopped after 16 MiB", report["sources"][0]["cut"])
     assert report["sources"][0]["bytes_read"] == 16 * 1024 * 1024
+
+
+def test_a_hostile_log_cannot_drive_the_terminal(tmp_path):
+    log = tmp_path / "evil\x1b[2J.log"
+    log.write_bytes(b"\x1b]0;owned\x07OSError: [Errno 98] Address already in use \x1b[31mred\x1b[0m\x9b\n")
+    done = rocmdoctor("explain", str(log), root=NO_GPU)
+    assert done.returncode == 1 and "port-in-use" in done.stdout
+    assert not any(c in done.stdout for c in "\x1b\x07\x9b")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from rocmdoctor.vllm.log_signatures import printable
+
 VERDICT_WORDS = {
     "confirmed": "confirmed",
     "ruled_out": "ruled out",
@@ -14,11 +16,11 @@ VERDICT_WORDS = {
 
 def _where(line: dict[str, Any]) -> str:
     at = f"line {line['line']}" if line["line"] is not None else f"byte {line['offset']}"
-    return f"{line['log']} {at}"
+    return f"{printable(line['log'])} {at}"
 
 
 def _source(source: dict[str, Any]) -> str:
-    text = f"{source['name']}: {source['lines']} lines, {source['bytes_read']} bytes read"
+    text = f"{printable(source['name'])}: {source['lines']} lines, {source['bytes_read']} bytes read"
     notes = [source["cut"]] if source["cut"] else []
     if source["binary"]:
         notes.append("binary data (NUL bytes) in it")

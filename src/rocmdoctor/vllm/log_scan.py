@@ -13,7 +13,14 @@ import heapq
 import re
 from dataclasses import dataclass, field
 
-from rocmdoctor.vllm.log_signatures import MAX_LINE_CHARS, LineMatch, Signature, match_message, message
+from rocmdoctor.vllm.log_signatures import (
+    MAX_LINE_CHARS,
+    LineMatch,
+    Signature,
+    match_message,
+    message,
+    printable,
+)
 
 EVIDENCE_LINES = 5  # kept per cause (the first ones: where it started)
 ERROR_LINES = 5  # kept when nothing is explained
@@ -122,7 +129,7 @@ class Scanner:
     def _look_at(self, number: int | None, raw: str) -> None:
         text = message(raw)
         found = match_message(text)
-        line = Line(number, self._line_start, raw.strip()[:_KEEP_CHARS])
+        line = Line(number, self._line_start, printable(raw.strip()[:_KEEP_CHARS]))
         if found is not None:
             ev = self.scan.evidence.get(found.signature.id)
             if ev is None:

@@ -21,7 +21,9 @@ from typing import Any
 MAX_LINE_CHARS = 4096
 MATCH_CHARS = 1024
 
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# Terminal sequences a log may carry: CSI (colours) and OSC (titles, links), ended by BEL or ST.
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07\x1b]{0,512}(?:\x07|\x1b\\)")
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
 # Each strips one prefix; they are tried again until none applies, since loggers nest (a journal line
 # carrying lemond's line carrying vLLM's line).
 _PREFIX_FORMS = (
@@ -47,6 +49,12 @@ _PREFIX_FORMS = (
 )
 # One alternation: a line costs one regex call per prefix it has, not one per form.
 _PREFIX = re.compile("|".join(f"(?:{form})" for form in _PREFIX_FORMS))
+
+
+def printable(text: str) -> str:
+    """A line fit to show on a terminal: colour codes dropped, other control characters (a hostile log's
+    escape sequences, a binary file's bytes) as U+FFFD, so a log cannot drive the reader's terminal."""
+    return _CONTROL.sub("\ufffd", _ANSI.sub("", text))
 
 
 def message(line: str) -> str:
