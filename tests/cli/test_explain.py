@@ -169,3 +169,14 @@ def test_a_hostile_log_cannot_drive_the_terminal(tmp_path):
     done = rocmdoctor("explain", str(log), root=NO_GPU)
     assert done.returncode == 1 and "port-in-use" in done.stdout
     assert not any(c in done.stdout for c in "\x1b\x07\x9b")
+
+
+def test_a_token_in_a_log_is_redacted_from_the_evidence(tmp_path):
+    log = tmp_path / "hf.log"
+    token = "hf_AbCdEfGhIjKlMnOpQrStUvWxYz012345"
+    log.write_text(
+        f"requests.exceptions.HTTPError: 401 Client Error: Unauthorized for url: https://huggingface.co/m (token {token})\n"
+    )
+    report = explain_json(str(log))
+    text = report["causes"][0]["evidence"][0]["text"]
+    assert report["causes"][0]["id"] == "hf-auth" and token not in text and "***" in text
