@@ -180,3 +180,11 @@ def test_a_token_in_a_log_is_redacted_from_the_evidence(tmp_path):
     report = explain_json(str(log))
     text = report["causes"][0]["evidence"][0]["text"]
     assert report["causes"][0]["id"] == "hf-auth" and token not in text and "***" in text
+
+
+def test_several_logs_give_one_list_in_priority_order_with_each_lines_log():
+    oom, ipc = LOGS / "vllm-rocm-5-oom.log", LOGS / "rocm-systems-2209-ipc.log"
+    report = explain_json(str(oom), str(ipc))
+    assert [c["id"] for c in report["causes"]] == ["rccl-ipc", "out-of-memory"]
+    assert {c["evidence"][0]["log"] for c in report["causes"]} == {str(oom), str(ipc)}
+    assert [s["name"] for s in report["sources"]] == [str(oom), str(ipc)]
