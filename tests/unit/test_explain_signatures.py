@@ -87,6 +87,20 @@ def test_a_keyword_inside_a_sentence_is_not_a_cause(line):
     assert match_line(line) is None
 
 
+@pytest.mark.parametrize(
+    "line",
+    [
+        # modinfo amdgpu as posted in ROCm/legacy-rocm-build#1584, and modinfo -n (host-facts.md section 4)
+        "filename:       /lib/modules/5.11.0-37-generic/updates/dkms/amdgpu.ko",
+        "/lib/modules/6.17.0-1012-oem/updates/dkms/amdgpu.ko.zst",
+    ],
+)
+def test_a_dkms_module_path_is_dkms_shadowing_and_the_in_tree_one_is_not(line):
+    found = match_line(line)
+    assert found is not None and found.signature.id == "dkms-shadowing"
+    assert match_line(line.replace("updates/dkms", "kernel/drivers/gpu/drm/amd/amdgpu")) is None
+
+
 def test_a_missing_libtorch_is_a_broken_bundle_not_a_permission_problem():
     found = match_line(
         "ImportError: libtorch_cuda.so: cannot open shared object file: No such file or directory"
