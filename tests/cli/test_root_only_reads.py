@@ -48,6 +48,7 @@ def every_command(out: Path) -> list[tuple[str, ...]]:
         ("cluster", "facts", "--json", "--advertise", "10.0.0.1", *prefix),
         ("cluster", "unit", "--write", "--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1",
          "--advertise", "10.0.0.2", *MODEL),
+        ("explain", str(Path(__file__).parents[1] / "fixtures/logs/rocm-libraries-1132-page-fault.log")),
     ]  # fmt: skip
 
 
