@@ -262,6 +262,10 @@ class Client:
         payload = await self.request("GET", "/v1/models", cap=schema.MODELS_BYTES)
         return _checked(schema.models, "/v1/models", _json("/v1/models", payload))
 
+    async def max_model_len(self, model: str) -> int | None:
+        payload = await self.request("GET", "/v1/models", cap=schema.MODELS_BYTES)
+        return _checked(schema.max_model_len, "/v1/models", _json("/v1/models", payload), model)
+
     async def version(self) -> str | None:
         payload = await self.request("GET", "/version", cap=schema.VERSION_BYTES)
         return _checked(schema.version, "/version", _json("/version", payload))
@@ -283,6 +287,17 @@ class Client:
         payload = await self.request("POST", path, body, cap=schema.completion_bytes(max_tokens or 0))
         document = _json(path, payload)
         return _checked(schema.completion, path, document, path.endswith("/chat/completions"), max_tokens)
+
+    async def probe_completion(self, body: dict[str, Any]) -> schema.ProbeAnswer:
+        """A /v1/completions answer with token ids and log-probabilities (the context probe's);
+        its cap grows with the prompt, whose every token may carry prompt log-probabilities."""
+        path = "/v1/completions"
+        body = {**body, "return_token_ids": True, "return_tokens_as_token_ids": True}
+        max_tokens = int(body.get("max_tokens") or 0)
+        prompt = body.get("prompt")
+        prompt_tokens = len(prompt) if isinstance(prompt, list) else len(str(prompt))
+        payload = await self.request("POST", path, body, cap=schema.probe_bytes(prompt_tokens, max_tokens))
+        return _checked(schema.probe_answer, path, _json(path, payload), max_tokens)
 
     async def stream(self, path: str, body: dict[str, Any]) -> Streamed:
         """POST with `stream: true` and usage in the final chunk; reads the SSE stream to `[DONE]`."""
