@@ -48,7 +48,7 @@ DEFAULT_DTYPE = "bfloat16"
 LOGPROB_FACTOR = 3
 # `smoke`'s default: the whole ladder when it costs at most this many prompt tokens (a 32K-context
 # model's ladder), else the ladder up to where the budget ends. ~130K tokens of prefill: seconds on a
-# GPU, ~60 s for the test suite's tiny model on 2 CPU cores at max_model_len 512 would be ~2K tokens.
+# GPU; the test suite's tiny model at max_model_len 512 needs ~2K tokens, about 1 s on 2 CPU cores.
 DEFAULT_BUDGET_TOKENS = 131_072
 
 NEEDLE_WORDS = ("marigold", "tangerine", "blueprint", "lighthouse", "cinnamon", "harbor")
