@@ -1,0 +1,80 @@
+"""The context probe's pure parts: the ladder, degenerate answers, the shape of a probe's answer."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from rocmdoctor.provision.verify import openai_schema as schema
+from rocmdoctor.provision.verify.context_probe import GENERATED, degenerate, ladder
+
+PATH = "/v1/completions"
+
+
+def test_the_ladder_climbs_in_powers_of_two_to_the_last_length_that_fits():
+    assert ladder(512) == [16, 32, 64, 128, 256, 511]
+    # a boundary is checked on both sides of it; lengths too short to hold the generated tokens go
+    assert ladder(4096, (2048, 1000, 3)) == [16, 32, 64, 128, 256, 512, 1000, 1001, 1024, 2048, 2049, 4095]
+    assert ladder(GENERATED + 3) == [GENERATED + 2]
+
+
+@pytest.mark.parametrize(
+    ("text", "ids", "why"),
+    [
+        ("", [], "empty"),
+        ("  \n", [5], "empty"),
+        ("\ufffd\ufffdab", [1, 2], "U+FFFD"),
+        ("itititit", [364, 364, 364, 364], "repeated 4 times"),
+    ],
+)
+def test_degenerate_answers_are_named(text, ids, why):
+    assert why in (degenerate(text, ids) or "")
+
+
+def test_ordinary_text_is_not_degenerate():
+    assert degenerate(" marigold.", [11, 12, 13]) is None
+    assert degenerate("ab\ufffd", [1, 2, 3]) is None  # one stray byte in three characters
+    assert degenerate("aaa", [7, 7, 7]) is None  # too short to call a repetition
+
+
+def _answer(**choice):
+    return {"choices": [{"text": "x", **choice}], "usage": {"completion_tokens": 1}}
+
+
+def test_a_probe_answer_is_read_by_token_id():
+    answer = schema.probe_answer(
+        PATH,
+        _answer(
+            token_ids=[7],
+            logprobs={"token_logprobs": [-0.5], "top_logprobs": [{"token_id:7": -0.5, "token_id:9": -1.75}]},
+            prompt_logprobs=[None, {"7": {"logprob": -0.25, "rank": 1, "decoded_token": "a"}}],
+        ),
+        1,
+    )
+    assert answer.token_ids == [7] and answer.logprobs == [-0.5] and answer.margins == [1.25]
+    assert answer.prompt_logprobs == [None, {7: schema.Ranked(-0.25, 1)}]
+
+
+@pytest.mark.parametrize(
+    ("choice", "field"),
+    [
+        ({"prompt_logprobs": [None, {"x7": {"logprob": -1.0}}]}, "not a token id"),
+        ({"prompt_logprobs": [None, {"7": {"logprob": math.nan}}]}, "not a log-probability"),
+        ({"prompt_logprobs": [None, {"7": {"logprob": 0.5}}]}, "not a log-probability"),
+        ({"prompt_logprobs": {"7": -1}}, "not a list"),
+        ({"token_ids": [1, 2, 3]}, "more than max_tokens 1"),
+        ({"token_ids": ["a"]}, "not a whole number"),
+    ],
+)
+def test_a_misshapen_probe_answer_names_the_field(choice, field):
+    with pytest.raises(schema.ShapeError, match=field):
+        schema.probe_answer(PATH, _answer(**choice), 1)
+
+
+def test_max_model_len_is_the_served_models():
+    models = {"data": [{"id": "a", "max_model_len": 4096}, {"id": "b"}]}
+    assert schema.max_model_len("/v1/models", models, "a") == 4096
+    assert schema.max_model_len("/v1/models", models, "b") is None
+    with pytest.raises(schema.ShapeError, match="negative"):
+        schema.max_model_len("/v1/models", {"data": [{"id": "a", "max_model_len": -1}]}, "a")
