@@ -180,6 +180,9 @@ def test_smoke_text_output_names_the_failure_and_the_fix():
         (["--url", "ftp://example.org"], "not an http(s) URL"),
         (["--url", "http://127.0.0.1:99999"], "invalid port"),
         (["--timeout", "0"], "Invalid value for '--timeout'"),
+        (["--context-probe", "maybe"], "Invalid value for '--context-probe'"),
+        (["--context-boundary", "0"], "Invalid value for '--context-boundary'"),
+        (["--dtype", "int4"], "Invalid value for '--dtype'"),
     ],
 )
 def test_bad_input_is_exit_2_without_traceback(args, message):

@@ -78,3 +78,53 @@ def test_max_model_len_is_the_served_models():
     assert schema.max_model_len("/v1/models", models, "b") is None
     with pytest.raises(schema.ShapeError, match="negative"):
         schema.max_model_len("/v1/models", {"data": [{"id": "a", "max_model_len": -1}]}, "a")
+
+
+class _Unbounded:
+    """What `climb` reads of a client: a server without a deadline."""
+
+    class server:  # the attribute the probe reads
+        deadline = None
+
+
+def _probe(budget):
+    from rocmdoctor.provision.verify.context_probe import Probe, ProbeOptions
+
+    return Probe(_Unbounded(), ProbeOptions("m", 4096, budget_tokens=budget), [1, 2, 3])  # type: ignore[arg-type]
+
+
+def _wrong_past(threshold, seen):
+    from rocmdoctor.provision.verify.context_probe import Check
+
+    async def run_one(length):
+        seen.append(length)
+        return Check(length, "inconsistent" if length > threshold else "consistent")
+
+    return run_one
+
+
+@pytest.mark.parametrize("threshold", [700, 1024, 1025, 2047, 3000])
+def test_the_climb_bisects_to_the_first_failing_length(threshold):
+    import asyncio
+
+    from rocmdoctor.provision.verify.context_probe import climb
+
+    seen: list[int] = []
+    result = asyncio.run(climb(_probe(None), ladder(4096), _wrong_past(threshold, seen)))
+    assert result.first_failing == threshold + 1 and result.longest_ok == threshold
+    assert result.stopped is None
+    assert len(seen) <= len(ladder(4096)) + 12  # the ladder up to the failure, then log2 of the gap
+
+
+def test_the_climb_stops_where_the_budget_ends_and_says_so():
+    import asyncio
+
+    from rocmdoctor.provision.verify.context_probe import climb
+
+    seen: list[int] = []
+    probe = _probe(1000)
+    result = asyncio.run(climb(probe, ladder(4096), _wrong_past(10**6, seen)))
+    # each check is charged as the run spends it; here nothing is spent, so the budget bounds by length
+    assert seen == [n for n in ladder(4096) if 2 * n <= 1000]
+    assert result.first_failing is None and result.longest_ok == seen[-1]
+    assert "budget of 1000 prompt tokens" in (result.stopped or "")
