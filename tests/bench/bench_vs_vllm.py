@@ -62,6 +62,7 @@ def vllm_bench(url: str, model_dir: Path, level: int, args: argparse.Namespace) 
         "--random-output-len", str(args.max_tokens), "--random-range-ratio", "0",
         "--num-prompts", str(args.requests), "--max-concurrency", str(level),
         "--num-warmups", str(level), "--ignore-eos", "--disable-tqdm",
+        "--percentile-metrics", "ttft,tpot,itl,e2el",
     ]  # fmt: skip
     done = subprocess.run(
         argv, capture_output=True, text=True, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -101,7 +102,9 @@ def main() -> None:
             a, b = mine(ours[level]), theirs[level][key]
             ratio = a / b if a and b else float("nan")
             rows.append({"concurrency": level, "figure": name, "rocmdoctor": a, "vllm": b, "ratio": ratio})
-            print(f"{level:>11} {name:<14} {a:>11.2f} {b:>11.2f} {ratio:>6.2f}")
+            print(
+                f"{level:>11} {name:<14} {a or float('nan'):>11.2f} {b or float('nan'):>11.2f} {ratio:>6.2f}"
+            )
     print(json.dumps(rows))
 
 
