@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -87,24 +89,31 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3, help="alternate the two clients this many times")
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
+    ours: list[dict[int, dict]] = []
+    theirs: list[dict[int, dict]] = []
     with tempfile.TemporaryDirectory() as tmp:
         model = make_tiny_model(Path(tmp) / "model")
         with start_engine(model) as engine:
-            ours = rocmdoctor_bench(engine.base_url, levels, args)
-            theirs = {level: vllm_bench(engine.base_url, model, level, args) for level in levels}
-    print(f"workload: {args.requests} requests, {args.prompt_tokens} prompt tokens, {args.max_tokens} out")
+            # alternated, so a slow spell of a shared machine falls on both clients alike
+            for _ in range(args.rounds):
+                ours.append(rocmdoctor_bench(engine.base_url, levels, args))
+                theirs.append({level: vllm_bench(engine.base_url, model, level, args) for level in levels})
+    print(
+        f"workload: {args.requests} requests, {args.prompt_tokens} prompt tokens, {args.max_tokens} out; "
+        f"median of {args.rounds} alternated rounds"
+    )
     print(f"{'concurrency':>11} {'figure':<14} {'rocmdoctor':>11} {'vllm bench':>11} {'ratio':>6}")
     rows = []
     for level in levels:
         for name, (mine, key) in PAIRS.items():
-            a, b = mine(ours[level]), theirs[level][key]
-            ratio = a / b if a and b else float("nan")
+            a = statistics.median(mine(run[level]) or math.nan for run in ours)
+            b = statistics.median(run[level][key] or math.nan for run in theirs)
+            ratio = a / b if a and b else math.nan
             rows.append({"concurrency": level, "figure": name, "rocmdoctor": a, "vllm": b, "ratio": ratio})
-            print(
-                f"{level:>11} {name:<14} {a or float('nan'):>11.2f} {b or float('nan'):>11.2f} {ratio:>6.2f}"
-            )
+            print(f"{level:>11} {name:<14} {a:>11.2f} {b:>11.2f} {ratio:>6.2f}")
     print(json.dumps(rows))
 
 
