@@ -311,6 +311,17 @@ def _verdict_ok(check: Any) -> bool | None:
 async def climb(probe: Probe, lengths: list[int], run_one: Any) -> Ladder:
     """Run `run_one(length)` up the ladder; at the first failure bisect the gap below it."""
     result = Ladder()
+    try:
+        return await _climb(probe, lengths, run_one, result)
+    except oc.ServerError as exc:
+        if exc.kind != oc.TIMEOUT or probe._time_left():
+            raise  # the server stalled: smoke's explanation of a failed request applies
+        # the run's own deadline cut the check short: what was checked stands, the rest is unknown
+        result.stopped = f"the deadline came during a check ({exc})"
+        return result
+
+
+async def _climb(probe: Probe, lengths: list[int], run_one: Any, result: Ladder) -> Ladder:
     lower = 0
     for length in lengths:
         if not probe._time_left():
@@ -406,9 +417,7 @@ async def run_probe(client: oc.Client, options: ProbeOptions) -> dict[str, Any]:
         )
         report["consistency"] = {
             "verdict": verdict,
-            "why": None
-            if decided
-            else "every generated token was a near-tie on both paths (flat logits): nothing to compare",
+            "why": None if decided else _undecided_why(consistency),
             "longest_consistent": consistency.longest_ok,
             "first_inconsistent": consistency.first_failing,
             "stopped": consistency.stopped,
@@ -423,6 +432,12 @@ async def run_probe(client: oc.Client, options: ProbeOptions) -> dict[str, Any]:
         "seconds": round(probe.cost.seconds, 3),
     }
     return report
+
+
+def _undecided_why(consistency: Ladder) -> str:
+    if not consistency.checks:
+        return f"no length was checked: {consistency.stopped}"
+    return "every generated token was a near-tie on both paths (flat logits): nothing to compare"
 
 
 async def _needle(probe: Probe, lengths: list[int]) -> dict[str, Any]:

@@ -128,3 +128,34 @@ def test_the_climb_stops_where_the_budget_ends_and_says_so():
     assert seen == [n for n in ladder(4096) if 2 * n <= 1000]
     assert result.first_failing is None and result.longest_ok == seen[-1]
     assert "budget of 1000 prompt tokens" in (result.stopped or "")
+
+
+def test_the_runs_deadline_ending_a_check_is_a_stop_not_a_failure():
+    import asyncio
+    import time
+
+    from rocmdoctor.provision.verify import openai_client as oc
+    from rocmdoctor.provision.verify.context_probe import Check, climb
+
+    probe = _probe(None)
+    deadline = {"at": None}
+    probe.client = type(
+        "C", (), {"server": type("S", (), {"deadline": property(lambda _: deadline["at"])})()}
+    )()
+
+    async def run_one(length):
+        if length < 256:
+            return Check(length, "consistent")
+        deadline["at"] = time.monotonic() - 1  # the run's --timeout ends during this check
+        raise oc.ServerError(oc.TIMEOUT, "no answer within 30 s")
+
+    result = asyncio.run(climb(probe, ladder(4096), run_one))
+    assert result.longest_ok == 128 and result.first_failing is None
+    assert "deadline came during a check" in (result.stopped or "")
+
+    async def stalls(length):
+        raise oc.ServerError(oc.TIMEOUT, "no answer within 30 s")  # a stall with time left: the server's
+
+    deadline["at"] = None
+    with pytest.raises(oc.ServerError):
+        asyncio.run(climb(probe, ladder(4096), stalls))
