@@ -173,6 +173,7 @@ class Probe:
         self.options = options
         self.seed_ids = seed_ids
         self.cost = Cost()
+        self._needles: dict[str, tuple[list[int], list[int]]] = {}
 
     def _afford(self, prompt_tokens: int) -> bool:
         budget = self.options.budget_tokens
@@ -283,10 +284,12 @@ class Probe:
     async def needle_at(self, length: int, word: str) -> NeedleCheck:
         """The code word, filler, the question: `length` tokens with the answer's."""
         model = self.options.model
-        needle = await self.client.tokenize({"model": model, "prompt": NEEDLE.format(word=word)})
-        question = await self.client.tokenize(
-            {"model": model, "prompt": QUESTION, "add_special_tokens": False}
-        )
+        if word not in self._needles:  # tokenized once per run, not once per length
+            self._needles[word] = (
+                await self.client.tokenize({"model": model, "prompt": NEEDLE.format(word=word)}),
+                await self.client.tokenize({"model": model, "prompt": QUESTION, "add_special_tokens": False}),
+            )
+        needle, question = self._needles[word]
         filler = length - NEEDLE_TOKENS - len(needle) - len(question)
         if filler < 0:
             raise CannotJudge(f"a needle prompt needs more than {length} tokens")
