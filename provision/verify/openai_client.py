@@ -37,7 +37,8 @@ BAD_RESPONSE = "bad_response"
 
 
 # Served by vLLM itself, on the backend's address when a proxy (Lemonade) does not forward them.
-BACKEND_PATHS = ("/metrics", "/version")
+# /tokenize too: the tokenizer is the model's, and vLLM, not the proxy, is its authority.
+BACKEND_PATHS = ("/metrics", "/version", "/tokenize")
 
 
 class ServerError(Exception):
@@ -262,11 +263,33 @@ class Client:
         payload = await self.request("GET", "/v1/models", cap=schema.MODELS_BYTES)
         return _checked(schema.models, "/v1/models", _json("/v1/models", payload))
 
+    async def max_model_len(self, model: str) -> int | None:
+        """The served model's max_model_len; behind a proxy whose model list leaves it out (Lemonade),
+        that of the one model vLLM serves at the backend's address."""
+        payload = await self.request("GET", "/v1/models", cap=schema.MODELS_BYTES)
+        length = _checked(schema.max_model_len, "/v1/models", _json("/v1/models", payload), model)
+        if length is not None or not self.server.backend_base:
+            return length
+        backend = Client(
+            Server(self.server.backend_base, None, self.server.timeout_s, self.server.deadline), self._session
+        )
+        try:
+            served = await backend.models()
+            if len(served) != 1:
+                return None
+            payload = await backend.request("GET", "/v1/models", cap=schema.MODELS_BYTES)
+        except ServerError:
+            return None  # the backend's list is a fallback: a key it wants, or no answer, leaves it unknown
+        return _checked(schema.max_model_len, "/v1/models", _json("/v1/models", payload), served[0])
+
     async def version(self) -> str | None:
         payload = await self.request("GET", "/version", cap=schema.VERSION_BYTES)
         return _checked(schema.version, "/version", _json("/version", payload))
 
     async def tokenize(self, body: dict[str, Any]) -> list[int]:
+        if self.server.backend_base:
+            # the backend serves one model, maybe under another name than the proxy's: its default
+            body = {k: v for k, v in body.items() if k != "model"}
         payload = await self.request("POST", "/tokenize", body, cap=schema.TOKENIZE_BYTES)
         return _checked(schema.tokenize, "/tokenize", _json("/tokenize", payload))
 
@@ -283,6 +306,17 @@ class Client:
         payload = await self.request("POST", path, body, cap=schema.completion_bytes(max_tokens or 0))
         document = _json(path, payload)
         return _checked(schema.completion, path, document, path.endswith("/chat/completions"), max_tokens)
+
+    async def probe_completion(self, body: dict[str, Any]) -> schema.ProbeAnswer:
+        """A /v1/completions answer with token ids and log-probabilities (the context probe's);
+        its cap grows with the prompt, whose every token may carry prompt log-probabilities."""
+        path = "/v1/completions"
+        body = {**body, "return_token_ids": True, "return_tokens_as_token_ids": True}
+        max_tokens = int(body.get("max_tokens") or 0)
+        prompt = body.get("prompt")
+        prompt_tokens = len(prompt) if isinstance(prompt, list) else len(str(prompt))
+        payload = await self.request("POST", path, body, cap=schema.probe_bytes(prompt_tokens, max_tokens))
+        return _checked(schema.probe_answer, path, _json(path, payload), max_tokens)
 
     async def stream(self, path: str, body: dict[str, Any]) -> Streamed:
         """POST with `stream: true` and usage in the final chunk; reads the SSE stream to `[DONE]`."""

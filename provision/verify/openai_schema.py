@@ -135,6 +135,16 @@ def models(endpoint: str, document: Any) -> list[str]:
     return ids
 
 
+def max_model_len(endpoint: str, document: Any, model: str) -> int | None:
+    """vLLM's `max_model_len` of the served model in /v1/models; None when the server leaves it out."""
+    for i, entry in enumerate(_list(endpoint, "data", _object(endpoint, "", document).get("data"))):
+        card = _object(endpoint, f"data[{i}]", entry)
+        if card.get("id") == model and card.get("max_model_len") is not None:
+            length = _count(endpoint, f"data[{i}].max_model_len", card["max_model_len"])
+            return length or None
+    return None
+
+
 @dataclass(frozen=True)
 class Completion:
     text: str
@@ -209,3 +219,103 @@ def counter_value(endpoint: str, name: str, value: float | None) -> float | None
     if value is not None and (not math.isfinite(value) or value < 0):
         raise ShapeError(endpoint, name, f"is {value}, not a count")
     return value
+
+
+# A prompt_logprobs answer: per prompt token up to top-n + the token itself, ~100 bytes each.
+_PER_PROMPT_LOGPROB_BYTES = 512
+
+
+def probe_bytes(prompt_tokens: int, max_tokens: int) -> int:
+    return completion_bytes(max_tokens) + prompt_tokens * _PER_PROMPT_LOGPROB_BYTES
+
+
+@dataclass(frozen=True)
+class Ranked:
+    logprob: float
+    rank: int | None
+
+
+@dataclass(frozen=True)
+class ProbeAnswer:
+    """A completion with its token ids and log-probabilities (vLLM's `return_token_ids`,
+    `logprobs` with `return_tokens_as_token_ids`, `prompt_logprobs`)."""
+
+    text: str
+    token_ids: list[int]
+    # per generated token: its log-probability, and its lead over the runner-up on the decode path
+    logprobs: list[float | None]
+    margins: list[float]
+    # per prompt token: None for the first, else {token id: Ranked}
+    prompt_logprobs: list[dict[int, Ranked] | None]
+
+
+def _logprob(endpoint: str, field: str, value: Any) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value > 0
+    ):
+        # -inf is sent as a large negative number by vLLM; NaN or a positive value is not a log-probability
+        raise ShapeError(endpoint, field, f"is {value!r}, not a log-probability")
+    return float(value)
+
+
+def _token_key(endpoint: str, field: str, key: str) -> int:
+    text = key.removeprefix("token_id:")
+    if not text.isdigit():
+        raise ShapeError(endpoint, field, f"has the key {key[:40]!r}, not a token id")
+    return int(text)
+
+
+def _decode_logprobs(endpoint: str, logprobs: Any, count: int) -> tuple[list[float | None], list[float]]:
+    if logprobs is None:
+        return [None] * count, [math.inf] * count
+    document = _object(endpoint, "choices[0].logprobs", logprobs)
+    values = _list(endpoint, "choices[0].logprobs.token_logprobs", document.get("token_logprobs"))
+    tops = _list(endpoint, "choices[0].logprobs.top_logprobs", document.get("top_logprobs") or [])
+    own = [None if v is None else _logprob(endpoint, f"token_logprobs[{i}]", v) for i, v in enumerate(values)]
+    margins = []
+    for i, top in enumerate(tops):
+        field = f"choices[0].logprobs.top_logprobs[{i}]"
+        ranked = sorted(
+            (_logprob(endpoint, field, v) for v in _object(endpoint, field, top).values()), reverse=True
+        )
+        margins.append(ranked[0] - ranked[1] if len(ranked) > 1 else math.inf)
+    return own, margins
+
+
+def probe_answer(endpoint: str, document: Any, max_tokens: int) -> ProbeAnswer:
+    """A completion asked with token ids and log-probabilities, each field checked."""
+    choice = _first_choice(endpoint, document)
+    text = _optional_text(endpoint, "choices[0].text", choice.get("text"))
+    raw_ids = choice.get("token_ids") or []
+    token_ids = [
+        _count(endpoint, f"choices[0].token_ids[{i}]", t)
+        for i, t in enumerate(_list(endpoint, "choices[0].token_ids", raw_ids))
+    ]
+    if len(token_ids) > max_tokens:
+        raise ShapeError(
+            endpoint,
+            "choices[0].token_ids",
+            f"holds {len(token_ids)} tokens, more than max_tokens {max_tokens}",
+        )
+    own, margins = _decode_logprobs(endpoint, choice.get("logprobs"), len(token_ids))
+    prompt: list[dict[int, Ranked] | None] = []
+    for i, position in enumerate(
+        _list(endpoint, "choices[0].prompt_logprobs", choice.get("prompt_logprobs") or [])
+    ):
+        if position is None:
+            prompt.append(None)
+            continue
+        field = f"choices[0].prompt_logprobs[{i}]"
+        entries: dict[int, Ranked] = {}
+        for key, entry in _object(endpoint, field, position).items():
+            entry = _object(endpoint, f"{field}[{key[:40]!r}]", entry)
+            rank = entry.get("rank")
+            entries[_token_key(endpoint, field, key)] = Ranked(
+                _logprob(endpoint, f"{field}.logprob", entry.get("logprob")),
+                None if rank is None else _count(endpoint, f"{field}.rank", rank),
+            )
+        prompt.append(entries)
+    return ProbeAnswer(text, token_ids, own, margins, prompt)

@@ -17,6 +17,7 @@ from typing import Any
 
 from rocmdoctor import __version__
 from rocmdoctor.model import SCHEMA_VERSION, Result, Status, exit_code, failed, passed, skipped, warned
+from rocmdoctor.provision.verify import context_probe as context_probe_module
 from rocmdoctor.provision.verify import openai_client as oc
 from rocmdoctor.provision.verify import openai_schema as schema
 from rocmdoctor.provision.verify import prometheus
@@ -42,6 +43,10 @@ class SmokeOptions:
     # Behind Lemonade: its health path, and vLLM's own address for /metrics and /version.
     health_path: str = "/health"
     backend_url: str | None = None
+    # auto: the context probe up to where DEFAULT_BUDGET_TOKENS ends; on: up to max_model_len; off
+    context_probe: str = "auto"
+    dtype: str = context_probe_module.DEFAULT_DTYPE
+    boundaries: tuple[int, ...] = ()
 
 
 @dataclass
@@ -379,6 +384,72 @@ async def step_version(state: _State) -> Result:
     if not version:
         return warned("/version gives no version", "check that --url points at a vLLM server")
     return passed(f"vLLM {version}", version=version)
+
+
+def _context_result(report: dict[str, Any]) -> Result:
+    """The probe's evidence as one finding: a wrong answer fails, what cannot be judged is a skip."""
+    consistency, needle = report["consistency"], report.get("needle", {"verdict": "off"})
+    mml = report["max_model_len"]
+    remedy = (
+        "the server computes wrong attention past that length: serve with --max-model-len at most the "
+        "longest consistent length until the kernels are fixed, try another attention backend, and "
+        f"report it with this evidence to the backend's vendor; {LOG_HINT}"
+    )
+    # degenerate first: such text also disagrees with the prefill path, but this names the cause
+    if needle["verdict"] == "degenerate":
+        return failed(f"degenerate output: {needle.get('why') or _needle_failure(needle)}", remedy, **report)
+    if consistency["verdict"] == "inconsistent":
+        longest = consistency["longest_consistent"]
+        return failed(
+            f"prefill and decode disagree from {consistency['first_inconsistent']} tokens of context "
+            + (f"(consistent up to {longest} of max_model_len {mml})" if longest else "(at every length)"),
+            remedy,
+            **report,
+        )
+    if needle["verdict"] == "wrong":
+        return failed(
+            f"wrong output above {needle['longest_found']} tokens: the model finds the code word in a "
+            f"short prompt but not in one of {needle['first_wrong']} tokens",
+            remedy,
+            **report,
+        )
+    if consistency["verdict"] == "cannot_judge" and needle["verdict"] in ("cannot_judge", "off"):
+        return skipped(f"cannot judge long-context answers: {consistency['why']}", **report)
+    parts = []
+    if consistency["verdict"] == "consistent":
+        reach = consistency["longest_consistent"]
+        parts.append(f"prefill and decode agree at every length checked up to {reach} of {mml} tokens")
+        if consistency.get("stopped"):
+            parts.append(f"({consistency['stopped']})")
+    if needle["verdict"] == "found":
+        parts.append(f"the needle is found up to {needle['longest_found']} tokens")
+    elif needle["verdict"] == "cannot_judge":
+        parts.append("needle: cannot judge with this model")
+    cost = report["cost"]
+    parts.append(f"[{cost['prompt_tokens']} prompt tokens, {cost['seconds']:g} s]")
+    return passed(" ".join(parts), **report)
+
+
+def _needle_failure(needle: dict[str, Any]) -> str:
+    failing = [c for c in needle.get("checks", []) if c["degenerate"]]
+    return f"at {failing[0]['length']} tokens: {failing[0]['degenerate']}" if failing else "see the evidence"
+
+
+@smoke_step("context", "long-context answers (prefill/decode consistency, needle)", depends=("completion",))
+async def step_context(state: _State) -> Result:
+    options = state.options
+    if options.context_probe == "off":
+        return skipped("--context-probe off")
+    assert state.model is not None
+    max_model_len = await state.client.max_model_len(state.model)
+    if max_model_len is None:
+        return skipped("cannot judge long-context answers: /v1/models gives no max_model_len for the model")
+    budget = context_probe_module.DEFAULT_BUDGET_TOKENS if options.context_probe == "auto" else None
+    probe_options = context_probe_module.ProbeOptions(
+        state.model, max_model_len, options.dtype, options.boundaries, budget
+    )
+    # declared after metrics: its requests never disturb the counters that step compares
+    return _context_result(await context_probe_module.run_probe(state.client, probe_options))
 
 
 async def run_steps(options: SmokeOptions) -> tuple[list[StepOutcome[_State]], str | None]:

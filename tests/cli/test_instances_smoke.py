@@ -45,6 +45,10 @@ def test_each_instance_gets_one_line_and_a_failure_fails_the_run(tmp_path: Path)
         assert doc["schema_version"] == 1 and doc["exit_code"] == proc.returncode != 0
         assert [(i["name"], i["exit_code"]) for i in doc["instances"]][0] == ("0", 0)
         assert doc["instances"][1]["failed_steps"]
+        # each instance carries its long-context probe's verdict: the fake returns no token ids
+        context = doc["instances"][0]["context"]
+        assert context["status"] == "skip" and "token ids" in context["summary"], context
+        assert context["consistency"]["verdict"] == "cannot_judge"
 
 
 def test_no_written_instances_is_a_clear_exit_2(tmp_path: Path):

@@ -44,7 +44,9 @@ def test_verify_loads_and_smokes_through_lemonade_on_the_real_engine(vllm_engine
     report = json.loads(result.output)
     steps = {s["id"]: s for s in report["steps"]}
     assert result.exit_code == 0, report
-    assert {s["status"] for s in report["steps"]} == {"pass"}, report
+    assert {s["status"] for s in report["steps"] if s["id"] != "context"} == {"pass"}, report
+    # the context probe ran through Lemonade's endpoint, and says why it cannot judge there
+    assert steps["context"]["status"] == "skip" and "cannot judge" in steps["context"]["summary"], report
     assert report["model"] == MODEL  # asked for by its Lemonade name, answered by the engine
     # the counters of vLLM itself, read at backend_url: exactly what went through Lemonade
     assert steps["metrics"]["details"]["growth"] == {

@@ -363,6 +363,7 @@ def smoke_instances(writer, host: str | None, as_json: bool) -> None:
         name, url = target.name, target.url
         report = run_smoke(SmokeOptions(url, "auto", target.api_key))
         failed = [s for s in report["steps"] if s["status"] in ("fail", "error")]
+        context = next((s for s in report["steps"] if s["id"] == "context"), None)
         results.append(
             {
                 "name": name,
@@ -370,6 +371,10 @@ def smoke_instances(writer, host: str | None, as_json: bool) -> None:
                 "exit_code": report["exit_code"],
                 "summary": report["summary"],
                 "failed_steps": [{"id": s["id"], "summary": s["summary"]} for s in failed],
+                # the long-context probe's verdict and evidence (ladder, longest consistent length)
+                "context": None
+                if context is None
+                else {"status": context["status"], "summary": context["summary"], **context["details"]},
             }
         )
     worst = max(r["exit_code"] for r in results)
