@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from typing import Any
@@ -14,6 +15,7 @@ from rocmdoctor.model import EXIT_FAILURES, EXIT_OK
 
 # vLLM 0.32 vllm/config/cache.py MambaDType, for --mamba-cache-dtype and --mamba-ssm-cache-dtype.
 MAMBA_DTYPES = click.Choice(["auto", "float32", "bfloat16", "float16"])
+MAX_SIZE = 1 << 50  # 1 PiB per GPU: beyond any device, and far inside a float's exact integers
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _UNITS = {
     "": 1,
@@ -43,6 +45,8 @@ def parse_size(text: str, option: str) -> int:
     if not match:
         raise UserError(f"{option} {text!r} is not a size: write e.g. 96GiB, 80GB or a number of bytes")
     value = float(match.group(1)) * _UNITS[(match.group(2) or "").upper()]
+    if not math.isfinite(value) or value > MAX_SIZE:
+        raise UserError(f"{option} {text[:40]!r}... is larger than any GPU (at most 1 PiB): write e.g. 96GiB")
     if value < 1:
         raise UserError(f"{option} must be positive, not {text!r}")
     return int(value)
