@@ -417,10 +417,7 @@ def per_layer_attention(
     if model_type == "gemma4_text" and names:
         overrides = config.get("per_layer_config")
         if overrides is not None:
-            raise ConfigError(
-                "cannot plan this model exactly: per_layer_config is not modelled (rocmdoctor reads "
-                "Gemma 4's global_head_dim and num_global_key_value_heads)"
-            )
+            return _per_layer_overrides(overrides, n, kv_heads, head)
         global_head = _positive(config, "global_head_dim", 512)
         global_kv = config.get("num_global_key_value_heads")
         if global_kv is not None and config.get("attention_k_eq_v", False):
@@ -440,6 +437,34 @@ def per_layer_attention(
             sizes = [
                 (groups, other_head) if t == other["attention_type"] else (kv_heads, head) for t in names
             ]
+    return sizes
+
+
+def _per_layer_overrides(overrides: Any, n: int, kv_heads: int, head: int) -> list[tuple[int, int]]:
+    """transformers 5.19 per_layer_config (HeterogeneousConfigMixin), as a re-saved Gemma 4 config
+    spells its global layers: {"<layer index>": {"head_dim": ..., "num_key_value_heads": ...}}; vLLM's
+    gemma4.py sizes each layer from `config.per_layer_config[layer_idx]`."""
+    if not isinstance(overrides, dict):
+        raise ConfigError(
+            "cannot plan this model exactly: per_layer_config is not a mapping of layer indices"
+        )
+    sizes = [(kv_heads, head)] * n
+    for key, entry in overrides.items():
+        index = int(key) if isinstance(key, str) and key.isdigit() and len(key) < 6 else -1
+        if not 0 <= index < n or not isinstance(entry, dict):
+            raise ConfigError(
+                f"cannot plan this model exactly: per_layer_config key {str(key)[:20]!r} is no layer below {n}"
+            )
+        unknown = sorted(set(entry) - {"head_dim", "num_key_value_heads"})
+        if unknown:
+            raise ConfigError(
+                f"cannot plan this model exactly: per_layer_config {unknown[0][:60]!r} is not modelled "
+                "(rocmdoctor reads head_dim and num_key_value_heads per layer)"
+            )
+        sizes[index] = (
+            _positive(entry, "num_key_value_heads", kv_heads),
+            _positive(entry, "head_dim", head),
+        )
     return sizes
 
 
