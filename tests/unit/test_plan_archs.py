@@ -134,7 +134,7 @@ def test_nemotron_h_resaved_without_num_hidden_layers_counts_its_pattern():
     shape = shape_from_config(parsed(config))
     assert [x.kind for x in shape.layers] == ["state", "state", "full", "state"]
     with pytest.raises(ConfigError, match="no 'num_hidden_layers'"):
-        shape_from_config({**config, "model_type": "llama", "layers_block_type": None})
+        shape_from_config({"model_type": "llama", "hidden_size": 256, "num_attention_heads": 4})
 
 
 def gemma3n(**extra) -> dict:
@@ -231,6 +231,19 @@ def test_kimi_linear_is_refused_before_the_mla_rule():
         "linear_attn_config": {"kda_layers": [1, 2, 3], "full_attn_layers": [4]},
     }
     with pytest.raises(ConfigError, match="linear_attn_config is not modelled"):
+        shape_from_config(parsed(config))
+
+
+def test_a_recurrent_state_of_a_family_rocmdoctor_does_not_size_is_refused():
+    # Mamba2ForCausalLM's config: attention-free, its state sized by state_size (mamba2.py)
+    config = {
+        "model_type": "mamba2",
+        "num_hidden_layers": 4,
+        "hidden_size": 256,
+        "num_heads": 8,
+        "state_size": 128,
+    }
+    with pytest.raises(ConfigError, match="state_size is not modelled for model_type 'mamba2'"):
         shape_from_config(parsed(config))
 
 

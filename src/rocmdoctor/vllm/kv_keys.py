@@ -52,6 +52,37 @@ KV_HEAD_KEYS = (
     "num_attention_groups",
 )
 
+# The families whose recurrent state `layers.state_shape` sizes (the vLLM files it cites).
+STATE_FAMILIES = frozenset(
+    {
+        "granitemoehybrid",
+        "falcon_h1",
+        "nemotron_h",
+        "qwen3_next",
+        "qwen3_5_text",
+        "qwen3_5_moe_text",
+        "jamba",
+        "lfm2",
+        "lfm2_moe",
+    }
+)
+# Keys that size a recurrent (Mamba, linear-attention, short-conv) state in the configs vLLM's
+# MambaStateShapeCalculator callers read (mamba_utils.py and the model files above): on any other
+# family the state is not modelled, whatever its layer pattern says.
+STATE_KEYS = (
+    "state_size",
+    "ssm_state_size",
+    "mamba_d_state",
+    "d_state",
+    "mamba_d_conv",
+    "conv_kernel",
+    "linear_conv_kernel_dim",
+    "conv_L_cache",
+    "mamba_expand",
+    "mamba_n_heads",
+    "mamba_num_heads",
+    "linear_num_value_heads",
+)
 _GEMMA_SLIDING = frozenset({"cohere2", "gemma3_text", "gemma3", "gemma2", "gpt_oss", "olmo3", "exaone4"})
 # key -> (the model types whose rule rocmdoctor implements, where vLLM reads it).
 KV_LAYOUT_KEYS: dict[str, tuple[frozenset[str], str]] = {
@@ -83,6 +114,7 @@ KV_LAYOUT_KEYS: dict[str, tuple[frozenset[str], str]] = {
     "interleaved_sliding_window": (frozenset(), "an older sliding-window spelling"),
     "sliding_window_layers": (frozenset(), "a per-layer sliding-window list rocmdoctor does not read"),
 }
+KV_LAYOUT_KEYS.update({key: (STATE_FAMILIES, "a recurrent state (mamba_utils.py)") for key in STATE_KEYS})
 
 
 def _set(value: Any) -> bool:
