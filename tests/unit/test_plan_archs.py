@@ -15,6 +15,7 @@ from rocmdoctor.vllm.memory_plan import (
     EngineSettings,
     kv_bytes_per_token,
     kv_layout,
+    plan_model,
     shape_from_config,
 )
 from rocmdoctor.vllm.model_files import ModelFilesError, decode_config
@@ -218,6 +219,10 @@ def test_gemma4_kv_sharing_reads_the_last_earlier_layer_of_its_type():
     # layers 6-9 share: 6, 7, 8 (sliding) read layer 5; 9 (full) reads layer 4
     assert [x.shares for x in shape.layers] == [None] * 6 + [5, 5, 5, 4]
     assert sum(1 for x in shape.layers if x.cached) == 6
+    plan = plan_model(
+        "gemma4-e2b-shape", {**config, "num_kv_shared_layers": 4, "global_head_dim": 512}, None, None
+    )
+    assert plan.to_json(1)["attention"]["kv_shared"] == 4
 
 
 def test_kimi_linear_is_refused_before_the_mla_rule():

@@ -667,6 +667,7 @@ class ModelPlan:
                 "mla": sum(1 for x in shape.layers if x.kind == "mla"),
                 "chunked": sum(1 for x in shape.layers if x.kind == "chunked"),
                 "state": sum(1 for x in shape.layers if x.kind == "state"),
+                "kv_shared": sum(1 for x in shape.layers if not x.cached),
                 "sliding_window": next((x.window for x in shape.layers if x.kind == "sliding"), None),
                 "kv_heads_per_gpu": kv_heads_per_gpu(shape, self.settings.tensor_parallel_size),
                 "head_dim": shape.mla_head_size if shape.is_mla else shape.head_dim,
