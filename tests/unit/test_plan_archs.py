@@ -208,6 +208,9 @@ def test_gemma4_global_layers_get_their_own_shape_and_larger_blocks():
     overrides = {str(i): {"head_dim": 512, "num_key_value_heads": 4} for i in range(5, 60, 6)}
     resaved = shape_from_config(parsed(gemma4(per_layer_config=overrides)))
     assert resaved.layers == hub.layers
+    for bad in ({"²": {"head_dim": 512}}, {"60": {"head_dim": 512}}, {"5": {"sliding_window": 4}}, [1]):
+        with pytest.raises(ConfigError, match="per_layer_config"):
+            shape_from_config(parsed(gemma4(per_layer_config=bad)))
     # num_global_key_value_heads applies only with attention_k_eq_v (Gemma4TextConfig.__post_init__)
     ungated = shape_from_config(parsed(gemma4(global_head_dim=512, num_global_key_value_heads=4)))
     assert {(x.kv_heads, x.head_size) for x in ungated.layers if x.kind == "full"} == {(16, 512)}

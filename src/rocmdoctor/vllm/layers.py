@@ -450,7 +450,7 @@ def _per_layer_overrides(overrides: Any, n: int, kv_heads: int, head: int) -> li
         )
     sizes = [(kv_heads, head)] * n
     for key, entry in overrides.items():
-        index = int(key) if isinstance(key, str) and key.isdigit() and len(key) < 6 else -1
+        index = int(key) if isinstance(key, str) and key.isascii() and key.isdigit() and len(key) < 6 else -1
         if not 0 <= index < n or not isinstance(entry, dict):
             raise ConfigError(
                 f"cannot plan this model exactly: per_layer_config key {str(key)[:20]!r} is no layer below {n}"
