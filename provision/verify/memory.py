@@ -82,7 +82,16 @@ def _gauge(
     value = per_engine(values) if values else None
     if value is None or math.isnan(value):
         raise MetricsError(f"{url} has no {name}: not a vLLM (V1 engine) server, or its metrics are off")
+    if not math.isfinite(value):
+        # vLLM's gauges and counters are finite; an infinite one cannot be reasoned about (and would
+        # overflow the arithmetic of the diagnosis)
+        raise MetricsError(f"{url}: {name} is {value}, not a finite number; is this vLLM's /metrics?")
     return value
+
+
+def _finite(value: float | None) -> float | None:
+    """An optional counter: an infinite or NaN one counts as absent (no hit rate is derived from it)."""
+    return value if value is not None and math.isfinite(value) else None
 
 
 def snapshot(text: str, url: str) -> tuple[Snapshot, dict[str, str]]:
@@ -97,8 +106,8 @@ def snapshot(text: str, url: str) -> tuple[Snapshot, dict[str, str]]:
         running=_gauge(samples, RUNNING, url),
         waiting=_gauge(samples, WAITING, url),
         preemptions=_gauge(samples, PREEMPTIONS, url),
-        prefix_queries=prometheus.counter_sum(samples, PREFIX_QUERIES),
-        prefix_hits=prometheus.counter_sum(samples, PREFIX_HITS),
+        prefix_queries=_finite(prometheus.counter_sum(samples, PREFIX_QUERIES)),
+        prefix_hits=_finite(prometheus.counter_sum(samples, PREFIX_HITS)),
     ), info
 
 

@@ -162,3 +162,24 @@ def test_url_and_window_are_validated():
     ]:
         result = run_cli("plan", *args)
         assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("value", ["+Inf", "-Inf"])
+def test_infinite_metrics_are_a_clear_exit_2(value: str):
+    page = exposition(0.5, 4, 0, 0, 10, 5).replace(
+        "vllm:num_requests_running{", "vllm:num_requests_running_x{"
+    )
+    page += f'vllm:num_requests_running{{engine="0",model_name="tiny"}} {value}\n'
+    with metrics_server("pages", [page]) as url:
+        result = run_cli("plan", "--url", url, "--window", "1")
+    assert result.returncode == 2, result.stdout
+    assert "not a finite number" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_nan_metrics_are_a_clear_exit_2():
+    page = exposition(0.5, 4, 0, 0, 10, 5).replace("kv_cache_usage_perc{", "kv_cache_usage_perc_x{")
+    page += 'vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} NaN\n'
+    with metrics_server("pages", [page]) as url:
+        result = run_cli("plan", "--url", url, "--window", "1")
+    assert result.returncode == 2 and "has no vllm:kv_cache_usage_perc" in result.stderr
+    assert "Traceback" not in result.stderr

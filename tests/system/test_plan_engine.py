@@ -13,6 +13,11 @@ sliding-window need.
 The capacity test builds every engine in one interpreter of the vLLM venv (harness/kv_capacity.py: the
 server's engine arguments and usage context, no HTTP server, ~5 s a case after one import); the
 preemption test serves a real OpenAI server.
+The architectures of issue 37 (harness/plan_arch_configs.py): MiniCPM3 (kv_lora_rank without MLA),
+afmoe and EXAONE 4 in their Hub and re-saved spellings, Step-3.5 (num_attention_groups, per-type head
+shapes), Gemma 4 (global layers of another head size and KV head count; KV sharing), Gemma 3n
+(per-layer intermediate_size, KV sharing), Nemotron-H re-saved without num_hidden_layers: one more
+interpreter sizes them all; Kimi-Linear and Zamba2 are refused by the plan by name.
 """
 
 from __future__ import annotations
@@ -37,8 +42,10 @@ from harness.engine import (
     start_engine,
     vllm_python,
 )
+from harness.plan_arch_configs import ARCHS
+from harness.plan_arch_configs import REFUSED as REFUSED_ARCHS
 from rocmdoctor.provision.verify.memory import MetricsError, diagnose_url
-from rocmdoctor.vllm.memory_plan import EngineSettings, Memory, plan_model
+from rocmdoctor.vllm.memory_plan import ConfigError, EngineSettings, Memory, kv_layout, plan_model
 
 pytestmark = pytest.mark.engine
 
@@ -324,3 +331,72 @@ def test_metrics_diagnosis_of_an_engine_driven_into_preemption(tmp_path: Path):
     assert diagnosis.usage_peak >= NEAR_FULL
     flag = diagnosis.changes[0]["flag"]
     assert flag.startswith("--max-num-seqs ") and int(flag.split()[1]) < diagnosis.running_peak
+
+
+ARCH_LEN = 4096  # > window 128 + the CPU engine's 2048 in-flight tokens
+ARCH_RESULTS = Path(os.environ.get("ROCMDOCTOR_PLAN_ARCH_RESULTS", "/tmp/rocmdoctor-plan-engine-archs.json"))
+
+
+def model_dir(tiny: Path, dest: Path, config: dict) -> Path:
+    shutil.copytree(tiny, dest)
+    base = json.loads((tiny / "config.json").read_text())
+    keep = {k: base[k] for k in ("vocab_size", "dtype", "bos_token_id", "eos_token_id", "pad_token_id")}
+    full = {**keep, "rms_norm_eps": 1e-5, "intermediate_size": 256, "tie_word_embeddings": True, **config}
+    (dest / "config.json").write_text(json.dumps(full, indent=2) + "\n")
+    return dest
+
+
+def planned_arch(model: Path, **extra):
+    settings = EngineSettings(block_size=128, max_num_batched_tokens=2048, async_scheduling=False, **extra)
+    config = json.loads((model / "config.json").read_text())
+    return plan_model(
+        str(model),
+        config,
+        None,
+        Memory(0, 1.0, "--kv-cache-memory", KV_BYTES),
+        settings=settings,
+        max_model_len=ARCH_LEN,
+    )
+
+
+def test_plan_refuses_kimi_linear_and_zamba2_by_name(tmp_path: Path):
+    for name, config in REFUSED_ARCHS.items():
+        with pytest.raises(ConfigError, match="cannot plan this model exactly") as refused:
+            plan_model(name, {**config, "dtype": "bfloat16"}, None, Memory(0, 1.0, "x", KV_BYTES))
+        assert ("linear_attn_config" if name == "kimi-linear" else "zamba2") in str(refused.value)
+
+
+def test_plan_matches_vllm_on_issue_37_architectures(tmp_path: Path):
+    require_vllm_python()
+    tiny = make_tiny_model(tmp_path / "tiny")
+    models = {name: model_dir(tiny, tmp_path / name, config) for name, config in ARCHS.items()}
+    logs = size_kv_caches(
+        [(name, model, engine_args(ARCH_LEN)) for name, model in models.items()],
+        tmp_path / "engines.log",
+    )
+    rows = []
+    for name, model in models.items():
+        text = logs[name]
+        assert "=== REFUSED" not in text, text[-3000:]
+        extra = {"mamba_ssm_cache_dtype": "float32"} if "Reset SSM cache type to float32" in text else {}
+        plan = planned_arch(model, **extra)
+        tokens, length, concurrency = capacity(text, name)
+        assert length == ARCH_LEN
+        rows.append(
+            {
+                "case": name,
+                "plan_tokens": plan.kv_cache_tokens,
+                "vllm_tokens": tokens,
+                "plan_concurrency": round(plan.max_concurrency or 0, 2),
+                "vllm_concurrency": concurrency,
+            }
+        )
+        ARCH_RESULTS.write_text(json.dumps(rows, indent=2) + "\n")
+        assert plan.kv_cache_tokens == pytest.approx(tokens, rel=0.01), name
+        assert plan.max_concurrency == pytest.approx(concurrency, rel=0.01, abs=0.006), name
+        groups = GROUP_BLOCKS.search(text)
+        if groups and all(x.state is None for x in plan.shape.layers):
+            # page unification: the layers of smaller pages get larger blocks (Gemma 4, Step-3.5)
+            layout = kv_layout(plan.shape, plan.settings)
+            own = sorted(g.block_size or layout.block_size for g in layout.groups)
+            assert own == sorted(int(x) for x in groups[1].split(",")), name

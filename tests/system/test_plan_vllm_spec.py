@@ -35,6 +35,9 @@ CASES = [
     ("deepseek-v3", 163840, 8 * GIB, "auto"),
     ("gpt-oss-20b", 131072, 10 * GIB, "auto"),
     ("gpt-oss-20b", 131072, 1 * GIB, "auto"),
+    # the Hub spelling (sliding_window_pattern "LLLG" beside layer_types) the parser once refused
+    ("exaone-4.0-32b", 131072, 12 * GIB, "auto"),
+    ("exaone-4.0-32b", 131072, 2 * GIB, "auto"),
 ]
 RESULTS = Path(os.environ.get("ROCMDOCTOR_PLAN_SPEC_RESULTS", "/tmp/rocmdoctor-plan-vllm-spec.json"))
 

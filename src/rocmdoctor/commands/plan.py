@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from typing import Any
@@ -14,6 +15,7 @@ from rocmdoctor.model import EXIT_FAILURES, EXIT_OK
 
 # vLLM 0.32 vllm/config/cache.py MambaDType, for --mamba-cache-dtype and --mamba-ssm-cache-dtype.
 MAMBA_DTYPES = click.Choice(["auto", "float32", "bfloat16", "float16"])
+MAX_SIZE = 1 << 50  # 1 PiB per GPU: beyond any device, and far inside a float's exact integers
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _UNITS = {
     "": 1,
@@ -43,6 +45,8 @@ def parse_size(text: str, option: str) -> int:
     if not match:
         raise UserError(f"{option} {text!r} is not a size: write e.g. 96GiB, 80GB or a number of bytes")
     value = float(match.group(1)) * _UNITS[(match.group(2) or "").upper()]
+    if not math.isfinite(value) or value > MAX_SIZE:
+        raise UserError(f"{option} {text[:40]!r}... is larger than any GPU (at most 1 PiB): write e.g. 96GiB")
     if value < 1:
         raise UserError(f"{option} must be positive, not {text!r}")
     return int(value)
@@ -355,15 +359,50 @@ def plan(
             max_nodes,
             backend,
         )
+    hint = None
+    if max_nodes == 1 and result.fits is False:
+        hint = nodes_hint(files, budget, settings, tp, max_model_len, typical_len, model)
     if as_json:
-        emit_json({**result.to_json(SCHEMA_VERSION), "cluster": proposal.to_json() if proposal else None})
+        doc = {**result.to_json(SCHEMA_VERSION), "cluster": proposal.to_json() if proposal else None}
+        emit_json({**doc, "across_nodes": hint})
     else:
         render(result)
         if proposal:
             click.echo(f"across nodes: {proposal.nodes} nodes; {proposal.why} (rocmdoctor cluster unit)")
         elif max_nodes > 1 and result.fits is False:  # not even --nodes of them
             click.echo(f"across nodes: does not fit {max_nodes} nodes of {tp} GPU(s) either")
+        elif hint and hint["nodes"]:
+            click.echo(
+                f"across nodes: fits {hint['nodes']} nodes of {tp} GPU(s) (tensor parallel {tp} within each, "
+                f"pipeline parallel {hint['nodes']} across them): pass --nodes {hint['nodes']} for the layout"
+            )
+        elif hint:
+            click.echo(f"across nodes: does not fit {hint['searched']} nodes of {tp} GPU(s) either")
     sys.exit(EXIT_FAILURES if result.fits is False and proposal is None else EXIT_OK)
+
+
+# Without --nodes a plan that does not fit one node still says how many nodes would hold it, up to this many.
+NODES_SEARCHED = 8
+
+
+def nodes_hint(files, budget, settings, tp: int, max_model_len, typical_len, model) -> dict | None:
+    """The fewest nodes of `tp` GPUs (pipeline parallel across them, up to NODES_SEARCHED) on which the
+    plan fits, as `--nodes` would propose; None when the weights' size or the memory is unknown."""
+    from rocmdoctor.cluster.layout import propose
+
+    def fits(tp_: int, pp_: int) -> bool | None:
+        return across_nodes(files, budget, settings, tp_, pp_, max_model_len, typical_len, model)
+
+    if budget is None or fits(tp, 2) is None:
+        return None
+    proposal = propose(fits, tp, NODES_SEARCHED, "mp")
+    nodes = proposal.nodes if proposal and proposal.layout != "data" else None
+    return {
+        "nodes": nodes,
+        "tensor_parallel_size": tp,
+        "pipeline_parallel_size": nodes,
+        "searched": NODES_SEARCHED,
+    }
 
 
 def across_nodes(files, budget, settings, tp: int, pp: int, max_model_len, typical_len, model) -> bool | None:

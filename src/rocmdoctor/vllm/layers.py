@@ -48,6 +48,17 @@ class Layer:
     kind: str  # "full" | "sliding" | "chunked" | "mla" | "state"
     window: int | None = None  # "sliding": the window vLLM passes; "chunked": attention_chunk_size
     state: StateShape | None = None
+    # An attention layer's own total KV heads, K and V head sizes (MLA: the latent head, V 0).
+    kv_heads: int = 0
+    head_size: int = 0
+    head_size_v: int = 0
+    # vLLM's kv_sharing_target_layer_name: this layer reads the cache of layer `shares` and has none
+    # of its own (the model runner gives it no KV cache spec).
+    shares: int | None = None
+
+    @property
+    def cached(self) -> bool:
+        return self.shares is None
 
 
 # transformers 5.19 configuration_utils.py ALLOWED_ATTN_LAYER_TYPES and _LEGACY_LAYER_TYPE_REMAP
@@ -68,6 +79,9 @@ LAYER_TYPE_CACHES: dict[str, tuple[str, ...]] = {
     "moe": (),
     "mlp": (),
 }
+# Families whose layers differ in KV heads, head size or sharing (`per_layer_attention`,
+# `kv_sharing_targets`): one layer type name per layer.
+PER_LAYER_FAMILIES = frozenset({"gemma3n_text", "gemma4_text", "step3p5"})
 # Nemotron-H's hybrid_override_pattern (transformers 5.19 NemotronHConfig._pattern_to_list).
 NEMOTRON_PATTERN = {"M": "linear_attention", "E": "moe", "*": "full_attention", "-": "mlp"}
 
@@ -242,7 +256,10 @@ def layer_type_names(config: dict, num_layers: int) -> tuple[list[str] | None, s
                 f"cannot plan this model exactly: {key} names {len(types)} layers, "
                 f"num_hidden_layers is {num_layers}"
             )
-        return types[:num_layers], key
+        types = list(types[:num_layers])
+        if model_type == "gemma4_text" and types and types[-1] != "full_attention":
+            types[-1] = "full_attention"  # transformers 5.19 Gemma4TextConfig forces the last layer full
+        return types, key
     pattern = config.get("hybrid_override_pattern")
     if pattern is not None:  # transformers 5.19 NemotronHConfig
         if not isinstance(pattern, str) or any(c not in NEMOTRON_PATTERN for c in pattern):
@@ -251,6 +268,28 @@ def layer_type_names(config: dict, num_layers: int) -> tuple[list[str] | None, s
                 "is not a string of M, *, - and E"
             )
         return [NEMOTRON_PATTERN[c] for c in pattern], "hybrid_override_pattern"
+    if model_type == "afmoe":
+        # transformers 5.19 AfmoeConfig: layer i is sliding when (i + 1) % global_attn_every_n_layers
+        # (default 4), else full: 3 sliding to 1 full.
+        n = config.get("global_attn_every_n_layers", 4)
+        names = _pattern_every(
+            n, "global_attn_every_n_layers", num_layers, "full_attention", "sliding_attention"
+        )
+        return names, f"global_attn_every_n_layers {n}"
+    if model_type == "gemma3n_text":
+        # transformers 5.19 Gemma3nTextConfig: full attention where (i + 1) % 5 == 0.
+        names = _pattern_every(5, "layer_types", num_layers, "full_attention", "sliding_attention")
+        return names, "no layer_types (the family's default, 4 sliding : 1 full)"
+    if model_type == "gemma4_text":
+        # transformers 5.19 Gemma4TextConfig: 5 sliding : 1 full; the last layer is forced full.
+        names = _pattern_every(6, "layer_types", num_layers, "full_attention", "sliding_attention")
+        names[-1] = "full_attention"
+        return names, "no layer_types (the family's default, 5 sliding : 1 full, the last full)"
+    if model_type == "step3p5" and config.get("sliding_window") is not None:
+        # vLLM 0.32 step3p5.py Step3p5Attention: without layer_types the even layers slide.
+        return [
+            "sliding_attention" if i % 2 == 0 else "full_attention" for i in range(num_layers)
+        ], "no layer_types (vLLM's step3p5.py: even layers slide)"
     if model_type == "qwen3_next":
         # transformers 5.19 Qwen3NextConfig: full_attention_interval (default 4).
         n = config.get("full_attention_interval", 4)
@@ -344,3 +383,111 @@ def window_for(config: dict) -> int | None:
     if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
         return None
     return window + 1 if config.get("model_type") == "cohere2" else window
+
+
+def layer_count(config: dict) -> int:
+    """num_hidden_layers; for Nemotron-H re-saved by transformers 5 (no num_hidden_layers), the length
+    of its layer pattern, as NemotronHConfig.num_hidden_layers derives it (transformers 5.19)."""
+    value = config.get("num_hidden_layers")
+    if value is None and config.get("model_type") == "nemotron_h":
+        for key in ("layers_block_type", "layer_types", "hybrid_override_pattern"):
+            pattern = config.get(key)
+            if isinstance(pattern, (list, str)) and pattern:
+                return len(pattern)
+    if value is None:
+        raise ConfigError(
+            "config.json has no 'num_hidden_layers' (and no layer pattern to count); "
+            "is this a causal language model's config?"
+        )
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"config.json: 'num_hidden_layers' must be a positive integer, not {value!r}")
+    return value
+
+
+def per_layer_attention(
+    config: dict, names: list[str] | None, kv_heads: int, head: int
+) -> list[tuple[int, int]]:
+    """Each layer's (total KV heads, head size) where the family sizes layers apart (vLLM 0.32):
+    Gemma 4's full-attention layers (gemma4.py per_layer_config: global_head_dim, default 512, and
+    num_global_key_value_heads where attention_k_eq_v), Step-3.5's attention_other_setting
+    (step3p5.py: the layers of its attention_type get its num_attention_groups and head_dim)."""
+    n = len(names or [])
+    sizes = [(kv_heads, head)] * n
+    model_type = config.get("model_type")
+    if model_type == "gemma4_text" and names:
+        overrides = config.get("per_layer_config")
+        if overrides is not None:
+            return _per_layer_overrides(overrides, n, kv_heads, head)
+        global_head = _positive(config, "global_head_dim", 512)
+        global_kv = config.get("num_global_key_value_heads")
+        if global_kv is not None and config.get("attention_k_eq_v", False):
+            global_kv = _positive(config, "num_global_key_value_heads")
+        else:
+            global_kv = kv_heads
+        sizes = [(global_kv, global_head) if t == "full_attention" else (kv_heads, head) for t in names]
+    if model_type == "step3p5" and names:
+        other = config.get("attention_other_setting")
+        if other is not None:
+            if not isinstance(other, dict) or not isinstance(other.get("attention_type"), str):
+                raise ConfigError(
+                    "cannot plan this model exactly: attention_other_setting has no attention_type"
+                )
+            groups = _positive(other, "num_attention_groups")
+            other_head = _positive(other, "head_dim")
+            sizes = [
+                (groups, other_head) if t == other["attention_type"] else (kv_heads, head) for t in names
+            ]
+    return sizes
+
+
+def _per_layer_overrides(overrides: Any, n: int, kv_heads: int, head: int) -> list[tuple[int, int]]:
+    """transformers 5.19 per_layer_config (HeterogeneousConfigMixin), as a re-saved Gemma 4 config
+    spells its global layers: {"<layer index>": {"head_dim": ..., "num_key_value_heads": ...}}; vLLM's
+    gemma4.py sizes each layer from `config.per_layer_config[layer_idx]`."""
+    if not isinstance(overrides, dict):
+        raise ConfigError(
+            "cannot plan this model exactly: per_layer_config is not a mapping of layer indices"
+        )
+    sizes = [(kv_heads, head)] * n
+    for key, entry in overrides.items():
+        index = int(key) if isinstance(key, str) and key.isascii() and key.isdigit() and len(key) < 6 else -1
+        if not 0 <= index < n or not isinstance(entry, dict):
+            raise ConfigError(
+                f"cannot plan this model exactly: per_layer_config key {str(key)[:20]!r} is no layer below {n}"
+            )
+        unknown = sorted(set(entry) - {"head_dim", "num_key_value_heads"})
+        if unknown:
+            raise ConfigError(
+                f"cannot plan this model exactly: per_layer_config {unknown[0][:60]!r} is not modelled "
+                "(rocmdoctor reads head_dim and num_key_value_heads per layer)"
+            )
+        sizes[index] = (
+            _positive(entry, "num_key_value_heads", kv_heads),
+            _positive(entry, "head_dim", head),
+        )
+    return sizes
+
+
+def kv_sharing_targets(config: dict, names: list[str] | None) -> list[int | None]:
+    """Per layer, the layer whose KV cache it reads (vLLM's kv_sharing_target_layer_name), else None.
+    Gemma 3n (gemma3n.py): a sharing layer reads layer first_shared - 2 (sliding) or - 1 (full);
+    Gemma 4 (gemma4.py): the last non-shared layer of its own type."""
+    n = len(names or [])
+    shared = config.get("num_kv_shared_layers")
+    model_type = config.get("model_type")
+    if model_type == "gemma3n_text" and shared is None:
+        shared = 15  # transformers 5.19 Gemma3nTextConfig default
+    if not shared or not names:
+        return [None] * n
+    if isinstance(shared, bool) or not isinstance(shared, int) or not 0 < shared <= n:
+        raise ConfigError(f"cannot plan this model exactly: num_kv_shared_layers {shared!r} is not 0..{n}")
+    first = n - shared
+    targets: list[int | None] = [None] * first
+    for i in range(first, n):
+        if model_type == "gemma3n_text":
+            target = first - (2 if names[i] == "sliding_attention" else 1)
+        else:
+            earlier = [j for j in range(first) if names[j] == names[i]]
+            target = earlier[-1] if earlier else -1
+        targets.append(target if target >= 0 else None)
+    return targets

@@ -34,10 +34,23 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from rocmdoctor.vllm.kv_keys import refuse_unmodelled, total_kv_heads
+from rocmdoctor.vllm.layers import (
+    PER_LAYER_FAMILIES,
+    StateShape,
+    cache_kinds,
+    kv_sharing_targets,
+    layer_count,
+    layer_type_names,
+    per_layer_attention,
+    state_elements,
+    state_shape,
+    window_for,
+)
+
 # ConfigError and Layer are re-exported: callers of the plan import them from here.
 from rocmdoctor.vllm.layers import ConfigError as ConfigError
 from rocmdoctor.vllm.layers import Layer as Layer
-from rocmdoctor.vllm.layers import StateShape, cache_kinds, state_elements, state_shape, window_for
 
 GIB = 1 << 30
 
@@ -87,6 +100,11 @@ FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
         "head_dim": 256,
         "num_key_value_heads": 4,
     },
+    # transformers 5.19 AfmoeConfig, Gemma3nTextConfig, Gemma4TextConfig; vLLM 0.32 Step3p5Config.
+    "afmoe": {"sliding_window": 1024},
+    "gemma3n_text": {"sliding_window": 512, "head_dim": 256, "num_key_value_heads": 2},
+    "gemma4_text": {"sliding_window": 512, "head_dim": 256, "num_key_value_heads": 4},
+    "step3p5": {"num_attention_groups": 8},
 }
 
 
@@ -211,21 +229,58 @@ def derived_max_len(config: dict) -> int:
     return int(length)
 
 
+def _mla_or_attention(
+    config: dict, heads: int, kv_heads: int, head_dim: int
+) -> tuple[int | None, int, int, str | None]:
+    """(MLA latent head size or None, KV heads, head size, note) by vLLM 0.32's rule: MLA only for the
+    model types `is_deepseek_mla` lists; MiniCPM3 (minicpm3.py) keeps ordinary attention with
+    num_kv_heads = num_heads and head size qk_nope_head_dim + qk_rope_head_dim."""
+    if config.get("kv_lora_rank") is None:
+        return None, kv_heads, head_dim, None
+    if config.get("model_type") == "minicpm3":
+        head = _int(config, "qk_nope_head_dim") + _int(config, "qk_rope_head_dim")
+        return None, heads, head, f"MiniCPM3: ordinary attention, {heads} KV heads of {head} (not MLA)"
+    latent = _int(config, "kv_lora_rank") + _int(config, "qk_rope_head_dim")
+    note = f"MLA: one latent head of {config['kv_lora_rank']} + {config['qk_rope_head_dim']} per token"
+    return latent, kv_heads, head_dim, note
+
+
+def _build_layers(
+    config: dict, num_layers: int, kv_heads: int, head_dim: int, mla: int | None
+) -> tuple[list[Layer], str]:
+    """Every layer's KV cache spec (kind, window or chunk, state, KV heads, head sizes, sharing target)."""
+    if mla is not None:
+        return [Layer("mla", kv_heads=1, head_size=mla)] * num_layers, "MLA"
+    kinds, source = cache_kinds(config, num_layers)
+    window = window_for(config)
+    if "sliding" in kinds and window is None:
+        raise ConfigError(
+            f"config.json: sliding-window layers but sliding_window is {config.get('sliding_window')!r}, "
+            "not a positive integer"
+        )
+    if config.get("model_type") == "gemma4_text" and config.get("use_bidirectional_attention") == "all":
+        window = window // 2 + 1 if window else window  # transformers 5.19 Gemma4TextConfig.__post_init__
+    state = state_shape(config) if "state" in kinds else None
+    chunk = _int(config, "attention_chunk_size") if "chunked" in kinds else None
+    names = None
+    if len(kinds) == num_layers and config.get("model_type") in PER_LAYER_FAMILIES:
+        names, _ = layer_type_names(config, num_layers)
+    sizes = per_layer_attention(config, names, kv_heads, head_dim) or [(kv_heads, head_dim)] * len(kinds)
+    targets = kv_sharing_targets(config, names) or [None] * len(kinds)
+    layers = []
+    for kind, (heads, head), target in zip(kinds, sizes, targets, strict=True):
+        if kind == "state":
+            layers.append(Layer("state", state=state))
+            continue
+        local = window if kind == "sliding" else chunk if kind == "chunked" else None
+        layers.append(Layer(kind, local, kv_heads=heads, head_size=head, head_size_v=head, shares=target))
+    return layers, source
+
+
 def shape_from_config(raw_config: dict) -> ModelShape:
     """Read the fields the KV arithmetic needs; ConfigError names the one that is missing or wrong."""
     config = text_config(raw_config)
     architectures = config.get("architectures") or raw_config.get("architectures") or ["?"]
-    num_layers = _int(config, "num_hidden_layers")
-    heads = _int(config, "num_attention_heads")
-    hidden = _int(config, "hidden_size")
-    kv_heads = (
-        _int(config, "num_key_value_heads", heads) if config.get("num_key_value_heads") is not None else heads
-    )
-    head_dim_raw = config.get("head_dim")
-    head_dim = head_dim_raw if isinstance(head_dim_raw, int) and head_dim_raw > 0 else hidden // heads
-    if head_dim <= 0:
-        raise ConfigError("config.json: hidden_size / num_attention_heads is 0; give head_dim")
-    notes: list[str] = []
     if raw_config.get("is_encoder_decoder") or config.get("is_encoder_decoder"):
         # vLLM 0.32 CrossAttentionSpec sizes cross-attention by the encoder's input length
         # (scheduler max_num_encoder_input_tokens), which config.json does not give.
@@ -233,37 +288,33 @@ def shape_from_config(raw_config: dict) -> ModelShape:
             "cannot plan this model exactly: it is an encoder-decoder model (cross-attention layers); "
             "their cache is sized by the encoder's input length, which rocmdoctor does not model"
         )
-    mla_head_size = None
-    if config.get("kv_lora_rank") is not None:
-        # vLLM's MLA (is_deepseek_mla): one latent head of kv_lora_rank + qk_rope_head_dim, no V.
-        mla_head_size = _int(config, "kv_lora_rank") + _int(config, "qk_rope_head_dim")
-        kinds = ["mla"] * num_layers
-        notes.append(
-            f"MLA: one latent head of {config['kv_lora_rank']} + {config['qk_rope_head_dim']} per token"
-        )
-    else:
-        kinds, source = cache_kinds(config, num_layers)
+    refuse_unmodelled(config)
+    num_layers = layer_count(config)
+    heads = _int(config, "num_attention_heads")
+    hidden = _int(config, "hidden_size")
+    kv_heads, _ = total_kv_heads(config, heads)
+    head_dim_raw = config.get("head_dim")
+    head_dim = head_dim_raw if isinstance(head_dim_raw, int) and head_dim_raw > 0 else hidden // heads
+    if head_dim <= 0:
+        raise ConfigError("config.json: hidden_size / num_attention_heads is 0; give head_dim")
+    mla, kv_heads, head_dim, mla_note = _mla_or_attention(config, heads, kv_heads, head_dim)
+    layers, source = _build_layers(config, num_layers, kv_heads, head_dim, mla)
+    notes = [mla_note] if mla_note else []
+    if mla is None:
+        kinds = [layer.kind for layer in layers]
         counts = {kind: kinds.count(kind) for kind in dict.fromkeys(kinds)}
         notes.append("layers: " + ", ".join(f"{n} {kind}" for kind, n in counts.items()) + f" ({source})")
-    window = window_for(config)
-    if "sliding" in kinds and window is None:
-        raise ConfigError(
-            f"config.json: sliding-window layers but sliding_window is {config.get('sliding_window')!r}, "
-            "not a positive integer"
+    shared = sum(1 for layer in layers if not layer.cached)
+    if shared:
+        notes.append(f"KV sharing: {shared} layers read an earlier layer's cache and hold none of their own")
+    shapes = {(x.kv_heads, x.head_size) for x in layers if x.kind != "state" and x.cached}
+    if len(shapes) > 1:
+        notes.append(
+            "per-layer shapes (KV heads x head size): " + ", ".join(f"{h}x{d}" for h, d in sorted(shapes))
         )
-    state = state_shape(config) if "state" in kinds else None
-    chunk = _int(config, "attention_chunk_size") if "chunked" in kinds else None
-    layers = []
-    for kind in kinds:
-        if kind == "sliding":
-            layers.append(Layer("sliding", window=window))
-        elif kind == "chunked":
-            layers.append(Layer("chunked", window=chunk))
-        elif kind == "state":
-            layers.append(Layer("state", state=state))
-        else:
-            layers.append(Layer(kind))
     intermediate = config.get("intermediate_size") or config.get("moe_intermediate_size") or 4 * hidden
+    if isinstance(intermediate, list):  # Gemma 3n: one per layer (transformers 5.19 Gemma3nTextConfig)
+        intermediate = max(intermediate)
     vocab = config.get("vocab_size") or 0
     return ModelShape(
         architecture=str(architectures[0]),
@@ -273,7 +324,7 @@ def shape_from_config(raw_config: dict) -> ModelShape:
         num_kv_heads=kv_heads,
         head_dim=head_dim,
         head_dim_v=head_dim,
-        mla_head_size=mla_head_size,
+        mla_head_size=mla,
         layers=tuple(layers),
         max_position=derived_max_len(config),
         hidden_size=hidden,
@@ -299,9 +350,16 @@ def kv_heads_per_gpu(shape: ModelShape, tp: int) -> int:
     return max(1, shape.num_kv_heads // tp)
 
 
-def layer_bytes_per_token(shape: ModelShape, settings: EngineSettings) -> int:
-    """One attention layer's KV bytes for one token on one GPU."""
+def layer_bytes_per_token(shape: ModelShape, settings: EngineSettings, layer: Layer | None = None) -> int:
+    """One attention layer's KV bytes for one token on one GPU: `layer`'s own heads and head sizes
+    (`AttentionSpec.page_size_bytes` / block_size), or without one the model-wide figure vLLM's
+    ModelConfig gives (`get_num_kv_heads`, `get_head_size`), which the hybrid alignment uses."""
     element = kv_element_bytes(shape, settings.kv_cache_dtype)
+    if layer is not None and layer.head_size:
+        if layer.kind == "mla":
+            return layer.head_size * element
+        heads = max(1, layer.kv_heads // settings.tensor_parallel_size)
+        return heads * (layer.head_size + layer.head_size_v) * element
     if shape.is_mla:
         return shape.mla_head_size * element  # type: ignore[operator]
     return (
@@ -310,10 +368,13 @@ def layer_bytes_per_token(shape: ModelShape, settings: EngineSettings) -> int:
 
 
 def kv_bytes_per_token(shape: ModelShape, settings: EngineSettings) -> int:
-    """Bytes of KV cache one token of context costs on one GPU, every attention layer counted
-    (a sliding-window layer stops growing at its window; see `KVLayout`)."""
-    per_layer = layer_bytes_per_token(shape, settings)
-    return per_layer * sum(1 for layer in shape.layers if layer.kind != "state")
+    """Bytes of KV cache one token of context costs on one GPU, every attention layer with a cache of
+    its own counted (a sliding-window layer stops growing at its window; see `KVLayout`)."""
+    return sum(
+        layer_bytes_per_token(shape, settings, layer)
+        for layer in shape.layers
+        if layer.kind != "state" and layer.cached
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,6 +383,7 @@ class KVGroup:
     window: int | None  # sliding window or attention chunk size
     layers: int  # real layers; the group is padded to the layout's group_size
     state_blocks: int = 0  # "state": blocks one request holds, whatever its length
+    block_size: int = 0  # tokens per block when page unification raised it (0: the layout's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,24 +396,26 @@ class KVLayout:
     groups: tuple[KVGroup, ...]
     in_flight_tokens: int
     state_page_bytes: int = 0  # one state layer's real state, before padding
+    block_bytes: int = 0  # one group of layers of different pages (0: group_size x page_bytes)
 
     @property
     def bytes_per_block(self) -> int:
-        return self.group_size * self.page_bytes
+        return self.block_bytes or self.group_size * self.page_bytes
 
     def blocks_per_request(self, length: int) -> int:
         total = 0
         for group in self.groups:
+            block = group.block_size or self.block_size
             if group.kind == "state":
                 total += group.state_blocks
             elif group.kind == "sliding" and group.window is not None:
                 tokens = min(group.window - 1 + self.in_flight_tokens, length)
-                total += math.ceil(tokens / self.block_size) + 1
+                total += math.ceil(tokens / block) + 1
             elif group.kind == "chunked" and group.window is not None:
                 tokens = min(group.window + self.in_flight_tokens, length)
-                total += math.ceil(tokens / self.block_size)
+                total += math.ceil(tokens / block)
             else:
-                total += math.ceil(length / self.block_size)
+                total += math.ceil(length / block)
         return total
 
     def num_blocks(self, kv_bytes: int) -> int:
@@ -429,7 +493,7 @@ def hybrid_block_size(shape: ModelShape, settings: EngineSettings, state_page: i
     return max(block, needed)
 
 
-def kv_layout(shape: ModelShape, settings: EngineSettings) -> KVLayout:
+def _check_settings(settings: EngineSettings) -> None:
     if settings.block_size < 1:
         raise ConfigError(f"--block-size must be positive, not {settings.block_size}")
     if settings.tensor_parallel_size < 1:
@@ -438,20 +502,49 @@ def kv_layout(shape: ModelShape, settings: EngineSettings) -> KVLayout:
         raise ConfigError(
             f"--pipeline-parallel-size must be 1 or more, not {settings.pipeline_parallel_size}"
         )
+
+
+def _unified_block(kind: str, page: int, largest: int, block: int) -> int:
+    """vLLM 0.32 `unify_kv_cache_spec_page_size`: a layer of a smaller page gets a block that many
+    times larger when its page divides the largest; otherwise a non-MLA page is padded (same block)
+    and an MLA one cannot be unified (vLLM's full-allocation fallback, which rocmdoctor refuses)."""
+    if page == largest or largest % page == 0:
+        return block * (largest // page)
+    if kind == "mla":
+        raise ConfigError(
+            "cannot plan this model exactly: MLA layers whose page does not divide the largest page "
+            "(vLLM's full-allocation fallback is not modelled)"
+        )
+    return block
+
+
+def kv_layout(shape: ModelShape, settings: EngineSettings) -> KVLayout:
+    """vLLM 0.32 `get_kv_cache_groups` for the layer-outermost KV layouts: one group when every
+    cached layer is of one type (`UniformTypeKVCacheSpecs`), else page unification
+    (`unify_kv_cache_spec_page_size`) and `_get_kv_cache_groups_uniform_page_size`."""
+    _check_settings(settings)
     state_page = state_page_bytes(shape, settings)
     block = hybrid_block_size(shape, settings, state_page)
-    attention = any(layer.kind != "state" for layer in shape.layers)
+    cached = [layer for layer in shape.layers if layer.cached]
+    attention = [layer for layer in cached if layer.kind != "state"]
     # A state page is padded to the attention page (`mamba_page_size_padded`); a model of state
     # layers only keeps its own page.
-    page = block * layer_bytes_per_token(shape, settings) if attention else state_page
-    buckets: dict[tuple[str, int | None], int] = {}
+    model_page = block * layer_bytes_per_token(shape, settings) if attention else state_page
+    buckets: dict[tuple[str, int | None, int], int] = {}
     state = None
-    for layer in shape.layers:
-        key = ("full", None) if layer.kind == "mla" else (layer.kind, layer.window)
-        if key[0] in ("sliding", "chunked") and not settings.hybrid_allocator:
-            key = ("full", None)  # without the hybrid allocator local layers keep the whole context
+    for layer in cached:
+        kind = "full" if layer.kind == "mla" else layer.kind
+        window = layer.window
+        if kind in ("sliding", "chunked") and not settings.hybrid_allocator:
+            kind, window = "full", None  # without the hybrid allocator local layers keep the whole context
+        if kind == "full":
+            window = None
+        page = (
+            model_page if layer.state is not None else block * layer_bytes_per_token(shape, settings, layer)
+        )
         if layer.state is not None:
             state = layer.state
+        key = (kind, window, page)
         buckets[key] = buckets.get(key, 0) + 1
     if not buckets:
         raise ConfigError("config.json: the model has no layer with a KV cache")
@@ -459,18 +552,34 @@ def kv_layout(shape: ModelShape, settings: EngineSettings) -> KVLayout:
     # splits the layers evenly); the plan takes the largest share.
     pp = settings.pipeline_parallel_size
     buckets = {key: math.ceil(count / pp) for key, count in buckets.items()}
+    pages = {page for _, _, page in buckets}
+    kinds = {(kind, window) for kind, window, _ in buckets}
+    if len(pages) > 1 and len(kinds) == 1 and state is None:
+        # UniformTypeKVCacheSpecs: one group of every layer, each with its own page.
+        (kind, window), layers = next(iter(kinds)), sum(buckets.values())
+        block_bytes = sum(page * count for (_, _, page), count in buckets.items())
+        group = KVGroup(kind, window, layers)
+        return KVLayout(
+            block, max(pages), layers, (group,), settings.in_flight_tokens, state_page, block_bytes
+        )
+    largest = max(pages)
+    mla = any(layer.kind == "mla" for layer in attention)
     counts = list(buckets.values())
     group_size = min(counts)
     if max(counts) < min(counts) * 1.5:
         group_size = max(counts)
     groups = []
-    for (kind, window), count in buckets.items():
+    for (kind, window, page), count in buckets.items():
         # vLLM deals a bucket's layers round-robin into cdiv(count, group_size) groups (layers[i::n]).
         n = math.ceil(count / group_size)
         blocks = state_blocks_per_request(state, settings) if kind == "state" and state else 0
-        groups += [KVGroup(kind, window, len(range(i, count, n)), blocks) for i in range(n)]
+        own = block if kind == "state" else _unified_block("mla" if mla else kind, page, largest, block)
+        groups += [
+            KVGroup(kind, window, len(range(i, count, n)), blocks, 0 if own == block else own)
+            for i in range(n)
+        ]
     widest = max(group.layers for group in groups)
-    return KVLayout(block, page, widest, tuple(groups), settings.in_flight_tokens, state_page)
+    return KVLayout(block, largest, widest, tuple(groups), settings.in_flight_tokens, state_page)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -558,6 +667,7 @@ class ModelPlan:
                 "mla": sum(1 for x in shape.layers if x.kind == "mla"),
                 "chunked": sum(1 for x in shape.layers if x.kind == "chunked"),
                 "state": sum(1 for x in shape.layers if x.kind == "state"),
+                "kv_shared": sum(1 for x in shape.layers if not x.cached),
                 "sliding_window": next((x.window for x in shape.layers if x.kind == "sliding"), None),
                 "kv_heads_per_gpu": kv_heads_per_gpu(shape, self.settings.tensor_parallel_size),
                 "head_dim": shape.mla_head_size if shape.is_mla else shape.head_dim,

@@ -67,6 +67,8 @@ Window = Annotated[int, Meta(ge=0, le=1 << 30)]
 Offset = Annotated[int, Meta(ge=0, le=1 << 50)]
 MAX_TENSORS = 1_000_000
 MAX_SHARDS = 100_000
+# Linux NAME_MAX: a longer shard name cannot exist on disk (open fails with ENAMETOOLONG).
+NAME_MAX = 255
 
 
 class RopeScaling(msgspec.Struct, forbid_unknown_fields=False):
@@ -87,7 +89,8 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=False):
     num_key_value_heads: Heads | None = None
     hidden_size: Dim | None = None
     head_dim: SmallDim | None = None
-    intermediate_size: Dim | None = None
+    # Gemma 3n gives one per layer (transformers 5.19 Gemma3nTextConfig: int | list[int]).
+    intermediate_size: Dim | Annotated[list[Dim], Meta(max_length=4096)] | None = None
     moe_intermediate_size: Dim | None = None
     vocab_size: Vocab | None = None
     max_position_embeddings: Length | None = None
@@ -99,7 +102,8 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=False):
     max_sequence_length: Length | None = None
     max_seq_length: Length | None = None
     sliding_window: bool | Window | None = None
-    sliding_window_pattern: Layers | None = None
+    # EXAONE 4's Hub configs spell it "LLLG" (transformers 5.19 Exaone4Config: str | int).
+    sliding_window_pattern: Layers | Annotated[str, Meta(max_length=4096)] | None = None
     layer_types: Annotated[list[str], Meta(max_length=4096)] | None = None
     kv_lora_rank: SmallDim | None = None
     qk_rope_head_dim: SmallDim | None = None
@@ -144,7 +148,10 @@ def decode_config(data: bytes, source: str) -> dict:
         documents.decode(data, ModelConfig, source, MAX_CONFIG_BYTES)
         return documents.load_object(data, source, MAX_CONFIG_BYTES)
     except documents.DocumentError as exc:
-        raise ModelFilesError(f"{exc}; is this a transformers config.json?") from None
+        raise ModelFilesError(
+            f"{exc}: rocmdoctor reads that key with the type and range transformers gives it; "
+            "fix the value or the file"
+        ) from None
 
 
 def read_config(path: Path) -> dict:
@@ -213,6 +220,11 @@ def shard_names(index_data: bytes, source: str) -> list[str]:
             f"{source}: names {len(names)} shards, more than {MAX_SHARDS}; not a model index"
         )
     for name in names:
+        if len(name.encode("utf-8", "surrogatepass")) > NAME_MAX:
+            raise ModelFilesError(
+                f"{source}: field weight_map: shard name {name[:60]!r}... is {len(name)} characters, longer "
+                f"than a file name can be ({NAME_MAX} bytes); not a real shard: fix or re-download the index"
+            )
         if "/" in name or name.startswith(".") or not name.endswith(".safetensors") or "\x00" in name:
             raise ModelFilesError(
                 f"{source}: field weight_map: shard name {name[:200]!r} is not a plain .safetensors file name"
