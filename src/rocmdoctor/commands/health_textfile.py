@@ -2,7 +2,7 @@
 health as one `health_metrics.HealthRun`, written for node_exporter's textfile collector.
 
 Joins the diagnosis (checks) with the servers (provision/server_health), which never import each
-other; rendering is `render_textfile`, writing is `atomic.write_atomic` (a temp name in the same
+other; rendering is `render_textfile`, writing is the write seam's `write_text_file` (a temp name in the same
 directory, then a rename: the collector never reads half a file, and reads only `*.prom`).
 """
 
@@ -131,9 +131,9 @@ def health_run(ctx: Context, report: dict[str, Any], started: float) -> HealthRu
 
 
 def write_textfile(path: Path, text: str) -> None:
-    from rocmdoctor.atomic import write_atomic
+    from rocmdoctor.host_writes import HostWriter
 
     try:
-        write_atomic(path, text, 0o644)
+        HostWriter("/").write_text_file(path, text, 0o644)
     except OSError as exc:
         raise UserError(f"cannot write {path}: {exc.strerror or exc}") from None
