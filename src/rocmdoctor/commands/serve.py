@@ -317,10 +317,16 @@ def serve(
 
 
 def server_environment(
-    args: Any, opts: dict[str, Any], cache_base: Path, cache_dir: Path | None = None, marker: str = ""
+    args: Any,
+    opts: dict[str, Any],
+    cache_base: Path,
+    cache_dir: Path | None = None,
+    marker: str = "",
+    jit: bool = True,
 ) -> dict[str, str]:
-    """The server's environment: the bundle's, its caches (JIT caches of the qualified bundle), the key,
-    the run's marker and what the arguments pin (ROCR_VISIBLE_DEVICES)."""
+    """The server's environment: the bundle's, its caches (JIT caches of the qualified bundle, made
+    with their fingerprint; `jit=False`: none made, vLLM's defaults), the key, the run's marker and what
+    the arguments pin (ROCR_VISIBLE_DEVICES)."""
     from rocmdoctor.provision.server.serve import server_env
 
     env = server_env(
@@ -329,7 +335,8 @@ def server_environment(
         api_key(opts),
         marker,
     )
-    env.update(jit_environment(Path(opts["prefix"]), cache_base / "rocmdoctor"))
+    if jit:
+        env.update(jit_environment(Path(opts["prefix"]), cache_base / "rocmdoctor"))
     if cache_dir:
         env["VLLM_CACHE_ROOT"] = str(cache_dir)
     env.update(args.environment)

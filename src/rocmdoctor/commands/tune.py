@@ -3,10 +3,13 @@ latency limit, measured by restarting the server, and written back as a drop-in 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -186,6 +189,21 @@ def _gmu_within_rule(app: App, args: Any) -> None:
 )
 @click.option("--timeout", "timeout_s", type=params.Duration(), default=120, show_default=True,
               help="Seconds one request may take.")  # fmt: skip
+@click.option(
+    "--confirm",
+    "confirm_times",
+    type=params.Count(0, 10),
+    default=2,
+    show_default=True,
+    help="Under --slo: measure the winner this many more times; each must meet the limit (0: trust one).",
+)
+@click.option(
+    "--margin",
+    type=click.FloatRange(0.0, 0.5),
+    default=0.1,
+    show_default=True,
+    help="Under --slo: the share of the limit a winner must keep to spare when first measured.",
+)
 @click.option("--write", is_flag=True, help="Write the winner as a drop-in of the server's unit.")
 @server_option(
     "check", help="Show the drop-in --write would write (diff), write nothing (state file included)."
@@ -272,6 +290,8 @@ def _tune(
     kv_cache_memory: str | None,
     start_timeout_s: float,
     timeout_s: float,
+    confirm_times: int,
+    margin: float,
     write: bool,
     check_only: bool,
     target: Path | None,
@@ -304,7 +324,7 @@ def _tune(
     if instance is not None and lemonade_model is not None:
         raise UserError("--instance and --lemonade-model: give one (where the server is configured)")
     if (write or check_only) and lemonade_model is None:
-        write_root(app, target)  # --root only reads: refused now, not after the measuring
+        _unit_to_write_beside(app, target, instance)  # refused now, not after the measuring
     from rocmdoctor.commands.smoke import _plot_path as plot_path_rule
 
     plot_path = plot_path_rule(plot)
@@ -351,6 +371,8 @@ def _tune(
         search=search_kind,
         requests=requests,
         min_seconds=min_seconds,
+        confirm=confirm_times,
+        margin=margin,
     )
     model = opts["model"]
     config = (
@@ -382,26 +404,28 @@ def _tune(
     context = tune_plan["context"]
     from rocmdoctor.provision.tune.run import Runner, RunOptions
 
-    runner = Runner(
-        RunOptions(
-            executable,
-            trial.base_argv,
-            server_environment(args, opts, cache_base),
-            readiness_url(args),
-            args.served_model_name,
-            api_key(opts),
-            log_dir or cache_base / "rocmdoctor" / "tune",
-            chosen,
-            start_timeout_s,
-            timeout_s,
-            requests,
-            min_seconds,
-        ),
-        events,
-        servers=servers,
-    )
-    started = time.monotonic()
-    points, choice = session.run(trial, {p.setting: p for p in state.known(context)}, runner.measure)
+    with _log_dir(log_dir, cache_base, check_only) as logs:
+        runner = Runner(
+            RunOptions(
+                executable,
+                trial.base_argv,
+                # --check makes no JIT cache (nor its fingerprint): the trials use vLLM's defaults
+                server_environment(args, opts, cache_base, jit=not check_only),
+                readiness_url(args),
+                args.served_model_name,
+                api_key(opts),
+                logs,
+                chosen,
+                start_timeout_s,
+                timeout_s,
+                requests,
+                min_seconds,
+            ),
+            events,
+            servers=servers,
+        )
+        started = time.monotonic()
+        points, choice = session.run(trial, {p.setting: p for p in state.known(context)}, runner.measure)
     if not check_only:
         state.add(context, [p for p in points if p.source == "measured"])
         _write_state(state_path, state.to_bytes())
@@ -414,6 +438,28 @@ def _tune(
         else:
             change = _write_back(app, target, check_only, instance, choice)
     _finish(report, change, choice, as_json, app, plot_path)
+
+
+@contextlib.contextmanager
+def _log_dir(given: Path | None, cache_base: Path, check_only: bool) -> Iterator[Path]:
+    """Where the trial servers log: --log-dir, else the cache's tune directory; under --check (which
+    leaves nothing behind) a private directory removed when tune ends."""
+    if given is not None or not check_only:
+        yield given or cache_base / "rocmdoctor" / "tune"
+        return
+    with tempfile.TemporaryDirectory(prefix="rocmdoctor-tune-check-") as private:
+        yield Path(private)
+
+
+def _unit_to_write_beside(app: App, target: Path | None, instance: str | None) -> None:
+    """--write/--check into a unit: the unit must be there before anything is measured (exit 2)."""
+    from rocmdoctor.host_writes import HostWriter
+    from rocmdoctor.provision.tune.writeback import WritebackError, installed_exec_start
+
+    try:
+        installed_exec_start(HostWriter(write_root(app, target)), instance)
+    except WritebackError as exc:
+        raise UserError(f"nothing measured: {exc}") from None
 
 
 def _write_state(path: Path, data: bytes) -> None:
