@@ -11,10 +11,10 @@ import secrets
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -23,6 +23,13 @@ from rocmdoctor.commands.common import App, UserError, emit_json, pass_app, writ
 from rocmdoctor.commands.option_groups import option_group
 from rocmdoctor.commands.server_options import ServerOptions, server_group, server_option
 from rocmdoctor.report import strict
+
+if TYPE_CHECKING:
+    from rocmdoctor.provision.server.args import ServerArgs
+    from rocmdoctor.provision.server.serve import Server
+    from rocmdoctor.provision.tune.search import Choice, Slo
+    from rocmdoctor.provision.tune.session import Trial
+    from rocmdoctor.provision.tune.workload import Workload
 
 STATE_LIMIT = 16 << 20
 WORKLOAD_LIMIT = 64 << 20
@@ -70,7 +77,7 @@ def _host_identity(app: App) -> str:
     return read.value.strip() if read.ok and read.value.strip() else os.uname().nodename
 
 
-def _plan(app: App, args: Any, server: ServerOptions, kv_cache_memory: str | None, typical_len: int):
+def _plan(app: App, args: ServerArgs, server: ServerOptions, kv_cache_memory: str | None, typical_len: int):
     """The model's memory plan: the GPU's (from the server's arguments) or one for --kv-cache-memory."""
     from rocmdoctor.commands.plan import load_model_files, parse_size
     from rocmdoctor.provision.server.plan_settings import engine_settings
@@ -101,7 +108,7 @@ def _plan(app: App, args: Any, server: ServerOptions, kv_cache_memory: str | Non
         raise UserError(str(exc)) from None
 
 
-def _gmu_within_rule(app: App, args: Any) -> None:
+def _gmu_within_rule(app: App, args: ServerArgs) -> None:
     """A --gpu-memory-utilization above the free-memory rule on a known GPU is refused: tune starts the
     server many times, and on a unified-memory APU one start over the rule can take the host down."""
     from rocmdoctor.commands.host_pools import pools_from_facts
@@ -345,7 +352,7 @@ def tune(app: App, server: ServerOptions, search: SearchOptions, dest: Destinati
     """
     from rocmdoctor.provision.server.serve import SignalsToStop, Stopped
 
-    servers: list[Any] = []  # every server started, for the message when a signal stops the run
+    servers: list[Server] = []  # every server started, for the message when a signal stops the run
     # A SIGTERM, SIGINT or SIGHUP in any phase is an exception: the runner's `finally` stops the server
     # that runs (a SIGKILL leaves that to the server's tether), and a stop before or during the
     # write-back leaves the files as they were (atomic writes).
@@ -362,7 +369,7 @@ def tune(app: App, server: ServerOptions, search: SearchOptions, dest: Destinati
             sys.exit(1)
 
 
-def _refuse_bad_requests(app: App, search: SearchOptions, dest: Destination, files: RunFiles) -> Any:
+def _refuse_bad_requests(app: App, search: SearchOptions, dest: Destination, files: RunFiles) -> Slo | None:
     """The refusals that need no plan (exit 2, before anything starts); the parsed --slo."""
     from rocmdoctor.provision.tune import search as ts
 
@@ -382,7 +389,7 @@ def _refuse_bad_requests(app: App, search: SearchOptions, dest: Destination, fil
     return objective
 
 
-def _workload(search: SearchOptions, max_len: int | None) -> Any:
+def _workload(search: SearchOptions, max_len: int | None) -> Workload:
     """--workload's requests, else synthetic ones of --prompt-tokens/--output-tokens."""
     from rocmdoctor.provision.tune import workload as tw
 
@@ -399,7 +406,9 @@ def _workload(search: SearchOptions, max_len: int | None) -> Any:
         raise UserError(str(exc)) from None
 
 
-def _trial(app: App, server: ServerOptions, search: SearchOptions, objective: Any) -> tuple[Any, Any]:
+def _trial(
+    app: App, server: ServerOptions, search: SearchOptions, objective: Slo | None
+) -> tuple[ServerArgs, Trial]:
     """(the server's arguments as `unit`/`serve` compute them, their refusals included; the Trial)."""
     from rocmdoctor.commands.serve import resolve_args
     from rocmdoctor.provision.tune import session
@@ -434,7 +443,7 @@ def _trial(app: App, server: ServerOptions, search: SearchOptions, objective: An
 
 def _tune(
     app: App,
-    servers: list[Any],
+    servers: list[Server],
     server: ServerOptions,
     search: SearchOptions,
     dest: Destination,
@@ -482,16 +491,16 @@ def _tune(
 
 def _measure(
     app: App,
-    servers: list[Any],
+    servers: list[Server],
     server: ServerOptions,
     search: SearchOptions,
     dest: Destination,
     files: RunFiles,
-    args: Any,
-    trial: Any,
+    args: ServerArgs,
+    trial: Trial,
     tune_plan: dict[str, Any],
-    events: Any,
-) -> tuple[dict[str, Any], Any]:
+    events: Callable[..., None],
+) -> tuple[dict[str, Any], Choice]:
     """The search on trial servers (known points from the state file), the state file updated (never
     under --check); (the report, the choice)."""
     from rocmdoctor.commands.serve import api_key, server_environment, startable
@@ -578,11 +587,13 @@ def _write_state(path: Path, data: bytes) -> None:
         click.echo(f"rocmdoctor: the state file {path} could not be written: {exc}", err=True)
 
 
-def _write_back(app: App, target: Path | None, check_only: bool, instance: str | None, choice: Any):
+def _write_back(app: App, target: Path | None, check_only: bool, instance: str | None, choice: Choice):
     from rocmdoctor.host_writes import HostWriter
     from rocmdoctor.provision.tune.writeback import WritebackError, write_back
 
     winner = choice.winner
+    if winner is None:  # the caller writes only a winner
+        raise ValueError("no winner to write")
     why = f"{winner.output_tokens_per_s:.1f} output tokens/s; {choice.reason}."
     try:
         return write_back(
@@ -593,7 +604,7 @@ def _write_back(app: App, target: Path | None, check_only: bool, instance: str |
 
 
 def _write_lemonade(
-    app: App, model: str, url: str | None, key_file: Path | None, check_only: bool, choice: Any
+    app: App, model: str, url: str | None, key_file: Path | None, check_only: bool, choice: Choice
 ) -> dict[str, Any]:
     """The winner as the model's saved vllm_args, through Lemonade's options API (its own dry run
     under --check); Lemonade passes them to vllm-server at the model's next load."""
@@ -602,6 +613,8 @@ def _write_lemonade(
     from rocmdoctor.provision.server.lemonade_api import Lemonade, LemonadeError
 
     winner = choice.winner
+    if winner is None:  # the caller writes only a winner
+        raise ValueError("no winner to write")
     words = winner.setting.flags()
     flags = dict(zip(words[::2], words[1::2], strict=True))
     why = f"rocmdoctor tune: {winner.output_tokens_per_s:.1f} output tokens/s; {choice.reason}"
@@ -613,7 +626,14 @@ def _write_lemonade(
     return change.envelope(check=check_only)
 
 
-def _finish(report: dict, change: Any, choice: Any, as_json: bool, app: App, plot_path: Path | None) -> None:
+def _finish(
+    report: dict,
+    change: dict[str, Any] | None,
+    choice: Choice,
+    as_json: bool,
+    app: App,
+    plot_path: Path | None,
+) -> None:
     from rocmdoctor.model import envelope
 
     if plot_path is not None:
