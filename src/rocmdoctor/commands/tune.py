@@ -481,11 +481,9 @@ def _tune(
     if (dest.write or dest.check_only) and choice.winner is not None:
         events("writing", setting=choice.winner.setting.to_json())
         if dest.lemonade_model is not None:
-            change = _write_lemonade(
-                app, dest.lemonade_model, dest.lemonade_url, dest.lemonade_key_file, dest.check_only, choice
-            )
+            change = _write_lemonade(app, dest, dest.lemonade_model, choice)
         else:
-            change = _write_back(app, dest.target, dest.check_only, dest.instance, choice)
+            change = _write_back(app, dest, choice)
     _finish(report, change, choice, server.as_json, app, plot_path)
 
 
@@ -519,7 +517,7 @@ def _measure(
         events("state", problem=state.problem)
     context = tune_plan["context"]
     opts = server.as_dict()
-    with _log_dir(files.log_dir, cache_base, dest.check_only) as logs:
+    with _log_dir(files, dest, cache_base) as logs:
         runner = Runner(
             RunOptions(
                 executable,
@@ -549,12 +547,12 @@ def _measure(
 
 
 @contextlib.contextmanager
-def _log_dir(given: Path | None, cache_base: Path, check_only: bool) -> Iterator[Path]:
+def _log_dir(files: RunFiles, dest: Destination, cache_base: Path) -> Iterator[Path]:
     """Where the trial servers log: --log-dir, else the cache's tune directory; under --check (which
     leaves nothing behind) a private directory (an unguessable name) that exists only once a server
     starts, removed when tune ends."""
-    if given is not None or not check_only:
-        yield given or cache_base / "rocmdoctor" / "tune"
+    if files.log_dir is not None or not dest.check_only:
+        yield files.log_dir or cache_base / "rocmdoctor" / "tune"
         return
     from rocmdoctor.host_writes import HostWriter
 
@@ -587,7 +585,7 @@ def _write_state(path: Path, data: bytes) -> None:
         click.echo(f"rocmdoctor: the state file {path} could not be written: {exc}", err=True)
 
 
-def _write_back(app: App, target: Path | None, check_only: bool, instance: str | None, choice: Choice):
+def _write_back(app: App, dest: Destination, choice: Choice) -> dict[str, Any]:
     from rocmdoctor.host_writes import HostWriter
     from rocmdoctor.provision.tune.writeback import WritebackError, write_back
 
@@ -597,15 +595,16 @@ def _write_back(app: App, target: Path | None, check_only: bool, instance: str |
     why = f"{winner.output_tokens_per_s:.1f} output tokens/s; {choice.reason}."
     try:
         return write_back(
-            HostWriter(write_root(app, target), check_mode=check_only), instance, winner.setting, why
+            HostWriter(write_root(app, dest.target), check_mode=dest.check_only),
+            dest.instance,
+            winner.setting,
+            why,
         ).to_json()
     except (WritebackError, OSError) as exc:
         raise UserError(f"could not write the winner back: {exc}") from None
 
 
-def _write_lemonade(
-    app: App, model: str, url: str | None, key_file: Path | None, check_only: bool, choice: Choice
-) -> dict[str, Any]:
+def _write_lemonade(app: App, dest: Destination, model: str, choice: Choice) -> dict[str, Any]:
     """The winner as the model's saved vllm_args, through Lemonade's options API (its own dry run
     under --check); Lemonade passes them to vllm-server at the model's next load."""
     from rocmdoctor.commands.lemonade import _key, _url
@@ -620,10 +619,11 @@ def _write_lemonade(
     why = f"rocmdoctor tune: {winner.output_tokens_per_s:.1f} output tokens/s; {choice.reason}"
     target = ModelTarget(model, None, flags, reasons=dict.fromkeys(flags, why))
     try:
-        change = apply_options(Lemonade(_url(app, url), _key(key_file)), target, check_only)
+        lemonade = Lemonade(_url(app, dest.lemonade_url), _key(dest.lemonade_key_file))
+        change = apply_options(lemonade, target, dest.check_only)
     except LemonadeError as exc:
         raise UserError(f"could not write the winner into Lemonade's options for {model}: {exc}") from None
-    return change.envelope(check=check_only)
+    return change.envelope(check=dest.check_only)
 
 
 def _finish(
