@@ -6,11 +6,10 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from rocmdoctor.facts.installed_bundle import InstalledBundle
 from rocmdoctor.model import SCHEMA_VERSION
-from rocmdoctor.provision.bundle.install import Layout
 from rocmdoctor.provision.tune import search as ts
 from rocmdoctor.provision.tune.state import context_key, stable_argv
 from rocmdoctor.provision.tune.workload import Workload
@@ -97,16 +96,12 @@ def fitting_plan(
     return plan
 
 
-def bundle_identity(prefix: Path) -> str:
-    """The current bundle's tag and its asset's digest: a new bundle is a new server."""
-    layout = Layout(prefix)
-    tag = layout.current_tag()
-    if tag is None:
+def bundle_identity(bundle: InstalledBundle) -> str:
+    """The current bundle's tag and digest (over every part: `facts.installed_bundle`'s one meaning): a
+    new bundle is a new server."""
+    if bundle.tag is None:
         return "none"
-    assets = (layout.metadata(tag) or {}).get("assets")
-    first = assets[0] if isinstance(assets, list) and assets and isinstance(assets[0], dict) else {}
-    digest = first.get("digest")
-    return f"{tag}@{digest}" if digest else tag
+    return f"{bundle.tag}@{bundle.digest}" if bundle.digest else bundle.tag
 
 
 def model_revision(model: str, config: bytes | None) -> str:

@@ -450,6 +450,8 @@ def _tune(
     files: RunFiles,
 ) -> None:
     from rocmdoctor.commands.smoke import _plot_path as plot_path_rule
+    from rocmdoctor.facts.installed_bundle import read_installed
+    from rocmdoctor.host import Host
     from rocmdoctor.model import envelope
     from rocmdoctor.provision.tune import session
 
@@ -464,7 +466,7 @@ def _tune(
     tune_plan = session.plan_document(
         trial,
         _host_identity(app),
-        session.bundle_identity(Path(server.prefix)),
+        session.bundle_identity(read_installed(Host("/"), server.prefix)),  # the bundle the trials run
         model,
         session.model_revision(model, config),
     )
