@@ -241,3 +241,21 @@ def server_group(*options: str | Callable[[Any], Any]) -> Callable[[Any], Any]:
         return server_options(*options)(command)
 
     return decorate
+
+
+# `unit` and `serve`: SINGLE_SERVER's options as one typed ServerOptions (keyword `server`).
+SINGLE_SERVER_GROUP = server_group(
+    server_option("model", required=True),
+    "served_model_name",
+    "host",
+    "port",
+    "gpu_memory_utilization",
+    "max_model_len",
+    "max_num_seqs",
+    "tensor_parallel_size",
+    "gpu",
+    "api_key_file",
+    "vllm_args",
+    "prefix",
+    "json",
+)

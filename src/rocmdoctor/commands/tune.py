@@ -466,7 +466,7 @@ def _tune(
     tune_plan = session.plan_document(
         trial,
         _host_identity(app),
-        session.bundle_identity(read_installed(Host("/"), server.prefix)),  # the bundle the trials run
+        session.bundle_identity(read_installed(Host(Path("/")), server.prefix)),  # the bundle the trials run
         model,
         session.model_revision(model, config),
     )
