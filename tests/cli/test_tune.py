@@ -107,6 +107,9 @@ def test_without_a_gpu_the_plan_needs_the_kv_cache_size():
     [
         (("--slo", "ttft<2s"), "METRIC:pPCT<=LIMIT"),
         (("--slo", "ttft:p95<=0ms"), "must be positive"),
+        (("--slo", ""), "METRIC:pPCT<=LIMIT"),  # issue 35: an empty limit was taken as no limit
+        (("--margin", "0.9"), "0.9 is not in the range"),
+        (("--confirm", "11"), "--confirm"),
         (("--seqs", "0:8"), "LOW:HIGH"),
         (("--seqs", "a,b"), "LOW:HIGH"),
         (("--seqs", "1:99999"), "LOW:HIGH"),
