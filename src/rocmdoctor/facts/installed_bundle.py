@@ -17,12 +17,10 @@ Sources, each written by rocmdoctor's own install under `<prefix>/current` (a li
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from rocmdoctor.documents import DocumentError, load_object
 from rocmdoctor.host import Host
 
 METADATA = ".rocmdoctor-bundle.json"
@@ -35,6 +33,8 @@ DIST_METADATA_LIMIT = 1 << 20
 
 def bundle_digest(assets: Iterable[tuple[str, str | None]]) -> str:
     """One digest for a bundle: sha256 over its parts' names and published digests, in name order."""
+    import hashlib  # lazily: `check` imports this module for its constants
+
     digest = hashlib.sha256()
     for name, part in sorted(assets, key=lambda a: a[0]):
         digest.update(f"{name}\0{part or ''}\n".encode())
@@ -83,6 +83,8 @@ class InstalledBundle:
 
 def _document(host: Host, path: str, limit: int) -> tuple[dict[str, Any] | None, str | None]:
     """(the JSON object at path, why not): missing, unreadable and malformed all say why."""
+    from rocmdoctor.documents import DocumentError, load_object  # msgspec, only when there is a bundle
+
     read = host.read_text(path, limit)
     if not read.ok:
         return None, read.describe()
