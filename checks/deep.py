@@ -12,7 +12,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from rocmdoctor import documents
 from rocmdoctor.checks import check, facts
 from rocmdoctor.facts.deep_probe import probe_environment, probe_path
 from rocmdoctor.model import Probe, Result, Severity, Status, failed, passed, skipped, warned
@@ -176,6 +175,8 @@ def run_probe(ctx: Context) -> ProbeRun:
 
 def parse_report(stdout: str) -> dict[str, Any] | None:
     """The probe's one JSON document, or None for anything else (garbage, truncation, a crash)."""
+    from rocmdoctor import documents  # msgspec: only --deep parses a report (not the plain check's path)
+
     try:
         report = documents.load_value(
             stdout.encode("utf-8", errors="replace"), "the probe's report", 16 << 20

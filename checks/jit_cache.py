@@ -15,27 +15,21 @@ from typing import Any
 
 from rocmdoctor.checks import check
 from rocmdoctor.checks.facts import gpus
+from rocmdoctor.facts.installed_bundle import METADATA, VLLM_METADATA, read_installed
 from rocmdoctor.model import Result, Severity, passed, skipped, warned
 from rocmdoctor.registry import DEFAULT_PREFIX, Context
 
 STATE_JIT = "/var/lib/vllm/jit"
-RECORD = ".rocmdoctor-qualification.json"
+RECORD = ".rocmdoctor-qualification.json"  # facts.installed_bundle.QUALIFICATION
 FINGERPRINT = "fingerprint.json"
 PURGE = "rocmdoctor bundle cache purge"
 
 
 def _current(ctx: Context) -> tuple[str | None, str | None]:
-    """(bundle digest, tag) of the current bundle, from its qualification record."""
-    prefix = (ctx.options.prefix or DEFAULT_PREFIX).rstrip("/")
-    read = ctx.host.read_text(f"{prefix}/current/{RECORD}", limit=4 << 20)
-    try:
-        doc = json.loads(str(read.value)) if read.ok else None
-    except ValueError:
-        doc = None
-    if not isinstance(doc, dict):
-        return None, None
-    digest, tag = doc.get("bundle_digest"), doc.get("tag")
-    return (digest if isinstance(digest, str) else None), (tag if isinstance(tag, str) else None)
+    """(bundle digest, tag) of the current bundle: `facts.installed_bundle`'s, the one digest every
+    report gives it."""
+    bundle = read_installed(ctx.host, ctx.options.prefix or DEFAULT_PREFIX)
+    return bundle.digest, bundle.tag
 
 
 def expected_key(digest: str, gfx: str | None) -> str:
@@ -56,7 +50,10 @@ def partial_entries(ctx: Context, key_dir: str) -> list[str]:
     "The service's JIT caches belong to the current bundle and GPU and are complete",
     severity=Severity.DEGRADING,
     reads=(
+        f"{DEFAULT_PREFIX}/current",
+        f"{DEFAULT_PREFIX}/current/{METADATA}",
         f"{DEFAULT_PREFIX}/current/{RECORD}",
+        f"{DEFAULT_PREFIX}/current/{VLLM_METADATA}",
         f"{STATE_JIT}/*/{FINGERPRINT}",
         f"{STATE_JIT}/*/triton/*/tmp.pid_*",
         f"{STATE_JIT}/*/aiter/build/*",

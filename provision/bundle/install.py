@@ -18,7 +18,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
-import json
 import os
 import threading
 import time
@@ -31,14 +30,12 @@ import msgspec
 from msgspec import Meta
 
 from rocmdoctor import documents
-from rocmdoctor import host_files as files
 from rocmdoctor.archive.extract import ArchiveError, UnsafeArchive, extract_stream, fix_exec_bits
 from rocmdoctor.archive.tar_rule import NoSpaceLeft, human
-from rocmdoctor.atomic import write_atomic
 from rocmdoctor.facts.manifest import ManifestError, check_tag
-from rocmdoctor.host_files import lexists, secure_dir, tree_bytes
+from rocmdoctor.host_files import ForeignFile
 from rocmdoctor.host_processes import run_program
-from rocmdoctor.host_writes import HostWriter
+from rocmdoctor.host_writes import HostWriter, OwnedTrees
 from rocmdoctor.model import SCHEMA_VERSION, Change, state_diff
 from rocmdoctor.provision.bundle.download import (
     DownloadCancelled,
@@ -49,7 +46,6 @@ from rocmdoctor.provision.bundle.download import (
     PartStream,
     StreamCancelled,
     StreamRestarted,
-    open_owned,
     verify_local,
 )
 from rocmdoctor.provision.bundle.manifest import (
@@ -159,7 +155,11 @@ class InstallResult:
 
 
 class Layout:
-    def __init__(self, prefix: Path) -> None:
+    """A prefix's paths, and its trees through the command's writer (`writer.trees`); a Layout built
+    without one only reads (`bundles`, `bundle qualify`, tune) and refuses every effect."""
+
+    def __init__(self, prefix: Path, trees: OwnedTrees | None = None) -> None:
+        self.trees = trees or OwnedTrees(None)
         self.prefix = Path(prefix)
         self.bundles = self.prefix / "bundles"
         self.current = self.prefix / "current"
@@ -168,7 +168,7 @@ class Layout:
         self.lock_path = self.prefix / ".install.lock"
 
     def _target_tag(self, link: Path) -> str | None:
-        target = files.readlink(link)
+        target = self.trees.readlink(link)
         return None if target is None else Path(target).name
 
     def current_tag(self) -> str | None:
@@ -190,12 +190,12 @@ class Layout:
             return None
 
     def installed(self) -> list[dict[str, Any]]:
-        if not files.is_dir(self.bundles):
+        if not self.trees.is_dir(self.bundles):
             return []
         current, previous = self.current_tag(), self.previous_tag()
         found = []
-        for entry in (self.bundles / name for name in files.list_dir(self.bundles)):
-            if entry.name.startswith(".") or entry.name.endswith(".partial") or not files.is_dir(entry):
+        for entry in (self.bundles / name for name in self.trees.list_dir(self.bundles)):
+            if entry.name.startswith(".") or entry.name.endswith(".partial") or not self.trees.is_dir(entry):
                 continue
             meta = self.metadata(entry.name) or {}
             found.append(
@@ -218,12 +218,12 @@ class _Held:
 
 
 def _lock(layout: Layout, create: bool = True) -> _Held:
-    if not create and not files.is_dir(layout.prefix):
+    if not create and not layout.trees.is_dir(layout.prefix):
         raise InstallError(f"{layout.prefix} does not exist: nothing is installed there (check --prefix)")
     try:
         if create:
-            files.make_dirs(layout.prefix)
-        fd = files.try_lock(layout.lock_path)
+            layout.trees.make_dirs(layout.prefix)
+        fd = layout.trees.try_lock(layout.lock_path)
     except BlockingIOError:
         raise InstallError(
             f"another rocmdoctor install holds {layout.lock_path}; wait for it to finish and rerun"
@@ -235,35 +235,36 @@ def _lock(layout: Layout, create: bool = True) -> _Held:
     return _Held(fd)
 
 
-def _unlock(held: _Held) -> None:
-    files.unlock(held.fd)
+def _unlock(layout: Layout, held: _Held) -> None:
+    layout.trees.unlock(held.fd)
 
 
-def _point(link: Path, target: str) -> None:
+def _point(layout: Layout, link: Path, target: str) -> None:
     """Atomically make `link` a symlink to `target` (never absent, never half-written)."""
-    files.swap_symlink(link, target)
+    layout.trees.swap_symlink(link, target)
 
 
-def write_json_atomic(path: Path, doc: Any) -> None:
-    write_atomic(path, json.dumps(doc, indent=2) + "\n")
+def write_json_atomic(layout: Layout, path: Path, doc: Any) -> None:
+    layout.trees.write_json(path, doc)
 
 
 def recover(layout: Layout) -> None:
     """Undo what a killed run left: partial trees, half-swapped bundles, temp links."""
-    if not files.is_dir(layout.bundles):
+    trees = layout.trees
+    if not trees.is_dir(layout.bundles):
         return
-    for entry in (layout.bundles / name for name in files.list_dir(layout.bundles)):
+    for entry in (layout.bundles / name for name in trees.list_dir(layout.bundles)):
         # .partial: a killed extraction; .<tag>.prune-<pid>: a killed prune (finish it)
         if entry.name.endswith(".partial") or (entry.name.startswith(".") and ".prune-" in entry.name):
-            _remove_leftover(entry)
+            _remove_leftover(layout, entry)
         elif entry.name.startswith(".") and ".old-" in entry.name:
             original = layout.bundles / entry.name[1:].rsplit(".old-", 1)[0]
-            if files.exists(original):
-                files.remove_tree(entry, ignore_errors=True)
+            if trees.exists(original):
+                trees.remove_tree(entry, ignore_errors=True)
             else:  # killed between moving the old tree aside and moving the new one in
-                files.replace(entry, original)
-    for temp in files.glob(layout.prefix, ".*.tmp-*"):
-        files.remove(temp)
+                trees.replace(entry, original)
+    for temp in trees.glob(layout.prefix, ".*.tmp-*"):
+        trees.remove(temp)
 
 
 # A killed run's extractor (GNU tar behind a pipe) outlives it until it reads the pipe's end, and
@@ -271,12 +272,12 @@ def recover(layout: Layout) -> None:
 ORPHAN_WRITER_WAIT_S = 10.0
 
 
-def _remove_leftover(tree: Path) -> None:
+def _remove_leftover(layout: Layout, tree: Path) -> None:
     """Remove a killed run's tree, again while an orphaned extractor is still adding to it."""
     deadline = time.monotonic() + ORPHAN_WRITER_WAIT_S
     while True:
-        files.remove_tree(tree, ignore_errors=True)
-        if not lexists(tree):
+        layout.trees.remove_tree(tree, ignore_errors=True)
+        if not layout.trees.lexists(tree):
             return
         if time.monotonic() > deadline:
             raise InstallError(
@@ -304,7 +305,7 @@ class DigestChanged(InvalidRequest):
 def decide(layout: Layout, plan: InstallPlan) -> str:
     """What an install does here, the same for the dry run and the real one: "current" (nothing),
     "switch" (the bundle is installed, `current` moves to it) or "install" (fetch, extract, qualify)."""
-    meta = layout.metadata(plan.tag) if files.is_dir(layout.bundles) else None
+    meta = layout.metadata(plan.tag) if layout.trees.is_dir(layout.bundles) else None
     if not plan.force and _matches(meta, plan):
         return "current" if layout.current_tag() == plan.tag else "switch"
     return "install"
@@ -313,7 +314,7 @@ def decide(layout: Layout, plan: InstallPlan) -> str:
 def install(plan: InstallPlan, writer: HostWriter) -> InstallResult:
     """Install `plan` under its prefix through `writer`: in check mode the same decision is made and
     reported, and nothing under the prefix is created, locked, recovered or moved."""
-    layout = Layout(plan.prefix)
+    layout = Layout(plan.prefix, writer.trees)
     trusted = _check_recorded(layout, plan)  # TOFU, whatever supplied the pins: before any write
     if not writer.change("install", f"{plan.tag} under {layout.prefix}"):
         return _dry_run(layout, plan, decide(layout, plan))
@@ -333,7 +334,7 @@ def install(plan: InstallPlan, writer: HostWriter) -> InstallResult:
             _record_pins(layout, plan, trusted, result)  # before `current` moves: a failure leaves it
             _activate(layout, plan.tag)
         else:
-            with _download_dir_held(plan):
+            with _download_dir_held(layout, plan):
                 downloaded = _install_tree(layout, plan)
             qualify_installed(
                 layout.bundles / plan.tag, plan.tag, layout.current_tag(), plan.qualify, _assets(plan)
@@ -341,7 +342,7 @@ def install(plan: InstallPlan, writer: HostWriter) -> InstallResult:
             result = _result(layout, plan, True, f"installed {plan.tag}")
             _record_pins(layout, plan, trusted, result)  # before `current` moves: a failure leaves it
             _activate(layout, plan.tag)
-            files.remove_tree(_staging(layout, plan), ignore_errors=True)
+            layout.trees.remove_tree(_staging(layout, plan), ignore_errors=True)
             result.downloaded_bytes = downloaded
         result.current, result.previous = layout.current_tag(), layout.previous_tag()
         _describe_older(layout, result)
@@ -350,7 +351,7 @@ def install(plan: InstallPlan, writer: HostWriter) -> InstallResult:
     except OSError as exc:
         raise InstallError(_os_failure(exc, layout)) from None
     finally:
-        _unlock(held)
+        _unlock(layout, held)
 
 
 def _dry_run(layout: Layout, plan: InstallPlan, action: str) -> InstallResult:
@@ -378,7 +379,7 @@ def _dry_run(layout: Layout, plan: InstallPlan, action: str) -> InstallResult:
 
 def _prefix_lock(layout: Layout) -> Lock | None:
     path = layout.prefix / PREFIX_LOCK
-    if not lexists(path):
+    if not layout.trees.lexists(path):
         return None
     return parse_lock(read_pin_file(path), str(path))
 
@@ -464,7 +465,7 @@ def _record_pins(layout: Layout, plan: InstallPlan, lock: Lock | None, result: I
         after = Lock(after.repo, after.families, after.source, {**after.trusted, pins.tag: pins.assets})
     if after is before:
         return
-    write_json_atomic(path, after.to_json())
+    write_json_atomic(layout, path, after.to_json())
     if after.families != before.families:
         result.pins_recorded = str(path)
         result.changed = True
@@ -485,7 +486,7 @@ def _parts(assets: tuple[Asset, ...]) -> list[tuple[str, str | None]]:
 def _describe_older(layout: Layout, result: InstallResult) -> None:
     keep = {layout.current_tag(), layout.previous_tag(), result.tag}
     older = [
-        {"tag": b["tag"], "bytes": tree_bytes(Path(b["path"]))}
+        {"tag": b["tag"], "bytes": layout.trees.tree_bytes(Path(b["path"]))}
         for b in layout.installed()
         if b["tag"] not in keep
     ]
@@ -526,16 +527,16 @@ def _result(layout: Layout, plan: InstallPlan, changed: bool, msg: str) -> Insta
 
 
 @contextlib.contextmanager
-def _download_dir_held(plan: InstallPlan) -> Iterator[None]:
+def _download_dir_held(layout: Layout, plan: InstallPlan) -> Iterator[None]:
     """A --download-dir is shared by whoever names it (the default, inside the prefix, is covered by the
     prefix's lock): its own flock, so a second install says the directory is in use instead of losing
     its parts to the first one's renames."""
     if plan.download_dir is None:
         yield
         return
-    marker = secure_dir(plan.download_dir) / ".rocmdoctor-install.lock"
+    marker = layout.trees.secure_dir(plan.download_dir) / ".rocmdoctor-install.lock"
     try:
-        fd = files.try_lock(marker)
+        fd = layout.trees.try_lock(marker)
     except BlockingIOError:
         raise InstallError(
             f"the download directory {plan.download_dir} is in use by another rocmdoctor install; wait for "
@@ -545,7 +546,7 @@ def _download_dir_held(plan: InstallPlan) -> Iterator[None]:
     try:
         yield
     finally:
-        files.unlock(fd)
+        layout.trees.unlock(fd)
 
 
 def _staging(layout: Layout, plan: InstallPlan) -> Path:
@@ -556,7 +557,7 @@ class _Fetches:
     """The parts' downloads (or local verifications), running beside the extraction."""
 
     def __init__(self, layout: Layout, plan: InstallPlan) -> None:
-        self.dest = secure_dir(_staging(layout, plan))
+        self.dest = layout.trees.secure_dir(_staging(layout, plan))
         self.counted = 0
         self._count_lock = threading.Lock()
         self.downloader = Downloader(plan.download, self._on_bytes)
@@ -606,16 +607,17 @@ class _Fetches:
 def _install_tree(layout: Layout, plan: InstallPlan) -> int:
     """Download + extract into <tag>.partial, verify, validate, rename to <tag>. Returns bytes fetched."""
     partial = layout.bundles / f"{plan.tag}.partial"
+    trees = layout.trees
     fetches = _Fetches(layout, plan)
     try:
-        files.make_dirs(partial, exist_ok=False)
+        trees.make_dirs(partial, exist_ok=False)
         try:
             extract_stream(PartStream(fetches.parts), partial, plan.on_extract, plan.extractor)
         except StreamRestarted:
             # A part started over after extraction had read it: extract again from the finished files.
             fetches.wait()
-            files.remove_tree(partial)
-            files.make_dirs(partial, exist_ok=False)
+            trees.remove_tree(partial)
+            trees.make_dirs(partial, exist_ok=False)
             extract_stream(PartStream(fetches.parts), partial, plan.on_extract, plan.extractor)
         except (DownloadError, StreamCancelled):
             fetches.wait()
@@ -634,8 +636,9 @@ def _install_tree(layout: Layout, plan: InstallPlan) -> int:
             fetches.wait()
             raise
         fetches.wait()  # every digest verified before the tree can become visible
-        root = _validate(partial, plan)
+        root = _validate(trees, partial, plan)
         write_json_atomic(
+            layout,
             root / METADATA,
             {
                 "schema_version": SCHEMA_VERSION,
@@ -650,12 +653,12 @@ def _install_tree(layout: Layout, plan: InstallPlan) -> int:
             },
         )
         qualify_tree(root, plan.tag, _assets(plan), plan.qualify, live=layout.current_tag() == plan.tag)
-        files.sync_dir(root)
+        trees.sync_dir(root)
         _move_into_place(layout, root, plan.tag)
         return fetches.counted
     except BaseException:
         fetches.cancel()
-        files.remove_tree(partial, ignore_errors=True)
+        trees.remove_tree(partial, ignore_errors=True)
         raise
 
 
@@ -663,24 +666,24 @@ def _assets(plan: InstallPlan) -> list[tuple[str, str | None]]:
     return [(s.asset.name, s.asset.digest) for s in plan.sources]
 
 
-def _bundle_root(partial: Path) -> Path:
+def _bundle_root(trees: OwnedTrees, partial: Path) -> Path:
     """The tree itself, or its single top-level directory when the tarball wraps one."""
-    if files.is_dir(partial / "bin"):
+    if trees.is_dir(partial / "bin"):
         return partial
-    entries = [partial / name for name in files.list_dir(partial)]
+    entries = [partial / name for name in trees.list_dir(partial)]
     if (
         len(entries) == 1
-        and files.is_dir(entries[0])
-        and not files.is_link(entries[0])
-        and files.is_dir(entries[0] / "bin")
+        and trees.is_dir(entries[0])
+        and not trees.is_link(entries[0])
+        and trees.is_dir(entries[0] / "bin")
     ):
         return entries[0]
     return partial
 
 
-def _validate(partial: Path, plan: InstallPlan) -> Path:
-    root = _bundle_root(partial)
-    missing = [name for name in ("bin/vllm-server", "bin/python3") if not files.is_file(root / name)]
+def _validate(trees: OwnedTrees, partial: Path, plan: InstallPlan) -> Path:
+    root = _bundle_root(trees, partial)
+    missing = [name for name in ("bin/vllm-server", "bin/python3") if not trees.is_file(root / name)]
     if missing:
         raise InstallError(
             f"the extracted {plan.tag} lacks {', '.join(missing)}: not a vllm-rocm bundle. "
@@ -691,7 +694,7 @@ def _validate(partial: Path, plan: InstallPlan) -> Path:
     commands = [[str(python), "-c", "pass"]]
     if plan.precompile:
         commands.append(
-            [str(python), "-m", "compileall", "-q", "-j0", *map(str, files.glob(root, "lib/python3.*"))]
+            [str(python), "-m", "compileall", "-q", "-j0", *map(str, trees.glob(root, "lib/python3.*"))]
         )
     for command in commands:
         done = run_program(command, VALIDATE_TIMEOUT_S)
@@ -711,28 +714,28 @@ def _validate(partial: Path, plan: InstallPlan) -> Path:
 
 
 def _move_into_place(layout: Layout, root: Path, tag: str) -> None:
-    final = layout.bundles / tag
-    if files.exists(final) and files.exchange(root, final):
+    final, trees = layout.bundles / tag, layout.trees
+    if trees.exists(final) and trees.exchange(root, final):
         # --force or a rebuilt release: `current` saw the old tree, then the new one, never nothing.
-        files.sync_dir(layout.bundles)
-        files.remove_tree(root)  # now the old tree
+        trees.sync_dir(layout.bundles)
+        trees.remove_tree(root)  # now the old tree
     else:
         aside = layout.bundles / f".{tag}.old-{os.getpid()}"
-        if files.exists(final):  # no RENAME_EXCHANGE here: keep the old tree until the new one is in
-            files.replace(final, aside)
-        files.replace(root, final)
-        files.sync_dir(layout.bundles)
-        files.remove_tree(aside, ignore_errors=True)
+        if trees.exists(final):  # no RENAME_EXCHANGE here: keep the old tree until the new one is in
+            trees.replace(final, aside)
+        trees.replace(root, final)
+        trees.sync_dir(layout.bundles)
+        trees.remove_tree(aside, ignore_errors=True)
     partial = layout.bundles / f"{tag}.partial"
-    if files.exists(partial):
-        files.remove_tree(partial)
+    if trees.exists(partial):
+        trees.remove_tree(partial)
 
 
 def _activate(layout: Layout, tag: str) -> None:
     old = layout.current_tag()
-    if old and old != tag and files.is_dir(layout.bundles / old):
-        _point(layout.previous, f"bundles/{old}")
-    _point(layout.current, f"bundles/{tag}")
+    if old and old != tag and layout.trees.is_dir(layout.bundles / old):
+        _point(layout, layout.previous, f"bundles/{old}")
+    _point(layout, layout.current, f"bundles/{tag}")
 
 
 def bundle_name(layout: Layout, given: str, option: str = "--to") -> str:
@@ -759,9 +762,9 @@ def bundle_name(layout: Layout, given: str, option: str = "--to") -> str:
 
 def rollback(prefix: Path, writer: HostWriter, to: str | None = None, force: bool = False) -> InstallResult:
     """Point `current` back (at `previous`, or at the installed bundle `to`) through `writer`."""
-    layout = Layout(prefix)
+    layout = Layout(prefix, writer.trees)
     check = writer.check_mode
-    if not files.is_dir(layout.prefix):
+    if not layout.trees.is_dir(layout.prefix):
         raise InvalidRequest(f"{prefix} does not exist: nothing is installed there (check --prefix)")
     if to is not None:
         to = bundle_name(layout, to)
@@ -798,7 +801,7 @@ def rollback(prefix: Path, writer: HostWriter, to: str | None = None, force: boo
         if not writer.change("activate", f"{layout.current} -> bundles/{target}"):
             return InstallResult(
                 True,
-                f"would switch from {current} to {target}",
+                f"{writer.past('switched', 'switch')} from {current} to {target}",
                 target,
                 current,
                 layout.previous_tag(),
@@ -820,39 +823,49 @@ def rollback(prefix: Path, writer: HostWriter, to: str | None = None, force: boo
         )
     finally:
         if held is not None:
-            _unlock(held)
+            _unlock(layout, held)
 
 
 def fetch_to(
-    sources: list[Source], dest: Path, options: DownloadOptions, on_bytes: ProgressFn | None = None
+    sources: list[Source],
+    dest: Path,
+    options: DownloadOptions,
+    on_bytes: ProgressFn | None = None,
+    writer: HostWriter | None = None,
 ) -> Iterator[tuple[Asset, bool]]:
-    """Fill a mirror directory: yields (asset, downloaded?) per part; parts already there are verified,
-    and a part of an earlier build of the same tag is replaced."""
-    dest = secure_dir(dest)
+    """Fill a mirror directory through `writer` (this machine's, by default): yields (asset,
+    downloaded?) per part; parts already there are verified, and a part of an earlier build of the same
+    tag is replaced."""
+    trees = (writer or HostWriter("/")).trees
+    dest = trees.secure_dir(dest)
     downloader = Downloader(options, on_bytes)
     for source in sources:
         part = PartFile(source.asset, dest / source.asset.name)
         final = dest / source.asset.name
         if source.local is not None:
             verify_local(part, source.local, on_bytes)
-            new = not lexists(final) or not files.same_file(source.local, final)
+            new = not trees.lexists(final) or not trees.same_file(source.local, final)
             if new:
-                _copy_owned(source.local, final, source.asset.name)
+                _copy_owned(trees, source.local, final, source.asset.name)
         else:
             new = downloader.fetch(part, source.url or "", dest)
-        files.remove(dest / f"{source.asset.name}.etag")
+        trees.remove(dest / f"{source.asset.name}.etag")
         yield source.asset, new
 
 
-def _copy_owned(source: Path, final: Path, name: str) -> None:
+def _copy_owned(trees: OwnedTrees, source: Path, final: Path, name: str) -> None:
     staging = final.with_name(final.name + ".partial")
-    files.remove(staging)
-    with files.open_plain(source) as src, open_owned(staging, files.CREATE, name) as out:
+    trees.remove(staging)
+    try:
+        out = trees.open_new(staging)
+    except ForeignFile as exc:
+        raise DownloadError(name, str(exc)) from None
+    with trees.open_plain(source) as src, out:
         while block := src.read(1 << 20):
             view = memoryview(block)
             while view:  # an unbuffered write may take part of the block
                 view = view[out.write(view) or 0 :]
-    files.replace(staging, final)
+    trees.replace(staging, final)
 
 
 @dataclass
@@ -903,7 +916,7 @@ def bundles_in_use(layout: Layout, tags: list[str], host: Any) -> dict[str, list
     roots: dict[str, set[str]] = {}
     for tag in tags:
         path = layout.bundles / tag
-        roots[tag] = {str(path), files.real_path(path)}
+        roots[tag] = {str(path), layout.trees.real_path(path)}
     for link in (layout.current, layout.previous):
         target = layout._target_tag(link)
         if target in roots:
@@ -936,11 +949,11 @@ def bundles_in_use(layout: Layout, tags: list[str], host: Any) -> dict[str, list
 def prune(prefix: Path, keep: int, host: Any, writer: HostWriter) -> PruneResult:
     """Remove bundles other than current, previous and the newest up to `keep`; never one that a
     running process uses. In the writer's check mode: report what would go, remove nothing."""
-    layout = Layout(prefix)
+    layout = Layout(prefix, writer.trees)
     check = writer.check_mode
     if keep < 1:
         raise InvalidRequest(f"--keep {keep}: keep at least 1 (the current bundle)")
-    if not files.is_dir(layout.prefix):
+    if not layout.trees.is_dir(layout.prefix):
         raise InvalidRequest(f"{prefix} does not exist: nothing is installed there (check --prefix)")
     held = None if check else _lock(layout, create=False)
     try:
@@ -954,18 +967,18 @@ def prune(prefix: Path, keep: int, host: Any, writer: HostWriter) -> PruneResult
             if tag in in_use:
                 refused.append({"tag": tag, "users": in_use[tag]})
                 continue
-            size = tree_bytes(layout.bundles / tag)
+            size = layout.trees.tree_bytes(layout.bundles / tag)
             if writer.change("remove", str(layout.bundles / tag)):
                 _remove_bundle(layout, tag)
             removed.append({"tag": tag, "bytes": size})
         if layout.previous_tag() in [r["tag"] for r in removed] and writer.change(
             "remove", str(layout.previous)
         ):
-            files.remove(layout.previous, missing_ok=False)
+            layout.trees.remove(layout.previous, missing_ok=False)
         freed = sum(r["bytes"] for r in removed)
-        verb = "would remove" if check else "removed"
         msg = (
-            f"{verb} {len(removed)} bundle(s), {'would free' if check else 'freed'} {human(freed)}; "
+            f"{writer.past('removed', 'remove')} {len(removed)} bundle(s), "
+            f"{writer.past('freed', 'free')} {human(freed)}; "
             f"kept {', '.join(kept) or 'nothing'}"
         )
         if refused:
@@ -987,14 +1000,14 @@ def prune(prefix: Path, keep: int, host: Any, writer: HostWriter) -> PruneResult
         )
     finally:
         if held is not None:
-            _unlock(held)
+            _unlock(layout, held)
 
 
 def _remove_bundle(layout: Layout, tag: str) -> None:
     """Out of sight in one rename (a killed run leaves `.<tag>.prune-<pid>`, which recover removes),
     then deleted, with its staged downloads."""
-    aside = layout.bundles / f".{tag}.prune-{os.getpid()}"
-    files.replace(layout.bundles / tag, aside)
-    files.sync_dir(layout.bundles)
-    files.remove_tree(aside)
-    files.remove_tree(layout.downloads / tag, ignore_errors=True)
+    aside, trees = layout.bundles / f".{tag}.prune-{os.getpid()}", layout.trees
+    trees.replace(layout.bundles / tag, aside)
+    trees.sync_dir(layout.bundles)
+    trees.remove_tree(aside)
+    trees.remove_tree(layout.downloads / tag, ignore_errors=True)

@@ -15,11 +15,9 @@ without --force and prune keeps the newest qualified one.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import posixpath
 import time
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +25,7 @@ from typing import Any
 from rocmdoctor import host_files as files
 from rocmdoctor.archive.elf_scan import ElfFacts, TreeScan, scan_tree, system_library
 from rocmdoctor.atomic import write_atomic
+from rocmdoctor.facts.installed_bundle import bundle_digest
 from rocmdoctor.host import RunResult
 from rocmdoctor.host_processes import run_program
 from rocmdoctor.model import SCHEMA_VERSION
@@ -89,14 +88,6 @@ class Qualification:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def bundle_digest(assets: Iterable[tuple[str, str | None]]) -> str:
-    """One digest for a bundle: sha256 over its parts' names and published digests, in name order."""
-    digest = hashlib.sha256()
-    for name, part in sorted(assets, key=lambda a: a[0]):
-        digest.update(f"{name}\0{part or ''}\n".encode())
-    return "sha256:" + digest.hexdigest()
 
 
 class _Tree:

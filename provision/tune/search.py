@@ -58,9 +58,10 @@ class Slo:
     def value_ms(self, point: Measurement) -> float | None:
         return (point.latency_ms.get(self.metric) or {}).get(self.key)
 
-    def met(self, point: Measurement) -> bool:
+    def met(self, point: Measurement, margin: float = 0.0) -> bool:
+        """The point meets the limit, with `margin` (a share of the limit) to spare."""
         value = self.value_ms(point)
-        return point.failures == 0 and value is not None and value <= self.limit_ms
+        return point.failures == 0 and value is not None and value <= self.limit_ms * (1.0 - margin)
 
     def to_json(self) -> dict[str, Any]:
         return {"metric": self.metric, "percentile": self.percentile, "limit_ms": self.limit_ms}
@@ -144,8 +145,8 @@ def usable(point: Measurement) -> bool:
     return not point.error and point.failures == 0 and point.output_tokens_per_s > 0
 
 
-def feasible(point: Measurement, slo: Slo | None) -> bool:
-    return usable(point) and (slo is None or slo.met(point))
+def feasible(point: Measurement, slo: Slo | None, margin: float = 0.0) -> bool:
+    return usable(point) and (slo is None or slo.met(point, margin))
 
 
 @dataclass
@@ -153,18 +154,33 @@ class Choice:
     winner: Measurement | None  # None: nothing measured met the limit
     best_seen: Measurement | None  # the best throughput measured, limit or not
     reason: str
+    confirmation: dict[str, Any] | None = None  # the winner measured again (session.confirm)
 
 
-def choose(points: Sequence[Measurement], slo: Slo | None) -> Choice:
-    ok = [p for p in points if feasible(p, slo)]
+def limit_words(slo: Slo, margin: float) -> str:
+    return slo.describe() + (f" with {margin:.0%} to spare" if margin else "")
+
+
+def candidates(points: Sequence[Measurement], slo: Slo, margin: float) -> list[Measurement]:
+    """The settings that meet the limit with the margin, the most output tokens/s first."""
+    ok = [p for p in points if feasible(p, slo, margin)]
+    return sorted(ok, key=lambda p: (-p.output_tokens_per_s, p.setting.max_num_seqs))
+
+
+def choose(points: Sequence[Measurement], slo: Slo | None, margin: float = 0.0) -> Choice:
+    ok = [p for p in points if feasible(p, slo, margin)]
     measured = [p for p in points if usable(p)]
     best_seen = max(measured, key=lambda p: p.output_tokens_per_s, default=None)
     if not ok:
-        why = f"no setting met {slo.describe()}" if slo and measured else "no setting could be measured"
+        why = (
+            f"no setting met {limit_words(slo, margin)}"
+            if slo and measured
+            else "no setting could be measured"
+        )
         return Choice(None, best_seen, why)
     best = max(ok, key=lambda p: (p.output_tokens_per_s, -p.setting.max_num_seqs))
     if slo is not None:
-        return Choice(best, best_seen, f"the most output tokens/s that meets {slo.describe()}")
+        return Choice(best, best_seen, f"the most output tokens/s that meets {limit_words(slo, margin)}")
     threshold = KNEE_SHARE * best.output_tokens_per_s
     knee = min(
         (p for p in ok if p.output_tokens_per_s >= threshold),

@@ -102,19 +102,29 @@ def render_dropin(argv: list[str], setting: Setting, why: str) -> str:
     )
 
 
-def dropin_spec(
-    writer: HostWriter, instance: str | None, setting: Setting, why: str, unit_dir: str = UNIT_DIR
-) -> FileSpec:
-    source, target = unit_names(instance)
+def installed_exec_start(writer: HostWriter, instance: str | None, unit_dir: str = UNIT_DIR) -> list[str]:
+    """The ExecStart= words of the unit tune would write beside; WritebackError when there is none (tune
+    asks before it measures anything, and again when it writes)."""
+    source, _ = unit_names(instance)
     unit_path = f"{unit_dir}/{source}"
-    raw = writer.read_current(unit_path, MAX_UNIT_BYTES)
+    try:
+        raw = writer.read_current(unit_path, MAX_UNIT_BYTES)
+    except (WriteRefused, OSError) as exc:
+        raise WritebackError(f"{writer.root / unit_path.lstrip('/')}: {exc}") from None
     if raw is None:
         command = "rocmdoctor unit --write" if instance is None else "rocmdoctor instances --write"
         raise WritebackError(
             f"{writer.root / unit_path.lstrip('/')} does not exist: the server is not configured as a unit "
             f"there; write it first (`{command}`), or leave --write out to only see the result"
         )
-    argv = exec_start(raw.decode(errors="replace"), unit_path)
+    return exec_start(raw.decode(errors="replace"), unit_path)
+
+
+def dropin_spec(
+    writer: HostWriter, instance: str | None, setting: Setting, why: str, unit_dir: str = UNIT_DIR
+) -> FileSpec:
+    _, target = unit_names(instance)
+    argv = installed_exec_start(writer, instance, unit_dir)
     return FileSpec(
         f"{unit_dir}/{target}.d/{DROPIN_NAME}",
         render_dropin(with_setting(argv, setting), setting, why),

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import errno
 import fnmatch
-import hashlib
 import os
 import re
 import signal
@@ -27,7 +26,6 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from rocmdoctor import documents
 from rocmdoctor.rootfs import read_regular, resolve_inside
 from rocmdoctor.textnum import is_decimal
 
@@ -336,6 +334,8 @@ class Host:
             return self._meta_cache[name]
         value = None
         if not self.is_live:
+            from rocmdoctor import documents  # msgspec: only a replayed tree has meta files
+
             meta_dir = os.path.join(self.root, META_DIR)
             try:
                 if stat_mod.S_ISDIR(os.lstat(meta_dir).st_mode):
@@ -528,6 +528,8 @@ class Host:
         fd = self._open(path, follow_last=False)
         if isinstance(fd, Read):
             return fd
+        import hashlib  # only for a digest: not on the check path
+
         digest = hashlib.sha256()
         try:
             opened = os.fstat(fd)

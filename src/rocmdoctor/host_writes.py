@@ -13,6 +13,7 @@ would chroot into the tree and run its binaries and PAM modules as root).
 from __future__ import annotations
 
 import errno
+import io
 import os
 import stat
 import subprocess
@@ -22,6 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from rocmdoctor import host_files
 from rocmdoctor.atomic import fsync_dir, write_atomic
 from rocmdoctor.litter import owner_gone, owner_pid, temp_name
 from rocmdoctor.textnum import is_decimal
@@ -475,6 +477,21 @@ class HostWriter:
         if groups and self.change("groups", f"{user}: {','.join(groups)}"):
             add_to_groups(self.root, user, groups)
 
+    @property
+    def trees(self) -> OwnedTrees:
+        """The prefix, download and mirror trees this command may change, through this writer."""
+        return OwnedTrees(self)
+
+    def past(self, done: str, would: str | None = None) -> str:
+        """The one wording of a change: `done` ("removed"), or "would <would>" in check mode."""
+        return f"would {would or done}" if self.check_mode else done
+
+    def write_text_file(self, path: Path, content: str, mode: int = 0o644) -> None:
+        """A file this machine's user named (a textfile, a record beside a tree), atomically: the live
+        filesystem's path, links as the administrator made them (not a --target tree)."""
+        if self.change("write", str(path)):
+            write_atomic(path, content, mode)
+
 
 # -- group membership (rocmdoctor fix) ------------------------------------------------------------
 
@@ -511,3 +528,93 @@ def add_to_groups(root: Path, user: str, groups: list[str]) -> None:
         write_file(
             root, f"/etc/{db}", new.encode(errors="surrogateescape"), mode_of(root, f"/etc/{db}", mode)
         )
+
+
+# -- the trees rocmdoctor owns (a bundle prefix, a download directory, a mirror) ------------------------
+
+
+class OwnedTrees:
+    """A bundle prefix's trees through the writer that owns the command's effects: the tree-sized
+    operations of `host_files` (absolute paths the user named with --prefix, --download-dir or a mirror),
+    each recorded on the writer and, in its check mode, not made. Reads pass through. Built without a
+    writer (a `Layout` that only lists bundles) it refuses every effect."""
+
+    def __init__(self, writer: HostWriter | None) -> None:
+        self.writer = writer
+
+    def _effect(self, action: str, subject: Path | str) -> bool:
+        if self.writer is None:
+            raise WriteRefused(f"not changing {subject}: this command only reads")
+        return self.writer.change(action, str(subject))
+
+    # reads
+    readlink = staticmethod(host_files.readlink)
+    exists = staticmethod(host_files.exists)
+    lexists = staticmethod(host_files.lexists)
+    is_dir = staticmethod(host_files.is_dir)
+    is_file = staticmethod(host_files.is_file)
+    is_link = staticmethod(host_files.is_link)
+    list_dir = staticmethod(host_files.list_dir)
+    glob = staticmethod(host_files.glob)
+    tree_bytes = staticmethod(host_files.tree_bytes)
+    same_file = staticmethod(host_files.same_file)
+    real_path = staticmethod(host_files.real_path)
+    open_plain = staticmethod(host_files.open_plain)
+
+    # effects
+    def make_dirs(self, path: Path, exist_ok: bool = True) -> None:
+        if self._effect("mkdir", path):
+            host_files.make_dirs(path, exist_ok)
+
+    def remove(self, path: Path, missing_ok: bool = True) -> None:
+        if self._effect("remove", path):
+            host_files.remove(path, missing_ok)
+
+    def replace(self, source: Path, target: Path) -> None:
+        if self._effect("rename", f"{source} -> {target}"):
+            host_files.replace(source, target)
+
+    def remove_tree(self, path: Path, ignore_errors: bool = False) -> None:
+        if self._effect("remove-tree", path):
+            host_files.remove_tree(path, ignore_errors)
+
+    def sync_dir(self, path: Path) -> None:
+        if self._effect("sync", path):
+            host_files.sync_dir(path)
+
+    def swap_symlink(self, link: Path, target: str) -> None:
+        if self._effect("symlink", f"{link} -> {target}"):
+            host_files.swap_symlink(link, target)
+
+    def exchange(self, a: Path, b: Path) -> bool:
+        """True when the two trees were swapped (or, in check mode, would be tried)."""
+        if self._effect("exchange", f"{a} <-> {b}"):
+            return host_files.exchange(a, b)
+        return True
+
+    def try_lock(self, path: Path) -> int:
+        self._effect("lock", path)  # a lock is taken in check mode too: it changes no content
+        return host_files.try_lock(path)
+
+    unlock = staticmethod(host_files.unlock)
+
+    def secure_dir(self, path: Path) -> Path:
+        if self._effect("mkdir", path):
+            return host_files.secure_dir(path)
+        return path
+
+    def write_json(self, path: Path, doc: object) -> None:
+        """`doc` as indented JSON, atomically."""
+        import json
+
+        if self._effect("write", path):
+            write_atomic(path, json.dumps(doc, indent=2) + "\n")
+
+    def write_atomic(self, path: Path, content: str | bytes, mode: int = 0o644) -> None:
+        if self._effect("write", path):
+            write_atomic(path, content, mode)
+
+    def open_new(self, path: Path) -> io.FileIO:
+        """A new file of ours in a download or mirror directory (host_files.open_owned CREATE)."""
+        self._effect("write", path)
+        return host_files.open_owned(path, host_files.CREATE)

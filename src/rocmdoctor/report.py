@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-from importlib import resources
 from typing import Any
 
 from rocmdoctor import __version__
@@ -87,4 +86,6 @@ def dumps(document: Any) -> str:
 
 
 def load_schema(name: str = "check-report.schema.json") -> dict[str, Any]:
+    from importlib import resources  # 7 ms of imports, for the schema only (not on check's path)
+
     return json.loads(resources.files("rocmdoctor").joinpath("schema", name).read_text(encoding="utf-8"))

@@ -220,13 +220,14 @@ def test_replacing_the_live_tag_never_leaves_current_dangling(tmp_path, monkeypa
     import shutil
 
     from rocmdoctor import host_files
+    from rocmdoctor.host_writes import HostWriter
     from rocmdoctor.provision.bundle import install as installer
 
-    layout = installer.Layout(tmp_path)
+    layout = installer.Layout(tmp_path, HostWriter("/").trees)
     for tree, text in ((layout.bundles / "t1", "old"), (layout.bundles / "t1.partial" / "root", "new")):
         (tree / "bin").mkdir(parents=True)
         (tree / "bin" / "vllm-server").write_text(text)
-    installer._point(layout.current, "bundles/t1")
+    installer._point(layout, layout.current, "bundles/t1")
     seen: list[str] = []
 
     def watched(real):

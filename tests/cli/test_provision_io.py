@@ -129,8 +129,9 @@ PATH_IO = {
     "samefile": "host_files.same_file",
 }
 ONE_ARGUMENT_ONLY = {"replace": "host_files.replace", "rename": "host_files.replace"}
-# Receivers whose methods are the seam: the project names a Host `host` and a HostWriter `writer`.
-SEAM_OBJECTS = {"host", "writer"}
+# Receivers whose methods are the seam: the project names a Host `host`, a HostWriter `writer` and its
+# owned trees (`writer.trees`, a prefix's `layout.trees`) `trees`.
+SEAM_OBJECTS = {"host", "writer", "trees"}
 
 
 def _seam_aliases(tree: ast.AST) -> set[str]:

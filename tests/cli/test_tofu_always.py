@@ -121,7 +121,7 @@ def test_pins_are_recorded_before_current_moves(install_lab, monkeypatch):
     sources = [Source(Asset(a.name, a.size, a.digest), local=a.path) for a in new.assets]
     plan = InstallPlan(lab.prefix, "gfx1151", TAG, "lemonade-sdk/vllm-rocm", sources)
 
-    def disk_full(path, doc):
+    def disk_full(layout, path, doc):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
     monkeypatch.setattr(install_mod, "write_json_atomic", disk_full)

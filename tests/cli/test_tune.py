@@ -107,6 +107,9 @@ def test_without_a_gpu_the_plan_needs_the_kv_cache_size():
     [
         (("--slo", "ttft<2s"), "METRIC:pPCT<=LIMIT"),
         (("--slo", "ttft:p95<=0ms"), "must be positive"),
+        (("--slo", ""), "METRIC:pPCT<=LIMIT"),  # issue 35: an empty limit was taken as no limit
+        (("--margin", "0.9"), "0.9 is not in the range"),
+        (("--confirm", "11"), "--confirm"),
         (("--seqs", "0:8"), "LOW:HIGH"),
         (("--seqs", "a,b"), "LOW:HIGH"),
         (("--seqs", "1:99999"), "LOW:HIGH"),
@@ -230,7 +233,7 @@ def test_the_table_for_people_names_the_winner_and_the_diff(tmp_path):
     model = str(FIXTURES / "model_configs" / "qwen3-8b")
     tune = ("tune", "--model", model, "--gpu-memory-utilization", "0.5", "--max-model-len", "512",
             "--prefix", str(prefix), "--kv-cache-memory", "2GiB", "--seqs", "1,2", "--state-file", str(state),
-            "--slo", "ttft:p95<=155ms")  # fmt: skip
+            "--slo", "ttft:p95<=155ms", "--confirm", "0", "--margin", "0")  # fmt: skip
     context = plan_of(run_cli(*tune, "--plan-only", "--json", root=fixture_root("no-amd-gpu")))["context"]
     entries = {context_key(context): {"context": context, "points": RECORDED}}
     state.write_text(json.dumps({"schema_version": 1, "kind": KIND, "entries": entries}))
@@ -238,7 +241,7 @@ def test_the_table_for_people_names_the_winner_and_the_diff(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "winner: --max-num-seqs 1 (451.8 output tokens/s)" in done.stdout  # 2 breaks the limit
     assert "ttft p95 <= 155 ms" in done.stdout and "nothing written (pass --write" in done.stdout
-    limited = run_cli(*tune[:-1], "ttft:p95<=100ms", root=fixture_root("no-amd-gpu"))
+    limited = run_cli(*tune[:-5], "ttft:p95<=100ms", "--confirm", "0", root=fixture_root("no-amd-gpu"))
     assert limited.returncode == 1 and "NO WINNER: no setting met ttft p95 <= 100 ms" in limited.stdout
     assert "best seen: max-num-seqs 1, 451.8 tokens/s" in limited.stdout  # the only one tried
 
@@ -278,3 +281,21 @@ def test_write_back_into_lemonade_saved_options_check_then_write_then_converged(
     saved = lemonade.saved()[model_id]["vllm_args"]
     assert "--max-num-seqs 2" in saved and "--enable-auto-tool-choice" in saved and "64" not in saved
     assert again["changed"] is False and again["diff"] == ""
+
+
+@pytest.mark.parametrize("mode", ["--write", "--check"])
+def test_a_target_without_the_unit_is_refused_before_anything_is_measured(tmp_path, mode):
+    """Issue 35: `tune --write --target DIR` without the unit in DIR was found out only after all the
+    measuring. Now it is exit 2 at once: the prefix's server (which exits 97 if started) never starts."""
+    prefix, target = fake_prefix(tmp_path), tmp_path / "empty-target"
+    target.mkdir()
+    model = str(FIXTURES / "model_configs" / "qwen3-8b")
+    done = run_cli("tune", "--model", model, "--gpu-memory-utilization", "0.5", "--max-model-len", "512",
+                   "--prefix", str(prefix), "--kv-cache-memory", "2GiB", "--seqs", "1,2", "--json",
+                   "--state-file", str(tmp_path / "state.json"), mode, "--target", str(target),
+                   root=fixture_root("no-amd-gpu"))  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "nothing measured" in done.stderr and "vllm.service does not exist" in done.stderr
+    assert "rocmdoctor unit --write" in done.stderr and "Traceback" not in done.stderr
+    assert '"event": "plan"' not in done.stderr and '"event": "starting"' not in done.stderr
+    assert list(target.iterdir()) == [] and not (tmp_path / "state.json").exists()

@@ -46,6 +46,14 @@ def test_the_health_service_runs_under_its_sandbox_and_the_timer_is_armed(machin
          "--served-model-name", "tiny", "--gpu-memory-utilization", "0.5", "--port", "8000"],
     )  # fmt: skip
     assert f"/etc/systemd/system/{TIMER_NAME}" in written.stdout
+    # The stand-in runs this checkout's python, which may live under /tmp: private to the unit
+    # (PrivateTmp=yes), so the checkout is bound into the unit's namespace, read-only; the product's
+    # sandbox is otherwise the unit's own (a clone under /tmp failed with "exec: ...python: not found").
+    dropin = f"/etc/systemd/system/{SERVICE_NAME}.d"
+    machine.run(
+        f"mkdir -p {dropin} && printf '[Service]\\nBindReadOnlyPaths={REPO}\\n' > {dropin}/checkout.conf"
+        " && systemctl daemon-reload"
+    )
     started = machine.run(["systemctl", "start", SERVICE_NAME], timeout=180, check=False)
     status = machine.run(["systemctl", "status", "--no-pager", SERVICE_NAME], check=False).stdout
     assert started.returncode == 0, (

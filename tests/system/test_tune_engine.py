@@ -210,6 +210,38 @@ def test_a_limit_nothing_meets_is_exit_1_with_the_best_setting_seen(setup, tuned
     assert tree_state(target) == before
 
 
+def test_check_confirms_the_winner_under_a_limit_and_leaves_nothing_behind(
+    setup, tuned, tmp_path, monkeypatch
+):
+    """Issue 35: under --slo the winner is measured again (--confirm 1: one server start, the two search
+    points known), and `tune --check` writes nothing of its own: no state, no JIT cache fingerprint, no
+    drop-in, its server logs in a private directory that is gone when it ends."""
+    _, first, target, _, _ = tuned
+    before, state_bytes = tree_state(target), setup.state.read_bytes()
+    cache = tmp_path / "xdg-cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    argv = setup.argv(target, setup.state, "--seqs", "1,2", "--slo", "e2el:p95<=300s", "--confirm", "1")
+    at = argv.index("--log-dir")
+    argv = [("--check" if word == "--write" else word) for word in argv[:at] + argv[at + 2 :]]
+    with TuneRun(argv) as run:
+        starting = run.wait_event("starting", timeout=300)
+        code, document = run.finish()
+        wait_none_tagged(run.tag)
+    assert code == 0, "".join(run.lines)
+    CHANGE.validate(document)
+    assert document["check"] is True and document["known_points_used"] == 2 and document["server_starts"] == 1
+    confirmation = document["confirmation"]
+    assert confirmation["times"] == 1 and confirmation["margin"] == 0.1 and confirmation["rejected"] == []
+    (again,) = confirmation["runs"]
+    assert again["max_num_seqs"] == document["winner"]["max_num_seqs"] == first["winner"]["max_num_seqs"]
+    assert again["error"] == "" and again["output_tokens_per_s"] > 0 and again["source"] == "measured"
+    assert "confirmed by 1 more measurement(s)" in document["reason"]
+    assert tree_state(target) == before and setup.state.read_bytes() == state_bytes
+    assert not (cache / "rocmdoctor").exists()  # no JIT cache, fingerprint, state or log of tune's
+    log = Path(starting["log"])
+    assert log.parent.name.startswith("rocmdoctor-tune-check-") and not log.parent.exists()
+
+
 KILLS = [
     ("plan", signal.SIGTERM),
     ("plan", signal.SIGKILL),

@@ -30,7 +30,6 @@ INFINIBAND = "/sys/class/infiniband"
 CMDLINE = "/proc/cmdline"
 SHM = "/dev/shm"
 HOSTNAME = "/proc/sys/kernel/hostname"
-QUALIFICATION = ".rocmdoctor-qualification.json"
 # The variables that pick the address and the interfaces the backends use (vLLM envs.py; NCCL/RCCL
 # and Gloo read the *_SOCKET_IFNAME ones, a comma list, `^` excluding, `=` exact: NCCL env docs).
 ADDRESS_VARIABLES = ("VLLM_HOST_IP",)
@@ -164,33 +163,10 @@ def kernel_options(host: Host) -> list[str]:
 
 
 def bundle(host: Host, prefix: str) -> dict[str, Any]:
-    """The current bundle's identity from its qualification record (provision/bundle/qualify.py writes it)."""
-    import json
+    """The current bundle's identity (`facts.installed_bundle`: the digest the textfile reports too)."""
+    from rocmdoctor.facts.installed_bundle import read_installed
 
-    where = f"{prefix.rstrip('/')}/current/{QUALIFICATION}"
-    read = host.read_text(where, limit=4 << 20)
-    if not read.ok:
-        return {"record": where, "tag": None, "digest": None, "qualified": None, "problem": read.describe()}
-    try:
-        doc = json.loads(str(read.value))
-    except ValueError:
-        doc = None
-    if not isinstance(doc, dict):
-        return {
-            "record": where,
-            "tag": None,
-            "digest": None,
-            "qualified": None,
-            "problem": "not a JSON object",
-        }
-    tag, digest, qualified = doc.get("tag"), doc.get("bundle_digest"), doc.get("qualified")
-    return {
-        "record": where,
-        "tag": tag if isinstance(tag, str) else None,
-        "digest": digest if isinstance(digest, str) else None,
-        "qualified": qualified if isinstance(qualified, bool) else None,
-        "problem": None,
-    }
+    return read_installed(host, prefix).to_json()
 
 
 def _hub_blob(host: Host, path: str) -> str | None:

@@ -222,8 +222,7 @@ def lock(
             # through the one write seam: under --check it records the write and makes none
             writer = HostWriter(Path("/"), check_mode=check)
             try:
-                if writer.change("mkdir", str(target.parent)):
-                    target.parent.mkdir(parents=True, exist_ok=True)
+                writer.trees.make_dirs(target.parent.absolute())
                 lock_text = json.dumps(updated.to_json(), indent=2) + "\n"
                 writer.write_file(str(target.absolute()), lock_text.encode())
             except OSError as exc:

@@ -2,23 +2,22 @@
 health as one `health_metrics.HealthRun`, written for node_exporter's textfile collector.
 
 Joins the diagnosis (checks) with the servers (provision/server_health), which never import each
-other; rendering is `render_textfile`, writing is `atomic.write_atomic` (a temp name in the same
+other; rendering is `render_textfile`, writing is the write seam's `write_text_file` (a temp name in the same
 directory, then a rename: the collector never reads half a file, and reads only `*.prom`).
 """
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rocmdoctor.commands.common import UserError
 from rocmdoctor.registry import Context
 from rocmdoctor.vllm.health_metrics import BundleInfo, GpuMemory, HealthRun, ServerHealth
 
-BUNDLE_METADATA = ".rocmdoctor-bundle.json"
-METADATA_LIMIT = 1 << 20
+if TYPE_CHECKING:
+    from rocmdoctor.facts.installed_bundle import InstalledBundle
 
 
 def textfile_problem(path: Path) -> str | None:
@@ -72,44 +71,31 @@ def ttm_limit_bytes(report: dict[str, Any]) -> int | None:
     return None
 
 
-def _qualified(tag: str, family: str, meta: dict[str, Any]) -> str:
-    """`true` when the bundle was recorded as qualified or is the manifest's reviewed pin for its
-    family; `false` when it is another tag of a family that has a reviewed pin; else `unknown`."""
+def _qualified(bundle: InstalledBundle) -> str:
+    """`true`/`false` from the bundle's qualification record; without one, `true` when it is the
+    manifest's reviewed pin for its family, `false` for another tag of such a family, else `unknown`."""
     from rocmdoctor.facts.manifest import parse_manifest
     from rocmdoctor.host_files import shipped_text
 
-    if isinstance(meta.get("qualified"), bool):
-        return str(meta["qualified"]).lower()
-    pin = parse_manifest(shipped_text("rocmdoctor.bundles", "manifest.toml")).families.get(family)
+    if bundle.qualified is not None:
+        return str(bundle.qualified).lower()
+    pin = parse_manifest(shipped_text("rocmdoctor.bundles", "manifest.toml")).families.get(
+        bundle.family or ""
+    )
     if pin is None or pin.tag is None:
         return "unknown"
-    return str(pin.tag == tag).lower()
-
-
-def _bundle_digest(meta: dict[str, Any]) -> str:
-    """The archive's digest; for a bundle in parts, the digest of its first part (each part is
-    verified on install; the tag names the whole)."""
-    assets = meta.get("assets")
-    if isinstance(assets, list) and assets and isinstance(assets[0], dict):
-        return str(assets[0].get("digest") or "")
-    return ""
+    return str(pin.tag == bundle.tag).lower()
 
 
 def active_bundle(ctx: Context) -> BundleInfo | None:
-    prefix = ctx.options.prefix.rstrip("/")
-    link = ctx.host.readlink(f"{prefix}/current")
-    if not link.ok:
+    """The installed bundle as the textfile labels it; its digest is `cluster facts`' (one reader)."""
+    from rocmdoctor.facts.installed_bundle import read_installed
+
+    bundle = read_installed(ctx.host, ctx.options.prefix)
+    if bundle.tag is None:
         return None
-    tag = Path(link.value).name
-    raw = ctx.host.read_text(f"{prefix}/bundles/{tag}/{BUNDLE_METADATA}", METADATA_LIMIT)
-    try:
-        meta = json.loads(raw.value) if raw.ok else {}
-    except ValueError:
-        meta = {}
-    meta = meta if isinstance(meta, dict) else {}
-    family = str(meta.get("family") or "")
     return BundleInfo(
-        tag=tag, family=family, digest=_bundle_digest(meta), qualified=_qualified(tag, family, meta)
+        tag=bundle.tag, family=bundle.family or "", digest=bundle.digest or "", qualified=_qualified(bundle)
     )
 
 
@@ -145,9 +131,9 @@ def health_run(ctx: Context, report: dict[str, Any], started: float) -> HealthRu
 
 
 def write_textfile(path: Path, text: str) -> None:
-    from rocmdoctor.atomic import write_atomic
+    from rocmdoctor.host_writes import HostWriter
 
     try:
-        write_atomic(path, text, 0o644)
+        HostWriter("/").write_text_file(path, text, 0o644)
     except OSError as exc:
         raise UserError(f"cannot write {path}: {exc.strerror or exc}") from None

@@ -24,7 +24,8 @@ from rocmdoctor.commands.common import (
 )
 from rocmdoctor.commands.server_options import (
     LAYOUT_CHOICES,
-    SINGLE_SERVER,
+    SINGLE_SERVER_GROUP,
+    ServerOptions,
     choices,
     server_option,
     server_options,
@@ -128,7 +129,7 @@ def show_settings(args, stream=None) -> None:
     help="Several servers as vllm@N under vllm.target, laid out from the topology "
     "(the same as `rocmdoctor instances`: docs/instances.md).",
 )
-@SINGLE_SERVER
+@SINGLE_SERVER_GROUP
 @pass_app
 def unit(
     app: App,
@@ -138,12 +139,13 @@ def unit(
     user: str,
     timeout_s: int,
     instances_layout: str | None,
-    **opts: Any,
+    server: ServerOptions,
 ) -> None:
     """Render the systemd unit for the vLLM server; with --write install it (idempotent).
 
     Extra vLLM arguments go after `--`: rocmdoctor unit --model M -- --enforce-eager
     """
+    opts = server.as_dict()
     if instances_layout is not None:
         from rocmdoctor.commands.instances import write_layout
 
@@ -218,7 +220,7 @@ def show_or_write(
     help="Server log [default: ~/.cache/rocmdoctor/serve-PORT.log].",
 )
 @WITH_ROOT_FACTS
-@SINGLE_SERVER
+@SINGLE_SERVER_GROUP
 @pass_app
 def serve(
     app: App,
@@ -226,7 +228,7 @@ def serve(
     cache_dir: Path | None,
     log_file: Path | None,
     with_root_facts: bool,
-    **opts: Any,
+    server: ServerOptions,
 ) -> None:
     """Run the vLLM server in the foreground until Ctrl-C; report ready only after a real completion.
 
@@ -244,12 +246,13 @@ def serve(
     )
     from rocmdoctor.provision.server.unit import readiness_url
 
+    opts = server.as_dict()
     refuse_root_facts_for_live_action(app, with_root_facts, "serve")
     args = resolve_args(app, opts)
     executable = startable(args, opts["prefix"])
     cache_base = default_cache_base(os.environ)
     env = server_environment(args, opts, cache_base, cache_dir, new_marker())
-    server = Server(
+    running = Server(
         executable,
         args.argv(),
         readiness_url(args),
@@ -260,53 +263,53 @@ def serve(
         tether=True,
     )
     events = Events(opts["as_json"])
-    print(f"starting {executable} (log: {server.log_path})", file=sys.stderr)
+    print(f"starting {executable} (log: {running.log_path})", file=sys.stderr)
     show_settings(args)
     with SignalsToStop():
         try:
-            server.start()
+            running.start()
         except OSError as exc:
             raise UserError(
-                f"cannot start {executable} (log {server.log_path}): {exc.strerror or exc}"
+                f"cannot start {executable} (log {running.log_path}): {exc.strerror or exc}"
             ) from None
         except Stopped:
-            events.stopped(server.stop(), reason="interrupted while starting")
+            events.stopped(running.stop(), reason="interrupted while starting")
             sys.exit(1)
         # From here on every way out stops the server's whole process group and says so: a readiness
         # test that fails oddly, an error of our own, a signal. Only SystemExit passes through, and
         # every path that raises it has stopped the server first.
         try:
             progress = ProgressLine(args.served_model_name)
-            outcome = server.wait_ready(timeout_s, progress)
+            outcome = running.wait_ready(timeout_s, progress)
             progress.finish()
             if not outcome.ready:
                 events.failed(outcome)
-                events.stopped(server.stop(), reason="not ready")
+                events.stopped(running.stop(), reason="not ready")
                 sys.exit(1)
             events.emit(
                 "ready",
-                f"ready in {outcome.seconds:.0f} s: {server.base_url}/v1 serves "
+                f"ready in {outcome.seconds:.0f} s: {running.base_url}/v1 serves "
                 f"{args.served_model_name!r} (Ctrl-C stops it)",
-                url=f"{server.base_url}/v1",
+                url=f"{running.base_url}/v1",
                 model=args.served_model_name,
                 seconds=round(outcome.seconds, 1),
                 health_seconds=round(outcome.health_seconds or 0, 1),
             )
-            returncode = server.wait_exit()
-            events.failed(server.failure(f"the server exited with status {returncode} after it was ready"))
-            events.stopped(server.stop(), reason="exited")
+            returncode = running.wait_exit()
+            events.failed(running.failure(f"the server exited with status {returncode} after it was ready"))
+            events.stopped(running.stop(), reason="exited")
             sys.exit(1)
         except Stopped as stop:
-            left = server.stop()
+            left = running.stop()
             events.stopped(left, reason=f"{stop}")
             sys.exit(1 if left else 0)
         except SystemExit:
             raise
         except BaseException as exc:
             try:
-                left = server.stop()
+                left = running.stop()
             except Stopped:  # the one signal honoured arrived during this stop: finish it
-                left = server.stop()
+                left = running.stop()
             try:
                 events.stopped(left, reason=f"rocmdoctor failed: {type(exc).__name__}: {exc}")
             except Exception:
@@ -317,10 +320,16 @@ def serve(
 
 
 def server_environment(
-    args: Any, opts: dict[str, Any], cache_base: Path, cache_dir: Path | None = None, marker: str = ""
+    args: Any,
+    opts: dict[str, Any],
+    cache_base: Path,
+    cache_dir: Path | None = None,
+    marker: str = "",
+    jit: bool = True,
 ) -> dict[str, str]:
-    """The server's environment: the bundle's, its caches (JIT caches of the qualified bundle), the key,
-    the run's marker and what the arguments pin (ROCR_VISIBLE_DEVICES)."""
+    """The server's environment: the bundle's, its caches (JIT caches of the qualified bundle, made
+    with their fingerprint; `jit=False`: none made, vLLM's defaults), the key, the run's marker and what
+    the arguments pin (ROCR_VISIBLE_DEVICES)."""
     from rocmdoctor.provision.server.serve import server_env
 
     env = server_env(
@@ -329,7 +338,8 @@ def server_environment(
         api_key(opts),
         marker,
     )
-    env.update(jit_environment(Path(opts["prefix"]), cache_base / "rocmdoctor"))
+    if jit:
+        env.update(jit_environment(Path(opts["prefix"]), cache_base / "rocmdoctor"))
     if cache_dir:
         env["VLLM_CACHE_ROOT"] = str(cache_dir)
     env.update(args.environment)

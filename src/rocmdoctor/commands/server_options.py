@@ -7,8 +7,10 @@ the type and the checks are the ones declared here, so `--api-key-file` is read 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -199,3 +201,61 @@ def choices(opts: dict[str, Any], **changes: Any) -> Any:
         "extra": parse_extra(opts["vllm_args"]) + list(opts["extra"]),
     }
     return Choices(**{**asked, **changes})
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """The server options a command took (OPTIONS' parameter names), typed; `server_group` hands the
+    command one. Options the command does not declare keep their defaults."""
+
+    model: str
+    prefix: str
+    served_model_name: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    gpu_memory_utilization: float | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    tensor_parallel_size: int | None = None
+    gpus: tuple[str, ...] = ()
+    api_key_file: Path | None = None
+    vllm_args: str = ""
+    as_json: bool = False
+    extra: tuple[str, ...] = ()  # the words after `--` (params.VllmPassThrough)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The shape `serve.resolve_args`, `choices` and `api_key` read."""
+        return dataclasses.asdict(self)
+
+
+def server_group(*options: str | Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """`server_options(*options)`, handed to the command as one `ServerOptions` (keyword `server`)."""
+    names = {f.name for f in dataclasses.fields(ServerOptions)}
+
+    def decorate(fn: Any) -> Any:
+        @functools.wraps(fn)
+        def command(*args: Any, **kwargs: Any) -> Any:
+            taken = {name: kwargs.pop(name) for name in list(kwargs) if name in names}
+            return fn(*args, server=ServerOptions(**taken), **kwargs)
+
+        return server_options(*options)(command)
+
+    return decorate
+
+
+# `unit` and `serve`: SINGLE_SERVER's options as one typed ServerOptions (keyword `server`).
+SINGLE_SERVER_GROUP = server_group(
+    server_option("model", required=True),
+    "served_model_name",
+    "host",
+    "port",
+    "gpu_memory_utilization",
+    "max_model_len",
+    "max_num_seqs",
+    "tensor_parallel_size",
+    "gpu",
+    "api_key_file",
+    "vllm_args",
+    "prefix",
+    "json",
+)
