@@ -305,10 +305,11 @@ class Probe:
         return NeedleCheck(length, found, answer.text, degenerate(answer.text, answer.token_ids))
 
 
-def _verdict_ok(check: Any) -> bool | None:
-    if isinstance(check, Check):
-        return {"consistent": True, "inconsistent": False}.get(check.verdict)
-    return check.found and check.degenerate is None
+def _verdict_ok(point: Any) -> bool | None:
+    """One rung's verdict (a consistency Check or a NeedleCheck): True, False, or None when undecided."""
+    if isinstance(point, Check):
+        return {"consistent": True, "inconsistent": False}.get(point.verdict)
+    return point.found and point.degenerate is None
 
 
 async def climb(probe: Probe, lengths: list[int], run_one: Any) -> Ladder:
