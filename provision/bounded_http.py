@@ -68,6 +68,13 @@ class Deadline:
         return self.end - time.monotonic()
 
 
+def new_session() -> Any:
+    """A connection pool for several requests to one server (handed to `request`/`get` as `session`)."""
+    import requests
+
+    return requests.Session()
+
+
 def read_body(response, limit: int, deadline: float) -> bytes:
     """Up to `limit` bytes of `response` (a streamed requests.Response); BodyTooSlow when `deadline`
     (a time.monotonic() value) passes first, or a read stalls past the socket's read timeout. The caller asks for one byte more than it accepts to

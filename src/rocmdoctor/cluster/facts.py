@@ -165,14 +165,14 @@ def kernel_options(host: Host) -> list[str]:
 
 def bundle(host: Host, prefix: str) -> dict[str, Any]:
     """The current bundle's identity from its qualification record (provision/bundle/qualify.py writes it)."""
-    import json
+    from rocmdoctor.documents import load_value
 
     where = f"{prefix.rstrip('/')}/current/{QUALIFICATION}"
     read = host.read_text(where, limit=4 << 20)
     if not read.ok:
         return {"record": where, "tag": None, "digest": None, "qualified": None, "problem": read.describe()}
     try:
-        doc = json.loads(str(read.value))
+        doc = load_value(str(read.value), where, 4 << 20)
     except ValueError:
         doc = None
     if not isinstance(doc, dict):

@@ -8,12 +8,12 @@ directory, then a rename: the collector never reads half a file, and reads only 
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
 
 from rocmdoctor.commands.common import UserError
+from rocmdoctor.documents import load_value
 from rocmdoctor.registry import Context
 from rocmdoctor.vllm.health_metrics import BundleInfo, GpuMemory, HealthRun, ServerHealth
 
@@ -103,7 +103,7 @@ def active_bundle(ctx: Context) -> BundleInfo | None:
     tag = Path(link.value).name
     raw = ctx.host.read_text(f"{prefix}/bundles/{tag}/{BUNDLE_METADATA}", METADATA_LIMIT)
     try:
-        meta = json.loads(raw.value) if raw.ok else {}
+        meta = load_value(raw.value, "bundle metadata", METADATA_LIMIT) if raw.ok else {}
     except ValueError:
         meta = {}
     meta = meta if isinstance(meta, dict) else {}

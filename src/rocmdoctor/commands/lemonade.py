@@ -9,7 +9,6 @@ clients prefer the admin key the same way) and never appears in any output.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import re
 import sys
@@ -21,6 +20,7 @@ import click
 
 from rocmdoctor import params
 from rocmdoctor.commands.common import App, UserError, emit_change, emit_json, pass_app
+from rocmdoctor.documents import DocumentError, load_value
 
 KEY_ENV = ("LEMONADE_ADMIN_API_KEY", "LEMONADE_API_KEY")
 
@@ -109,8 +109,8 @@ def _url(app: App, url: str | None) -> str:
             if not read.ok:
                 continue
             try:
-                doc = json.loads(read.value)
-            except json.JSONDecodeError:
+                doc = load_value(read.value.encode("utf-8", "surrogateescape"), path, 1 << 20)
+            except DocumentError:
                 continue
             if isinstance(doc, dict) and isinstance(doc.get("port"), int) and 0 < doc["port"] < 65536:
                 port = doc["port"]

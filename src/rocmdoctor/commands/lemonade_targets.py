@@ -4,7 +4,6 @@ resolve() `unit` uses: the free-memory rule, the model's memory plan, a bench kn
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -52,15 +51,16 @@ def bench_knee(path: Path | None) -> tuple[int | None, str | None]:
     """--max-num-seqs from a `rocmdoctor bench --json` report: its knee, when one was measured."""
     if path is None:
         return None, None
+    from rocmdoctor.documents import DocumentError, load_value
     from rocmdoctor.rootfs import read_regular
 
     try:
-        doc = json.loads(read_regular(path, MAX_BENCH_REPORT_BYTES).decode("utf-8"))
+        doc = load_value(read_regular(path, MAX_BENCH_REPORT_BYTES), "--bench-report", MAX_BENCH_REPORT_BYTES)
     except OSError as exc:
         raise UserError(f"--bench-report {path}: {exc.strerror or exc}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except DocumentError as exc:
         raise UserError(
-            f"--bench-report {path}: not JSON; give the output of `rocmdoctor bench --json`"
+            f"--bench-report {path}: {exc.why}; give the output of `rocmdoctor bench --json`"
         ) from None
     knee = doc.get("knee") if isinstance(doc, dict) else None
     if not isinstance(knee, dict):
