@@ -23,6 +23,7 @@ API = "/api/v1"
 VLLM_RECIPE = "vllm"
 MAX_BODY_BYTES = 4 << 20
 MAX_ERROR_TEXT = 300
+MAX_REQUEST_S = 24 * 3600.0
 
 
 class LemonadeError(RuntimeError):
@@ -53,7 +54,9 @@ class Lemonade:
 
     def request(self, method: str, path: str, body: Any = None, timeout_s: float | None = None) -> Any:
         """The JSON answer of a 2xx; LemonadeError for anything else, within `timeout_s` in all."""
-        limit = timeout_s or self.timeout_s
+        # a deadline comes from the user or from Lemonade's own config (global_timeout): never past a day,
+        # so a 64-bit number from a server cannot overflow a thread's or a socket's timeout
+        limit = min(timeout_s or self.timeout_s, MAX_REQUEST_S)
         url = self.base_url + path
         headers = {"Accept-Encoding": "identity"}
         if self.key:

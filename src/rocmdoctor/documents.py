@@ -94,7 +94,7 @@ def load_toml(text: str, source: str, limit: int) -> dict[str, Any]:
         return tomllib.loads(text)
     except RecursionError as exc:
         raise DocumentError(source, _why(exc)) from None
-    except tomllib.TOMLDecodeError as exc:
+    except ValueError as exc:  # TOMLDecodeError, and int()'s refusal of a 5,000-digit integer
         raise DocumentError(source, f"not valid TOML: {str(exc)[:MAX_ERROR_CHARS]}") from None
 
 
