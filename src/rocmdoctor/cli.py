@@ -106,6 +106,14 @@ def with_global_options(command: click.Command) -> click.Command:
 
 
 class LazyGroup(click.Group):
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        # Every output path of every command (people, --json, errors, a child's log) through the one
+        # redactor, fed with the secrets the run learns (key files, keys in the environment, URL userinfo).
+        from rocmdoctor.sensitive import redacted_output
+
+        with redacted_output():
+            return super().main(*args, **kwargs)
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
 

@@ -79,7 +79,7 @@ def _options(command: Any) -> Any:
 
 
 def _key(path: Path | None) -> str | None:
-    from rocmdoctor.sensitive import API_KEY_PATTERN, KeyFileError, read_api_key
+    from rocmdoctor.sensitive import API_KEY_PATTERN, KeyFileError, read_api_key, register_secret
 
     if path is not None:
         try:
@@ -93,6 +93,7 @@ def _key(path: Path | None) -> str | None:
                 raise UserError(
                     f"{name} holds characters a Bearer token cannot carry; set it to the key itself"
                 )
+            register_secret(value)  # never printed, whatever echoes it (a server's version, an error)
             return value
     return None
 
@@ -101,7 +102,11 @@ def _url(app: App, url: str | None) -> str:
     from rocmdoctor.provision.server.lemonade_api import CONFIG_FILES, DEFAULT_PORT
     from rocmdoctor.provision.verify.openai_client import normalize_url
 
-    if not url:
+    if url:
+        from rocmdoctor.sensitive import register_url
+
+        register_url(url)  # the userinfo's password is a secret of this run: never printed
+    else:
         port = DEFAULT_PORT
         host = app.host()
         for path in CONFIG_FILES:  # read only: never written under a running server
@@ -112,8 +117,9 @@ def _url(app: App, url: str | None) -> str:
                 doc = load_value(read.value.encode("utf-8", "surrogateescape"), path, 1 << 20)
             except DocumentError:
                 continue
-            if isinstance(doc, dict) and isinstance(doc.get("port"), int) and 0 < doc["port"] < 65536:
-                port = doc["port"]
+            port_value = doc.get("port") if isinstance(doc, dict) else None
+            if type(port_value) is int and 0 < port_value < 65536:  # a bool is no port
+                port = port_value
         url = f"http://127.0.0.1:{port}"
     try:
         return normalize_url(url).removesuffix("/api")
