@@ -184,6 +184,9 @@ def parse_posix_acl(raw: bytes) -> list[str]:
     return entries
 
 
+_SLASH = Path("/")
+
+
 @dataclass
 class Host:
     """A view of one machine through a root directory."""
@@ -208,7 +211,7 @@ class Host:
     @property
     def is_live(self) -> bool:
         """True when this reads the running machine rather than a captured tree."""
-        return self.root == Path("/")
+        return self.root == _SLASH  # one Path, not one per read (it is asked on every read)
 
     # -- paths ---------------------------------------------------------------------------
 
