@@ -231,7 +231,7 @@ class RedactingStream:
 def redacted_output() -> Iterator[None]:
     """sys.stdout and sys.stderr through the redactor for the duration of a command."""
     saved = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = RedactingStream(saved[0]), RedactingStream(saved[1])  # type: ignore[assignment]
+    sys.stdout, sys.stderr = RedactingStream(saved[0]), RedactingStream(saved[1])
     try:
         yield
     finally:
