@@ -497,10 +497,17 @@ def physical_gpus(ctx: Context) -> list[PhysicalGpu]:
 
 def partition_of(ctx: Context, gpu: GpuNode) -> tuple[PhysicalGpu, int] | None:
     """(physical GPU, index) when `gpu` is one of several partitions, else None."""
-    for phys in physical_gpus(ctx):
-        if gpu.node in phys.nodes and phys.partitioned:
-            return phys, phys.nodes.index(gpu.node)
-    return None
+
+    def read() -> dict[int, tuple[PhysicalGpu, int]]:
+        # first physical GPU listing the node wins, as the scan this replaces (one lookup, not N x N)
+        index: dict[int, tuple[PhysicalGpu, int]] = {}
+        for phys in physical_gpus(ctx):
+            for i, node in enumerate(phys.nodes):
+                index.setdefault(node, (phys, i))
+        return index
+
+    found = ctx.memo("facts.partition_of", read).get(gpu.node)
+    return found if found is not None and found[0].partitioned else None
 
 
 def drm_device_of(ctx: Context, gpu: GpuNode) -> str | None:
