@@ -187,3 +187,10 @@ def test_an_empty_slo_is_refused(slo):
 
 def test_root_tree_is_not_touched(tmp_path: Path):
     assert not any(tmp_path.iterdir())  # the tests above write nothing outside their own tmp_path
+
+
+@pytest.mark.parametrize("port", ["9" * 5000, "²", "0", "65536", "-1", ""])
+def test_a_peer_port_that_is_no_port_is_exit_2(port):
+    result = run("cluster", "probe", "--name", "a", "--peer", f"b=127.0.0.1:{port}")
+    out = result.stdout + result.stderr
+    assert result.exit_code == 2 and "--peer" in out and "9" * 300 not in out, out

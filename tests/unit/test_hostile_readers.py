@@ -225,3 +225,19 @@ def test_the_textfile_is_written_with_labels_that_are_not_utf8(tmp_path: Path):
     text.encode("utf-8")  # the file's encoding cannot fail
     assert 'tag="tag-\\\\udcff"' in text
     assert 'server="vllm@\\\\ud800"' in text and 'url="http://a\\"b\\n"' in text
+
+
+def test_the_cluster_input_bounds_what_a_stranger_sizes():
+    """65,536 probes are read; one more is refused while parsing, before any of them is kept (300,000
+    probes took 1.3 GB through the report); a document over the byte cap is refused before parsing."""
+    from rocmdoctor.cluster.documents import MAX_INPUT_BYTES, MAX_PROBES, parse_input
+    from rocmdoctor.model import SCHEMA_VERSION
+
+    probe = {"source": "a", "target": "b", "address": "10.0.0.2", "port": 29501, "ok": True}
+    node = {"node": "a", "schema_version": SCHEMA_VERSION}
+    _, probes = parse_input(json.dumps({"nodes": [node], "probes": [probe] * MAX_PROBES}).encode(), "x")
+    assert len(probes) == MAX_PROBES
+    with pytest.raises(DocumentError, match="probes"):
+        parse_input(json.dumps({"nodes": [node], "probes": [probe] * (MAX_PROBES + 1)}).encode(), "x")
+    with pytest.raises(DocumentError, match="larger than"):
+        parse_input(b" " * (MAX_INPUT_BYTES + 1), "x")
