@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, TypeVar
 
-from rocmdoctor.sensitive import redact_exception
+from rocmdoctor.sensitive import redact_exception, register_secret, register_url
 
 CHUNK = 64 << 10
 HEAD_S = 10.0  # a status line and its headers, from their first byte: a server writes them at once
@@ -151,6 +151,18 @@ def new_session() -> Any:
     return session
 
 
+CREDENTIAL_HEADERS = ("authorization", "proxy-authorization", "x-api-key", "api-key")
+
+
+def _learn_secrets(url: str, headers: Mapping[str, str] | None) -> None:
+    """Every credential rocmdoctor sends leaves through here: the one redactor learns each (a Bearer
+    token, a key header, a URL's userinfo), so a server that echoes it back is printed with ***."""
+    register_url(url)
+    for name, value in (headers or {}).items():
+        if name.lower() in CREDENTIAL_HEADERS and isinstance(value, str):
+            register_secret(value.split(None, 1)[-1] if " " in value else value)
+
+
 def read_body(response, limit: int, deadline: float) -> bytes:
     """Up to `limit` bytes of `response` (a streamed requests.Response); BodyTooSlow when `deadline`
     (a time.monotonic() value) passes first, or a read stalls past the socket's read timeout. The caller asks for one byte more than it accepts to
@@ -262,6 +274,7 @@ def request(
     import requests
     import urllib3
 
+    _learn_secrets(url, headers)
     sender = session or new_session()
 
     def work(box: dict[str, Any]) -> Answer:
@@ -321,6 +334,7 @@ def open_stream(
     """A streamed response whose status line and headers arrived before `deadline` (HttpTimeout
     otherwise); its body is the caller's to read, with its own rule (downloads: a stall timeout per
     read and a minimum throughput). requests' own exceptions pass through, for the caller's retries."""
+    _learn_secrets(url, headers)
     sender = session or new_session()
 
     def work(box: dict[str, Any]):

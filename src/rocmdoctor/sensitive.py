@@ -180,9 +180,16 @@ def register_url(url: str) -> None:
         return
     userinfo = parts.netloc.rpartition("@")[0]
     if userinfo:
-        for value in (userinfo, *userinfo.split(":", 1)):
+        import base64
+
+        user, colon, password = userinfo.partition(":")
+        if not colon:
+            return  # a user name alone (`admin`) is no secret; printed in a URL it is redacted anyway
+        for value in (userinfo, password):
             register_secret(value)
             register_secret(unquote(value))
+        # as an HTTP client sends it: Authorization: Basic base64(user:password)
+        register_secret(base64.b64encode(unquote(userinfo).encode("utf-8", "surrogateescape")).decode())
 
 
 def _forms(secret: str) -> set[str]:

@@ -179,3 +179,46 @@ def test_a_huge_timeout_in_lemonades_config_is_bounded(host):
     assert result.exit_code in (0, 1), printed(result)
     findings = {f["id"]: f for f in json.loads(result.stdout)["findings"]}
     assert findings["lemonade.timeout"]["status"] == "pass"
+
+
+def test_every_credential_the_one_client_sends_is_redacted_when_echoed():
+    """The one HTTP client learns each credential it sends (a Bearer token, a key header, URL userinfo):
+    a server that echoes the request back is printed with *** wherever the answer goes."""
+    from rocmdoctor.provision import bounded_http
+    from rocmdoctor.sensitive import redact_known
+
+    class Echo(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            body = json.dumps({"headers": dict(self.headers), "path": self.path}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    token, key, password = "bearer-Tok3n-echo-9f2", "xapikey-K3y-echo-77", "pw-Echo-5521x"
+    base = f"127.0.0.1:{server.server_address[1]}/v1/models"
+    try:
+        answers = [
+            bounded_http.get(
+                url, deadline=bounded_http.Deadline(10), limit=1 << 16, headers=headers
+            ).body.decode()
+            for url, headers in (
+                (f"http://{base}", {"Authorization": f"Bearer {token}", "X-Api-Key": key}),
+                (f"http://user:{password}@{base}", {}),  # sent as Authorization: Basic base64(user:pw)
+            )
+        ]
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert token in answers[0] and key in answers[0] and "Basic " in answers[1]  # the server echoed them
+    for echoed in answers:
+        shown = redact_known(echoed)
+        assert token not in shown and key not in shown and password not in shown, shown
+        assert "Basic ***" in shown or "Bearer ***" in shown, shown
