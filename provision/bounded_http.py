@@ -125,16 +125,20 @@ def _head_clock_adapter() -> Any:
     class TlsConnection(urllib3.connection.HTTPSConnection):
         response_class = ClockedResponse
 
-    class Pool(urllib3.HTTPConnectionPool):
+    # urllib3's own names: its messages quote the pool's class ("HTTPSConnectionPool(host=...)")
+    class HTTPConnectionPool(urllib3.HTTPConnectionPool):
         ConnectionCls = Connection
 
-    class TlsPool(urllib3.HTTPSConnectionPool):
+    class HTTPSConnectionPool(urllib3.HTTPSConnectionPool):
         ConnectionCls = TlsConnection
 
     class Adapter(requests.adapters.HTTPAdapter):
         def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
             super().init_poolmanager(*args, **kwargs)
-            self.poolmanager.pool_classes_by_scheme = {"http": Pool, "https": TlsPool}
+            self.poolmanager.pool_classes_by_scheme = {
+                "http": HTTPConnectionPool,
+                "https": HTTPSConnectionPool,
+            }
 
     return Adapter
 

@@ -143,6 +143,14 @@ COMMANDS_READING_THE_ROOT = [
     ("lemonade", "check"),
     ("cluster", "facts"),
     ("snapshot", "OUT.tar.gz"),
+    ("unit", "--model", "m"),
+    ("serve", "--model", "m", "--with-root-facts"),
+    ("instances", "--model", "m"),
+    ("tune", "--model", "m"),
+    ("install", "--family", "auto", "--with-root-facts", "--check"),
+    ("lemonade", "apply", "--check"),
+    ("lemonade", "verify"),
+    ("lemonade", "install-backend", "--check"),
 ]
 
 
