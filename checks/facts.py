@@ -234,11 +234,25 @@ def find_drm_device(
         candidate = f"{DRM}/renderD{render_minor}/device"
         if ctx.host.is_dir(candidate):
             return candidate, _slot_of(ctx, candidate) or kfd_slot
-    if kfd_slot:
-        for device_dir in drm_device_dirs(ctx):
-            if _slot_of(ctx, device_dir) == kfd_slot:
-                return device_dir, kfd_slot
+    if kfd_slot and kfd_slot in _drm_by_slot(ctx):
+        return _drm_by_slot(ctx)[kfd_slot], kfd_slot
     return None, kfd_slot
+
+
+def _drm_by_slot(ctx: Context) -> dict[str, str]:
+    """PCI slot -> the first DRM device directory (in drm_device_dirs order) at that address, read once
+    per run: finding N GPUs by address among M DRM devices reads M uevent files, not N x M (1000 GPUs
+    beside 1000 DRM devices took minutes; docs/performance.md)."""
+
+    def read() -> dict[str, str]:
+        index: dict[str, str] = {}
+        for device_dir in drm_device_dirs(ctx):
+            slot = _slot_of(ctx, device_dir)
+            if slot and slot not in index:
+                index[slot] = device_dir
+        return index
+
+    return ctx.memo("facts.drm_by_slot", read)
 
 
 @dataclass(frozen=True)
@@ -483,10 +497,17 @@ def physical_gpus(ctx: Context) -> list[PhysicalGpu]:
 
 def partition_of(ctx: Context, gpu: GpuNode) -> tuple[PhysicalGpu, int] | None:
     """(physical GPU, index) when `gpu` is one of several partitions, else None."""
-    for phys in physical_gpus(ctx):
-        if gpu.node in phys.nodes and phys.partitioned:
-            return phys, phys.nodes.index(gpu.node)
-    return None
+
+    def read() -> dict[int, tuple[PhysicalGpu, int]]:
+        # first physical GPU listing the node wins, as the scan this replaces (one lookup, not N x N)
+        index: dict[int, tuple[PhysicalGpu, int]] = {}
+        for phys in physical_gpus(ctx):
+            for i, node in enumerate(phys.nodes):
+                index.setdefault(node, (phys, i))
+        return index
+
+    found = ctx.memo("facts.partition_of", read).get(gpu.node)
+    return found if found is not None and found[0].partitioned else None
 
 
 def drm_device_of(ctx: Context, gpu: GpuNode) -> str | None:
@@ -612,34 +633,44 @@ def host_facts(ctx: Context) -> dict[str, Any]:
 
 def rocr_index(ctx: Context, gpu: GpuNode) -> int:
     """The index ROCR_VISIBLE_DEVICES gives this GPU node: its rank among all GPU nodes in KFD order."""
-    return [g.node for g in gpus(ctx)].index(gpu.node)
+    ranks = ctx.memo("facts.rocr_index", lambda: {g.node: i for i, g in enumerate(gpus(ctx))})
+    return ranks[gpu.node]
 
 
 def serving_gpus(ctx: Context) -> list[GpuNode]:
     """The GPUs vLLM serves on: those `--gpu` names, else rocmdoctor.facts.gpu_choice's rule (the one `unit` and
     `instances` pin)."""
-    found = gpus(ctx)
-    if ctx.options.gpus:
-        picked = [
-            g
-            for g in found
-            if any(gpu_spec_matches(s, g.node, g.pci_slot or g.physical_slot) for s in ctx.options.gpus)
-        ]
-        if picked:
-            return picked
-    return serving_nodes(found)
+
+    def read() -> list[GpuNode]:
+        found = gpus(ctx)
+        if ctx.options.gpus:
+            picked = [
+                g
+                for g in found
+                if any(gpu_spec_matches(s, g.node, g.pci_slot or g.physical_slot) for s in ctx.options.gpus)
+            ]
+            if picked:
+                return picked
+        return serving_nodes(found)
+
+    return list(ctx.memo("facts.serving_gpus", read))
+
+
+def served_nodes(ctx: Context) -> frozenset[int]:
+    """The KFD nodes of serving_gpus, for membership in a loop over every GPU (a list was N x N)."""
+    return ctx.memo("facts.served_nodes", lambda: frozenset(g.node for g in serving_gpus(ctx)))
 
 
 def gpu_identity(ctx: Context, gpu: GpuNode) -> dict[str, Any]:
     """How a finding names a GPU: stable identity (KFD node, PCI slot, render node), the index
     ROCR_VISIBLE_DEVICES uses for it, and whether vLLM serves on it by default."""
-    served = serving_gpus(ctx)
+    unambiguous = ctx.memo("facts.unambiguous", lambda: bool(ctx.options.gpus) or not ambiguous(gpus(ctx)))
     return {
         "kfd_node": gpu.node,
         "pci_slot": gpu.pci_slot,
         "render_node": f"/dev/dri/renderD{gpu.render_minor}" if gpu.render_minor is not None else None,
         "rocr_index": rocr_index(ctx, gpu),
-        "served": gpu in served and (bool(ctx.options.gpus) or not ambiguous(gpus(ctx))),
+        "served": gpu.node in served_nodes(ctx) and unambiguous,
     }
 
 
@@ -655,10 +686,10 @@ def gpu_label(ctx: Context, gpu: GpuNode) -> str:
 def not_served(ctx: Context) -> list[str]:
     """The GPUs vLLM does not serve on by default, each with why (for the findings that skip them)."""
     found = gpus(ctx)
-    served = serving_gpus(ctx)
+    served = served_nodes(ctx)
     out = []
     for gpu in found:
-        if gpu in served:
+        if gpu.node in served:
             continue
         if not gpu.family:
             why = f"no vllm-rocm bundle for {gpu.gfx}"

@@ -10,11 +10,11 @@ writes there, then renames), and an AITER module build directory with no built `
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from rocmdoctor.checks import check
 from rocmdoctor.checks.facts import gpus
+from rocmdoctor.documents import load_value
 from rocmdoctor.facts.installed_bundle import METADATA, VLLM_METADATA, read_installed
 from rocmdoctor.model import Result, Severity, passed, skipped, warned
 from rocmdoctor.registry import DEFAULT_PREFIX, Context
@@ -74,7 +74,7 @@ def jit_cache(ctx: Context) -> Result:
         key_dir = f"{STATE_JIT}/{key}"
         read = ctx.host.read_text(f"{key_dir}/{FINGERPRINT}", limit=1 << 16)
         try:
-            print_ = json.loads(str(read.value)) if read.ok else {}
+            print_ = load_value(str(read.value), read.path, 1 << 16) if read.ok else {}
         except ValueError:
             print_ = {"damaged": True}
         mismatch = want is not None and key != want

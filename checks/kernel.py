@@ -13,7 +13,7 @@ from rocmdoctor.checks.facts import (
     gpu_label,
     gpus,
     kernel_release,
-    serving_gpus,
+    served_nodes,
 )
 from rocmdoctor.checks.kernel_rules import (
     CWSR_REQUIRED_TARGETS,
@@ -87,7 +87,7 @@ def kernel_cwsr(ctx: Context) -> Result:
     hidden: list[str] = []
     unbumped = False
     rows = []
-    served = serving_gpus(ctx)
+    served = served_nodes(ctx)
     for gpu in gpus(ctx):
         expected = expected_cwsr(gpu.properties)
         exported = (gpu.properties.get("cwsr_size"), gpu.properties.get("ctl_stack_size"))
@@ -103,7 +103,7 @@ def kernel_cwsr(ctx: Context) -> Result:
             }
         )
         label = f"{gpu.gfx} (node {gpu.node})"
-        if not exports_cwsr(gpu) and needs_cwsr(gpu) and gpu not in served:
+        if not exports_cwsr(gpu) and needs_cwsr(gpu) and gpu.node not in served:
             # The pin (ROCR_VISIBLE_DEVICES) keeps ROCr from opening it: its missing sizes cannot hurt vLLM.
             hidden.append(gpu_label(ctx, gpu))
         elif not exports_cwsr(gpu):

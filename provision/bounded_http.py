@@ -18,11 +18,13 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, TypeVar
 
-from rocmdoctor.sensitive import redact_exception
+from rocmdoctor.sensitive import redact_exception, register_secret, register_url
 
 CHUNK = 64 << 10
+HEAD_S = 10.0  # a status line and its headers, from their first byte: a server writes them at once
 T = TypeVar("T")
 
 
@@ -66,6 +68,103 @@ class Deadline:
 
     def left(self) -> float:
         return self.end - time.monotonic()
+
+
+@lru_cache(maxsize=1)
+def _head_clock_adapter() -> Any:
+    """requests' adapter whose connections read a response's head on a clock: once the first byte of the
+    status line has come, the status line and every header line must all arrive within HEAD_S. A socket
+    timeout bounds one read, so a server that drips its head a byte at a time never trips it; the total
+    deadline ends such an exchange only when it is long (an install may legitimately wait minutes for
+    the first byte, never for the rest of a head a server writes at once)."""
+    import http.client
+    import io
+    import socket
+
+    import requests
+    import urllib3
+
+    class HeadClockIO(socket.SocketIO):
+        head_done = False
+        first: float | None = None
+
+        def readinto(self, b: Any) -> int | None:
+            if self.head_done:
+                return super().readinto(b)
+            sock: Any = self._sock  # type: ignore[attr-defined]
+            saved = sock.gettimeout()
+            if self.first is not None:
+                left = self.first + HEAD_S - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"the status line and headers took longer than {HEAD_S:g} s")
+                sock.settimeout(left if saved is None else min(saved, left))
+            try:
+                got = super().readinto(b)
+            finally:
+                sock.settimeout(saved)
+            if got and self.first is None:
+                self.first = time.monotonic()
+            return got
+
+    class ClockedResponse(http.client.HTTPResponse):
+        def __init__(self, sock: Any, *args: Any, **kwargs: Any) -> None:
+            super().__init__(sock, *args, **kwargs)
+            self.fp.close()
+            sock._io_refs += 1  # as socket.makefile does: the descriptor outlives the connection's close
+            self.fp = io.BufferedReader(HeadClockIO(sock, "rb"))
+
+        def begin(self) -> None:
+            super().begin()
+            raw = getattr(self.fp, "raw", None)
+            if isinstance(raw, HeadClockIO):
+                raw.head_done = True
+
+    class Connection(urllib3.connection.HTTPConnection):
+        response_class = ClockedResponse
+
+    class TlsConnection(urllib3.connection.HTTPSConnection):
+        response_class = ClockedResponse
+
+    # urllib3's own names: its messages quote the pool's class ("HTTPSConnectionPool(host=...)")
+    class HTTPConnectionPool(urllib3.HTTPConnectionPool):
+        ConnectionCls = Connection
+
+    class HTTPSConnectionPool(urllib3.HTTPSConnectionPool):
+        ConnectionCls = TlsConnection
+
+    class Adapter(requests.adapters.HTTPAdapter):
+        def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+            super().init_poolmanager(*args, **kwargs)
+            self.poolmanager.pool_classes_by_scheme = {
+                "http": HTTPConnectionPool,
+                "https": HTTPSConnectionPool,
+            }
+
+    return Adapter
+
+
+def new_session() -> Any:
+    """A connection pool for several requests to one server (handed to `request`/`get` as `session`),
+    whose responses' heads are read on the head clock."""
+    import requests
+
+    session = requests.Session()
+    adapter = _head_clock_adapter()()
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return session
+
+
+CREDENTIAL_HEADERS = ("authorization", "proxy-authorization", "x-api-key", "api-key")
+
+
+def _learn_secrets(url: str, headers: Mapping[str, str] | None) -> None:
+    """Every credential rocmdoctor sends leaves through here: the one redactor learns each (a Bearer
+    token, a key header, a URL's userinfo), so a server that echoes it back is printed with ***."""
+    register_url(url)
+    for name, value in (headers or {}).items():
+        if name.lower() in CREDENTIAL_HEADERS and isinstance(value, str):
+            register_secret(value.split(None, 1)[-1] if " " in value else value)
 
 
 def read_body(response, limit: int, deadline: float) -> bytes:
@@ -179,7 +278,8 @@ def request(
     import requests
     import urllib3
 
-    sender = session or requests
+    _learn_secrets(url, headers)
+    sender = session or new_session()
 
     def work(box: dict[str, Any]) -> Answer:
         try:
@@ -219,6 +319,9 @@ def request(
             if box.get("late"):
                 raise HttpTimeout("closed at the deadline") from None
             raise HttpError(redact_exception(exc)) from None
+        finally:
+            if session is None:
+                sender.close()
 
     return within(deadline, work, f"http-{method.lower()}")
 
@@ -235,9 +338,8 @@ def open_stream(
     """A streamed response whose status line and headers arrived before `deadline` (HttpTimeout
     otherwise); its body is the caller's to read, with its own rule (downloads: a stall timeout per
     read and a minimum throughput). requests' own exceptions pass through, for the caller's retries."""
-    import requests
-
-    sender = session or requests
+    _learn_secrets(url, headers)
+    sender = session or new_session()
 
     def work(box: dict[str, Any]):
         response = sender.get(url, headers=dict(headers or {}), stream=True, timeout=(connect_s, read_s))

@@ -211,7 +211,7 @@ class Downloader:
 
     def _session(self) -> requests.Session:
         if not hasattr(self._local, "session"):
-            self._local.session = requests.Session()
+            self._local.session = bounded_http.new_session()
         return self._local.session
 
     def fetch(self, part: PartFile, url: str, dest_dir: Path) -> bool:

@@ -25,6 +25,7 @@ from typing import Any
 from rocmdoctor import host_files as files
 from rocmdoctor.archive.elf_scan import ElfFacts, TreeScan, scan_tree, system_library
 from rocmdoctor.atomic import write_atomic
+from rocmdoctor.documents import load_value
 from rocmdoctor.facts.installed_bundle import bundle_digest
 from rocmdoctor.host import RunResult
 from rocmdoctor.host_processes import run_program
@@ -407,7 +408,7 @@ def record(tree: Path, result: Qualification) -> None:
 def recorded(tree: Path) -> dict[str, Any] | None:
     """The recorded result of a bundle; None when it was never qualified (or the record is damaged)."""
     try:
-        doc = json.loads(read_regular(tree / QUALIFICATION, RECORD_LIMIT))
+        doc = load_value(read_regular(tree / QUALIFICATION, RECORD_LIMIT), QUALIFICATION, RECORD_LIMIT)
     except (OSError, ValueError):
         return None
     return doc if isinstance(doc, dict) and isinstance(doc.get("qualified"), bool) else None

@@ -91,8 +91,6 @@ class HubClient:
         deadline_s: float = DEFAULT_DEADLINE_S,
         session=None,
     ) -> None:
-        import requests
-
         if not looks_like_hub_id(model_id):
             raise HubError(f"{model_id!r} is not a Hugging Face model id (org/name)")
         self.model_id = model_id
@@ -100,7 +98,7 @@ class HubClient:
         self.endpoint = (endpoint or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
         self.token = token
         self.deadline = bounded_http.Deadline(deadline_s)
-        self.session = session or requests.Session()
+        self.session = session or bounded_http.new_session()
         self.bytes_read = 0
 
     def _url(self, filename: str) -> str:

@@ -228,14 +228,20 @@ def written_base_url(writer: HostWriter, unit_dir: str = UNIT_DIR) -> str | None
     return match.group(1) if match else None
 
 
-def owned_ports(writer: HostWriter) -> set[int]:
-    """Ports the written instances hold: their own servers listen there, so they are not "taken"."""
-    ports = set()
-    for env in current_instances(writer).values():
+def instance_ports(writer: HostWriter) -> dict[str, int]:
+    """The port each written instance's env file names (instance name -> port)."""
+    ports = {}
+    for name, env in current_instances(writer).items():
         value = env.get(PORT_VAR, "")
         if is_decimal(value) and 0 < int(value) < 65536:
-            ports.add(int(value))
+            ports[name] = int(value)
     return ports
+
+
+def owned_ports(writer: HostWriter) -> set[int]:
+    """Ports the written instances' env files claim (whether their servers hold them is the caller's to
+    ask: commands/instances.ports_still_ours)."""
+    return set(instance_ports(writer).values())
 
 
 @dataclass

@@ -184,7 +184,7 @@ def usable(
     families = list(dict.fromkeys(d.family for d in supported))
     if gpus:
         keep = _picked(ordered, gpus)
-        return keep, [d for d in ordered if d not in keep]
+        return keep, _others(ordered, keep)
     if family is not None and family not in families:
         found = ", ".join(str(f) for f in families) or "none"
         raise LayoutError(f"--family {family}: no GPU of that family here (found: {found})")
@@ -198,7 +198,14 @@ def usable(
     named = serving_families(ordered)
     chosen = family or (named[0] if named else None)
     keep = serving_nodes([d for d in supported if d.family == chosen])
-    return keep, [d for d in ordered if d not in keep]
+    return keep, _others(ordered, keep)
+
+
+def _others(ordered: list[Device], keep: list[Device]) -> list[Device]:
+    """The devices not kept, by identity: a list membership test per device was N x N on a host of
+    thousands of nodes."""
+    kept = {id(d) for d in keep}
+    return [d for d in ordered if id(d) not in kept]
 
 
 def _units(layout: str, devices: list[Device]) -> list[Device]:

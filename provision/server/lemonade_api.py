@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from rocmdoctor.documents import DocumentError, load_value
 from rocmdoctor.provision import bounded_http
 from rocmdoctor.provision.server.lemonade_args import ProtectedFlagError, refuse_protected
 
@@ -22,6 +23,7 @@ API = "/api/v1"
 VLLM_RECIPE = "vllm"
 MAX_BODY_BYTES = 4 << 20
 MAX_ERROR_TEXT = 300
+MAX_REQUEST_S = 24 * 3600.0
 
 
 class LemonadeError(RuntimeError):
@@ -47,14 +49,14 @@ class Lemonade:
 
     def _session(self) -> Any:
         if self.session is None:
-            import requests
-
-            self.session = requests.Session()
+            self.session = bounded_http.new_session()
         return self.session
 
     def request(self, method: str, path: str, body: Any = None, timeout_s: float | None = None) -> Any:
         """The JSON answer of a 2xx; LemonadeError for anything else, within `timeout_s` in all."""
-        limit = timeout_s or self.timeout_s
+        # a deadline comes from the user or from Lemonade's own config (global_timeout): never past a day,
+        # so a 64-bit number from a server cannot overflow a thread's or a socket's timeout
+        limit = min(timeout_s or self.timeout_s, MAX_REQUEST_S)
         url = self.base_url + path
         headers = {"Accept-Encoding": "identity"}
         if self.key:
@@ -86,10 +88,13 @@ class Lemonade:
         if status >= 400:
             raise self._http_error(method, url, status, raw)
         try:
-            return json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
+            return load_value(raw, f"{method} {url}", MAX_BODY_BYTES)
+        except DocumentError as exc:
             raise LemonadeError(
-                "shape", f"{method} {url}: the answer is not JSON; is {self.base_url} Lemonade Server?"
+                "shape",
+                _scrub(
+                    f"{exc.source}: the answer is {exc.why}; is {self.base_url} Lemonade Server?", self.key
+                ),
             ) from None
 
     def _http_error(self, method: str, url: str, status: int, raw: bytes) -> LemonadeError:
@@ -168,8 +173,8 @@ def _options_path(model: str) -> str:
 
 def _error_text(raw: bytes) -> str:
     try:
-        doc = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
+        doc = load_value(raw, "error", MAX_BODY_BYTES)
+    except DocumentError:
         text = raw.decode("utf-8", errors="replace")
     else:
         error = doc.get("error", doc) if isinstance(doc, dict) else doc

@@ -6,9 +6,10 @@ e385039ed33551de7f54cb73194cd08088772c08: src/cpp/server/backends/vllm/vllm_arg_
 from __future__ import annotations
 
 import re
-import shlex
 from collections.abc import Mapping
 from typing import Any
+
+from rocmdoctor.provision.server.args import flag_meanings
 
 # Lemonade-managed process arguments, refused in vllm_args (vllm_arg_resolver.cpp protected_flags()).
 PROTECTED_FLAGS = (
@@ -19,6 +20,7 @@ PROTECTED_FLAGS = (
     "--port",
     "--served-model-name",
 )
+PROTECTED = frozenset(PROTECTED_FLAGS)
 # One conflict key in Lemonade's resolver: the later one replaces the earlier.
 MEMORY_BUDGET_FLAGS = ("--gpu-memory-utilization", "--kv-cache-memory-bytes")
 
@@ -27,19 +29,33 @@ class ProtectedFlagError(ValueError):
     """vllm_args would carry a flag Lemonade manages itself."""
 
 
-# vllm_args: Lemonade splits them on spaces (vllm.md, "Speculative decoding"); shlex keeps a quoted value.
+# vllm_args are read word by word, split on whitespace (vllm.md, "Speculative decoding": Lemonade splits
+# them on spaces), and every word the user wrote is kept byte for byte: a JSON value such as
+# `--speculative-config {"method":"ngram","num_speculative_tokens":3}` is never re-split or re-quoted.
 def split_args(text: str) -> list[str]:
-    try:
-        return shlex.split(text)
-    except ValueError:
-        return text.split()
+    return text.split()
+
+
+def meanings(word: str) -> set[str]:
+    """The vLLM flags (long names) vLLM's own parser could read `word` as: vLLM 0.32's argparse takes any
+    unique prefix (allow_abbrev, vllm/flags.py), so `--por` is `--port` and `--max-model` is
+    `--max-model-len`; underscores count as dashes."""
+    return flag_meanings(word)
 
 
 def flag_name(word: str) -> str | None:
-    """`--max_num_seqs=4` -> `--max-num-seqs`; None for a value."""
+    """`--max_num_seqs=4` and `--max-num` (a unique prefix) -> `--max-num-seqs`; None for a value. A
+    word vLLM would find ambiguous keeps its own spelling."""
+    found = meanings(word)
+    if len(found) == 1:
+        return next(iter(found))
     if not word.startswith("--") or re.fullmatch(r"-\d+(\.\d*)?", word):
         return None
     return "--" + word[2:].split("=", 1)[0].replace("_", "-")
+
+
+def _protected_meanings(word: str) -> set[str]:
+    return meanings(word) & PROTECTED
 
 
 def _conflicts(flag: str) -> tuple[str, ...]:
@@ -50,7 +66,7 @@ def parse_args(words: list[str]) -> list[tuple[str | None, list[str]]]:
     """Groups of (flag, its words): a flag with its following values; words before any flag have None."""
     groups: list[tuple[str | None, list[str]]] = []
     for word in words:
-        name = flag_name(word)
+        name = flag_name(word) if word.startswith("-") else None
         if name is not None or not groups:
             groups.append((name, [word]))
         else:
@@ -72,23 +88,27 @@ def flag_values(text: str) -> dict[str, str]:
 
 
 def protected_in(text: str) -> list[str]:
-    return sorted({n for n, _ in parse_args(split_args(text)) if n in PROTECTED_FLAGS})
+    """Each word of `text` vLLM could read as a protected flag, as written (`--por`, `--served_model`)."""
+    return sorted({word.split("=", 1)[0] for word in split_args(text) if _protected_meanings(word)})
 
 
 def refuse_protected(body: Mapping[str, Any]) -> None:
-    """The last guard before a request: no protected flag ever leaves rocmdoctor."""
+    """The last guard before a request: no protected flag ever leaves rocmdoctor, in any spelling vLLM
+    accepts."""
     args = body.get("vllm_args")
     found = protected_in(args) if isinstance(args, str) else []
     if found:
         raise ProtectedFlagError(
-            f"refusing to send {', '.join(found)} in vllm_args: Lemonade manages them (ctx_size sets the context)",
+            f"refusing to send {', '.join(found)} in vllm_args: Lemonade manages "
+            f"{', '.join(sorted({m for w in found for m in _protected_meanings(w)}))} "
+            "(ctx_size sets the context; vLLM reads a unique prefix of a flag as the flag)",
         )
 
 
 def merge_vllm_args(current: str, wanted: Mapping[str, str]) -> tuple[str, list[str]]:
     """`current` with each wanted flag set (replacing the same flag, any spelling, and the other memory
-    budget flag), every unrelated word kept in order, protected flags dropped. Returns the text and notes.
-    Unchanged text when `current` already says the same."""
+    budget flag), every unrelated word kept in order and as written, protected flags dropped. Returns the
+    text and notes. Unchanged text when `current` already says the same."""
     notes: list[str] = []
     groups = parse_args(split_args(current))
     have = flag_values(current)
@@ -101,12 +121,15 @@ def merge_vllm_args(current: str, wanted: Mapping[str, str]) -> tuple[str, list[
     replaced = {c for flag in wanted for c in _conflicts(flag)}
     kept: list[str] = []
     for name, words in groups:
-        if name in PROTECTED_FLAGS:
-            notes.append(f"dropped {' '.join(words)} from vllm_args: Lemonade refuses it (it manages {name})")
+        hit = _protected_meanings(words[0])
+        if hit:
+            notes.append(
+                f"dropped {' '.join(words)} from vllm_args: Lemonade refuses it (it manages {', '.join(sorted(hit))})"
+            )
             continue
         if name in replaced:
             continue
         kept += words
     for flag, value in wanted.items():
         kept += [flag, value]
-    return " ".join(shlex.quote(w) for w in kept), notes
+    return " ".join(kept), notes

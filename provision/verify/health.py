@@ -10,18 +10,18 @@ run of the timer cheap (no event loop, no session objects).
 
 from __future__ import annotations
 
-import json
 import shlex
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from rocmdoctor.documents import load_value
 from rocmdoctor.host_writes import HostWriter, WriteRefused
 from rocmdoctor.provision.server import instances as server_instances
 from rocmdoctor.provision.server.layout import Device, rocr_indices
 from rocmdoctor.provision.server.unit import ENV_FILE, UNIT_DIR, UNIT_NAME
+from rocmdoctor.textnum import parse_decimal
 from rocmdoctor.vllm.health_metrics import (
     PROBE_OK,
     VLLM_COUNTERS,
@@ -32,8 +32,6 @@ from rocmdoctor.vllm.health_metrics import (
 )
 
 if TYPE_CHECKING:
-    import http.client
-
     from rocmdoctor.provision.verify import prometheus
 
 PROBE_TIMEOUT_S = 5.0
@@ -88,7 +86,8 @@ def _indices(value: str | None) -> tuple[int, ...] | None:
     if not value:
         return None
     parts = value.split(",")
-    return tuple(int(p) for p in parts) if all(p.strip().isdigit() for p in parts) else None
+    numbers = [parse_decimal(p.strip()) for p in parts]
+    return tuple(n for n in numbers if n is not None) if None not in numbers else None
 
 
 def _read(writer: HostWriter, path: str) -> str | None:
@@ -178,49 +177,37 @@ class _Answer(Exception):
         self.verdict = verdict
 
 
-def _read_body(response: http.client.HTTPResponse, cap: int, deadline: float) -> bytes:
-    """At most cap + 1 bytes, within one total deadline: a server that trickles is a timeout."""
-    data = b""
-    while len(data) <= cap:
-        chunk = response.read1(min(1 << 16, cap + 1 - len(data)))
-        if not chunk:
-            break
-        data += chunk
-        if time.monotonic() > deadline:
-            raise TimeoutError
-    return data
-
-
 def _request(
     url: str, method: str, path: str, cap: int, api_key: str | None = None, body: dict | None = None
 ) -> tuple[int, bytes]:
-    import http.client  # here, not at the top: a host with no server written never pays for it
+    """One exchange through the one HTTP client: a total deadline over connect, the status line, each
+    header and the body (a server that drips any of them is a timeout), at most cap + 1 bytes read."""
+    from rocmdoctor.provision import bounded_http
 
     parts = urlsplit(url)
-    conn_cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    conn = conn_cls(parts.hostname or "127.0.0.1", parts.port, timeout=PROBE_TIMEOUT_S)
     headers = {"Accept-Encoding": "identity"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
-    payload = None
-    if body is not None:
-        payload = json.dumps(body).encode()
-        headers["Content-Type"] = "application/json"
     try:
-        conn.request(method, path, body=payload, headers=headers)
-        response = conn.getresponse()
-        data = _read_body(response, cap, time.monotonic() + PROBE_TIMEOUT_S)
-    except ConnectionRefusedError:
+        answer = bounded_http.request(
+            method,
+            f"{parts.scheme}://{parts.netloc}{path}",
+            deadline=bounded_http.Deadline(PROBE_TIMEOUT_S),
+            limit=cap,
+            headers=headers,
+            json_body=body,
+            connect_s=PROBE_TIMEOUT_S,
+            read_s=PROBE_TIMEOUT_S,
+        )
+    except bounded_http.HttpUnreachable:
         raise _Answer("unreachable", f"{url}: nothing accepts connections") from None
-    except TimeoutError:
+    except (bounded_http.HttpTimeout, bounded_http.HttpNoAnswer):
         raise _Answer("timeout", f"{method} {path}: no answer in {PROBE_TIMEOUT_S:.0f} s") from None
-    except (OSError, http.client.HTTPException) as exc:
-        raise _Answer("unreachable", f"{method} {path}: {type(exc).__name__}: {exc}") from None
-    finally:
-        conn.close()
-    if len(data) > cap:
+    except bounded_http.HttpError as exc:
+        raise _Answer("unreachable", f"{method} {path}: {exc}") from None
+    if len(answer.body) > cap:
         raise _Answer("unhealthy", f"{method} {path}: the answer is larger than {cap} bytes")
-    return response.status, data
+    return answer.status, answer.body
 
 
 def engines(samples: list[prometheus.Sample]) -> list[EngineHealth]:
@@ -260,7 +247,11 @@ def _probe(server: Managed, health: ServerHealth) -> None:
     if model is None:
         status, body = _request(server.url, "GET", "/v1/models", schema.MODELS_BYTES, server.api_key)
         try:
-            names = schema.models("/v1/models", json.loads(body)) if status == 200 else []
+            names = (
+                schema.models("/v1/models", load_value(body, "/v1/models", schema.MODELS_BYTES))
+                if status == 200
+                else []
+            )
         except (ValueError, schema.ShapeError):
             names = []
         if not names:
@@ -273,7 +264,7 @@ def _probe(server: Managed, health: ServerHealth) -> None:
     if status != 200:
         raise _Answer("failing", f"a one-token completion answered HTTP {status}: {body[:200]!r}")
     try:
-        schema.completion("/v1/completions", json.loads(body), False, 1)
+        schema.completion("/v1/completions", load_value(body, "/v1/completions", len(body)), False, 1)
     except (ValueError, schema.ShapeError) as exc:
         raise _Answer("failing", f"a one-token completion came back malformed: {exc}") from None
 

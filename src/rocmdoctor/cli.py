@@ -106,7 +106,75 @@ def with_global_options(command: click.Command) -> click.Command:
     return command
 
 
+# Errors whose text is meant for the user (it names the file, the value, the field), by class, with what
+# to do: wherever a command lets one through, it is a clear exit 2, never "internal error". A subclass
+# takes its nearest listed class's advice; an OSError says its file and reason.
+KNOWN_ERRORS: dict[str, str] = {
+    "rocmdoctor.host_writes.WriteRefused": "rocmdoctor writes only regular files it can reach without "
+    "following a link: move the link or file aside, or give another --target",
+    "rocmdoctor.host.RootError": "point --root (or ROCMDOCTOR_ROOT), or --target, at a directory",
+    "rocmdoctor.documents.DocumentError": "replace the document named, or point the option at the right one",
+    "rocmdoctor.sensitive.KeyFileError": "",
+    "rocmdoctor.facts.manifest.ManifestError": "fix the manifest, or leave --bundles-dir out",
+    "rocmdoctor.snapshot.SnapshotError": "give an archive `rocmdoctor snapshot` wrote",
+    "rocmdoctor.host_files.UnsafeDirectory": "rocmdoctor uses only directories it owns: fix the owner or "
+    "mode named, or choose another directory",
+    "rocmdoctor.host_files.ForeignFile": "it is not rocmdoctor's: move it aside",
+    "rocmdoctor.archive.tar_rule.UnsafeArchive": "the archive is refused: use one from the bundle's release",
+    "rocmdoctor.registry.SelectionError": "`rocmdoctor check --list` names the checks",
+    "rocmdoctor.cluster.layout.ClusterLayoutError": "",
+    "rocmdoctor.vllm.model_files.ModelFilesError": "check the model's files (`rocmdoctor plan --model`)",
+    "rocmdoctor.vllm.layers.ConfigError": "check the model's config.json",
+    "rocmdoctor.provision.server.layout.LayoutError": "",
+    "rocmdoctor.provision.server.args.ArgumentError": "",
+    "rocmdoctor.provision.server.unit.UnitError": "",
+    "rocmdoctor.provision.server.serve.HostUnresolvable": "give an IP address or a name this host resolves",
+    "rocmdoctor.provision.server.lemonade_api.LemonadeError": "",
+    "rocmdoctor.provision.fix.FixError": "",
+    "rocmdoctor.provision.bundle.selection.PlanError": "",
+    "rocmdoctor.provision.bundle.install.InvalidRequest": "",
+    "rocmdoctor.provision.bundle.install.InstallError": "",
+    "rocmdoctor.provision.tune.search.SloError": "give --slo as METRIC:pPCT<=LIMIT, e.g. ttft:p95<=2s",
+    "rocmdoctor.provision.tune.session.SeqsError": "",
+    "rocmdoctor.provision.tune.workload.WorkloadError": "",
+    "rocmdoctor.provision.tune.writeback.WritebackError": "",
+}
+
+
+def known_error(exc: BaseException) -> str | None:
+    """The message and advice for an error the user can act on; None for a bug."""
+    for cls in type(exc).__mro__:
+        advice = KNOWN_ERRORS.get(f"{cls.__module__}.{cls.__qualname__}")
+        if advice is not None:
+            text = str(exc) or cls.__name__
+            return f"{text}; {advice}" if advice else text
+    if isinstance(exc, OSError) and exc.strerror:
+        where = f"{exc.filename}: " if exc.filename else ""
+        advice = " (run as root, or as the owner)" if isinstance(exc, PermissionError) else ""
+        return f"{where}{exc.strerror}{advice}"
+    return None
+
+
 class LazyGroup(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.ClickException:
+            raise
+        except Exception as exc:
+            message = known_error(exc)
+            if message is None:
+                raise
+            raise UserError(message) from None
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        # Every output path of every command (people, --json, errors, a child's log) through the one
+        # redactor, fed with the secrets the run learns (key files, keys in the environment, URL userinfo).
+        from rocmdoctor.sensitive import redacted_output
+
+        with redacted_output():
+            return super().main(*args, **kwargs)
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
 

@@ -53,7 +53,7 @@ def _why(exc: BaseException) -> str:
     return text[:MAX_ERROR_CHARS]
 
 
-def decode(data: bytes, schema: type[T], source: str, limit: int) -> T:
+def decode(data: bytes | str, schema: type[T], source: str, limit: int) -> T:
     """`data` parsed and validated as `schema` (a msgspec Struct, or a container of them)."""
     if len(data) > limit:
         raise DocumentError(source, f"larger than {limit} bytes; not this kind of document")
@@ -67,13 +67,35 @@ def decode(data: bytes, schema: type[T], source: str, limit: int) -> T:
         raise DocumentError(source, _why(exc), path[:200], problem[:MAX_ERROR_CHARS]) from None
 
 
-def load_value(data: bytes, source: str, limit: int) -> Any:
+def load_value(data: bytes | str, source: str, limit: int) -> Any:
     """Any JSON value, under the same bounds (size, depth guard, 64-bit integers, no NaN)."""
     return decode(data, Any, source, limit)
 
 
-def load_object(data: bytes, source: str, limit: int) -> dict[str, Any]:
+def load_object(data: bytes | str, source: str, limit: int) -> dict[str, Any]:
     return decode(data, dict[str, Any], source, limit)
+
+
+def load_toml(text: str, source: str, limit: int) -> dict[str, Any]:
+    """A TOML document (a fleet's own manifest) under the same bounds: size first, then tomllib under
+    the recursion guard (nested arrays deep enough overflow its recursive parser)."""
+    if len(text) > limit:
+        raise DocumentError(source, f"larger than {limit} characters; not this kind of document")
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        try:
+            import tomli as tomllib  # type: ignore[no-redef,import-not-found,unused-ignore]
+        except ModuleNotFoundError:
+            raise DocumentError(
+                source, "reading TOML on Python 3.10 needs the 'tomli' package (pip install tomli)"
+            ) from None
+    try:
+        return tomllib.loads(text)
+    except RecursionError as exc:
+        raise DocumentError(source, _why(exc)) from None
+    except ValueError as exc:  # TOMLDecodeError, and int()'s refusal of a 5,000-digit integer
+        raise DocumentError(source, f"not valid TOML: {str(exc)[:MAX_ERROR_CHARS]}") from None
 
 
 def to_builtins(record: Any) -> Any:

@@ -205,6 +205,68 @@ class HostName(click.ParamType):
         return str(value)
 
 
+MAX_URL = 2048
+
+
+def url_problem(text: str) -> str | None:
+    """Why `text` is not the http(s) URL of a server (None when it is one): bytes that are not UTF-8
+    (a lone surrogate from the command line), control characters, another scheme, a host that is no
+    IP address or host name, a port out of range."""
+    from urllib.parse import urlsplit
+
+    if len(text) > MAX_URL:
+        return f"longer than {MAX_URL} characters"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "holds bytes that are not UTF-8 text"
+    if not text.isprintable() or any(c.isspace() for c in text):
+        return "holds a space or a control character"
+    try:
+        parts = urlsplit(text)
+    except ValueError as exc:
+        return f"cannot be read as a URL ({exc})"
+    if parts.scheme not in ("http", "https"):
+        return "is not an http(s) URL"
+    try:
+        port = parts.port
+    except ValueError:
+        port = 0
+    if port == 0:
+        return "has an invalid port (1 to 65535)"
+    return host_problem(parts.hostname or "")
+
+
+class ServerUrl(click.ParamType):
+    """The URL of a server rocmdoctor talks to (vLLM, Lemonade): checked at the edge, exit 2."""
+
+    name = "url"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        text = str(value)
+        problem = url_problem(text)
+        if problem:
+            shown = ascii(text[:200])
+            self.fail(f"{shown} {problem}; give a URL such as http://127.0.0.1:8000", param, ctx)
+        return text
+
+
+class NonEmptyText(click.ParamType):
+    """A value that must say something: an empty or blank one is refused (exit 2), never read as the
+    option left out."""
+
+    name = "text"
+
+    def __init__(self, example: str) -> None:
+        self.example = example
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        text = str(value)
+        if not text.strip():
+            self.fail(f"is empty; give a value such as {self.example}, or leave the option out", param, ctx)
+        return text
+
+
 def path_problem(text: str, absolute: bool = True) -> str | None:
     """Why `text` is not an acceptable path (None when it is)."""
     if not text:

@@ -20,8 +20,11 @@ import errno
 import os
 import re
 import stat
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from rocmdoctor.vllm.flags import FLAGS
 
@@ -143,7 +146,15 @@ def check_token(value: str, where: str, min_length: int = 1) -> str:
 # -- messages: the one redactor for every text that can quote a credential ---------------------------
 
 _SECRETS: set[str] = set()
-SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "GITHUB_TOKEN", "GH_TOKEN", "VLLM_API_KEY")
+SECRET_ENV = (
+    "HF_TOKEN",
+    "HUGGING_FACE_HUB_TOKEN",
+    "GITHUB_TOKEN",
+    "GH_TOKEN",
+    "VLLM_API_KEY",
+    "LEMONADE_ADMIN_API_KEY",
+    "LEMONADE_API_KEY",
+)
 _HEADER = re.compile(
     r"(?i)\b(authorization|proxy-authorization|x-api-key|api-key|cookie)(['\"]?\s*[:=]\s*['\"]?)"
     r"((?:bearer|basic|token)\s+)?[^\s'\",}]+"
@@ -159,19 +170,86 @@ def register_secret(value: str) -> None:
         _SECRETS.add(value)
 
 
-def redact_message(text: str) -> str:
-    """A message or exception text fit to print: credentials this process holds (registered, or in the
-    usual environment variables), Authorization-like headers, Bearer/Basic values, token shapes, secret
-    flags and assignments, and URL userinfo, replaced by ***."""
+def register_url(url: str) -> None:
+    """The password (and user) of a URL's userinfo, as typed and percent-decoded: secrets of this run."""
+    from urllib.parse import unquote, urlsplit
+
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return
+    userinfo = parts.netloc.rpartition("@")[0]
+    if userinfo:
+        import base64
+
+        user, colon, password = userinfo.partition(":")
+        if not colon:
+            return  # a user name alone (`admin`) is no secret; printed in a URL it is redacted anyway
+        for value in (userinfo, password):
+            register_secret(value)
+            register_secret(unquote(value))
+        # as an HTTP client sends it: Authorization: Basic base64(user:password)
+        register_secret(base64.b64encode(unquote(userinfo).encode("utf-8", "surrogateescape")).decode())
+
+
+def _forms(secret: str) -> set[str]:
+    """The ways a secret is quoted in output: as is, repr (Python messages), JSON, percent-encoded."""
+    import json
+    from urllib.parse import quote
+
+    return {secret, repr(secret)[1:-1], json.dumps(secret)[1:-1], quote(secret, safe=""), secret.strip()}
+
+
+def redact_known(text: str) -> str:
+    """What this run knows to be secret, replaced on every output path (people, --json, errors, a child's
+    log): each registered secret and the values of the usual secret variables, exactly, and the
+    userinfo of URLs. Exact matches only, so nothing else of a report changes."""
     secrets = set(_SECRETS)
     secrets.update(v for name in SECRET_ENV if len(v := os.environ.get(name, "")) >= 4)
     for secret in sorted(secrets, key=len, reverse=True):
-        for form in {secret, repr(secret)[1:-1], secret.strip()}:
+        for form in _forms(secret):
             if len(form) >= 4:
                 text = text.replace(form, REDACTED)
         for part in secret.split():  # a token with a line break is quoted in pieces
             if len(part) >= 4:
                 text = text.replace(part, REDACTED)
+    return redact_url(text)
+
+
+class RedactingStream:
+    """stdout or stderr through `redact_known`: whatever a command prints (click.echo, --json, an error,
+    a server's log tail) passes the one redactor, whichever code path printed it."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: Any) -> Any:
+        return self._stream.write(redact_known(text) if isinstance(text, str) else text)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+@contextmanager
+def redacted_output() -> Iterator[None]:
+    """sys.stdout and sys.stderr through the redactor for the duration of a command."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = RedactingStream(saved[0]), RedactingStream(saved[1])
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
+def redact_message(text: str) -> str:
+    """A message or exception text fit to print: credentials this process holds (registered, or in the
+    usual environment variables), Authorization-like headers, Bearer/Basic values, token shapes, secret
+    flags and assignments, and URL userinfo, replaced by ***."""
+    text = redact_known(text)
     text = _HEADER.sub(lambda m: f"{m.group(1)}{m.group(2)}{m.group(3) or ''}{REDACTED}", text)
     text = _SCHEME_TOKEN.sub(lambda m: f"{m.group(1)} {REDACTED}", text)
     text = _KNOWN_TOKEN.sub(REDACTED, text)

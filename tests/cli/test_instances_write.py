@@ -222,3 +222,18 @@ def test_the_template_runs_each_instance_with_its_own_file(root: Path):
         assert argv[-2:] == ["--tensor-parallel-size", "1"]
     with pytest.raises(UnitExecError, match="ROCMDOCTOR_PORT"):
         instance_argv(template, "0", {})
+
+
+def test_a_port_a_stale_env_file_claims_while_another_program_listens_is_not_reused(root: Path):
+    """The env file of instance 0 names a port; the instance is not running and another program listens
+    there: the port is probed like any other and skipped, never handed to the instance again."""
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as other:
+        taken = other.getsockname()[1]
+        (root / ENV_DIR).mkdir(parents=True)
+        (root / ENV_DIR / "0.env").write_text(f"ROCMDOCTOR_PORT={taken}\n")
+        doc = write(root, "--count", "2", "--port", str(taken))
+    ports = [i["port"] for i in doc["instances"]]
+    assert taken not in ports and ports[0] > taken, ports
+    assert f"ROCMDOCTOR_PORT={ports[0]}\n" in (root / ENV_DIR / "0.env").read_text()

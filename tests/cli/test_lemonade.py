@@ -87,10 +87,24 @@ def test_apply_sets_the_reports_options_or_better_in_one_command(
         assert check.exit_code == 0, check.output
         saved_after_check, timeout_after_check = state.saved(), state.config["global_timeout"]
         applied = run(
-            report_host, server.url, "apply", "--json", "--bench-report", str(bench_report), hf=hf_cache
+            report_host,
+            server.url,
+            "apply",
+            "--json",
+            "--no-verify",
+            "--bench-report",
+            str(bench_report),
+            hf=hf_cache,
         )
         again = run(
-            report_host, server.url, "apply", "--json", "--bench-report", str(bench_report), hf=hf_cache
+            report_host,
+            server.url,
+            "apply",
+            "--json",
+            "--no-verify",
+            "--bench-report",
+            str(bench_report),
+            hf=hf_cache,
         )
         checked_again = run(report_host, server.url, "check", "--json", hf=hf_cache)
 
@@ -162,7 +176,7 @@ def test_a_protected_flag_saved_by_hand_is_dropped_not_resent(tmp_path, report_h
     # recipe_options.json edited by hand, as in the report, with a flag Lemonade refuses.
     state.write_saved({MODEL: {"vllm_args": "--max-model-len 8192 --enforce-eager"}})
     with lemonade_server(state) as server:
-        result = run(report_host, server.url, "apply", "--json", hf=hf_cache, key=None)
+        result = run(report_host, server.url, "apply", "--json", "--no-verify", hf=hf_cache, key=None)
     assert result.exit_code == 0, result.output
     saved = state.saved()[MODEL]["vllm_args"]
     assert "--max-model-len" not in saved and saved.startswith("--enforce-eager ")
@@ -275,3 +289,48 @@ def test_a_failure_under_json_is_a_json_document_and_exit_2(tmp_path, report_hos
     doc = json.loads(result.output)
     assert result.exit_code == 2 and doc["ok"] is False and doc["error"]["kind"] == "server"
     assert "journalctl -u lemond" in doc["error"]["message"] and doc["schema_version"]
+
+
+@pytest.mark.parametrize("listed", ["Qwen3-8B-vLLM", "builtin.Qwen3-8B-vLLM"])
+@pytest.mark.parametrize("named", ["Qwen3-8B-vLLM", "builtin.Qwen3-8B-vLLM"])
+def test_both_spellings_of_a_built_in_model_are_accepted(tmp_path, report_host, hf_cache, listed, named):
+    """/v1/models lists an unshadowed built-in bare and a shadowed one as builtin.NAME; the user may name
+    it either way (recipe_options.json keys are `builtin.NAME`), and the listed id is what is sent."""
+    state = standin(tmp_path, models={listed: Registered(CHECKPOINT)})
+    with lemonade_server(state) as server:
+        result = run(report_host, server.url, "apply", "--check", "--json", "--model", named, hf=hf_cache)
+    assert result.exit_code == 0, result.output
+    assert [m["model"] for m in json.loads(result.output)["models"]] == [listed]
+
+
+def test_apply_check_refuses_no_abbreviation_of_a_protected_flag_and_keeps_json_values(
+    tmp_path, report_host, hf_cache
+):
+    spec = '--speculative-config {"method":"ngram","num_speculative_tokens":3}'
+    state = standin(tmp_path)
+    state.write_saved({MODEL: {"vllm_args": f"{spec} --por 9000 --max-model 4096"}})
+    with lemonade_server(state) as server:
+        result = run(report_host, server.url, "apply", "--json", "--no-verify", hf=hf_cache, key=None)
+    doc = json.loads(result.output)
+    sent = doc["models"][0]["sent"]["vllm_args"]
+    assert sent.startswith(spec + " ") and "--por" not in sent and "--max-model " not in sent, sent
+    assert json.loads(state.saved()[MODEL]["vllm_args"].split(" ", 1)[1].split(" --", 1)[0]) == {
+        "method": "ngram",
+        "num_speculative_tokens": 3,
+    }
+
+
+def test_apply_loads_and_smokes_through_lemonade_after_saving(tmp_path, report_host, hf_cache):
+    """As verify does: POST /api/v1/load, then smoke through Lemonade's OpenAI endpoint. The stand-in has
+    no engine behind it here, so the smoke fails and apply says so (exit 1) after saving."""
+    state = standin(tmp_path)
+    with lemonade_server(state) as server:
+        result = run(report_host, server.url, "apply", "--json", "--timeout", "5", hf=hf_cache, key=None)
+    doc = json.loads(result.output)
+    assert result.exit_code == 1, result.output
+    assert doc["changed"] is True and "--gpu-memory-utilization" in state.saved()[MODEL]["vllm_args"]
+    paths = [r["path"] for r in state.requests]
+    saved_at = max(i for i, p in enumerate(paths) if p.endswith("/options"))
+    assert "/api/v1/load" in paths[saved_at:], paths
+    [verified] = doc["verify"]
+    assert verified["model"] == MODEL and verified["exit_code"] == 1 and verified["steps"]

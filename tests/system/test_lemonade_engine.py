@@ -108,6 +108,7 @@ def test_max_num_seqs_comes_from_a_knee_measured_on_the_real_engine(
                 "lemonade",
                 "apply",
                 "--json",
+                "--no-verify",
                 "--url",
                 server.url,
                 "--bench-report",
@@ -123,3 +124,33 @@ def test_max_num_seqs_comes_from_a_knee_measured_on_the_real_engine(
         assert seqs == knee and "measured knee" in reasons["--max-num-seqs"]
     else:  # throughput still rose at 8: the plan's figure, and the bench's advice as a note
         assert seqs == 10 and any("no knee" in n for n in json.loads(result.output)["models"][0]["notes"])
+
+
+def test_apply_saves_then_loads_and_smokes_through_lemonade_on_the_real_engine(vllm_engine, tmp_path):
+    """apply ends as verify does: the load through Lemonade and the smoke through its OpenAI endpoint,
+    answered by the real engine behind the stand-in; the saved options are what the load used."""
+    host, cache = make_report_host(tmp_path / "host"), qwen3_8b_cache(tmp_path / "hub")
+    state_dir = tmp_path / "lemonade-state"
+    state_dir.mkdir()
+    state = State(
+        state_dir,
+        {MODEL: Registered("Qwen/Qwen3-8B")},
+        engine_url=vllm_engine.base_url,
+        engine_key=vllm_engine.api_key,
+        engine_model=vllm_engine.model,
+        engine_pid=vllm_engine.pid,
+    )
+    with lemonade_server(state) as server:
+        result = CliRunner().invoke(
+            cli,
+            ["--root", str(host), "lemonade", "apply", "--json", "--url", server.url],
+            env={"HF_HUB_CACHE": str(cache), "LEMONADE_ADMIN_API_KEY": "", "LEMONADE_API_KEY": ""},
+        )
+    doc = json.loads(result.output)
+    assert result.exit_code == 0, doc
+    [verified] = doc["verify"]
+    assert verified["model"] == MODEL and {s["status"] for s in verified["steps"]} == {"pass"}, verified
+    launch = state.loaded[MODEL]["launch_command"]
+    saved = state.saved()[MODEL]["vllm_args"].split()
+    flag = "--gpu-memory-utilization"
+    assert launch[launch.index(flag) + 1] == saved[saved.index(flag) + 1]

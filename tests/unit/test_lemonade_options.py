@@ -13,7 +13,13 @@ from rocmdoctor.provision.server.lemonade import (
     diagnose_timeout,
     options_body,
 )
-from rocmdoctor.provision.server.lemonade_args import ProtectedFlagError, merge_vllm_args, refuse_protected
+from rocmdoctor.provision.server.lemonade_args import (
+    PROTECTED_FLAGS,
+    ProtectedFlagError,
+    merge_vllm_args,
+    refuse_protected,
+)
+from rocmdoctor.vllm.flags import FLAGS
 
 WANTED = {"--gpu-memory-utilization": "0.78", "--max-num-seqs": "10"}
 
@@ -116,3 +122,59 @@ def test_a_model_loaded_before_the_save_is_said_to_run_old_options():
 def test_the_kv_cache_gauge_lemonade_reads_is_not_what_vllm_exports():
     assert diagnose_telemetry({"vllm:kv_cache_usage_perc", "vllm:num_requests_running"}).status is Status.WARN
     assert diagnose_telemetry({"vllm:gpu_cache_usage_factor"}).status is Status.PASS
+
+
+def _accepted_spellings(flag: str) -> list[str]:
+    """Every word vLLM 0.32's parser reads as `flag` (vllm/flags.py, generated from it with allow_abbrev
+    on; tests/cli/test_security_args.py proves the table is the installed parser's): each prefix that
+    names no other action, in dash and underscore spelling, bare and with =value."""
+    action = FLAGS[flag][0]
+    words = [flag, "--" + flag[2:].replace("-", "_"), flag + "=1"]  # an exact name wins over prefixes
+    for end in range(3, len(flag)):
+        prefix = flag[:end]
+        if {FLAGS[o][0] for o in FLAGS if o.startswith(prefix)} == {action}:
+            words += [prefix, "--" + prefix[2:].replace("-", "_"), prefix + "=1"]
+    return words
+
+
+@pytest.mark.parametrize("flag", sorted(PROTECTED_FLAGS))
+def test_every_spelling_vllm_accepts_of_a_protected_flag_is_refused(flag):
+    spellings = _accepted_spellings(flag)
+    if flag != "--model":  # every prefix of --model is also one of --model-impl
+        assert len(spellings) > 3  # --por, --max-model, --served-model among them
+    for word in spellings:
+        args = f"--enforce-eager {word} 1" if "=" not in word else f"--enforce-eager {word}"
+        with pytest.raises(ProtectedFlagError, match="refusing to send"):
+            refuse_protected({"vllm_args": args})
+        merged, notes = merge_vllm_args(args, WANTED)
+        assert word not in merged.split() and notes and merged.startswith("--enforce-eager ")
+
+
+@pytest.mark.parametrize("word", ["--por", "--max-model", "--served-model", "--no-enable-prefix-caching"])
+def test_the_reported_abbreviations_are_refused(word):
+    with pytest.raises(ProtectedFlagError, match=word):
+        refuse_protected({"vllm_args": f"{word} 8"})
+
+
+def test_flags_that_only_share_a_prefix_with_a_protected_one_pass():
+    refuse_protected({"vllm_args": "--max-num-seqs 8 --model-impl vllm --port-range 1 --hf-overrides {}"})
+
+
+SPEC = '--speculative-config {"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":4}'
+
+
+@pytest.mark.parametrize(
+    "current",
+    [
+        SPEC,
+        f"--enforce-eager {SPEC} --max-num-seqs 256",
+        # quoted as a shell user would: every byte stays, quotes and the space in the value included
+        '--speculative-config \'{"method": "ngram", "num_speculative_tokens": 3}\' --max-num-seqs 4',
+        '--override-generation-config {"temperature":0.6} --por 8001',
+    ],
+)
+def test_the_users_other_vllm_args_are_kept_byte_for_byte(current):
+    merged, _ = merge_vllm_args(current, WANTED)
+    kept = [w for w in current.split() if w not in ("--max-num-seqs", "256", "4", "--por", "8001")]
+    assert merged == " ".join([*kept, "--gpu-memory-utilization", "0.78", "--max-num-seqs", "10"])
+    assert merge_vllm_args(merged, WANTED) == (merged, [])  # a rerun changes nothing

@@ -180,7 +180,12 @@ def _pax_time_ns(value: bytes, key: bytes, where: str) -> int:
     whole, _, frac = value.partition(b".")
     ns = int(whole) * 1_000_000_000
     sign = -1 if value.startswith(b"-") else 1
-    return ns + sign * int((frac + b"000000000")[:9] or b"0")
+    ns += sign * int((frac + b"000000000")[:9] or b"0")
+    # os.utime takes 64-bit nanoseconds (years 1677 to 2262): a time outside is refused here, not an
+    # OverflowError in the middle of an extraction
+    if not -(1 << 63) <= ns < 1 << 63:
+        raise _noncanonical(where, f"a pax {_show(key)} out of range ({value[:40]!r})")
+    return ns
 
 
 # -- the member rule -------------------------------------------------------------------------------

@@ -12,7 +12,12 @@ from rocmdoctor import documents
 from rocmdoctor.cluster.compare import Probe
 from rocmdoctor.model import SCHEMA_VERSION
 
-MAX_INPUT_BYTES = 64 << 20
+# What a stranger's document may make this process hold: the facts of 1024 nodes are a few MiB (a node's
+# facts are tens of KiB), and a connect matrix needs one probe per node pair and port, so 65,536 probes
+# cover 64 nodes with 16 ports each. Larger documents are refused before parsing (300,000 probes took
+# 1.3 GB of memory through the whole report when 64 MiB were accepted).
+MAX_INPUT_BYTES = 8 << 20
+MAX_PROBES = 65_536
 Short = Annotated[str, Meta(max_length=4096)]
 PortNumber = Annotated[int, Meta(ge=1, le=65535)]
 
@@ -78,7 +83,7 @@ class _ProbeDoc(msgspec.Struct, forbid_unknown_fields=False):
 
 class ClusterInput(msgspec.Struct, forbid_unknown_fields=False):
     nodes: Annotated[list[NodeFacts], Meta(min_length=1, max_length=1024)]
-    probes: Annotated[list[_ProbeDoc], Meta(max_length=1_000_000)] = []
+    probes: Annotated[list[_ProbeDoc], Meta(max_length=MAX_PROBES)] = []
 
 
 def parse_input(data: bytes, source: str) -> tuple[list[dict[str, Any]], list[Probe]]:

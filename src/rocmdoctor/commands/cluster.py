@@ -20,6 +20,7 @@ from rocmdoctor import params
 from rocmdoctor.commands.common import App, UserError, emit_json, pass_app
 from rocmdoctor.commands.server_options import SINGLE_SERVER, server_options
 from rocmdoctor.model import EXIT_FAILURES, EXIT_OK, SCHEMA_VERSION
+from rocmdoctor.textnum import parse_decimal
 
 MAX_LISTEN_S = 600.0
 # A refused connect while the peer's listener may still be starting is tried again until this passes.
@@ -144,11 +145,12 @@ def _peer(text: str) -> tuple[str, str, int]:
     host, sep, port = rest.rpartition(":")
     host = host.strip("[]")
     problem = params.host_problem(host) if sep else "no :PORT"
-    if problem or not port.isdigit() or not 1 <= int(port) <= 65535:
+    number = parse_decimal(port, 5)  # ASCII digits only: '²' and a 5,000-digit port are refused, not int()'d
+    if problem or number is None or not 1 <= number <= 65535:
         raise UserError(
-            f"--peer {text!r}: give NAME=ADDRESS:PORT, e.g. node1=10.0.0.2:29501 ({problem or 'port'})"
+            f"--peer {text[:200]!r}: give NAME=ADDRESS:PORT, e.g. node1=10.0.0.2:29501 ({problem or 'port'})"
         )
-    return name or host, host, int(port)
+    return name or host, host, number
 
 
 @cluster.command("probe")

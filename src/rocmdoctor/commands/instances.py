@@ -34,6 +34,39 @@ def devices_of(app: App, source: str | None, prefix: str) -> list:
     return host_devices(Context(host, Options(prefix=prefix)))
 
 
+def ports_still_ours(writer: Any) -> set[int]:
+    """The ports written instances claim that their own servers hold now: on this host, a process in
+    the instance's unit (its control group in /proc/PID/cgroup, `vllm@N.service`) listens there. A
+    stale env file's port, with the instance stopped and another program listening, is probed like any
+    other port and skipped; written into another tree, nothing of it runs here, so it holds none."""
+    from rocmdoctor.checks.processes import listening_inodes, read_proc
+    from rocmdoctor.host import Host
+    from rocmdoctor.provision.server import instances as server_instances
+    from rocmdoctor.registry import Context, Options
+
+    claimed = server_instances.instance_ports(writer)
+    if not claimed or not writer.is_live:
+        return set()
+    ctx = Context(Host(Path("/")), Options())
+    procs = [p for p in (read_proc(ctx, pid) for pid in ctx.host.pids()) if p is not None]
+    held = set()
+    for name, port in claimed.items():
+        inodes = listening_inodes(ctx, port)
+        listeners = [p.pid for p in procs if p.sockets & inodes]
+        unit = f"vllm@{name}.service"
+        if listeners and all(unit in _cgroup_parts(ctx.host, pid) for pid in listeners):
+            held.add(port)
+    return held
+
+
+def _cgroup_parts(host: Any, pid: int) -> set[str]:
+    """The path components of a process's control groups (`0::/system.slice/system-vllm.slice/vllm@0.service`)."""
+    read = host.read_text(f"/proc/{pid}/cgroup", limit=16384)
+    if not read.ok:
+        return set()
+    return {part for line in read.value.splitlines() for part in line.split(":", 2)[-1].split("/") if part}
+
+
 def compute_plan(app: App, opts: dict[str, Any], owned_ports: set[int] | None = None, port_free=None):
     """The layout's instances for this host (ports probed on --host unless `port_free` is given)."""
     from rocmdoctor.provision.server.layout import LayoutError, plan
@@ -255,7 +288,7 @@ def write_layout(
     # What is written (the ports it keeps) is read where a write goes: --target, else this host.
     writer = HostWriter(write_root(app, target) if write else (target or app.root), check_mode=check_only)
     try:
-        owned = server_instances.owned_ports(writer)  # the preview shows the ports --write would keep
+        owned = ports_still_ours(writer)  # the preview shows the ports --write would keep
     except WriteRefused as exc:
         raise UserError(str(exc)) from None
     plan = compute_plan(app, opts, owned)

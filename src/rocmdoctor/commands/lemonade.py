@@ -9,7 +9,6 @@ clients prefer the admin key the same way) and never appears in any output.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import re
 import sys
@@ -21,6 +20,7 @@ import click
 
 from rocmdoctor import params
 from rocmdoctor.commands.common import App, UserError, emit_change, emit_json, pass_app
+from rocmdoctor.documents import DocumentError, load_value
 
 KEY_ENV = ("LEMONADE_ADMIN_API_KEY", "LEMONADE_API_KEY")
 
@@ -71,6 +71,7 @@ def _options(command: Any) -> Any:
     )(fn)
     fn = click.option(
         "--url",
+        type=params.ServerUrl(),
         default=None,
         envvar="ROCMDOCTOR_LEMONADE_URL",
         help="Lemonade Server (default: the port in /var/lib/lemonade/config.json, else 13305 on loopback).",
@@ -79,7 +80,7 @@ def _options(command: Any) -> Any:
 
 
 def _key(path: Path | None) -> str | None:
-    from rocmdoctor.sensitive import API_KEY_PATTERN, KeyFileError, read_api_key
+    from rocmdoctor.sensitive import API_KEY_PATTERN, KeyFileError, read_api_key, register_secret
 
     if path is not None:
         try:
@@ -93,6 +94,7 @@ def _key(path: Path | None) -> str | None:
                 raise UserError(
                     f"{name} holds characters a Bearer token cannot carry; set it to the key itself"
                 )
+            register_secret(value)  # never printed, whatever echoes it (a server's version, an error)
             return value
     return None
 
@@ -101,7 +103,11 @@ def _url(app: App, url: str | None) -> str:
     from rocmdoctor.provision.server.lemonade_api import CONFIG_FILES, DEFAULT_PORT
     from rocmdoctor.provision.verify.openai_client import normalize_url
 
-    if not url:
+    if url:
+        from rocmdoctor.sensitive import register_url
+
+        register_url(url)  # the userinfo's password is a secret of this run: never printed
+    else:
         port = DEFAULT_PORT
         host = app.host()
         for path in CONFIG_FILES:  # read only: never written under a running server
@@ -109,11 +115,12 @@ def _url(app: App, url: str | None) -> str:
             if not read.ok:
                 continue
             try:
-                doc = json.loads(read.value)
-            except json.JSONDecodeError:
+                doc = load_value(read.value.encode("utf-8", "surrogateescape"), path, 1 << 20)
+            except DocumentError:
                 continue
-            if isinstance(doc, dict) and isinstance(doc.get("port"), int) and 0 < doc["port"] < 65536:
-                port = doc["port"]
+            port_value = doc.get("port") if isinstance(doc, dict) else None
+            if type(port_value) is int and 0 < port_value < 65536:  # a bool is no port
+                port = port_value
         url = f"http://127.0.0.1:{port}"
     try:
         return normalize_url(url).removesuffix("/api")
@@ -200,15 +207,24 @@ def check_cmd(
     default=None,
     help="A `rocmdoctor bench --json` report: --max-num-seqs from its measured knee.",
 )
+@click.option(
+    "--no-verify",
+    "skip_verify",
+    is_flag=True,
+    help="Save only: do not load each model through Lemonade and smoke it afterwards.",
+)
 @_options
 def apply_cmd(
     app: App,
     target: Target,
     check_only: bool,
     bench_report: Path | None,
+    skip_verify: bool,
 ) -> None:
     """Save each vLLM model's ctx_size, --gpu-memory-utilization and --max-num-seqs through Lemonade's
-    options API (merged: other saved keys stay). A rerun changes nothing. Exit 0, or 2 on an error."""
+    options API (merged: other saved keys stay), then load each through Lemonade and smoke it there, as
+    `lemonade verify` does. A rerun changes nothing. Exit 0; 1: a model saved does not serve; 2: an
+    error."""
     from rocmdoctor.commands.lemonade_targets import (
         bench_knee,
         checkpoint,
@@ -246,6 +262,16 @@ def apply_cmd(
             target.as_json,
         )
     assert timeout is not None  # set whenever changes is
+    verified: list[dict[str, Any]] = []
+    if not check_only and not skip_verify:
+        try:
+            for c in changes:
+                report, *_ = _load_and_smoke(client, target, c.data["model"])
+                verified.append(
+                    {"model": c.data["model"]} | {k: v for k, v in report.items() if k != "schema_version"}
+                )
+        except LemonadeError as exc:
+            _fail(exc, target.as_json)
     change = Change(
         any(c.changed for c in changes) or timeout.changed,
         "; ".join(c.msg for c in [*changes, timeout] if c.changed) or "the saved options already match",
@@ -254,6 +280,7 @@ def apply_cmd(
             "check": check_only,
             "models": [c.data | {"changed": c.changed, "msg": c.msg} for c in changes],
             "global_timeout": timeout.data | {"changed": timeout.changed, "msg": timeout.msg},
+            "verify": verified,
         },
     )
     word = "would change" if check_only else "changed"
@@ -263,7 +290,14 @@ def apply_cmd(
         details += [f"  {key}: {why}" for key, why in c.data["reasons"].items()]
         details += [f"  note: {note}" for note in c.data["notes"]]
     details.append(f"{word if timeout.changed else 'ok'} global_timeout: {timeout.msg}")
+    for report in verified:
+        details.append(f"loaded {report['model']} through Lemonade and smoked it there:")
+        for step in report["steps"]:
+            details.append(f"  {step['status'].upper():5} {step['title']}: {step['summary']}")
+            if step["remedy"]:
+                details.append(f"        -> {step['remedy']}")
     emit_change(change, target.as_json, details)
+    sys.exit(max((r["exit_code"] for r in verified), default=0))
 
 
 @lemonade.command("verify")
@@ -278,7 +312,6 @@ def verify_cmd(
     from rocmdoctor.commands.lemonade_targets import vllm_models
     from rocmdoctor.model import envelope
     from rocmdoctor.provision.server.lemonade_api import LemonadeError
-    from rocmdoctor.provision.verify.smoke import SmokeOptions, run_smoke
 
     client = _client(app, target)
     try:
@@ -288,29 +321,9 @@ def verify_cmd(
                 "rejected", "Lemonade has no model with the vllm recipe; register one with `lemonade pull`"
             )
         model = str(entries[0]["id"])
-        config = client.config()
-        load_s = config.get("global_timeout") if isinstance(config.get("global_timeout"), int) else 600
-        client.load(model, max(float(load_s or 0), target.timeout_s) + 30)
-        health = client.health()
+        report, entry, backend, backend_base = _load_and_smoke(client, target, model)
     except LemonadeError as exc:
         _fail(exc, target.as_json)
-    entry = next((m for m in health["all_models_loaded"] if m.get("model_name") == model), None)
-    backend = entry.get("backend_url") if entry else None
-    backend_base = None
-    if isinstance(backend, str) and re.match(
-        r"^https?://(127\.0\.0\.1|localhost|\[::1\])(:\d+)?(/|$)", backend
-    ):
-        backend_base = backend.rstrip("/").removesuffix("/v1")
-    report = run_smoke(
-        SmokeOptions(
-            client.base_url + "/api",
-            model,
-            client.key,
-            max(target.timeout_s, 30.0),
-            "/v1/health",
-            backend_base,
-        )
-    )
     launch = entry.get("launch_command") if entry else None
     findings = _backend_findings(client, model, launch, backend_base)
     report["lemonade"] = {
@@ -335,6 +348,37 @@ def verify_cmd(
             if finding["remedy"]:
                 click.echo(f"      -> {finding['remedy']}")
     sys.exit(report["exit_code"])
+
+
+def _load_and_smoke(client: Any, target: Target, model: str) -> tuple[dict[str, Any], Any, Any, str | None]:
+    """Load `model` through Lemonade (within its global_timeout) and smoke it through Lemonade's OpenAI
+    endpoint, reading vLLM's own /metrics at a loopback backend_url: what verify does, and what apply
+    does after it saves. Returns smoke's report, the model's health entry, its backend_url and the
+    base of it smoke read. LemonadeError when Lemonade cannot load it."""
+    from rocmdoctor.provision.verify.smoke import SmokeOptions, run_smoke
+
+    config = client.config()
+    load_s = config.get("global_timeout") if isinstance(config.get("global_timeout"), int) else 600
+    client.load(model, max(float(load_s or 0), target.timeout_s) + 30)
+    health = client.health()
+    entry = next((m for m in health["all_models_loaded"] if m.get("model_name") == model), None)
+    backend = entry.get("backend_url") if entry else None
+    backend_base = None
+    if isinstance(backend, str) and re.match(
+        r"^https?://(127\.0\.0\.1|localhost|\[::1\])(:\d+)?(/|$)", backend
+    ):
+        backend_base = backend.rstrip("/").removesuffix("/v1")
+    report = run_smoke(
+        SmokeOptions(
+            client.base_url + "/api",
+            model,
+            client.key,
+            max(target.timeout_s, 30.0),
+            "/v1/health",
+            backend_base,
+        )
+    )
+    return report, entry, backend, backend_base
 
 
 def _backend_findings(client: Any, model: str, launch: Any, backend_base: str | None) -> list[dict[str, Any]]:

@@ -4,7 +4,6 @@ resolve() `unit` uses: the free-memory rule, the model's memory plan, a bench kn
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -27,20 +26,39 @@ def vllm_models(client: Lemonade, wanted: tuple[str, ...]) -> list[dict[str, Any
     by_id = {m["id"]: m for m in models}
     if not wanted:
         return [m for m in models if m.get("recipe") == VLLM_RECIPE]
-    missing = [m for m in wanted if m not in by_id]
+    found = {m: listed_id(m, by_id) for m in wanted}
+    missing = [m for m, ident in found.items() if ident is None]
     if missing:
         raise LemonadeError(
             "rejected",
             f"Lemonade has no model {', '.join(missing)}; register it: `lemonade pull user.NAME "
             "--checkpoint main ORG/REPO --recipe vllm`",
         )
-    chosen = [by_id[m] for m in wanted]
+    chosen = [by_id[ident] for ident in found.values() if ident is not None]
     other = [m["id"] for m in chosen if m.get("recipe") != VLLM_RECIPE]
     if other:
         raise LemonadeError(
             "rejected", f"{', '.join(other)}: not a vllm-recipe model; rocmdoctor tunes vLLM models"
         )
     return chosen
+
+
+BUILTIN = "builtin."
+
+
+def listed_id(wanted: str, by_id: dict[str, Any]) -> str | None:
+    """The id Lemonade lists for the model the user named. A built-in has two spellings: its canonical
+    id `builtin.NAME` and the bare NAME, which /v1/models lists for the winner of a name (registered >
+    imported > built-in), so an unshadowed built-in is listed bare and a shadowed one as builtin.NAME
+    (lemonade-sdk/lemonade @ e385039: docs/guide/configuration/custom-models.md, recipe_options.json
+    keys `user.NAME | extra.NAME | builtin.NAME`). The listed id is the one sent back."""
+    if wanted in by_id:
+        return wanted
+    if wanted.startswith(BUILTIN) and wanted[len(BUILTIN) :] in by_id:
+        return wanted[len(BUILTIN) :]
+    if BUILTIN + wanted in by_id:
+        return BUILTIN + wanted
+    return None
 
 
 def checkpoint(entry: dict[str, Any]) -> str:
@@ -52,15 +70,16 @@ def bench_knee(path: Path | None) -> tuple[int | None, str | None]:
     """--max-num-seqs from a `rocmdoctor bench --json` report: its knee, when one was measured."""
     if path is None:
         return None, None
+    from rocmdoctor.documents import DocumentError, load_value
     from rocmdoctor.rootfs import read_regular
 
     try:
-        doc = json.loads(read_regular(path, MAX_BENCH_REPORT_BYTES).decode("utf-8"))
+        doc = load_value(read_regular(path, MAX_BENCH_REPORT_BYTES), "--bench-report", MAX_BENCH_REPORT_BYTES)
     except OSError as exc:
         raise UserError(f"--bench-report {path}: {exc.strerror or exc}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except DocumentError as exc:
         raise UserError(
-            f"--bench-report {path}: not JSON; give the output of `rocmdoctor bench --json`"
+            f"--bench-report {path}: {exc.why}; give the output of `rocmdoctor bench --json`"
         ) from None
     knee = doc.get("knee") if isinstance(doc, dict) else None
     if not isinstance(knee, dict):

@@ -109,6 +109,7 @@ def _common_options(fn: Any) -> Any:
     )(fn)
     fn = click.option(
         "--url",
+        type=params.ServerUrl(),
         default="http://127.0.0.1:8000",
         show_default=True,
         envvar="ROCMDOCTOR_URL",

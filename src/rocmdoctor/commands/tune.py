@@ -195,7 +195,10 @@ search_options = option_group(
         help="exhaustive: measure every point of the grid (vLLM's `bench sweep`), to compare with.",
     ),
     click.option(
-        "--slo", default=None, help="Latency limit: METRIC:pPCT<=LIMIT, e.g. ttft:p95<=2s, itl:p99<=50ms."
+        "--slo",
+        type=params.NonEmptyText("ttft:p95<=2s"),
+        default=None,
+        help="Latency limit: METRIC:pPCT<=LIMIT, e.g. ttft:p95<=2s, itl:p99<=50ms.",
     ),
     click.option(
         "--workload",

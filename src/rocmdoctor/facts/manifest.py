@@ -39,6 +39,7 @@ DEFAULT_REPO = "lemonade-sdk/vllm-rocm"
 REPO_PATTERN = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
 PART_NAME = re.compile(r"\.part(\d{2})-of-(\d{2})\.tar\.gz\Z")
 MAX_PATTERN = 200
+MAX_MANIFEST_CHARS = 4 << 20  # a manifest of every family ever shipped is a few KiB
 _GFX = re.compile(r"^gfx[0-9a-fA-F]{3,4}[A-Za-z]?$")
 
 
@@ -89,19 +90,12 @@ class Manifest:
 
 
 def _load_toml(text: str, where: str) -> dict[str, Any]:
+    from rocmdoctor.documents import DocumentError, load_toml
+
     try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        try:
-            import tomli as tomllib  # type: ignore[no-redef,import-not-found,unused-ignore]
-        except ModuleNotFoundError:
-            raise ManifestError(
-                f"{where}: reading TOML on Python 3.10 needs the 'tomli' package (pip install tomli)"
-            ) from None
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ManifestError(f"{where}: not valid TOML: {exc}") from None
+        return load_toml(text, where, MAX_MANIFEST_CHARS)
+    except DocumentError as exc:
+        raise ManifestError(str(exc)) from None
 
 
 def need(doc: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:

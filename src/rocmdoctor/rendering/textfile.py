@@ -20,6 +20,13 @@ from rocmdoctor.vllm.health_metrics import (
 )
 
 
+def _label(value: Any) -> str:
+    """A label value the file can hold: a lone surrogate (a file name of bytes that are not UTF-8, read
+    through surrogateescape) becomes its \\udcXX escape instead of failing the whole file's encoding;
+    prometheus_client escapes backslash, quote and newline."""
+    return str(value).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 class _Families:
     """Samples gathered per family, then emitted as prometheus_client metric families."""
 
@@ -27,7 +34,7 @@ class _Families:
         self.samples: dict[str, list[tuple[dict[str, str], float]]] = {name: [] for name in FAMILIES}
 
     def add(self, name: str, value: float, **labels: Any) -> None:
-        self.samples[name].append(({k: str(v) for k, v in labels.items()}, float(value)))
+        self.samples[name].append(({k: _label(v) for k, v in labels.items()}, float(value)))
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
