@@ -124,7 +124,8 @@ def qualification_record(root: Path, data: bytes) -> Any:
 
 
 def cluster_bundle_record(root: Path, data: bytes) -> Any:
-    from rocmdoctor.cluster.facts import QUALIFICATION, bundle
+    from rocmdoctor.cluster.facts import bundle
+    from rocmdoctor.facts.installed_bundle import QUALIFICATION
 
     prefix = _bundle_tree(root, QUALIFICATION, data)
     doc = bundle(Host(root), prefix[len(str(root)) :])
@@ -133,7 +134,8 @@ def cluster_bundle_record(root: Path, data: bytes) -> Any:
 
 
 def textfile_bundle_metadata(root: Path, data: bytes) -> Any:
-    from rocmdoctor.commands.health_textfile import BUNDLE_METADATA, active_bundle
+    from rocmdoctor.commands.health_textfile import active_bundle
+    from rocmdoctor.facts.installed_bundle import METADATA as BUNDLE_METADATA
 
     prefix = _bundle_tree(root, BUNDLE_METADATA, data)
     return active_bundle(Context(Host(root), Options(prefix=prefix[len(str(root)) :])))

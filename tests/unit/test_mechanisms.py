@@ -41,6 +41,7 @@ PARSE_ALLOWED = {
     "checks/facts.py": "reads the package's own checks/data/gpu_kinds.json",
     "checks/host_rules.py": "reads the package's own checks/data/host_rules.json",
     "src/rocmdoctor/archive/elf_scan.py": "reads the package's own bundles/qualification.toml",
+    "src/rocmdoctor/vllm/log_signatures.py": "reads the package's own vllm/data/log_signatures.json",
     **STANDALONE,
 }
 NETWORK_ALLOWED = {

@@ -102,4 +102,5 @@ def test_smoke_declares_its_steps_with_their_prerequisites():
         ("determinism", ("completion",)),
         ("metrics", ("completion",)),
         ("version", ("health",)),
+        ("context", ("completion",)),
     ]

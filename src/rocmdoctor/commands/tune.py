@@ -196,7 +196,7 @@ search_options = option_group(
     ),
     click.option(
         "--slo",
-        type=params.NonEmptyText("ttft:p95<=2s"),
+        type=params.NonEmptyText("METRIC:pPCT<=LIMIT (ttft:p95<=2s)"),
         default=None,
         help="Latency limit: METRIC:pPCT<=LIMIT, e.g. ttft:p95<=2s, itl:p99<=50ms.",
     ),
