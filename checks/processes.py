@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from rocmdoctor.checks import check
 from rocmdoctor.checks.facts import sentence
 from rocmdoctor.model import Probe, Result, Severity, passed, warned
+from rocmdoctor.process_identity import PROC_READS as IDENTITY_READS
+from rocmdoctor.process_identity import ProcessFacts, process_table, vllm_reason
 from rocmdoctor.registry import Context
 from rocmdoctor.sensitive import redact_argv
 from rocmdoctor.textnum import is_decimal
 
 PROC_READS = (
+    *IDENTITY_READS,
     "/proc/[0-9]*/comm",
-    "/proc/[0-9]*/cmdline",
-    "/proc/[0-9]*/status",
     "/proc/[0-9]*/fd/*",
     "/proc/net/tcp",
     "/proc/net/tcp6",
@@ -31,16 +33,13 @@ class Proc:
     ppid: int | None
     gpu_fds: int = 0
     sockets: set[int] = field(default_factory=set)
+    # Why its identity says vLLM (rocmdoctor.process_identity: executable, entry module, control group,
+    # parent chain), or None: a command line or a title alone never makes a process vLLM.
+    vllm_why: str | None = None
 
     @property
     def is_vllm(self) -> bool:
-        # setproctitle names engines "VLLM::EngineCore"; comm keeps only 15 characters of it.
-        if self.comm.startswith("VLLM::") or "VLLM::" in self.cmdline:
-            return True
-        words = self.cmdline.split()
-        return (
-            any(w.endswith(("vllm", "vllm-server")) for w in words[:3]) or "vllm.entrypoints" in self.cmdline
-        )
+        return self.vllm_why is not None
 
     def label(self) -> str:
         name = self.cmdline.split(" ")[0] if self.cmdline.startswith("VLLM::") else self.comm
@@ -53,7 +52,8 @@ def redact(cmdline: str) -> str:
     return " ".join(redact_argv(cmdline.rstrip("\x00").split("\x00"))).strip()
 
 
-def read_proc(ctx: Context, pid: int) -> Proc | None:
+def read_proc(ctx: Context, pid: int, table: Mapping[int, ProcessFacts] | None = None) -> Proc | None:
+    """One process of the host; with `table` (process_identity.process_table), judged by its identity."""
     comm = ctx.host.read_text(f"/proc/{pid}/comm", limit=256)
     if not comm.ok:
         return None
@@ -68,6 +68,8 @@ def read_proc(ctx: Context, pid: int) -> Proc | None:
                 ppid = int(line[5:].strip())
                 break
     proc = Proc(pid, comm.value.strip(), cmdline, ppid)
+    if table is not None and pid in table:
+        proc.vllm_why = vllm_reason(ctx.host, table[pid], table)
     for fd in ctx.host.listdir(f"/proc/{pid}/fd"):
         target = ctx.host.readlink(f"/proc/{pid}/fd/{fd}")
         if not target.ok:
@@ -108,7 +110,8 @@ def listening_inodes(ctx: Context, port: int) -> set[int]:
     reads=("/proc", *PROC_READS),
 )
 def processes_orphans(ctx: Context) -> Result:
-    procs = [p for p in (read_proc(ctx, pid) for pid in ctx.host.pids()) if p is not None]
+    table = process_table(ctx.host)
+    procs = [p for p in (read_proc(ctx, pid, table) for pid in ctx.host.pids()) if p is not None]
     holders = [p for p in procs if p.is_vllm or p.gpu_fds]
     port = ctx.options.port
     inodes = listening_inodes(ctx, port)
@@ -122,6 +125,7 @@ def processes_orphans(ctx: Context) -> Result:
                 "ppid": p.ppid,
                 "kfd_fds": p.gpu_fds,
                 "vllm": p.is_vllm,
+                "identity": p.vllm_why,
             }
             for p in holders
         ],
