@@ -52,6 +52,7 @@ UNIT_NAME = re.compile(r"vllm(@[^/]+|-head|-worker)?\.service")
 DELETED = " (deleted)"
 SCRIPT_LIMIT = 4096
 MAPS_LIMIT = 8 * 1024 * 1024
+ENVIRON_LIMIT = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -242,3 +243,55 @@ def process_table(host: Host, skip: frozenset[int] = frozenset()) -> dict[int, P
         if facts is not None:
             table[pid] = facts
     return table
+
+
+def _under(path: str, roots: tuple[str, ...]) -> str | None:
+    """The root of `roots` that `path` is (or is inside), by whole components."""
+    for root in roots:
+        if path == root or path.startswith(root.rstrip("/") + "/"):
+            return root
+    return None
+
+
+def processes_using(
+    host: Host, trees: Mapping[str, tuple[str, ...]], variables: tuple[str, ...]
+) -> dict[str, list[str]]:
+    """Which live processes use each tree: tree name -> labels of processes with a file of it open or
+    mapped, their working directory in it, or one of `variables` in their environment naming it.
+    `trees` gives each tree's paths (as written, and as the kernel names it)."""
+    used: dict[str, list[str]] = {}
+    own = os.getpid() if host.is_live else None
+    for pid in host.pids():
+        if pid == own:
+            continue
+        found: set[str] = set()
+        paths: list[str] = []
+        cwd = host.readlink(f"/proc/{pid}/cwd")
+        if cwd.ok:
+            paths.append(cwd.value)
+        for fd in host.listdir(f"/proc/{pid}/fd"):
+            target = host.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.ok and target.value.startswith("/"):
+                paths.append(target.value.removesuffix(DELETED))
+        maps = host.read_text(f"/proc/{pid}/maps", limit=MAPS_LIMIT)
+        if maps.ok:
+            paths += [
+                w[5].removesuffix(DELETED)
+                for w in (ln.split(None, 5) for ln in maps.value.splitlines())
+                if len(w) == 6
+            ]
+        environ = host.read_text(f"/proc/{pid}/environ", limit=ENVIRON_LIMIT)
+        if environ.ok:
+            for entry in environ.value.split("\x00"):
+                name, _, value = entry.partition("=")
+                if name in variables:
+                    paths.append(value)
+        for tree, roots in trees.items():
+            if any(_under(path, roots) for path in paths):
+                found.add(tree)
+        if found:
+            facts = read_facts(host, pid)
+            label = facts.label() if facts is not None else str(pid)
+            for tree in found:
+                used.setdefault(tree, []).append(label)
+    return used
