@@ -33,6 +33,7 @@ class Proc:
     ppid: int | None
     gpu_fds: int = 0
     sockets: set[int] = field(default_factory=set)
+    fds_denied: bool = False  # its open files could not be listed (another user's, without root)
     # Why its identity says vLLM (rocmdoctor.process_identity: executable, entry module, control group,
     # parent chain), or None: a command line or a title alone never makes a process vLLM.
     vllm_why: str | None = None
@@ -70,6 +71,7 @@ def read_proc(ctx: Context, pid: int, table: Mapping[int, ProcessFacts] | None =
     proc = Proc(pid, comm.value.strip(), cmdline, ppid)
     if table is not None and pid in table:
         proc.vllm_why = vllm_reason(ctx.host, table[pid], table)
+    proc.fds_denied = ctx.host.listdir_denied(f"/proc/{pid}/fd")
     for fd in ctx.host.listdir(f"/proc/{pid}/fd"):
         target = ctx.host.readlink(f"/proc/{pid}/fd/{fd}")
         if not target.ok:
@@ -154,6 +156,18 @@ def processes_orphans(ctx: Context) -> Result:
         who = ", ".join(p.label() for p in on_port) or "a process rocmdoctor cannot see (run as root)"
         problems.append(f"port {port} is already in use by {who}")
         remedies.append(f"free port {port} or serve on another (--port)")
+    hidden = [p.pid for p in procs if p.fds_denied]
+    if hidden:
+        # Said, not guessed: without root (or CAP_SYS_PTRACE) another user's open files are not ours to see.
+        details["unreadable"] = hidden
+        unseen = f"the open files of {len(hidden)} process(es) of other users could not be read (run as root to see them)"
+        if problems:
+            problems.append(unseen)
+        else:
+            return passed(
+                f"no vLLM or other process this user can see holds the GPU; port {port} is free; {unseen}",
+                **details,
+            )
     if problems:
         return warned("; ".join(problems), sentence(remedies), **details)
     return passed(f"no vLLM or other process holds the GPU; port {port} is free", **details)

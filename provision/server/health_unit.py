@@ -26,7 +26,11 @@ def rocmdoctor_path(prefix: str) -> str:
 
 
 def health_units(
-    prefix: str, unit_dir: str, command_line: Callable[[list[str]], str], textfile: str = TEXTFILE
+    prefix: str,
+    unit_dir: str,
+    command_line: Callable[[list[str]], str],
+    textfile: str = TEXTFILE,
+    user: str = "vllm",
 ) -> list[tuple[str, str]]:
     """(path, content) of the service and the timer; `command_line` quotes ExecStart= (unit.py's)."""
     fields = {
@@ -35,6 +39,7 @@ def health_units(
         ),
         "textfile_dir": unit_syntax.path(textfile.rsplit("/", 1)[0], "the textfile directory"),
         "interval": unit_syntax.Field(INTERVAL),
+        "user": unit_syntax.name(user, "--user"),
     }
     out = []
     for name in (SERVICE_NAME, TIMER_NAME):

@@ -43,6 +43,7 @@ from rocmdoctor.provision.server.unit import (
     ensure_accounts,
     health_specs,
     helper_specs,
+    ip_fence,
     readiness_url,
     stop_leftovers_argv,
 )
@@ -130,6 +131,7 @@ def render_template(
         "exec_start": exec_start,
         "exec_start_post": exec_post,
         "timeout_start_s": unit_syntax.number(timeout_s + 60),
+        **ip_fence(host, common_argv),
     }
     template = shipped_text("rocmdoctor.provision.server", "templates/vllm.service")
     text = unit_syntax.render(template, fields, "templates/vllm.service")
@@ -199,7 +201,7 @@ def file_specs(
         FileSpec(f"{layout.unit_dir}/{TARGET_NAME}", render_target(plan), 0o644),
         *(FileSpec(env_path(i.name), render_env(i, api_key), 0o600, secret=True) for i in plan.instances),
         *helper_specs(layout),
-        *health_specs(layout),
+        *health_specs(layout, user),
     ]
 
 

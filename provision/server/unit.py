@@ -194,6 +194,28 @@ def _environment_line(settings: dict[str, str]) -> str:
     return unit_syntax.environment(settings).text
 
 
+LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
+# A server with one of these talks to other machines (a cluster's head or worker): never fenced.
+PEER_FLAGS = (
+    "--nnodes",
+    "--master-addr",
+    "--data-parallel-address",
+    "--headless",
+    "--distributed-executor-backend",
+)
+
+
+def ip_fence(host: str, argv: list[str]) -> dict[str, unit_syntax.Field]:
+    """IPAddressAllow=/IPAddressDeny= of a server: loopback only when it binds loopback, its model is a
+    local path (`--model /...`: nothing to download from a hub) and it has no peers; empty otherwise."""
+    model = next((argv[i + 1] for i, word in enumerate(argv[:-1]) if word == "--model"), "")
+    local = host in LOOPBACK_HOSTS and model.startswith("/") and not any(w in PEER_FLAGS for w in argv)
+    return {
+        "ip_allow": unit_syntax.Field("localhost" if local else ""),
+        "ip_deny": unit_syntax.Field("any" if local else ""),
+    }
+
+
 def render_unit(
     args: ServerArgs,
     layout: ServiceLayout,
@@ -230,6 +252,7 @@ def render_unit(
         ),
         # The readiness wait gives up first, so its message (not systemd's timeout) is in the journal.
         "timeout_start_s": unit_syntax.number(timeout_s + 60),
+        **ip_fence(args.host, args.argv()),
     }
     template = shipped_text("rocmdoctor.provision.server", "templates/vllm.service")
     return unit_syntax.render(template, fields, "templates/vllm.service")
@@ -264,17 +287,18 @@ def file_specs(
         FileSpec(layout.unit_path, render_unit(args, layout, user, timeout_s), 0o644),
         FileSpec(layout.env_file, render_env(api_key), 0o600, secret=True),
         *helper_specs(layout),
-        *health_specs(layout),
+        *health_specs(layout, user),
     ]
 
 
-def health_specs(layout: ServiceLayout) -> list[FileSpec]:
-    """rocmdoctor-health.service and .timer (provision/server/health_unit.py), written with every server unit."""
+def health_specs(layout: ServiceLayout, user: str) -> list[FileSpec]:
+    """rocmdoctor-health.service and .timer (provision/server/health_unit.py), written with every server
+    unit; the service runs as the servers' user."""
     from rocmdoctor.provision.server.health_unit import health_units
 
     return [
         FileSpec(path, content, 0o644)
-        for path, content in health_units(layout.prefix, layout.unit_dir, command_line)
+        for path, content in health_units(layout.prefix, layout.unit_dir, command_line, user=user)
     ]
 
 
