@@ -7,6 +7,7 @@ from rocmdoctor.checks.access import find_account
 from rocmdoctor.checks.disk import measured_paths
 from rocmdoctor.checks.multi_gpu import DEV_SHM
 from rocmdoctor.checks.processes import read_proc, redact
+from rocmdoctor.process_identity import process_table
 from rocmdoctor.registry import CheckSpec, Context
 from rocmdoctor.snapshot import CaptureFacts, snapshot_users
 
@@ -14,7 +15,8 @@ from rocmdoctor.snapshot import CaptureFacts, snapshot_users
 def capture_facts(ctx: Context, specs: list[CheckSpec]) -> CaptureFacts:
     """After a real run of `specs` with the user's options, so the capture holds what it read."""
     registry().run(ctx, specs)
-    procs = (read_proc(ctx, pid) for pid in ctx.host.pids())
+    table = process_table(ctx.host)
+    procs = (read_proc(ctx, pid, table) for pid in ctx.host.pids())
     accounts = (find_account(ctx, user) for user in snapshot_users(ctx))
     return CaptureFacts(
         reported_pids=frozenset(p.pid for p in procs if p and (p.is_vllm or p.gpu_fds)),

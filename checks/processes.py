@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from rocmdoctor.checks import check
 from rocmdoctor.checks.facts import sentence
 from rocmdoctor.model import Probe, Result, Severity, passed, warned
+from rocmdoctor.process_identity import PROC_READS as IDENTITY_READS
+from rocmdoctor.process_identity import ProcessFacts, process_table, vllm_reason
 from rocmdoctor.registry import Context
 from rocmdoctor.sensitive import redact_argv
 from rocmdoctor.textnum import is_decimal
 
 PROC_READS = (
+    *IDENTITY_READS,
     "/proc/[0-9]*/comm",
-    "/proc/[0-9]*/cmdline",
-    "/proc/[0-9]*/status",
     "/proc/[0-9]*/fd/*",
     "/proc/net/tcp",
     "/proc/net/tcp6",
@@ -31,16 +33,14 @@ class Proc:
     ppid: int | None
     gpu_fds: int = 0
     sockets: set[int] = field(default_factory=set)
+    fds_denied: bool = False  # its open files could not be listed (another user's, without root)
+    # Why its identity says vLLM (rocmdoctor.process_identity: executable, entry module, control group,
+    # parent chain), or None: a command line or a title alone never makes a process vLLM.
+    vllm_why: str | None = None
 
     @property
     def is_vllm(self) -> bool:
-        # setproctitle names engines "VLLM::EngineCore"; comm keeps only 15 characters of it.
-        if self.comm.startswith("VLLM::") or "VLLM::" in self.cmdline:
-            return True
-        words = self.cmdline.split()
-        return (
-            any(w.endswith(("vllm", "vllm-server")) for w in words[:3]) or "vllm.entrypoints" in self.cmdline
-        )
+        return self.vllm_why is not None
 
     def label(self) -> str:
         name = self.cmdline.split(" ")[0] if self.cmdline.startswith("VLLM::") else self.comm
@@ -53,7 +53,8 @@ def redact(cmdline: str) -> str:
     return " ".join(redact_argv(cmdline.rstrip("\x00").split("\x00"))).strip()
 
 
-def read_proc(ctx: Context, pid: int) -> Proc | None:
+def read_proc(ctx: Context, pid: int, table: Mapping[int, ProcessFacts] | None = None) -> Proc | None:
+    """One process of the host; with `table` (process_identity.process_table), judged by its identity."""
     comm = ctx.host.read_text(f"/proc/{pid}/comm", limit=256)
     if not comm.ok:
         return None
@@ -68,6 +69,9 @@ def read_proc(ctx: Context, pid: int) -> Proc | None:
                 ppid = int(line[5:].strip())
                 break
     proc = Proc(pid, comm.value.strip(), cmdline, ppid)
+    if table is not None and pid in table:
+        proc.vllm_why = vllm_reason(ctx.host, table[pid], table)
+    proc.fds_denied = ctx.host.listdir_denied(f"/proc/{pid}/fd")
     for fd in ctx.host.listdir(f"/proc/{pid}/fd"):
         target = ctx.host.readlink(f"/proc/{pid}/fd/{fd}")
         if not target.ok:
@@ -108,7 +112,8 @@ def listening_inodes(ctx: Context, port: int) -> set[int]:
     reads=("/proc", *PROC_READS),
 )
 def processes_orphans(ctx: Context) -> Result:
-    procs = [p for p in (read_proc(ctx, pid) for pid in ctx.host.pids()) if p is not None]
+    table = process_table(ctx.host)
+    procs = [p for p in (read_proc(ctx, pid, table) for pid in ctx.host.pids()) if p is not None]
     holders = [p for p in procs if p.is_vllm or p.gpu_fds]
     port = ctx.options.port
     inodes = listening_inodes(ctx, port)
@@ -122,6 +127,7 @@ def processes_orphans(ctx: Context) -> Result:
                 "ppid": p.ppid,
                 "kfd_fds": p.gpu_fds,
                 "vllm": p.is_vllm,
+                "identity": p.vllm_why,
             }
             for p in holders
         ],
@@ -150,6 +156,18 @@ def processes_orphans(ctx: Context) -> Result:
         who = ", ".join(p.label() for p in on_port) or "a process rocmdoctor cannot see (run as root)"
         problems.append(f"port {port} is already in use by {who}")
         remedies.append(f"free port {port} or serve on another (--port)")
+    hidden = [p.pid for p in procs if p.fds_denied]
+    if hidden:
+        # Said, not guessed: without root (or CAP_SYS_PTRACE) another user's open files are not ours to see.
+        details["unreadable"] = hidden
+        unseen = f"the open files of {len(hidden)} process(es) of other users could not be read (run as root to see them)"
+        if problems:
+            problems.append(unseen)
+        else:
+            return passed(
+                f"no vLLM or other process this user can see holds the GPU; port {port} is free; {unseen}",
+                **details,
+            )
     if problems:
         return warned("; ".join(problems), sentence(remedies), **details)
     return passed(f"no vLLM or other process holds the GPU; port {port} is free", **details)

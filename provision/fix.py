@@ -22,7 +22,7 @@ from typing import Any
 from rocmdoctor.facts import boot_files, next_boot, remedies
 from rocmdoctor.facts.boot_files import decode, encode
 from rocmdoctor.host import Host
-from rocmdoctor.host_processes import stop_pids
+from rocmdoctor.host_processes import HeldProcess, stop_held
 from rocmdoctor.host_writes import HostWriter, WriteRefused, with_members
 from rocmdoctor.model import Change
 
@@ -72,7 +72,9 @@ class Wanted:
     cmdline_add: tuple[str, ...] = ()  # e.g. "iommu=pt"
     cmdline_remove: tuple[str, ...] = ()  # parameter names, e.g. "amdgpu.gttsize"
     udev: bool = False
-    orphans: tuple[tuple[int, str], ...] = ()  # (pid, label) of orphaned vLLM engines
+    # Orphaned vLLM engines judged by their identity, each held through a pidfd until it is signalled.
+    orphans: tuple[HeldProcess, ...] = ()
+    orphans_left: tuple[str, ...] = ()  # vLLM orphans not ours to stop (another user's), and why
     dkms_remove: bool = False
     tools: tuple[str, ...] = ()  # boot-loader tools present on the target: grubby, kernelstub
     kernel: str | None = None  # the running kernel (its initramfs image)
@@ -91,6 +93,7 @@ class Item:
     groups: list[str] = field(default_factory=list)
     user: str = ""  # whose groups change
     pids: list[int] = field(default_factory=list)
+    held: list[HeldProcess] = field(default_factory=list, repr=False)  # the pids' processes
     before_check: str = ""  # what must come before the check can pass: "reboot", "new login", ""
     cannot_undo: str = ""
     refused: str = ""  # why it cannot apply to this target (printed, not applied)
@@ -350,11 +353,14 @@ def udev_item(writer: HostWriter, wanted: Wanted) -> Item | None:
 
 
 def orphans_item(writer: HostWriter, wanted: Wanted) -> Item | None:
-    if not wanted.orphans:
+    if not wanted.orphans and not wanted.orphans_left:
         return None
-    labels = ", ".join(label for _, label in wanted.orphans)
+    labels = ", ".join(f"{p.label()} [{p.why}]" for p in wanted.orphans) or "none of them is ours to stop"
     item = Item("orphans", f"Stop orphaned vLLM engines: {labels}", "processes.orphans: they keep GPU memory")
-    item.pids = [pid for pid, _ in wanted.orphans]
+    if wanted.orphans_left:
+        item.why += "; left alone: " + "; ".join(wanted.orphans_left)
+    item.held = list(wanted.orphans)
+    item.pids = [p.pid for p in wanted.orphans]
     item.cannot_undo = "a stopped process is gone (its server, if any, must be started again)"
     return item
 
@@ -436,8 +442,10 @@ def apply(writer: HostWriter, items: list[Item]) -> None:
                 writer.write_file(path, new, mode)
             for argv in item.run:
                 writer.run(argv)
-            if item.pids:
-                ended = stop_pids(item.pids)
+            if item.pids and writer.change("stop", ", ".join(p.label() for p in item.held)):
+                # Only through the pidfds held since the plan: a PID reused meanwhile is never signalled;
+                # the writer's gate, so a check-mode writer signals nothing whatever its caller does.
+                ended = stop_held(item.held)
                 item.result = ", ".join(f"{pid} {how}" for pid, how in sorted(ended.items()))
         except (WriteRefused, OSError) as exc:
             raise FixError(f"{item.id}: {exc}") from None

@@ -11,11 +11,13 @@ from dataclasses import replace
 
 from rocmdoctor.cluster.layout import ClusterLayout
 from rocmdoctor.host_files import shipped_text
+from rocmdoctor.provision.server import unit_syntax
 from rocmdoctor.provision.server.args import ServerArgs
 from rocmdoctor.provision.server.unit import (
     DEFAULT_LOAD_TIMEOUT_S,
     FileSpec,
     ServiceLayout,
+    UnitError,
     file_specs,
     helper_specs,
     ready_gate_argv,
@@ -34,6 +36,9 @@ def node_environment(advertise: str, socket_ifname: str | None) -> dict[str, str
     """What vLLM, torch.distributed (Gloo) and RCCL read to pick this node's address and interface."""
     env = {"VLLM_HOST_IP": advertise}
     if socket_ifname:
+        problem = unit_syntax.ifname_problem(socket_ifname)
+        if problem:
+            raise UnitError(f"--socket-ifname: {problem}")
         env.update({"GLOO_SOCKET_IFNAME": socket_ifname, "NCCL_SOCKET_IFNAME": socket_ifname})
     return env
 

@@ -7,10 +7,10 @@ textfile directory (Debian's prometheus-node-exporter: /var/lib/prometheus/node-
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 
 from rocmdoctor.host_files import shipped_text
+from rocmdoctor.provision.server import unit_syntax
 
 SERVICE_NAME = "rocmdoctor-health.service"
 TIMER_NAME = "rocmdoctor-health.timer"
@@ -18,7 +18,6 @@ TIMER_NAME = "rocmdoctor-health.timer"
 TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"
 TEXTFILE = f"{TEXTFILE_DIR}/rocmdoctor.prom"
 INTERVAL = "2min"
-PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
 
 
 def rocmdoctor_path(prefix: str) -> str:
@@ -27,18 +26,23 @@ def rocmdoctor_path(prefix: str) -> str:
 
 
 def health_units(
-    prefix: str, unit_dir: str, command_line: Callable[[list[str]], str], textfile: str = TEXTFILE
+    prefix: str,
+    unit_dir: str,
+    command_line: Callable[[list[str]], str],
+    textfile: str = TEXTFILE,
+    user: str = "vllm",
 ) -> list[tuple[str, str]]:
     """(path, content) of the service and the timer; `command_line` quotes ExecStart= (unit.py's)."""
-    values = {
-        "exec_start": command_line(
-            [rocmdoctor_path(prefix), "check", "--prefix", prefix, "--textfile", textfile]
+    fields = {
+        "exec_start": unit_syntax.Field(
+            command_line([rocmdoctor_path(prefix), "check", "--prefix", prefix, "--textfile", textfile])
         ),
-        "textfile_dir": textfile.rsplit("/", 1)[0],
-        "interval": INTERVAL,
+        "textfile_dir": unit_syntax.path(textfile.rsplit("/", 1)[0], "the textfile directory"),
+        "interval": unit_syntax.Field(INTERVAL),
+        "user": unit_syntax.name(user, "--user"),
     }
     out = []
     for name in (SERVICE_NAME, TIMER_NAME):
         template = shipped_text("rocmdoctor.provision.server", f"templates/{name}")
-        out.append((f"{unit_dir}/{name}", PLACEHOLDER.sub(lambda m: values[m.group(1)], template)))
+        out.append((f"{unit_dir}/{name}", unit_syntax.render(template, fields, f"templates/{name}")))
     return out

@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from rocmdoctor.host_files import shipped_text
 from rocmdoctor.host_writes import HostWriter, WriteRefused
 from rocmdoctor.params import service_user_problem
+from rocmdoctor.provision.server import unit_syntax
 from rocmdoctor.provision.server.args import ServerArgs, Setting
 from rocmdoctor.provision.server.jit_cache import ENV_FILE as JIT_ENV_FILE
 from rocmdoctor.provision.server.layout import Instance, Plan
 from rocmdoctor.provision.server.unit import (
     DEFAULT_LOAD_TIMEOUT_S,
-    PLACEHOLDER,
     STATE_NAME,
     SYSTEMD_UNITS,
     UNIT_DIR,
@@ -38,13 +38,12 @@ from rocmdoctor.provision.server.unit import (
     ServiceLayout,
     UnitError,
     WriteReport,
-    _environment_line,
     apply_file,
-    command_line,
     daemon_reload,
     ensure_accounts,
     health_specs,
     helper_specs,
+    ip_fence,
     readiness_url,
     stop_leftovers_argv,
 )
@@ -91,39 +90,51 @@ def render_template(
     if problem:
         raise UnitError(f"--user {user!r}: {problem}")
     base = server_url(host, 0).rsplit(":", 1)[0]
-    exec_start = " ".join(
+    port = unit_syntax.Verbatim(_ref(PORT_VAR))
+    exec_start = unit_syntax.command(
         [
-            command_line([layout.server, *common_argv]),
+            layout.server,
+            *common_argv,
             "--port",
-            _ref(PORT_VAR),
+            port,
             "--gpu-memory-utilization",
-            _ref(UTIL_VAR),
+            unit_syntax.Verbatim(_ref(UTIL_VAR)),
             "--tensor-parallel-size",
-            _ref(TP_VAR),
+            unit_syntax.Verbatim(_ref(TP_VAR)),
         ]
     )
-    exec_post = " ".join(
-        [
-            command_line([layout.python, layout.wait_ready]),
-            f"{base}:{_ref(PORT_VAR)}",
-            command_line([served_model_name, str(timeout_s)]),
-        ]
+    # The readiness URL: the quoted base and ${PORT} as one word ("http://127.0.0.1:"${PORT}: systemd
+    # joins a quoted part and the reference that follows it, and replaces ${PORT} as part of the word).
+    url = unit_syntax.exec_word(f"{base}:") + port.text
+    exec_post = unit_syntax.Field(
+        " ".join(
+            [
+                unit_syntax.command_line([layout.python, layout.wait_ready]),
+                url,
+                unit_syntax.command_line([served_model_name, str(timeout_s)]),
+            ]
+        )
     )
-    values = {
-        "unit_name": TEMPLATE_NAME,
-        "description": served_model_name.replace("%", "%%") + ", instance %i",
-        "user": user,
-        "state_name": STATE_NAME,
-        "bundle_environment": _environment_line(BUNDLE_SETTINGS),
-        "env_file": env_path("%i"),
-        "jit_env_file": f"{layout.prefix}/current/{JIT_ENV_FILE}",  # one StateDirectory: shared caches
-        "exec_start_pre": stop_leftovers_argv(layout),
+    fields = {
+        "unit_name": unit_syntax.name(TEMPLATE_NAME, "unit name"),
+        "description": unit_syntax.Field(
+            unit_syntax.text(served_model_name, "the model name").text + ", instance %i"
+        ),
+        "user": unit_syntax.name(user, "--user"),
+        "state_name": unit_syntax.name(STATE_NAME, "state directory"),
+        "bundle_environment": unit_syntax.environment(BUNDLE_SETTINGS),
+        "env_file": unit_syntax.path(env_path("%i"), "the instance's environment file", specifiers=True),
+        "jit_env_file": unit_syntax.path(
+            f"{layout.prefix}/current/{JIT_ENV_FILE}", "--prefix"
+        ),  # one StateDirectory: shared caches
+        "exec_start_pre": unit_syntax.Field(stop_leftovers_argv(layout)),
         "exec_start": exec_start,
         "exec_start_post": exec_post,
-        "timeout_start_s": str(timeout_s + 60),
+        "timeout_start_s": unit_syntax.number(timeout_s + 60),
+        **ip_fence(host, common_argv),
     }
     template = shipped_text("rocmdoctor.provision.server", "templates/vllm.service")
-    text = PLACEHOLDER.sub(lambda m: values[m.group(1)], template)
+    text = unit_syntax.render(template, fields, "templates/vllm.service")
     edits = [
         # Stopping or restarting the target reaches every instance.
         ("[Unit]\n", f"[Unit]\nPartOf={TARGET_NAME}\n"),
@@ -190,7 +201,7 @@ def file_specs(
         FileSpec(f"{layout.unit_dir}/{TARGET_NAME}", render_target(plan), 0o644),
         *(FileSpec(env_path(i.name), render_env(i, api_key), 0o600, secret=True) for i in plan.instances),
         *helper_specs(layout),
-        *health_specs(layout),
+        *health_specs(layout, user),
     ]
 
 

@@ -20,8 +20,11 @@ from pathlib import Path
 
 from rocmdoctor import host_files as files
 from rocmdoctor.atomic import write_atomic
+from rocmdoctor.host import Host
+from rocmdoctor.host_removal import OwnDir, RemovalRefused
 from rocmdoctor.host_writes import HostWriter
 from rocmdoctor.model import Change, state_diff
+from rocmdoctor.process_identity import processes_using
 
 ENV_FILE = ".rocmdoctor-jit.env"
 FINGERPRINT = "fingerprint.json"
@@ -69,19 +72,33 @@ def prepare(state_dir: Path, digest: str, gfx: str | None, tag: str) -> dict[str
     return environment(key_dir)
 
 
+PurgeRefused = RemovalRefused  # `bundle cache purge` maps it to a clear error (exit 2)
+
+
 def purge(writer: HostWriter, state_dir: Path, keep_key: str | None) -> Change:
-    """Remove every cache directory under `<state_dir>/jit` but `keep_key` (None: all of them)."""
+    """Remove every cache directory under `<state_dir>/jit` but `keep_key` (None: all of them) and but
+    those a live process uses (a file open or mapped, its working directory, or a cache variable of
+    its environment naming it: a running server's cache is never pulled from under it). Walked with
+    extraction's no-follow rules (host_removal): PurgeRefused when `jit` is a link, a link inside is
+    removed and never followed, so the purge never leaves the cache's own tree."""
     jit = state_dir / "jit"
-    names = sorted(files.list_dir(jit)) if files.is_dir(jit) else []
-    doomed = [n for n in names if n != keep_key]
-    for name in doomed:
-        if writer.change("remove", str(jit / name)):
-            files.remove_tree(jit / name, ignore_errors=True)
-    kept = [n for n in names if n == keep_key]
+    with OwnDir(state_dir, "jit") as own:
+        names = own.names()
+        candidates = [n for n in names if n != keep_key]
+        trees = {n: tuple(p for p in (str(jit / n), own.kernel_path(n)) if p) for n in candidates}
+        in_use = processes_using(Host(), trees, tuple(VARIABLES)) if candidates else {}
+        doomed = [n for n in candidates if n not in in_use]
+        for name in doomed:
+            if writer.change("remove", str(jit / name)):
+                own.remove(name)
+    kept = [n for n in names if n not in doomed]
     verb = "would remove" if writer.check_mode else "removed"
+    busy = "".join(f"; kept {n}, in use by {', '.join(who)}" for n, who in sorted(in_use.items()))
     return Change(
         bool(doomed),
-        f"{verb} {len(doomed)} JIT cache(s) under {jit}" + (f"; kept {keep_key}" if kept else ""),
+        f"{verb} {len(doomed)} JIT cache(s) under {jit}"
+        + (f"; kept {keep_key}" if keep_key in names else "")
+        + busy,
         state_diff({"caches": names}, {"caches": kept}),
-        data={"removed": doomed, "kept": kept},
+        data={"removed": doomed, "kept": kept, "in_use": in_use},
     )

@@ -9,7 +9,6 @@ runs only where systemd is PID 1 and only when the unit changed.
 from __future__ import annotations
 
 import difflib
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Generic, Protocol, TypeVar
@@ -18,8 +17,11 @@ from rocmdoctor.host_files import is_dir, shipped_text
 from rocmdoctor.host_writes import HostWriter, WriteRefused
 from rocmdoctor.model import Change
 from rocmdoctor.params import MAX_DURATION_S, prefix_problem, service_user_problem
+from rocmdoctor.provision.server import unit_syntax
 from rocmdoctor.provision.server.args import ServerArgs
 from rocmdoctor.provision.server.jit_cache import ENV_FILE as JIT_ENV_FILE
+from rocmdoctor.provision.server.unit_syntax import PLACEHOLDER as PLACEHOLDER
+from rocmdoctor.provision.server.unit_syntax import UnitError as UnitError
 from rocmdoctor.registry import DEFAULT_PREFIX
 from rocmdoctor.sensitive import KeyFileError
 from rocmdoctor.sensitive import read_api_key as read_key_file
@@ -37,11 +39,6 @@ DEVICE_GROUPS = ("render", "video")
 MIN_SERVER_KEY_LENGTH = 8
 # uids that must not run the server whatever they are called: root, and nobody (65534).
 FORBIDDEN_UIDS = {0: "root", 65534: "nobody"}
-PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
-
-
-class UnitError(ValueError):
-    """A choice the unit cannot be written with; the message says what to do."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,17 +155,12 @@ class WriteReport(Generic[F]):
 
 
 def systemd_quote(word: str) -> str:
-    """One argv word for ExecStart=: systemd splits on spaces, unquotes, and expands $ and %."""
-    if re.search(r"[\x00-\x1f\x7f]", word):
-        raise UnitError(f"{word!r}: control characters (newlines, tabs) cannot go into a unit file")
-    escaped = word.replace("%", "%%").replace("$", "$$")
-    if escaped and not re.search(r"[\s\"'\\;]", escaped):
-        return escaped
-    return '"' + escaped.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    """One argv word for ExecStart= (unit_syntax.exec_word: the one writer of unit syntax)."""
+    return unit_syntax.exec_word(word)
 
 
 def command_line(argv: list[str]) -> str:
-    return " ".join(systemd_quote(word) for word in argv)
+    return unit_syntax.command_line(list(argv))
 
 
 def readiness_url(args: ServerArgs) -> str:
@@ -195,11 +187,33 @@ def ready_gate_argv(args: ServerArgs, layout: ServiceLayout, timeout_s: int) -> 
 
 def stop_leftovers_argv(layout: ServiceLayout) -> str:
     """The unit's ExecStartPre: `%n` is systemd's name of the unit (the script acts only in its group)."""
-    return command_line([layout.python, layout.stop_leftovers]) + " %n"
+    return unit_syntax.command_line([layout.python, layout.stop_leftovers, unit_syntax.Verbatim("%n")])
 
 
 def _environment_line(settings: dict[str, str]) -> str:
-    return " ".join(f"{name}={value}" for name, value in settings.items())
+    return unit_syntax.environment(settings).text
+
+
+LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
+# A server with one of these talks to other machines (a cluster's head or worker): never fenced.
+PEER_FLAGS = (
+    "--nnodes",
+    "--master-addr",
+    "--data-parallel-address",
+    "--headless",
+    "--distributed-executor-backend",
+)
+
+
+def ip_fence(host: str, argv: list[str]) -> dict[str, unit_syntax.Field]:
+    """IPAddressAllow=/IPAddressDeny= of a server: loopback only when it binds loopback, its model is a
+    local path (`--model /...`: nothing to download from a hub) and it has no peers; empty otherwise."""
+    model = next((argv[i + 1] for i, word in enumerate(argv[:-1]) if word == "--model"), "")
+    local = host in LOOPBACK_HOSTS and model.startswith("/") and not any(w in PEER_FLAGS for w in argv)
+    return {
+        "ip_allow": unit_syntax.Field("localhost" if local else ""),
+        "ip_deny": unit_syntax.Field("any" if local else ""),
+    }
 
 
 def render_unit(
@@ -222,23 +236,26 @@ def render_unit(
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, int) or not 1 <= timeout_s <= MAX_DURATION_S:
         # TimeoutStartSec must be a real bound: never negative, huge or missing.
         raise UnitError(f"--timeout {timeout_s!r}: give whole seconds from 1 to {MAX_DURATION_S}")
-    values = {
-        "unit_name": unit_name,
-        "description": (description or args.served_model_name).replace("%", "%%"),
-        "user": user,
-        "state_name": STATE_NAME,
-        "bundle_environment": _environment_line({**BUNDLE_SETTINGS, **args.environment}),
-        "env_file": layout.env_file,
-        "jit_env_file": f"{layout.prefix}/current/{JIT_ENV_FILE}",
-        "exec_start_pre": stop_leftovers_argv(layout),
-        "exec_start": command_line([*(server or [layout.server]), *args.argv()]),
+    fields = {
+        "unit_name": unit_syntax.name(unit_name, "unit name"),
+        "description": unit_syntax.text(description or args.served_model_name, "the description"),
+        "user": unit_syntax.name(user, "--user"),
+        "state_name": unit_syntax.name(STATE_NAME, "state directory"),
+        "bundle_environment": unit_syntax.environment({**BUNDLE_SETTINGS, **args.environment}),
+        "env_file": unit_syntax.path(layout.env_file, "--env-file"),
+        "jit_env_file": unit_syntax.path(f"{layout.prefix}/current/{JIT_ENV_FILE}", "--prefix"),
+        "exec_start_pre": unit_syntax.Field(stop_leftovers_argv(layout)),
+        "exec_start": unit_syntax.command([*(server or [layout.server]), *args.argv()]),
         # an empty ExecStartPost= is systemd's "no such command" (it resets the list)
-        "exec_start_post": command_line(ready_gate_argv(args, layout, timeout_s)) if ready_gate else "",
+        "exec_start_post": unit_syntax.command(
+            list(ready_gate_argv(args, layout, timeout_s)) if ready_gate else []
+        ),
         # The readiness wait gives up first, so its message (not systemd's timeout) is in the journal.
-        "timeout_start_s": str(timeout_s + 60),
+        "timeout_start_s": unit_syntax.number(timeout_s + 60),
+        **ip_fence(args.host, args.argv()),
     }
     template = shipped_text("rocmdoctor.provision.server", "templates/vllm.service")
-    return PLACEHOLDER.sub(lambda m: values[m.group(1)], template)
+    return unit_syntax.render(template, fields, "templates/vllm.service")
 
 
 def render_env(api_key: str | None) -> str:
@@ -270,17 +287,18 @@ def file_specs(
         FileSpec(layout.unit_path, render_unit(args, layout, user, timeout_s), 0o644),
         FileSpec(layout.env_file, render_env(api_key), 0o600, secret=True),
         *helper_specs(layout),
-        *health_specs(layout),
+        *health_specs(layout, user),
     ]
 
 
-def health_specs(layout: ServiceLayout) -> list[FileSpec]:
-    """rocmdoctor-health.service and .timer (provision/server/health_unit.py), written with every server unit."""
+def health_specs(layout: ServiceLayout, user: str) -> list[FileSpec]:
+    """rocmdoctor-health.service and .timer (provision/server/health_unit.py), written with every server
+    unit; the service runs as the servers' user."""
     from rocmdoctor.provision.server.health_unit import health_units
 
     return [
         FileSpec(path, content, 0o644)
-        for path, content in health_units(layout.prefix, layout.unit_dir, command_line)
+        for path, content in health_units(layout.prefix, layout.unit_dir, command_line, user=user)
     ]
 
 

@@ -4,17 +4,22 @@ Two shapes. `run_program`: a program that must finish within a total deadline (t
 interpreter, `compileall`); its whole process group is killed when the deadline passes. `ProcessGroup`:
 a long-running program (the vLLM server) in its own session, whose `stop()` reaches the whole group
 (SIGTERM, a grace period, then SIGKILL) and every process that carries the run's marker in its
-environment (one that left the group). `SignalsToStop` turns the terminal's signals into an exception so
+environment (one that left the group). `hold_vllm_orphans`/`stop_held`: processes judged ours by their
+identity (rocmdoctor.process_identity), signalled only through the pidfd held since the judgement.
+`SignalsToStop` turns the terminal's signals into an exception so
 that the caller's `finally`/`except` paths, not the default action, end the run.
 """
 
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Collection
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -22,6 +27,7 @@ from typing import Any
 import psutil
 
 from rocmdoctor.host import Host, RunResult
+from rocmdoctor.process_identity import ProcessFacts, process_table, read_facts, vllm_reason
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 TETHER_GRACE_S = 10.0
@@ -290,28 +296,135 @@ class ProcessGroup:
         self.stop(grace_s=0.0)
 
 
-def stop_pids(pids: list[int], grace_s: float = 10.0) -> dict[int, str]:
-    """Stop these processes of this machine (SIGTERM, `grace_s`, then SIGKILL): pid -> how it ended
-    ("terminated", "killed", "gone", or why it could not be stopped)."""
+@dataclass
+class HeldProcess:
+    """A process judged to be ours, held through a pidfd from the judgement to the signal: the fd names
+    that process and no other, so a PID reused in between is never signalled (the signal goes through
+    the fd, which answers ESRCH once its process is gone)."""
+
+    facts: ProcessFacts
+    why: str
+    fd: int
+
+    @property
+    def pid(self) -> int:
+        return self.facts.pid
+
+    def label(self) -> str:
+        return self.facts.label()
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _alive(fd: int) -> bool:
+    try:
+        signal.pidfd_send_signal(fd, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _same_process(held: HeldProcess, host: Host) -> bool:
+    """The PID still names the process judged: its fd's process is alive and /proc shows the same start
+    time, user and executable (read after the fd was checked, so a reuse cannot slip between)."""
+    now = read_facts(host, held.pid)
+    return (
+        now is not None
+        and (now.start, now.uid, now.exe) == (held.facts.start, held.facts.uid, held.facts.exe)
+        and _alive(held.fd)
+    )
+
+
+def hold_vllm_orphans(users: Collection[int]) -> tuple[list[HeldProcess], list[str]]:
+    """This machine's orphaned vLLM servers (parent PID 1), judged by their identity
+    (rocmdoctor.process_identity) and held through pidfds; only those of `users` (uids). Returns the
+    held processes and a note for each vLLM orphan left alone (another user's, or one this kernel
+    cannot hold). The caller closes what it does not stop."""
+    host = Host()
+    table = process_table(host)
+    held: list[HeldProcess] = []
+    notes: list[str] = []
+    for pid, facts in sorted(table.items()):
+        if facts.ppid != 1:
+            continue
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        except OSError as exc:
+            if vllm_reason(host, facts, table) is not None:
+                notes.append(f"{facts.label()}: cannot hold it through a pidfd ({exc.strerror}); not stopped")
+            continue
+        # Judged from what /proc says after the fd was opened; the fd's process alive afterwards means
+        # these facts are its own (its PID could not be reused while it lived).
+        now = read_facts(host, pid)
+        why = vllm_reason(host, now, table) if now is not None and now.ppid == 1 else None
+        if now is None or why is None or not _alive(fd):
+            os.close(fd)
+            continue
+        if now.uid not in users:
+            notes.append(
+                f"{now.label()} ({why}) belongs to uid {now.uid}, not the service user or root: not stopped"
+            )
+            os.close(fd)
+            continue
+        held.append(HeldProcess(now, why, fd))
+    return held, notes
+
+
+def _wait_exit(fds: list[int], timeout_s: float) -> set[int]:
+    """The fds (of `fds`) whose process has not exited after `timeout_s` (a pidfd polls readable on exit)."""
+    left = set(fds)
+    deadline = time.monotonic() + timeout_s
+    while left:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        ready, _, _ = select.select(list(left), [], [], remaining)
+        left -= set(ready)
+    return left
+
+
+def stop_held(processes: list[HeldProcess], grace_s: float = 10.0) -> dict[int, str]:
+    """Stop held processes (SIGTERM through the pidfd, `grace_s`, then SIGKILL), each only if its PID
+    still names the process judged: pid -> how it ended ("terminated", "killed", "gone", "not
+    signalled: ..."). The fds are closed."""
+    host = Host()
     out: dict[int, str] = {}
-    procs = []
-    for pid in pids:
-        try:
-            proc = psutil.Process(pid)
-            proc.terminate()
-            procs.append(proc)
-        except psutil.NoSuchProcess:
-            out[pid] = "gone"
-        except psutil.AccessDenied:
-            out[pid] = "not allowed to signal it (run as root)"
-    _gone, alive = psutil.wait_procs(procs, timeout=grace_s)
-    for proc in procs:
-        out[proc.pid] = "terminated"
-    for proc in alive:
-        try:
-            proc.kill()
-            out[proc.pid] = "killed"
-        except psutil.NoSuchProcess:
+    signalled: dict[int, HeldProcess] = {}
+    try:
+        for proc in processes:
+            if not _same_process(proc, host):
+                if _alive(proc.fd):
+                    out[proc.pid] = "not signalled: it now runs something else (its identity changed)"
+                elif read_facts(host, proc.pid) is not None:
+                    out[proc.pid] = "gone; not signalled: its PID now names another process"
+                else:
+                    out[proc.pid] = "gone"
+                continue
+            try:
+                signal.pidfd_send_signal(proc.fd, signal.SIGTERM)
+                signalled[proc.fd] = proc
+            except ProcessLookupError:
+                out[proc.pid] = "gone"
+            except PermissionError:
+                out[proc.pid] = "not allowed to signal it (run as root)"
+        left = _wait_exit(list(signalled), grace_s)
+        for fd, proc in signalled.items():
             out[proc.pid] = "terminated"
-    psutil.wait_procs(alive, timeout=KILL_WAIT_S)
+            if fd in left:
+                try:
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+                    out[proc.pid] = "killed"
+                except ProcessLookupError:
+                    pass
+        _wait_exit(list(left), KILL_WAIT_S)
+    finally:
+        for proc in processes:
+            proc.close()
     return out

@@ -69,6 +69,7 @@ def test_the_health_service_runs_under_its_sandbox_and_the_timer_is_armed(machin
     # the sandbox holds: the service cannot write outside the textfile directory
     props = machine.run(["systemctl", "show", "-p", "ProtectSystem,ReadWritePaths,User", SERVICE_NAME]).stdout
     assert "ProtectSystem=strict" in props and f"ReadWritePaths={TEXTFILE_DIR}" in props
+    assert "User=vllm" in props.splitlines()  # not root (docs/security.md): it wrote the file above
     machine.run(["systemctl", "enable", "--now", TIMER_NAME])
     assert machine.run(["systemctl", "is-active", TIMER_NAME]).stdout.strip() == "active"
     nxt = machine.run(

@@ -138,7 +138,7 @@ def test_two_instances_of_the_template_under_systemd(machine):
     journal = machine.run(["journalctl", "-u", "vllm@*", "--no-pager", "-n", "60"], check=False).stdout
     assert start.returncode == 0, start.stderr + journal
     # The target is ordered after its instances. On a loaded 2-core machine an instance can miss its
-    # readiness gate once and be restarted (Restart=on-failure, "activating" meanwhile): both must end up
+    # readiness gate once and be restarted (Restart=always, "activating" meanwhile): both must end up
     # active on their own, without anyone starting them again.
     wait_for(
         lambda: state(machine, "vllm@0.service") == state(machine, "vllm@1.service") == "active",

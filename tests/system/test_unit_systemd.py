@@ -1,6 +1,7 @@
 """The unit under a real systemd: a Debian root booted with systemd-nspawn runs `rocmdoctor install`
-and `rocmdoctor unit --write`, then systemd starts the real engine, restarts it after SIGKILL and
-stops it.
+and `rocmdoctor unit --write`, then systemd starts the real engine, restarts it after SIGKILL of the
+API server and after the death of its EngineCore (the API server exits 0 then, vllm#48966: the unit
+restarts whatever the status), and stops it.
 
 Test-only drop-in (never part of the product unit): the engine's venv and pyenv's python live under
 /root on the test machine, which the unit's ProtectHome=yes hides, so the drop-in switches to
@@ -114,10 +115,11 @@ def test_unit_runs_restarts_and_stops_under_systemd(machine, bundle_mirror):
         input=dropin(),
     )
 
-    # A server that dies while loading fails the start at once, not after the 300 s readiness timeout.
-    started = time.monotonic()
+    # A server that dies while loading fails the start at once, not after the 300 s readiness timeout:
+    # the readiness gate says the server exited (a timed bound flaked on the shared 2-core machine).
     assert machine.run(["systemctl", "start", "vllm.service"], timeout=300, check=False).returncode != 0
-    assert time.monotonic() - started < 120
+    journal = machine.run(["journalctl", "-u", "vllm.service", "--no-pager"], check=False).stdout
+    assert "exited while loading" in journal and "not ready after" not in journal, journal[-3000:]
     machine.run(["systemctl", "stop", "vllm.service"], check=False)
 
     fixed = write(MODEL)
@@ -144,6 +146,10 @@ def test_unit_runs_restarts_and_stops_under_systemd(machine, bundle_mirror):
     proc_groups = next(x for x in status.splitlines() if x.startswith("Groups:")).split()[1:]
     assert set(groups.values()) <= set(proc_groups)
     assert "NoNewPrivs:\t1" in status
+    # It serves under the hardening docs/security.md scores: the system-call filter and, bound to
+    # 127.0.0.1 with a local model, loopback only (the completions above came through it).
+    assert "Seccomp:\t2" in status
+    assert machine.unit_property("vllm.service", "IPAddressDeny") not in ("", "[no data]")
 
     # SIGKILL of the API server orphans VLLM::EngineCore (vllm#55510); systemd must kill the rest
     # of the control group before it restarts the unit.
@@ -173,6 +179,33 @@ def test_unit_runs_restarts_and_stops_under_systemd(machine, bundle_mirror):
     # The orphaned EngineCore was stopped by systemd's control-group kill (each test machine has a group
     # of its own: one shared with another machine's unit is one systemd 252 cannot kill).
     assert "Failed to kill control group" not in journal, everything
+
+    # The EngineCore dies on its own (SIGKILL here): vLLM's API server then exits, with status 0
+    # (vllm#48966), which Restart=on-failure took for a clean end; the unit restarts whatever the
+    # status (Restart=always) and serves again.
+    restarts = int(machine.unit_property("vllm.service", "NRestarts"))
+    main_pid = machine.unit_property("vllm.service", "MainPID")
+    engine_core = machine.run(["pgrep", "-u", "vllm", "-f", "^VLLM::EngineCore"]).stdout.split()
+    seen = len(machine.run(["journalctl", "-u", "vllm.service", "--no-pager"], check=False).stdout)
+    assert engine_core, machine.user_processes("vllm")
+    machine.run(["kill", "-KILL", *engine_core])
+    wait_for(
+        lambda: (
+            int(machine.unit_property("vllm.service", "NRestarts")) > restarts
+            and machine.unit_property("vllm.service", "ActiveState") == "active"
+            and machine.unit_property("vllm.service", "MainPID") not in ("0", main_pid)
+        ),
+        420,
+        "systemd to restart the unit after its EngineCore died",
+    )
+    assert completion_status(machine, API_KEY) == 200
+    journal = machine.run(["journalctl", "-u", "vllm.service", "--no-pager"], check=False).stdout
+    since = journal[seen:]
+    # The API server ended on its own after its engine died, and systemd scheduled a restart. systemd
+    # logs a main process's exit at notice level only when it failed: with status 0 (vllm#48966) it
+    # says "Deactivated successfully", an end Restart=on-failure would never have restarted.
+    assert "Scheduled restart job" in since, since[-3000:]
+    assert "Deactivated successfully" in since or "code=exited" in since, since[-3000:]
 
     before_stop = machine.user_processes("vllm")
     assert before_stop, "the engine should be running as user vllm"

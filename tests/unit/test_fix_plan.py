@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from rocmdoctor.host_processes import HeldProcess
 from rocmdoctor.host_writes import HostWriter
+from rocmdoctor.process_identity import ProcessFacts
 from rocmdoctor.provision.fix import UDEV_RULE_PATH, Wanted, apply, plan
 
 
@@ -51,7 +53,9 @@ def test_kernelstub_and_orphans_need_the_booted_machine(tmp_path):
         family="ubuntu",
         cmdline_add=("iommu=pt",),
         tools=("kernelstub",),
-        orphans=((7, "7 (x)"),),
+        orphans=(
+            HeldProcess(ProcessFacts(7, "/usr/bin/python3", ("python3",), 1, 0, 1, (), "python3"), "x", -1),
+        ),
     )
     items = {i.id: i for i in plan(writer, wanted)}
     assert "kernelstub -a iommu=pt" in items["cmdline"].refused

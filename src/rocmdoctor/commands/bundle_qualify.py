@@ -120,5 +120,10 @@ def run_purge(prefix: Path, state_dir: Path, everything: bool, check: bool, as_j
     keep = None
     if not everything and doc is not None and isinstance(doc.get("bundle_digest"), str):
         keep = jit_cache.cache_key(doc["bundle_digest"], doc.get("host_gfx"))
-    result = jit_cache.purge(HostWriter(Path("/"), check_mode=check), state_dir, keep)
+    try:
+        result = jit_cache.purge(HostWriter(Path("/"), check_mode=check), state_dir, keep)
+    except jit_cache.PurgeRefused as exc:
+        raise UserError(str(exc)) from None
+    except OSError as exc:
+        raise UserError(f"cannot purge the JIT caches under {state_dir}: {exc.strerror or exc}") from None
     emit_change(result, as_json, check=check)

@@ -49,6 +49,16 @@ def _gpus(app: App) -> list[dict[str, Any]]:
     ]
 
 
+def _ifname(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """An interface name (or NCCL's list of them): it reaches the units' Environment= (exit 2 otherwise)."""
+    from rocmdoctor.provision.server.unit_syntax import ifname_problem
+
+    problem = ifname_problem(value) if value is not None else None
+    if problem:
+        raise click.BadParameter(problem, ctx=ctx, param=param)
+    return value
+
+
 @cluster.command("facts")
 @click.option("--name", default=None, help="This node's name in the report (default: its hostname).")
 @click.option(
@@ -61,6 +71,7 @@ def _gpus(app: App) -> list[dict[str, Any]]:
 @click.option(
     "--socket-ifname",
     default=None,
+    callback=_ifname,
     help="The interface NCCL/GLOO_SOCKET_IFNAME name (default: those variables).",
 )
 @click.option(
@@ -284,7 +295,12 @@ def written_under(runs: dict[str, Any], target: str, written: str) -> dict[str, 
 @click.option(
     "--advertise", type=params.HostName(), required=True, help="This node's address (VLLM_HOST_IP)."
 )
-@click.option("--socket-ifname", default=None, help="Interface for Gloo/NCCL (GLOO_/NCCL_SOCKET_IFNAME).")
+@click.option(
+    "--socket-ifname",
+    default=None,
+    callback=_ifname,
+    help="Interface for Gloo/NCCL (GLOO_/NCCL_SOCKET_IFNAME).",
+)
 @click.option(
     "--layout",
     "cluster_layout",

@@ -16,6 +16,7 @@ from rocmdoctor.commands.common import App, UserError, emit_change, pass_app
 from rocmdoctor.commands.server_options import server_option
 from rocmdoctor.facts import remedies
 from rocmdoctor.registry import DEFAULT_PREFIX
+from rocmdoctor.textnum import is_decimal
 
 # Checks whose findings the fix answers (fix-kernel's, and the access, process and multi-GPU ones).
 DIAGNOSED = ("kernel.version", "kernel.cwsr", "driver.dkms", "memory.ttm", "access.devices", "env.multi_gpu")
@@ -37,22 +38,20 @@ def _diagnose(ctx: Any) -> dict[str, Any]:
     }
 
 
-def _orphans(target: Any) -> list[tuple[int, str]]:
-    """Orphaned vLLM engines of the target machine (processes.orphans' rule: a vLLM process whose parent
-    is PID 1), never this process."""
-    import os
+def _orphans(target: Any, user: str) -> tuple[Any, tuple[str, ...]]:
+    """Orphaned vLLM engines of the target machine (processes.orphans' rule: a process whose identity
+    says vLLM, with PID 1 as its parent), root's or the service user's, each held through a pidfd until
+    it is signalled; and a note for each vLLM orphan left alone."""
+    from rocmdoctor.host_processes import hold_vllm_orphans
 
-    from rocmdoctor.checks.processes import read_proc
-
-    ctx = check_context_for(target)
-    found = []
-    for pid in target.pids():
-        if pid == os.getpid():
-            continue
-        proc = read_proc(ctx, pid)
-        if proc is not None and proc.is_vllm and proc.ppid == 1:
-            found.append((pid, proc.label()))
-    return found
+    passwd = target.read_text("/etc/passwd")
+    users = {0} | {
+        int(f[2])
+        for f in (ln.split(":") for ln in (passwd.value if passwd.ok else "").splitlines())
+        if len(f) > 2 and f[0] == user and is_decimal(f[2])
+    }
+    held, notes = hold_vllm_orphans(users)
+    return tuple(held), tuple(notes)
 
 
 def check_context_for(host: Any) -> Any:
@@ -102,6 +101,7 @@ def wanted_from(ctx: Any, findings: dict[str, Any], distro: dict[str, Any], targ
         if pairs:
             modules = tuple(m for m, _ in pairs)
             ttm_pages = int(pairs[0][1])
+    orphans, orphans_left = _orphans(target, user) if target.is_live else ((), ())
     multi = findings.get("env.multi_gpu")
     iommu = bool(multi and any("no iommu=pt" in f["finding"] for f in multi.details.get("findings", [])))
     from rocmdoctor.checks.container import detect
@@ -121,7 +121,8 @@ def wanted_from(ctx: Any, findings: dict[str, Any], distro: dict[str, Any], targ
         cmdline_add=("iommu=pt",) if iommu else (),
         cmdline_remove=("amdgpu.gttsize",) if "gttsize" in steps else (),
         udev=_device_nodes_need_udev(ctx, findings),
-        orphans=tuple(_orphans(target)) if target.is_live else (),
+        orphans=orphans,
+        orphans_left=orphans_left,
         dkms_remove=removing_dkms,
         tools=tuple(name for name, paths in TOOL_PATHS.items() if any(target.exists(p) for p in paths)),
         kernel=kernel_release(ctx),
