@@ -30,6 +30,7 @@ from rocmdoctor.atomic import write_atomic
 from rocmdoctor.host import RunResult
 from rocmdoctor.host_processes import run_program
 from rocmdoctor.model import SCHEMA_VERSION
+from rocmdoctor.provision.bundle import ask_vllm
 from rocmdoctor.provision.server import jit_cache
 from rocmdoctor.rootfs import read_regular
 from rocmdoctor.vllm.environment import bundle_env
@@ -75,6 +76,12 @@ class Qualification:
     elf_files: int = 0
     skipped: bool = False  # --skip-qualify: activated without checking
     schema_version: int = SCHEMA_VERSION
+    # What the bundle's own vLLM said it accepts (asked in the import step's interpreter): its version and
+    # where the answer is kept (ask_vllm), or why it could not be asked. The answer itself is not part of
+    # this record: `surface_text` is written beside it (vllm/surface.RECORD).
+    vllm_version: str | None = None
+    vllm_surface: str | None = None
+    surface_text: str = field(default="", repr=False)
 
     @property
     def failures(self) -> list[Failure]:
@@ -88,7 +95,9 @@ class Qualification:
         return failures[0].message + (f" (and {more} more failure(s))" if more > 0 else "")
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        doc = asdict(self)
+        del doc["surface_text"]
+        return doc
 
 
 def bundle_digest(assets: Iterable[tuple[str, str | None]]) -> str:
@@ -346,14 +355,39 @@ def import_modules(scan: TreeScan) -> list[str]:
     return modules
 
 
-def check_import(root: Path, scan: TreeScan, tag: str, timeout_s: float) -> Step:
+# After the imports, the same interpreter asks vLLM what it accepts (rocmdoctor/probes/vllm_surface.py):
+# one run of the bundle's Python. A failure of that question leaves the import's verdict alone.
+ASK_VLLM = """
+import runpy, sys
+try:
+    runpy.run_path({probe!r}, run_name="__main__")
+except BaseException as exc:
+    print("rocmdoctor: vLLM could not be asked for its flags: %r" % (exc,), file=sys.stderr)
+"""
+
+
+def check_import(
+    root: Path, scan: TreeScan, tag: str, timeout_s: float, answer: list[str] | None = None
+) -> Step:
+    """The import step; with `answer`, the bundle's vLLM is asked in the same run and its stdout (the
+    probe's document, or nothing) appended to it."""
     modules = import_modules(scan)
     if not modules:
         return Step("import", "skipped", "the bundle carries neither torch nor vllm._C")
     python = root / "bin" / "python3"
     code = "\n".join(f"import {m}" for m in modules)
-    done = run_program([str(python), "-c", code], timeout_s, env=bundle_env({"PATH": UNIT_PATH}))
+    ask = answer is not None and "vllm._C" in modules
+    if ask:
+        code += ASK_VLLM.format(probe=ask_vllm.probe_path())
+    done = run_program(
+        [str(python), "-c", code],
+        timeout_s,
+        max_output=ask_vllm.ASK_OUTPUT,
+        env=bundle_env({"PATH": UNIT_PATH}),
+    )
     if done.returncode == 0:
+        if ask and answer is not None:
+            answer.append(done.stdout)
         return Step("import", "passed", f"bin/python3 imports {', '.join(modules)}")
     message = f"{tag}: the bundle's bin/python3 cannot import {', '.join(modules)} ({_why(done, timeout_s)})"
     return _step("import", [Failure("import", message, "bin/python3")], "")
@@ -378,10 +412,12 @@ def qualify(
         check_compiler(root, tag),
     ]
     # The import runs the bundle's code: only once the static steps found nothing that would fail it.
+    answer: list[str] = []
     if any(s.status == "failed" for s in steps):
         steps.append(Step("import", "skipped", "a static step failed"))
     else:
-        steps.append(check_import(root, scan, tag, import_timeout_s))
+        steps.append(check_import(root, scan, tag, import_timeout_s, answer))
+    version, said, text = ask_vllm.judge_answer(answer, root)
     return Qualification(
         tag=tag,
         qualified=not any(s.status == "failed" for s in steps),
@@ -391,6 +427,9 @@ def qualify(
         checked_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         elapsed_s=round(time.monotonic() - started, 3),
         elf_files=len(scan.elfs),
+        vllm_version=version,
+        vllm_surface=said,
+        surface_text=text,
     )
 
 
@@ -472,6 +511,7 @@ def qualify_tree(
             "build was discarded). Report the bundle to its publisher; --skip-qualify installs it unchecked"
         )
     record(tree, options.last)
+    ask_vllm.keep(tree, options.last.surface_text)
     jit_cache.write_bundle_env(tree, digest, options.gfx)  # the unit's caches for this bundle and GPU
 
 

@@ -33,32 +33,95 @@ WORKER_ARGS = [
     "13345",
 ]
 
-PROBE = """
-import importlib.util, json, sys, vllm
-spec = importlib.util.spec_from_file_location("vllm_serve", sys.argv[1])
+ASK = """
+import importlib.util, json, runpy, sys, warnings
+warnings.simplefilter("ignore")
+given = json.loads(sys.stdin.read())
+import vllm
+spec = importlib.util.spec_from_file_location("vllm_serve", given["launcher"])
 launcher = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(launcher)
-command, args = launcher.serve_command(sys.argv[2:])
-print(json.dumps({
+command, args = launcher.serve_command(given["worker"])
+import vllm.entrypoints.cli.serve as serve
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+parsed = []
+for argv in given["argvs"]:
+    try:
+        got = serve.make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
+        parsed.append([True, got.max_num_seqs])
+    except SystemExit as exc:
+        parsed.append([False, exc.code])
+answer = {
     "version": vllm.__version__,
     "env_setup": launcher.env_setup_module(),
     "command": type(command).__module__,
     "model": args.model_tag or args.model,  # `vllm serve` moves --model to model_tag; cmd() reads it
     "headless": args.headless,
     "start_rank": args.data_parallel_start_rank,
-    "validate": callable(command.validate) and callable(command.cmd),
-}))
+    "runs": callable(command.validate) and callable(command.cmd),
+    "surface": json.dumps(runpy.run_path(given["probe"])["surface"](), indent=1, sort_keys=True) + "\\n",
+    "parsed": parsed,
+}
+print("ANSWER " + json.dumps(answer))
 """
+SURFACE_PROBE = REPO / "src" / "rocmdoctor" / "probes" / "vllm_surface.py"
+NEWER_ONLY = "--max-num-scheduled-tokens"  # the issue's example: 0.32 only, no prefix of an older flag
+
+
+def host_classes():
+    from rocmdoctor.provision.server.args import GpuPool
+
+    gib = 1 << 30
+    return {
+        "unified": [GpuPool("node 1 (gfx1151)", "gfx1151", 96 * gib, 90 * gib, True)],
+        "discrete": [GpuPool("node 1 (gfx1201)", "gfx1201", 32 * gib, 31 * gib, False)],
+        "discrete-large": [GpuPool("node 1 (gfx942)", "gfx942", 192 * gib, 190 * gib, False)],
+    }
+
+
+def written_argvs(version: str) -> list[list[str]]:
+    """What unit/serve write for each host class, judged with the version's shipped table."""
+    from rocmdoctor.provision.server.args import Choices, resolve
+    from rocmdoctor.vllm.surface import shipped
+
+    extras = ([], ["--enforce-eager", "--dtype", "bfloat16"], ["--max-num-batched-tokens=2048"])
+    return [
+        resolve(Choices(model="/srv/models/tiny", extra=extra, vllm=shipped(version)), pools).argv()
+        for pools in host_classes().values()
+        for extra in extras
+    ]
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("version", VERSIONS)
-def test_the_cluster_launcher_builds_vllm_serve_on_every_bundled_version(version):
-    """libexec/vllm-serve imported vllm.entrypoints.launchers.cli_args, which only 0.32 has: multi-node
-    bring-up failed on every bundle that exists. Its import path and parsing, run on each version."""
+def test_each_bundled_version_answers_for_itself(version):
+    """One run of each version (its interpreter imports vLLM once, the costly part):
+    - the cluster launcher (libexec/vllm-serve) builds `vllm serve` on it: it imported
+      vllm.entrypoints.launchers.cli_args, which only 0.32 has, so multi-node bring-up failed on every
+      bundle that exists;
+    - the shipped table src/rocmdoctor/vllm/surfaces/<version>.json is its own parser's answer, byte for
+      byte (regenerate: the probe under harness.vllm_versions.python_and_env(version));
+    - the arguments unit/serve write for each host class parse with its own parser, and the flag
+      rocmdoctor refuses for it as too new is refused by that parser too (exit 2)."""
+    from rocmdoctor.provision.server.args import ArgumentError, Choices, resolve
+    from rocmdoctor.vllm.surface import shipped
+
+    argvs = written_argvs(version)
+    too_new = NEWER_ONLY not in shipped(version).flags
+    if too_new:
+        with pytest.raises(
+            ArgumentError, match=rf"{NEWER_ONLY} needs vLLM 0\.32\.0 or newer; the bundle has vLLM {version}"
+        ):
+            resolve(
+                Choices(model="/srv/models/tiny", extra=[NEWER_ONLY, "1"], vllm=shipped(version)),
+                host_classes()["unified"],
+            )
+        argvs.append(["--model", "/srv/models/tiny", NEWER_ONLY, "1"])
     python, env = python_and_env(version)
+    given = {"launcher": str(LAUNCHER), "probe": str(SURFACE_PROBE), "worker": WORKER_ARGS, "argvs": argvs}
     done = subprocess.run(
-        [str(python), "-c", PROBE, str(LAUNCHER), *WORKER_ARGS],
+        [str(python), "-c", ASK],
+        input=json.dumps(given),
         env=env,
         capture_output=True,
         text=True,
@@ -66,9 +129,51 @@ def test_the_cluster_launcher_builds_vllm_serve_on_every_bundled_version(version
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    got = json.loads(done.stdout.strip().splitlines()[-1])
+    line = next(x for x in done.stdout.splitlines() if x.startswith("ANSWER "))
+    got = json.loads(line.removeprefix("ANSWER "))
     assert got["version"] == version
     assert got["command"] == "vllm.entrypoints.cli.serve"
     assert got["env_setup"] in ("vllm.entrypoints.utils", "vllm.entrypoints.serve.utils.api_utils")
-    assert (got["model"], got["headless"], got["start_rank"]) == ("/srv/models/tiny", True, 1)
-    assert got["validate"]
+    assert (got["model"], got["headless"], got["start_rank"], got["runs"]) == (
+        "/srv/models/tiny",
+        True,
+        1,
+        True,
+    )
+    assert (
+        got["surface"] == (REPO / "src" / "rocmdoctor" / "vllm" / "surfaces" / f"{version}.json").read_text()
+    )
+    computed = got["parsed"][:9]
+    assert all(ok for ok, _ in computed), list(zip(argvs, got["parsed"], strict=False))
+    assert [seqs for _, seqs in computed[:3]] == [10, 10, 10]  # the unified class's cap reached vLLM
+    if too_new:
+        assert got["parsed"][-1] == [False, 2]
+
+
+@pytest.mark.timeout(300)
+def test_the_import_step_asks_the_bundles_own_vllm_and_keeps_the_answer(tmp_path: Path):
+    """The real vLLM 0.32 CPU engine as the bundle's interpreter: one run imports torch and vllm._C and
+    answers; the answer is kept beside the qualification record and the arguments are judged with it."""
+    from rocmdoctor.archive.elf_scan import TreeScan
+    from rocmdoctor.provision.bundle import ask_vllm, qualify
+    from rocmdoctor.vllm import surface
+
+    python, _ = python_and_env("0.32.0")
+    tree = tmp_path / "vllm0.32.0-rocm7.0.0-gfx1151"
+    (tree / "bin").mkdir(parents=True)
+    (tree / "bin" / "python3").write_text(f'#!/bin/sh\nexec "{python}" "$@"\n')
+    (tree / "bin" / "python3").chmod(0o755)
+    sp = "lib/python3.11/site-packages"
+    # what import_modules looks for in a scan: the bundle carries torch and vllm._C
+    scan = TreeScan(tree, {f"{sp}/torch/lib/libtorch.so": None, f"{sp}/vllm/_C.abi3.so": None}, {}, {})  # type: ignore[dict-item]
+    answer: list[str] = []
+    step = qualify.check_import(tree, scan, tree.name, 280.0, answer)
+    assert step.status == "passed", step.detail
+    version, said, text = ask_vllm.judge_answer(answer, tree)
+    assert version == "0.32.0" and said and "asked the bundle's own vLLM" in said
+    assert text == (REPO / "src" / "rocmdoctor" / "vllm" / "surfaces" / "0.32.0.json").read_text()
+    ask_vllm.keep(tree, text)
+    prefix = tmp_path
+    (prefix / "current").symlink_to(tree.name)
+    asked = ask_vllm.for_prefix(prefix)
+    assert asked.asked and asked.version == "0.32.0" and (tree / surface.RECORD).is_file()
