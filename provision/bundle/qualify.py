@@ -62,6 +62,10 @@ class Step:
     detail: str
     failures: list[Failure] = field(default_factory=list)
     count: int = 0  # failures found (only the first MAX_FAILURES are kept)
+    # What does not fail the step: a file outside the load closure that cannot resolve, a library
+    # taken from this host (first MAX_FAILURES; note_count says how many)
+    notes: list[str] = field(default_factory=list)
+    note_count: int = 0
 
 
 @dataclass
@@ -181,6 +185,9 @@ class _Resolver:
         system = system_library(name)
         if system is not None:
             return "system", system
+        host = system_library(name, allowed_only=False)
+        if host is not None:
+            return "host", host
         return "", None
 
     def needed(self, facts: ElfFacts) -> list[tuple[str, ElfFacts | None]]:
@@ -206,6 +213,45 @@ class _Resolver:
         return order
 
 
+def _is_root(rel: str) -> bool:
+    """What `import torch, vllm._C` and the server's entry point load first: the interpreter and the
+    extension modules directly in the torch and vllm packages (torch/_C, vllm/_C, vllm/_rocm_C, ...).
+    Python-level imports beyond them are the import step's to judge, which runs them for real."""
+    if rel in ("bin/python3", "bin/python"):
+        return True
+    parts = rel.split("/")
+    return (
+        _in_python_tree(rel)
+        and len(parts) >= 2
+        and parts[-2] in ("torch", "vllm")
+        and parts[-3:-2] == ["site-packages"]
+        and ".so" in parts[-1]
+    )
+
+
+def load_closure(resolver: _Resolver) -> set[str] | None:
+    """The files the dynamic loader maps for the roots (_is_root), as _Resolver resolves them (RUNPATH/
+    RPATH with $ORIGIN, the bundle's sonames, the host's libraries); None when the tree has no root
+    (then every file is judged)."""
+    roots = [facts for rel, facts in resolver.scan.elfs.items() if _is_root(rel)]
+    if not roots:
+        return None
+    closure: set[str] = set()
+    for root in roots:
+        closure.add(root.path)
+        closure.update(lib.path for lib in resolver.closure(root) if lib.path in resolver.scan.elfs)
+    return closure
+
+
+def _renamed_hint(resolver: _Resolver, name: str) -> str:
+    """A library the bundle carries under another name that ends in `name`
+    (librocm_sysdeps_liblzma.so.5 for liblzma.so.5): its soname never satisfies the DT_NEEDED."""
+    renamed = sorted(k for k in resolver.tree.by_name if k != name and k.endswith("_" + name))
+    if not renamed:
+        return ""
+    return f"; the bundle carries {renamed[0]}, whose name never satisfies a DT_NEEDED of {name} (a renamed library)"
+
+
 def _defines(libs: list[ElfFacts], name: str, version: str) -> bool:
     for lib in libs:
         versions = lib.defined.get(name)
@@ -219,39 +265,56 @@ def _defines(libs: list[ElfFacts], name: str, version: str) -> bool:
     return False
 
 
-def _step(step_id: str, failures: list[Failure], passed: str) -> Step:
+def _step(step_id: str, failures: list[Failure], passed: str, notes: list[str] | None = None) -> Step:
+    notes = notes or []
     if failures:
-        return Step(step_id, "failed", failures[0].message, failures[:MAX_FAILURES], len(failures))
-    return Step(step_id, "passed", passed)
+        step = Step(step_id, "failed", failures[0].message, failures[:MAX_FAILURES], len(failures))
+    else:
+        step = Step(step_id, "passed", passed + (f" ({len(notes)} note(s))" if notes else ""))
+    step.notes, step.note_count = notes[:MAX_FAILURES], len(notes)
+    return step
 
 
-def check_libraries(resolver: _Resolver, tag: str) -> Step:
+def check_libraries(resolver: _Resolver, tag: str, closure: set[str] | None = None) -> Step:
+    """Every DT_NEEDED of the load closure resolves; outside it (an optional plugin nothing loads) an
+    unresolvable one is a note. A library taken from this host is named in a note."""
     failures = []
+    notes: list[str] = []
     for facts in resolver.scan.elfs.values():
+        loaded = closure is None or facts.path in closure
         if facts.error:
-            failures.append(Failure("libraries", f"{tag}: {facts.path}: {facts.error}", facts.path))
+            if loaded:
+                failures.append(Failure("libraries", f"{tag}: {facts.path}: {facts.error}", facts.path))
+            else:
+                notes.append(f"{facts.path}: {facts.error} (nothing loads it)")
             continue
         for name, dep in resolver.needed(facts):
             if dep is None:
                 where = ", ".join(_search_dirs(facts)) or "no $ORIGIN RPATH/RUNPATH"
-                failures.append(
-                    Failure(
-                        "libraries",
-                        f"{tag}: {facts.path} needs {name}, which is neither in the bundle ({where}) "
-                        "nor a system library rocmdoctor allows (bundles/qualification.toml)",
-                        facts.path,
-                        name,
-                    )
+                message = (
+                    f"{tag}: {facts.path} needs {name}, which is neither in the bundle ({where}) "
+                    "nor a library of this host" + _renamed_hint(resolver, name)
                 )
+                if loaded:
+                    failures.append(Failure("libraries", message, facts.path, name))
+                else:
+                    notes.append(message + " (nothing import torch, vllm._C or the server loads needs it)")
+            elif loaded and resolver.find(facts, name)[0] == "host":
+                notes.append(f"{facts.path} takes {name} from this host (/{dep.path})")
     total = len(resolver.scan.elfs)
-    return _step("libraries", failures, f"every DT_NEEDED of {total} ELF file(s) resolves")
+    scope = f"{len(closure)} loaded of {total}" if closure is not None else f"{total}"
+    return _step("libraries", failures, f"every DT_NEEDED of {scope} ELF file(s) resolves", notes)
 
 
-def check_symbols(resolver: _Resolver, tag: str) -> Step:
+def check_symbols(resolver: _Resolver, tag: str, closure: set[str] | None = None) -> Step:
     failures = []
     checked = 0
+    outside = 0
     for facts in resolver.scan.elfs.values():
         if facts.elf_type != "ET_DYN" or not facts.undefined:
+            continue
+        if closure is not None and facts.path not in closure:
+            outside += 1  # nothing the server imports loads it: the import step covers what Python loads
             continue
         checked += 1
         scope = resolver.closure(facts)
@@ -277,7 +340,8 @@ def check_symbols(resolver: _Resolver, tag: str) -> Step:
                     wanted,
                 )
             )
-    return _step("symbols", failures, f"every undefined symbol of {checked} shared object(s) is defined")
+    passed = f"every undefined symbol of {checked} loaded shared object(s) is defined"
+    return _step("symbols", failures, passed + (f"; {outside} not loaded, not checked" if outside else ""))
 
 
 def check_code_objects(scan: TreeScan, gfx: str | None, tag: str) -> Step:
@@ -405,9 +469,10 @@ def qualify(
     started = time.monotonic()
     scan = scan_tree(root, workers)
     resolver = _Resolver(scan)
+    closure = load_closure(resolver)
     steps = [
-        check_libraries(resolver, tag),
-        check_symbols(resolver, tag),
+        check_libraries(resolver, tag, closure),
+        check_symbols(resolver, tag, closure),
         check_code_objects(scan, gfx, tag),
         check_compiler(root, tag),
     ]

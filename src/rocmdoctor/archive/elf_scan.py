@@ -591,11 +591,15 @@ def scan_tree(root: Path, workers: int | None = None) -> TreeScan:
 
 
 @lru_cache(maxsize=256)
-def system_library(name: str) -> ElfFacts | None:
+def system_library(name: str, allowed_only: bool = True) -> ElfFacts | None:
     """The host's copy of an allowed system library (bundles/qualification.toml), read like the
-    bundle's own files; None when the name is not allowed or the host has no x86-64 copy of it."""
+    bundle's own files; None when the name is not allowed or the host has no x86-64 copy of it.
+    `allowed_only` False: any library of that name in the host's library directories (one the bundle
+    expects from this host, such as vllm/_C's libnuma.so.1)."""
     allowed = qualification_data().get("system_libraries", {})
-    if name not in allowed.get("names", []):
+    if allowed_only and name not in allowed.get("names", []):
+        return None
+    if "/" in name:
         return None
     for directory in allowed.get("directories", []):
         path = os.path.join(directory, name)
