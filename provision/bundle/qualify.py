@@ -344,9 +344,8 @@ def check_symbols(resolver: _Resolver, tag: str, closure: set[str] | None = None
     return _step("symbols", failures, passed + (f"; {outside} not loaded, not checked" if outside else ""))
 
 
-def check_code_objects(scan: TreeScan, gfx: str | None, tag: str) -> Step:
-    if not gfx:
-        return Step("code_objects", "skipped", "no AMD GPU found on this host (pass --gfx to check for one)")
+def _code_objects_for(scan: TreeScan, gfx: str, tag: str, whose: str) -> tuple[list[Failure], int]:
+    """(failures, how many files carry code for `gfx`); `whose`: "this host's" or the family's."""
     failures = []
     holders = 0
     for facts in scan.elfs.values():
@@ -359,7 +358,7 @@ def check_code_objects(scan: TreeScan, gfx: str | None, tag: str) -> Step:
             failures.append(
                 Failure(
                     "code_objects",
-                    f"{tag}: {facts.path} carries GPU code for {held} only, not this host's {gfx}",
+                    f"{tag}: {facts.path} carries GPU code for {held} only, not {whose} {gfx}",
                     facts.path,
                     gfx,
                 )
@@ -367,20 +366,41 @@ def check_code_objects(scan: TreeScan, gfx: str | None, tag: str) -> Step:
         elif facts.compressed_bundles:
             holders += 1  # compressed: its targets are not readable here (see docs/install.md)
     standalone = scan.code_objects
-    standalone_for_host = [p for p, targets in standalone.items() if gfx in targets]
-    holders += len(standalone_for_host)
+    holders += len([p for p, targets in standalone.items() if gfx in targets])
     if not failures and holders == 0:
         seen = sorted({t for targets in standalone.values() for t in targets})
         failures.append(
             Failure(
                 "code_objects",
-                f"{tag} carries no GPU code objects for this host's {gfx}"
+                f"{tag} carries no GPU code objects for {whose} {gfx}"
                 + (f" (it has {', '.join(seen)})" if seen else ""),
                 None,
                 gfx,
             )
         )
-    return _step("code_objects", failures, f"{holders} file(s) carry code objects for {gfx}")
+    return failures, holders
+
+
+def check_code_objects(scan: TreeScan, gfx: str | None, tag: str, targets: tuple[str, ...] = ()) -> Step:
+    """The code objects hold this host's ISA; with no GPU of the bundle's family here (a build host),
+    every ISA of the family (`targets`: the manifest's, or the one --gfx names)."""
+    if gfx:
+        failures, holders = _code_objects_for(scan, gfx, tag, "this host's")
+        return _step("code_objects", failures, f"{holders} file(s) carry code objects for {gfx}")
+    if not targets:
+        return Step("code_objects", "skipped", "no AMD GPU found on this host (pass --gfx to check for one)")
+    failures = []
+    counts = []
+    for target in targets:
+        found, holders = _code_objects_for(scan, target, tag, "the family's")
+        failures += found
+        counts.append(f"{target}: {holders}")
+    return _step(
+        "code_objects",
+        failures,
+        f"no GPU of the family on this host: every ISA of the family checked (files carrying code: "
+        f"{', '.join(counts)})",
+    )
 
 
 def _why(done: RunResult, timeout_s: float) -> str:
@@ -464,8 +484,10 @@ def qualify(
     gfx: str | None,
     import_timeout_s: float = IMPORT_TIMEOUT_S,
     workers: int | None = None,
+    targets: tuple[str, ...] = (),
 ) -> Qualification:
-    """Run every step on the tree at `root` (nothing is written)."""
+    """Run every step on the tree at `root` (nothing is written). `targets`: the family's ISAs, checked
+    when `gfx` is None (no GPU of the family on this host)."""
     started = time.monotonic()
     scan = scan_tree(root, workers)
     resolver = _Resolver(scan)
@@ -473,7 +495,7 @@ def qualify(
     steps = [
         check_libraries(resolver, tag, closure),
         check_symbols(resolver, tag, closure),
-        check_code_objects(scan, gfx, tag),
+        check_code_objects(scan, gfx, tag, targets),
         check_compiler(root, tag),
     ]
     # The import runs the bundle's code: only once the static steps found nothing that would fail it.
@@ -553,6 +575,7 @@ class QualifyOptions:
     import_timeout_s: float = IMPORT_TIMEOUT_S
     workers: int | None = None
     last: Qualification | None = None
+    targets: tuple[str, ...] = ()  # with gfx None: the family's ISAs (a build host without its GPU)
 
 
 class NotQualified(RuntimeError):
@@ -569,7 +592,9 @@ def qualify_tree(
     if options.skip:
         options.last = skipped(tag, digest, options.gfx)
     else:
-        options.last = qualify(tree, tag, digest, options.gfx, options.import_timeout_s, options.workers)
+        options.last = qualify(
+            tree, tag, digest, options.gfx, options.import_timeout_s, options.workers, options.targets
+        )
     if live and not options.last.qualified and not options.skip:
         raise NotQualified(
             f"{options.last.first_failure()}. Not activated: the installed {tag} stays current (this "

@@ -82,3 +82,41 @@ def test_a_tree_without_torch_or_vllm_is_judged_file_by_file(elves, tmp_path):
     files = {f"{SP}/other/libx.so": (elves["ext_ghost"], 0o755)}
     result = qualify(_tree(tmp_path / "b", files), TAG, "sha256:x", None)
     assert not result.qualified and "other/libx.so needs libprovide.so.1" in result.first_failure()
+
+
+def test_a_build_host_checks_every_isa_of_the_family(elves, tmp_path):
+    """install --family gfx110X on a host without that GPU: a bundle holding only gfx1100 code objects
+    is not qualified for the family; one holding all four is."""
+    from harness.elf_bundle import family_code_objects
+    from rocmdoctor.facts.manifest import shipped_manifest
+
+    targets = shipped_manifest().families["gfx110X"].targets
+    partial = {**qualify_files(elves, "good"), **family_code_objects("gfx110X", ["gfx1100"])}
+    partial.pop(f"{TORCH_LIB}/libtorch_hip.so")  # its fatbin holds gfx1151 code only
+    result = qualify(_tree(tmp_path / "partial", partial), TAG, "sha256:x", None, targets=targets)
+    step = next(step for step in result.steps if step.id == "code_objects")
+    assert step.status == "failed" and {f.missing for f in step.failures} == {"gfx1101", "gfx1102", "gfx1103"}
+    assert "carries no GPU code objects for the family's gfx1101" in step.failures[0].message
+    full = {**partial, **family_code_objects("gfx110X")}
+    result = qualify(_tree(tmp_path / "full", full), TAG, "sha256:x", None, targets=targets)
+    step = next(step for step in result.steps if step.id == "code_objects")
+    assert step.status == "passed" and "every ISA of the family" in step.detail
+    one = qualify(_tree(tmp_path / "one", partial), TAG, "sha256:x", None, targets=("gfx1100",))
+    assert next(s for s in one.steps if s.id == "code_objects").status == "passed"  # --gfx gfx1100
+
+
+def test_install_options_on_a_host_without_the_familys_gpu_name_its_isas():
+    from harness.hosts import HOSTS
+    from rocmdoctor.commands.option_groups import QualifyChoice
+
+    class App:
+        def host(self):
+            from rocmdoctor.host import Host
+
+            return Host(HOSTS / "no-amd-gpu")
+
+    targets = ("gfx1100", "gfx1101", "gfx1102", "gfx1103")
+    options = QualifyChoice(None, 180.0).settings(App(), family_targets=targets)  # type: ignore[arg-type]
+    assert (options.gfx, options.targets) == (None, targets)
+    named = QualifyChoice("gfx1101", 180.0).settings(App(), family_targets=targets)  # type: ignore[arg-type]
+    assert (named.gfx, named.targets) == ("gfx1101", ())
