@@ -11,6 +11,7 @@ version and, when a shipped newer version has it, the first one that does.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -123,25 +124,20 @@ def renames() -> RenamesDoc:
     return decode(data, RenamesDoc, "surfaces/renames.json", RECORD_LIMIT)
 
 
+def _first_with(after: str, has: Callable[[Surface], bool]) -> str | None:
+    """The oldest shipped version newer than `after` for which `has` holds."""
+    base = _version(after)
+    newer = [v for v in SHIPPED if base is None or Version(v) > base]
+    return next((v for v in newer if has(shipped(v))), None)
+
+
 def first_with_flag(flag: str, after: str) -> str | None:
     """The oldest shipped version newer than `after` whose parser has `flag`."""
-    base = _version(after)
-    for version in SHIPPED:
-        if base is not None and Version(version) <= base:
-            continue
-        if flag in shipped(version).flags:
-            return version
-    return None
+    return _first_with(after, lambda table: flag in table.flags)
 
 
 def first_with_variable(name: str, after: str) -> str | None:
-    base = _version(after)
-    for version in SHIPPED:
-        if base is not None and Version(version) <= base:
-            continue
-        if name in shipped(version).environment:
-            return version
-    return None
+    return _first_with(after, lambda table: name in table.environment)
 
 
 @dataclass(frozen=True)
@@ -151,12 +147,14 @@ class Verdict:
     refusal: str | None = None
 
 
-def _renamed(table: list[Rename], name: str, known: frozenset[str] | set[str]) -> Rename | None:
+def _translated(table: list[Rename], name: str, known: Iterable[str], surface: Surface) -> Verdict | None:
+    """The name this vLLM knows `name` by, when one of its renames (either way) links them."""
+    known = set(known)
     for rename in table:
-        if name == rename.old and rename.new in known:
-            return rename
-        if name == rename.new and rename.old in known:
-            return rename
+        for given, target in ((rename.old, rename.new), (rename.new, rename.old)):
+            if name == given and target in known:
+                note = f"{name} is {target} in {surface.described()} ({rename.source}); written as {target}"
+                return Verdict(target, note)
     return None
 
 
@@ -166,12 +164,9 @@ def judge_flag(surface: Surface, flag: str) -> Verdict:
         row = surface.flags[flag]
         note = f"{flag} is deprecated in {surface.described()}: {row[4]}" if row[4] else None
         return Verdict(row[0], note)
-    rename = _renamed(renames().flags, flag, set(surface.flags))
-    if rename is not None:
-        target = rename.new if flag == rename.old else rename.old
-        return Verdict(
-            target, f"{flag} is {target} in {surface.described()} ({rename.source}); written as {target}"
-        )
+    translated = _translated(renames().flags, flag, surface.flags, surface)
+    if translated is not None:
+        return translated
     newer = first_with_flag(flag, surface.version)
     if newer is not None:
         return Verdict(
@@ -186,12 +181,9 @@ def judge_variable(surface: Surface, name: str) -> Verdict:
     """A `VLLM_*` environment name for this vLLM: kept, translated with a note, or refused."""
     if name in surface.environment or not name.startswith("VLLM_"):
         return Verdict(name)
-    rename = _renamed(renames().environment, name, surface.environment)
-    if rename is not None:
-        target = rename.new if name == rename.old else rename.old
-        return Verdict(
-            target, f"{name} is {target} in {surface.described()} ({rename.source}); set as {target}"
-        )
+    translated = _translated(renames().environment, name, surface.environment, surface)
+    if translated is not None:
+        return translated
     newer = first_with_variable(name, surface.version)
     if newer is not None:
         return Verdict(
