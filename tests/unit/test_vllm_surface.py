@@ -107,3 +107,37 @@ def test_a_damaged_record_is_not_believed(tmp_path: Path):
     assert ask_vllm.recorded(tmp_path) is None
     version, said, text = ask_vllm.judge_answer(["not json"], tmp_path)
     assert version is None and text == "" and said and "no usable answer" in said
+
+
+def test_the_clusters_computed_flags_are_flags_of_every_bundled_version():
+    """`cluster unit` adds these to the server's arguments on every node; each shipped version's own
+    parser (the tables) has every one of them, so multi-node bring-up is not refused on any bundle."""
+    from rocmdoctor.cluster.layout import ClusterLayout
+
+    layouts = [
+        ClusterLayout(2, "10.0.0.1"),
+        ClusterLayout(2, "10.0.0.1", layout="data"),
+        ClusterLayout(2, "10.0.0.1", backend="ray"),
+    ]
+    for version in surface.SHIPPED:
+        table = shipped(version)
+        for layout in layouts:
+            for rank in (0, 1):
+                words = layout.vllm_args(rank)
+                flags = [w for w in words if w.startswith("--")]
+                assert all(judge_flag(table, flag).refusal is None for flag in flags), (version, words)
+
+
+def test_what_tune_writes_is_a_flag_of_every_bundled_version():
+    """`tune --write` puts these into the unit or Lemonade's arguments; every shipped version has them
+    and takes one value for each."""
+    from rocmdoctor.provision.tune.search import Setting
+
+    words = Setting(8, 2048).flags()
+    for version in surface.SHIPPED:
+        table = shipped(version)
+        for flag in words[::2]:
+            assert judge_flag(table, flag).refusal is None and table.lengths[flag] == (flag, 1), (
+                version,
+                flag,
+            )
