@@ -10,28 +10,16 @@ from pathlib import Path
 import pytest
 
 from harness.vllm_versions import VERSIONS, python_and_env
+from rocmdoctor.cluster.layout import ClusterLayout
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCHER = REPO / "provision" / "server" / "vllm_serve.py"
 
 pytestmark = pytest.mark.system
 
-# What the cluster worker's unit passes after the launcher (provision/server/cluster_unit.py).
-WORKER_ARGS = [
-    "--model",
-    "/srv/models/tiny",
-    "--headless",
-    "--data-parallel-size",
-    "2",
-    "--data-parallel-size-local",
-    "1",
-    "--data-parallel-start-rank",
-    "1",
-    "--data-parallel-address",
-    "10.0.0.1",
-    "--data-parallel-rpc-port",
-    "13345",
-]
+# What the cluster worker's unit passes after the launcher (provision/server/cluster_unit.py): the
+# model's own arguments and the layout's, here a data-parallel worker (rank 1: --headless).
+WORKER_ARGS = ["--model", "/srv/models/tiny", *ClusterLayout(2, "10.0.0.1", layout="data").vllm_args(1)]
 
 ASK = """
 import importlib.util, json, runpy, sys, warnings
