@@ -7,7 +7,7 @@
 # tests/harness/vllm_flags_gen.py generates the shipped table of each from it.
 # Why not each version as a full engine: 0.20.1 and 0.22.1 pin torch 2.11.0, whose PyPI wheel for x86_64
 # is a CUDA build (530.6 MB, plus about 1.2 GB of nvidia-* wheels it requires; measured 2026-11-27).
-# About 330 MB downloaded once, 130 MB kept.
+# About 361 MB downloaded once (75, 79, 102 and 105 MB wheels), 128 MB kept.
 set -euo pipefail
 root="$ROCMDOCTOR_TEST_CACHE/vllm-sources"
 stamp="$root/.rocmdoctor-vllm-sources-ok"
