@@ -30,6 +30,7 @@ from rocmdoctor.facts.installed_bundle import bundle_digest
 from rocmdoctor.host import RunResult
 from rocmdoctor.host_processes import run_program
 from rocmdoctor.model import SCHEMA_VERSION
+from rocmdoctor.provision.bundle import ask_vllm
 from rocmdoctor.provision.server import jit_cache
 from rocmdoctor.rootfs import read_regular
 from rocmdoctor.vllm.environment import bundle_env
@@ -61,6 +62,10 @@ class Step:
     detail: str
     failures: list[Failure] = field(default_factory=list)
     count: int = 0  # failures found (only the first MAX_FAILURES are kept)
+    # What does not fail the step: a file outside the load closure that cannot resolve, a library
+    # taken from this host (first MAX_FAILURES; note_count says how many)
+    notes: list[str] = field(default_factory=list)
+    note_count: int = 0
 
 
 @dataclass
@@ -75,6 +80,12 @@ class Qualification:
     elf_files: int = 0
     skipped: bool = False  # --skip-qualify: activated without checking
     schema_version: int = SCHEMA_VERSION
+    # What the bundle's own vLLM said it accepts (asked in the import step's interpreter): its version and
+    # where the answer is kept (ask_vllm), or why it could not be asked. The answer itself is not part of
+    # this record: `surface_text` is written beside it (vllm/surface.RECORD).
+    vllm_version: str | None = None
+    vllm_surface: str | None = None
+    surface_text: str = field(default="", repr=False)
 
     @property
     def failures(self) -> list[Failure]:
@@ -88,7 +99,9 @@ class Qualification:
         return failures[0].message + (f" (and {more} more failure(s))" if more > 0 else "")
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        doc = asdict(self)
+        del doc["surface_text"]
+        return doc
 
 
 class _Tree:
@@ -164,6 +177,9 @@ class _Resolver:
         system = system_library(name)
         if system is not None:
             return "system", system
+        host = system_library(name, allowed_only=False)
+        if host is not None:
+            return "host", host
         return "", None
 
     def needed(self, facts: ElfFacts) -> list[tuple[str, ElfFacts | None]]:
@@ -189,6 +205,45 @@ class _Resolver:
         return order
 
 
+def _is_root(rel: str) -> bool:
+    """What `import torch, vllm._C` and the server's entry point load first: the interpreter and the
+    extension modules directly in the torch and vllm packages (torch/_C, vllm/_C, vllm/_rocm_C, ...).
+    Python-level imports beyond them are the import step's to judge, which runs them for real."""
+    if rel in ("bin/python3", "bin/python"):
+        return True
+    parts = rel.split("/")
+    return (
+        _in_python_tree(rel)
+        and len(parts) >= 2
+        and parts[-2] in ("torch", "vllm")
+        and parts[-3:-2] == ["site-packages"]
+        and ".so" in parts[-1]
+    )
+
+
+def load_closure(resolver: _Resolver) -> set[str] | None:
+    """The files the dynamic loader maps for the roots (_is_root), as _Resolver resolves them (RUNPATH/
+    RPATH with $ORIGIN, the bundle's sonames, the host's libraries); None when the tree has no root
+    (then every file is judged)."""
+    roots = [facts for rel, facts in resolver.scan.elfs.items() if _is_root(rel)]
+    if not roots:
+        return None
+    closure: set[str] = set()
+    for root in roots:
+        closure.add(root.path)
+        closure.update(lib.path for lib in resolver.closure(root) if lib.path in resolver.scan.elfs)
+    return closure
+
+
+def _renamed_hint(resolver: _Resolver, name: str) -> str:
+    """A library the bundle carries under another name that ends in `name`
+    (librocm_sysdeps_liblzma.so.5 for liblzma.so.5): its soname never satisfies the DT_NEEDED."""
+    renamed = sorted(k for k in resolver.tree.by_name if k != name and k.endswith("_" + name))
+    if not renamed:
+        return ""
+    return f"; the bundle carries {renamed[0]}, whose name never satisfies a DT_NEEDED of {name} (a renamed library)"
+
+
 def _defines(libs: list[ElfFacts], name: str, version: str) -> bool:
     for lib in libs:
         versions = lib.defined.get(name)
@@ -202,39 +257,56 @@ def _defines(libs: list[ElfFacts], name: str, version: str) -> bool:
     return False
 
 
-def _step(step_id: str, failures: list[Failure], passed: str) -> Step:
+def _step(step_id: str, failures: list[Failure], passed: str, notes: list[str] | None = None) -> Step:
+    notes = notes or []
     if failures:
-        return Step(step_id, "failed", failures[0].message, failures[:MAX_FAILURES], len(failures))
-    return Step(step_id, "passed", passed)
+        step = Step(step_id, "failed", failures[0].message, failures[:MAX_FAILURES], len(failures))
+    else:
+        step = Step(step_id, "passed", passed + (f" ({len(notes)} note(s))" if notes else ""))
+    step.notes, step.note_count = notes[:MAX_FAILURES], len(notes)
+    return step
 
 
-def check_libraries(resolver: _Resolver, tag: str) -> Step:
+def check_libraries(resolver: _Resolver, tag: str, closure: set[str] | None = None) -> Step:
+    """Every DT_NEEDED of the load closure resolves; outside it (an optional plugin nothing loads) an
+    unresolvable one is a note. A library taken from this host is named in a note."""
     failures = []
+    notes: list[str] = []
     for facts in resolver.scan.elfs.values():
+        loaded = closure is None or facts.path in closure
         if facts.error:
-            failures.append(Failure("libraries", f"{tag}: {facts.path}: {facts.error}", facts.path))
+            if loaded:
+                failures.append(Failure("libraries", f"{tag}: {facts.path}: {facts.error}", facts.path))
+            else:
+                notes.append(f"{facts.path}: {facts.error} (nothing loads it)")
             continue
         for name, dep in resolver.needed(facts):
             if dep is None:
                 where = ", ".join(_search_dirs(facts)) or "no $ORIGIN RPATH/RUNPATH"
-                failures.append(
-                    Failure(
-                        "libraries",
-                        f"{tag}: {facts.path} needs {name}, which is neither in the bundle ({where}) "
-                        "nor a system library rocmdoctor allows (bundles/qualification.toml)",
-                        facts.path,
-                        name,
-                    )
+                message = (
+                    f"{tag}: {facts.path} needs {name}, which is neither in the bundle ({where}) "
+                    "nor a library of this host" + _renamed_hint(resolver, name)
                 )
+                if loaded:
+                    failures.append(Failure("libraries", message, facts.path, name))
+                else:
+                    notes.append(message + " (nothing import torch, vllm._C or the server loads needs it)")
+            elif loaded and resolver.find(facts, name)[0] == "host":
+                notes.append(f"{facts.path} takes {name} from this host (/{dep.path})")
     total = len(resolver.scan.elfs)
-    return _step("libraries", failures, f"every DT_NEEDED of {total} ELF file(s) resolves")
+    scope = f"{len(closure)} loaded of {total}" if closure is not None else f"{total}"
+    return _step("libraries", failures, f"every DT_NEEDED of {scope} ELF file(s) resolves", notes)
 
 
-def check_symbols(resolver: _Resolver, tag: str) -> Step:
+def check_symbols(resolver: _Resolver, tag: str, closure: set[str] | None = None) -> Step:
     failures = []
     checked = 0
+    outside = 0
     for facts in resolver.scan.elfs.values():
         if facts.elf_type != "ET_DYN" or not facts.undefined:
+            continue
+        if closure is not None and facts.path not in closure:
+            outside += 1  # nothing the server imports loads it: the import step covers what Python loads
             continue
         checked += 1
         scope = resolver.closure(facts)
@@ -260,12 +332,12 @@ def check_symbols(resolver: _Resolver, tag: str) -> Step:
                     wanted,
                 )
             )
-    return _step("symbols", failures, f"every undefined symbol of {checked} shared object(s) is defined")
+    passed = f"every undefined symbol of {checked} loaded shared object(s) is defined"
+    return _step("symbols", failures, passed + (f"; {outside} not loaded, not checked" if outside else ""))
 
 
-def check_code_objects(scan: TreeScan, gfx: str | None, tag: str) -> Step:
-    if not gfx:
-        return Step("code_objects", "skipped", "no AMD GPU found on this host (pass --gfx to check for one)")
+def _code_objects_for(scan: TreeScan, gfx: str, tag: str, whose: str) -> tuple[list[Failure], int]:
+    """(failures, how many files carry code for `gfx`); `whose`: "this host's" or the family's."""
     failures = []
     holders = 0
     for facts in scan.elfs.values():
@@ -278,7 +350,7 @@ def check_code_objects(scan: TreeScan, gfx: str | None, tag: str) -> Step:
             failures.append(
                 Failure(
                     "code_objects",
-                    f"{tag}: {facts.path} carries GPU code for {held} only, not this host's {gfx}",
+                    f"{tag}: {facts.path} carries GPU code for {held} only, not {whose} {gfx}",
                     facts.path,
                     gfx,
                 )
@@ -286,20 +358,41 @@ def check_code_objects(scan: TreeScan, gfx: str | None, tag: str) -> Step:
         elif facts.compressed_bundles:
             holders += 1  # compressed: its targets are not readable here (see docs/install.md)
     standalone = scan.code_objects
-    standalone_for_host = [p for p, targets in standalone.items() if gfx in targets]
-    holders += len(standalone_for_host)
+    holders += len([p for p, targets in standalone.items() if gfx in targets])
     if not failures and holders == 0:
         seen = sorted({t for targets in standalone.values() for t in targets})
         failures.append(
             Failure(
                 "code_objects",
-                f"{tag} carries no GPU code objects for this host's {gfx}"
+                f"{tag} carries no GPU code objects for {whose} {gfx}"
                 + (f" (it has {', '.join(seen)})" if seen else ""),
                 None,
                 gfx,
             )
         )
-    return _step("code_objects", failures, f"{holders} file(s) carry code objects for {gfx}")
+    return failures, holders
+
+
+def check_code_objects(scan: TreeScan, gfx: str | None, tag: str, targets: tuple[str, ...] = ()) -> Step:
+    """The code objects hold this host's ISA; with no GPU of the bundle's family here (a build host),
+    every ISA of the family (`targets`: the manifest's, or the one --gfx names)."""
+    if gfx:
+        failures, holders = _code_objects_for(scan, gfx, tag, "this host's")
+        return _step("code_objects", failures, f"{holders} file(s) carry code objects for {gfx}")
+    if not targets:
+        return Step("code_objects", "skipped", "no AMD GPU found on this host (pass --gfx to check for one)")
+    failures = []
+    counts = []
+    for target in targets:
+        found, holders = _code_objects_for(scan, target, tag, "the family's")
+        failures += found
+        counts.append(f"{target}: {holders}")
+    return _step(
+        "code_objects",
+        failures,
+        f"no GPU of the family on this host: every ISA of the family checked (files carrying code: "
+        f"{', '.join(counts)})",
+    )
 
 
 def _why(done: RunResult, timeout_s: float) -> str:
@@ -338,14 +431,39 @@ def import_modules(scan: TreeScan) -> list[str]:
     return modules
 
 
-def check_import(root: Path, scan: TreeScan, tag: str, timeout_s: float) -> Step:
+# After the imports, the same interpreter asks vLLM what it accepts (rocmdoctor/probes/vllm_surface.py):
+# one run of the bundle's Python. A failure of that question leaves the import's verdict alone.
+ASK_VLLM = """
+import runpy, sys
+try:
+    runpy.run_path({probe!r}, run_name="__main__")
+except BaseException as exc:
+    print("rocmdoctor: vLLM could not be asked for its flags: %r" % (exc,), file=sys.stderr)
+"""
+
+
+def check_import(
+    root: Path, scan: TreeScan, tag: str, timeout_s: float, answer: list[str] | None = None
+) -> Step:
+    """The import step; with `answer`, the bundle's vLLM is asked in the same run and its stdout (the
+    probe's document, or nothing) appended to it."""
     modules = import_modules(scan)
     if not modules:
         return Step("import", "skipped", "the bundle carries neither torch nor vllm._C")
     python = root / "bin" / "python3"
     code = "\n".join(f"import {m}" for m in modules)
-    done = run_program([str(python), "-c", code], timeout_s, env=bundle_env({"PATH": UNIT_PATH}))
+    ask = answer is not None and "vllm._C" in modules
+    if ask:
+        code += ASK_VLLM.format(probe=ask_vllm.probe_path())
+    done = run_program(
+        [str(python), "-c", code],
+        timeout_s,
+        max_output=ask_vllm.ASK_OUTPUT,
+        env=bundle_env({"PATH": UNIT_PATH}),
+    )
     if done.returncode == 0:
+        if ask and answer is not None:
+            answer.append(done.stdout)
         return Step("import", "passed", f"bin/python3 imports {', '.join(modules)}")
     message = f"{tag}: the bundle's bin/python3 cannot import {', '.join(modules)} ({_why(done, timeout_s)})"
     return _step("import", [Failure("import", message, "bin/python3")], "")
@@ -358,22 +476,27 @@ def qualify(
     gfx: str | None,
     import_timeout_s: float = IMPORT_TIMEOUT_S,
     workers: int | None = None,
+    targets: tuple[str, ...] = (),
 ) -> Qualification:
-    """Run every step on the tree at `root` (nothing is written)."""
+    """Run every step on the tree at `root` (nothing is written). `targets`: the family's ISAs, checked
+    when `gfx` is None (no GPU of the family on this host)."""
     started = time.monotonic()
     scan = scan_tree(root, workers)
     resolver = _Resolver(scan)
+    closure = load_closure(resolver)
     steps = [
-        check_libraries(resolver, tag),
-        check_symbols(resolver, tag),
-        check_code_objects(scan, gfx, tag),
+        check_libraries(resolver, tag, closure),
+        check_symbols(resolver, tag, closure),
+        check_code_objects(scan, gfx, tag, targets),
         check_compiler(root, tag),
     ]
     # The import runs the bundle's code: only once the static steps found nothing that would fail it.
+    answer: list[str] = []
     if any(s.status == "failed" for s in steps):
         steps.append(Step("import", "skipped", "a static step failed"))
     else:
-        steps.append(check_import(root, scan, tag, import_timeout_s))
+        steps.append(check_import(root, scan, tag, import_timeout_s, answer))
+    version, said, text = ask_vllm.judge_answer(answer, root)
     return Qualification(
         tag=tag,
         qualified=not any(s.status == "failed" for s in steps),
@@ -383,6 +506,9 @@ def qualify(
         checked_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         elapsed_s=round(time.monotonic() - started, 3),
         elf_files=len(scan.elfs),
+        vllm_version=version,
+        vllm_surface=said,
+        surface_text=text,
     )
 
 
@@ -441,6 +567,7 @@ class QualifyOptions:
     import_timeout_s: float = IMPORT_TIMEOUT_S
     workers: int | None = None
     last: Qualification | None = None
+    targets: tuple[str, ...] = ()  # with gfx None: the family's ISAs (a build host without its GPU)
 
 
 class NotQualified(RuntimeError):
@@ -457,13 +584,16 @@ def qualify_tree(
     if options.skip:
         options.last = skipped(tag, digest, options.gfx)
     else:
-        options.last = qualify(tree, tag, digest, options.gfx, options.import_timeout_s, options.workers)
+        options.last = qualify(
+            tree, tag, digest, options.gfx, options.import_timeout_s, options.workers, options.targets
+        )
     if live and not options.last.qualified and not options.skip:
         raise NotQualified(
             f"{options.last.first_failure()}. Not activated: the installed {tag} stays current (this "
             "build was discarded). Report the bundle to its publisher; --skip-qualify installs it unchecked"
         )
     record(tree, options.last)
+    ask_vllm.keep(tree, options.last.surface_text)
     jit_cache.write_bundle_env(tree, digest, options.gfx)  # the unit's caches for this bundle and GPU
 
 

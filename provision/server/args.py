@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rocmdoctor.facts.vendor_advice import server_environment
 from rocmdoctor.params import host_problem, name_problem
 from rocmdoctor.provision.server.plan_settings import PlannedSettings
 from rocmdoctor.vllm.flags import FLAGS, VLLM_VERSION
 from rocmdoctor.vllm.memory_rule import MIN_USEFUL_UTILIZATION, recommended, requested_bytes
+from rocmdoctor.vllm.surface import Surface, judge_flag, judge_variable
 
 GIB = 1 << 30
 DEFAULT_HOST = "127.0.0.1"
@@ -73,6 +75,7 @@ class GpuPool:
     total: int | None  # None: the host did not say
     free: int | None
     unified: bool  # APU: the pool is system memory (GTT), shared with the CPU
+    gfx: str | None = None  # its ISA (e.g. gfx942); None: the family names it
 
 
 @dataclass
@@ -88,6 +91,9 @@ class Choices:
     max_num_seqs: int | None = None
     tensor_parallel_size: int | None = None
     extra: Sequence[str] = ()
+    # The vLLM the arguments are for (vllm/surface.py): the installed bundle's own answer, or the shipped
+    # table of its version. None: rocmdoctor's own list (FLAGS), unknown flags passed with a note.
+    vllm: Surface | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +154,7 @@ def parse_extra(extra: str | Iterable[str]) -> list[str]:
     return list(extra)
 
 
-def flag_meanings(token: str) -> set[str]:
+def flag_meanings(token: str, table: Mapping[str, tuple[str, int]] = FLAGS) -> set[str]:
     """Every vLLM flag (its long name) that vLLM's parser could read `token` as; empty for a value.
 
     vLLM's FlexibleArgumentParser rewrites `_` to `-` in long names and reads `--name.key value` as
@@ -160,49 +166,67 @@ def flag_meanings(token: str) -> set[str]:
     if not token.startswith("-") or token in ("-", "--") or NEGATIVE_NUMBER.fullmatch(token):
         return set()
     if token.startswith("-O") and not token.startswith("--"):
-        return {FLAGS["--optimization-level"][0]}
+        return {table["--optimization-level"][0]}
     name = token.split("=", 1)[0].split(".", 1)[0]
     if token.startswith("--"):
         name = "--" + name[2:].replace("_", "-")
-    if name in FLAGS:
-        return {FLAGS[name][0]}
+    if name in table:
+        return {table[name][0]}
     if token.startswith("--"):
-        candidates = [option for option in FLAGS if option.startswith(name)]
+        candidates = [option for option in table if option.startswith(name)]
     else:
         # argparse matches single-dash words whole ("-a=1" is no prefix of "-ac"); a dotted key reaches it
         # without its value.
         seen = name if "." in token.split("=", 1)[0] else token
-        candidates = [option for option in FLAGS if not option.startswith("--") and option.startswith(seen)]
-        if seen[:2] in FLAGS:
+        candidates = [option for option in table if not option.startswith("--") and option.startswith(seen)]
+        if seen[:2] in table:
             candidates.append(seen[:2])
-    return {FLAGS[option][0] for option in candidates}
+    return {table[option][0] for option in candidates}
 
 
 @dataclass
 class ExtraCheck:
     flags: list[str]  # long names of the vLLM flags the words set
     notes: list[str]
+    words: list[str] = field(default_factory=list)  # the words to write (a renamed flag translated)
 
 
-def inspect_extra(extra: Sequence[str]) -> ExtraCheck:
+def inspect_extra(extra: Sequence[str], vllm: Surface | None = None) -> ExtraCheck:
     """Refuse secrets on the command line, flags rocmdoctor computes and words vLLM would take as the model.
 
     Every word is classified with vLLM's own rules (flag_meanings); a word that could mean a refused or
     computed flag is refused even when vLLM would also find it ambiguous. A flag unknown to the vLLM
     version the list comes from is passed with a note (a newer bundle may know it).
+
+    With `vllm` (the bundle's own answer or its version's shipped table) the words are read with that
+    version's parser: a renamed flag is translated with a note, a deprecated one noted, and an unknown
+    one refused naming the version (and the first shipped version that has it).
     """
+    table = vllm.lengths if vllm is not None else FLAGS
     problems: list[str] = []
     flags: list[str] = []
     notes: list[str] = []
+    words: list[str] = []
     takes = 0  # how many following words the last flag may still take as its value (-1: any number)
     for token in extra:
+        words.append(token)
         shown = token.split("=", 1)[0]  # never echo a value: it may be the secret
         if token == "--":
             raise ArgumentError(
                 "a second `--` among the vLLM arguments: vLLM would read every word after it "
                 "as the model; remove it"
             )
-        meanings = flag_meanings(token)
+        meanings = flag_meanings(token, table)
+        if not meanings and vllm is not None and token.startswith("--") and " " not in shown:
+            verdict = judge_flag(vllm, "--" + shown[2:].replace("_", "-"))
+            if verdict.refusal:
+                problems.append(verdict.refusal)
+                takes = -1
+                continue
+            if verdict.note:
+                notes.append(verdict.note)
+                words[-1] = verdict.name + token[len(shown) :]
+                meanings = flag_meanings(words[-1], table)
         if not meanings:
             # argparse reads an unmatched "-word" as an option, unless it is a number or holds a space.
             if (
@@ -211,9 +235,8 @@ def inspect_extra(extra: Sequence[str]) -> ExtraCheck:
                 and not NEGATIVE_NUMBER.fullmatch(token)
                 and " " not in token
             ):
-                notes.append(
-                    f"{shown} is not a flag of vLLM {VLLM_VERSION} (rocmdoctor's list); vLLM may refuse it"
-                )
+                what = vllm.described() if vllm is not None else f"vLLM {VLLM_VERSION} (rocmdoctor's list)"
+                notes.append(f"{shown} is not a flag of {what}; vLLM may refuse it")
                 takes = -1
             elif takes == 0:
                 problems.append(
@@ -240,17 +263,44 @@ def inspect_extra(extra: Sequence[str]) -> ExtraCheck:
             continue
         flag = next(iter(meanings))
         flags.append(flag)
-        name = token.split("=", 1)[0]
+        if vllm is not None:
+            note = judge_flag(vllm, flag).note
+            if note and note not in notes:
+                notes.append(note)
+        name = words[-1].split("=", 1)[0]
         attached = "=" in token or (
             not token.startswith("--")
             and len(name) > 2
-            and name not in FLAGS
-            and not any(option.startswith(name) for option in FLAGS)
+            and name not in table
+            and not any(option.startswith(name) for option in table)
         )
-        takes = 0 if attached else FLAGS[flag][1]  # -qfp8, -O3, --dtype=half carry their value
+        takes = 0 if attached else table[flag][1]  # -qfp8, -O3, --dtype=half carry their value
     if problems:
         raise ArgumentError("; ".join(problems))
-    return ExtraCheck(flags, notes)
+    return ExtraCheck(flags, notes, words)
+
+
+def check_environment(
+    environment: Mapping[str, str], vllm: Surface | None
+) -> tuple[dict[str, str], list[str]]:
+    """The server's `VLLM_*` variables for this vLLM: renamed ones translated (with a note), unknown ones
+    refused naming the version (ArgumentError). Without `vllm` they pass as they are."""
+    if vllm is None:
+        return dict(environment), []
+    out: dict[str, str] = {}
+    notes: list[str] = []
+    problems: list[str] = []
+    for name, value in environment.items():
+        verdict = judge_variable(vllm, name)
+        if verdict.refusal:
+            problems.append(verdict.refusal)
+            continue
+        if verdict.note:
+            notes.append(verdict.note)
+        out[verdict.name] = value
+    if problems:
+        raise ArgumentError("; ".join(problems))
+    return out, notes
 
 
 def check_extra(extra: Sequence[str]) -> list[str]:
@@ -336,8 +386,8 @@ def resolve(choices: Choices, pools: Sequence[GpuPool]) -> ServerArgs:
         raise ArgumentError(f"--host {choices.host!r}: {host_error}")
     if not 0 < choices.port < 65536:
         raise ArgumentError(f"--port must be between 1 and 65535, not {choices.port}")
-    extra = parse_extra(choices.extra)
-    inspected = inspect_extra(extra)
+    inspected = inspect_extra(parse_extra(choices.extra), choices.vllm)
+    extra = inspected.words
     extra_flags = inspected.flags
     notes: list[str] = list(inspected.notes)
     served = choices.served_model_name or default_served_name(choices.model)
@@ -407,7 +457,23 @@ def resolve(choices: Choices, pools: Sequence[GpuPool]) -> ServerArgs:
                 "--tensor-parallel-size", str(len(group)), f"your choice: {len(group)} {group[0].family} GPUs"
             )
         )
-    return ServerArgs(settings, extra, notes, plan=planned.plan if planned is not None else None)
+    environment: dict[str, str] = {}
+    advised = server_environment(group[0].gfx or group[0].family) if group else None
+    if advised is not None:
+        environment.update(advised.environment)
+        notes.append(f"set {', '.join(sorted(advised.environment))} for {group[0].family}: {advised.reason}")
+    if choices.vllm is not None:
+        for setting in settings:  # what rocmdoctor computes must be a flag of this vLLM too
+            verdict = judge_flag(choices.vllm, setting.flag)
+            if verdict.refusal:
+                raise ArgumentError(f"rocmdoctor's {setting.flag}: {verdict.refusal}")
+        environment, env_notes = check_environment(environment, choices.vllm)
+        notes.extend(env_notes)
+        if not choices.vllm.asked:
+            notes.append(f"vLLM arguments checked against {choices.vllm.described()}")
+    return ServerArgs(
+        settings, extra, notes, environment=environment, plan=planned.plan if planned is not None else None
+    )
 
 
 def model_plan_settings(

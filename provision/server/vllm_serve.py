@@ -19,6 +19,7 @@ from __future__ import annotations
 import glob
 import os
 import sys
+from typing import Any
 
 MARK = "ROCMDOCTOR_VLLM_SERVE_ENV"
 
@@ -49,22 +50,58 @@ def bundle_environment(prefix: str, env: dict[str, str]) -> dict[str, str]:
     return out
 
 
+# Where `cli_env_setup` lives: vllm/entrypoints/utils.py up to 0.22 (read in the 0.19.1, 0.20.1 and 0.22.1
+# wheels), vllm/entrypoints/serve/utils/api_utils.py from 0.25 (0.25.1 and 0.32.0 wheels); the first that
+# exists in the bundle is used.
+ENV_SETUP_MODULES = ("vllm.entrypoints.serve.utils.api_utils", "vllm.entrypoints.utils")
+
+
+def env_setup_module() -> str | None:
+    """The module of the bundle's vLLM that defines cli_env_setup (None: this vLLM has none)."""
+    import importlib
+
+    for name in ENV_SETUP_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        if callable(getattr(module, "cli_env_setup", None)):
+            return name
+    return None
+
+
+def serve_command(argv: list[str]) -> tuple[Any, Any]:
+    """The `serve` subcommand as vLLM's own CLI builds it (vllm/entrypoints/cli/main.py), and its parsed
+    arguments. Only the subcommand's own methods are used (subparser_init, validate, cmd: the same from
+    0.19 to 0.32), never the module its parser comes from: that moved from vllm.entrypoints.openai.cli_args
+    (up to 0.25) to vllm.entrypoints.launchers.cli_args (0.32)."""
+    from vllm.entrypoints.cli.serve import ServeSubcommand  # type: ignore[import-not-found]
+    from vllm.utils.argparse_utils import FlexibleArgumentParser  # type: ignore[import-not-found]
+
+    parser = FlexibleArgumentParser(prog="vllm-serve")
+    subparsers = parser.add_subparsers(required=True, dest="subparser")
+    command = ServeSubcommand()
+    command.subparser_init(subparsers)
+    return command, parser.parse_args(["serve", *argv])
+
+
 def main() -> None:
     if os.environ.get(MARK) != "1":
         prefix = os.path.dirname(os.path.dirname(os.path.abspath(sys.executable)))
         env = bundle_environment(prefix, dict(os.environ))
         env[MARK] = "1"
         os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *sys.argv[1:]], env)
-    # the bundle's vLLM, absent where rocmdoctor itself runs
-    from vllm.entrypoints.cli.serve import ServeSubcommand  # type: ignore[import-not-found]
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args  # type: ignore[import-not-found]
-    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup  # type: ignore[import-not-found]
-    from vllm.utils.argparse_utils import FlexibleArgumentParser  # type: ignore[import-not-found]
+    import importlib
 
-    cli_env_setup()
-    args = make_arg_parser(FlexibleArgumentParser(prog="vllm-serve")).parse_args()
-    validate_parsed_serve_args(args)
-    ServeSubcommand.cmd(args)
+    setup = env_setup_module()
+    if setup is not None:
+        importlib.import_module(setup).cli_env_setup()
+    command, args = serve_command(sys.argv[1:])
+    logger = importlib.import_module("vllm.logger")
+    if callable(getattr(logger, "configure_logging_from_args", None)):  # 0.32: `vllm serve` calls it
+        logger.configure_logging_from_args(args)
+    command.validate(args)
+    command.cmd(args)
 
 
 # the engine's worker processes are spawned and import this module again: only the first runs main

@@ -22,8 +22,7 @@ REFUSALS = {
     "needs_v2": f"{BAD}: {EXT} needs symbol versioned_fn@PROV_2.0 (from libprovide.so.1), which none of "
     "the libraries it loads defines (libprovide.so.1)",
     "ghost": f"{BAD}: {EXT} needs libghost.so.1, which is neither in the bundle "
-    "(lib/python3.13/site-packages/torch/lib) nor a system library rocmdoctor allows "
-    "(bundles/qualification.toml)",
+    "(lib/python3.13/site-packages/torch/lib) nor a library of this host",
     "wrong_gfx": f"{BAD}: {TORCH_LIB}/libtorch_hip.so carries GPU code for gfx1100, gfx1101 only, not this "
     "host's gfx1151",
     "bad_clang": f"{BAD}: the bundled compiler driver {CLANG} does not run (exit 127: ",

@@ -21,6 +21,7 @@ import pytest
 
 from conftest import REPO
 from harness.bundles import build_bundle, write_pins
+from harness.elf_bundle import family_code_objects
 from harness.hosts import fixture_root
 
 PROVISION = REPO / "provision"
@@ -265,6 +266,8 @@ def _tree(tag: str) -> dict:
         "bin/vllm-server": (b"#!/bin/sh\necho vllm-server stand-in\n", 0o755),
         "bin/python3": (f'#!/bin/sh\nexec "{sys.executable}" "$@"\n'.encode(), 0o755),
         "lib/python3.13/site-packages/marker.txt": tag.encode(),
+        # GPU code for the family: with no GPU of it here, install checks every ISA of the family
+        **family_code_objects("gfx1151"),
     }
 
 

@@ -14,19 +14,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import runpy
 import sys
 import warnings
 
-
-def values(nargs: object) -> int:
-    """How many words after the flag argparse may take as its value: 0, 1, N, or -1 for any number."""
-    if nargs == 0:
-        return 0
-    if nargs is None or nargs == "?":
-        return 1
-    if isinstance(nargs, int):
-        return nargs
-    return -1
+# How many words after a flag argparse may take as its value (0, 1, N, -1 for any number): the rule of
+# the probe rocmdoctor runs in a bundle (src/rocmdoctor/probes/vllm_surface.py), loaded by path because
+# this interpreter (the vLLM venv's) does not have rocmdoctor installed.
+PROBE = os.path.join(os.path.dirname(__file__), "..", "..", "src", "rocmdoctor", "probes", "vllm_surface.py")
+values = runpy.run_path(PROBE)["values"]
 
 
 def parser_flags() -> tuple[str, bool, dict[str, tuple[str, int]]]:

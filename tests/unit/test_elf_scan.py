@@ -141,3 +141,40 @@ def test_version_records_decoded_directly_agree_with_pyelftools(elves):
             slow.headers = [elf._get_section_header(i) for i in range(elf.num_sections())]
             decoded = _version_names(fast)
             assert decoded == _version_names(slow) and decoded != ({}, {}), path
+
+
+def _sparse_table(elves: Path, tmp_path: Path, section: str) -> Path:
+    """libprovide.so.1 with `section` moved to a 1 GiB hole at the end of the file (a sparse file: the
+    disk holds a few KiB), as a hostile bundle can ship it."""
+    path = tmp_path / f"sparse{section.replace('.', '_')}.so"
+    data = bytearray((elves / "libprovide.so.1").read_bytes())
+    with open(elves / "libprovide.so.1", "rb") as fh:
+        elf = ELFFile(fh)
+        index = next(i for i, s in enumerate(elf.iter_sections()) if s.name == section)
+        header_at = elf["e_shoff"] + index * elf["e_shentsize"]
+    hole = (len(data) + 4095) // 4096 * 4096
+    struct.pack_into("<QQ", data, header_at + 24, hole, 1 << 30)  # Elf64_Shdr sh_offset, sh_size
+    path.write_bytes(bytes(data))
+    os.truncate(path, hole + (1 << 30))
+    return path
+
+
+@pytest.mark.parametrize("section", [".dynsym", ".dynstr"])
+def test_a_sparse_gigabyte_symbol_table_costs_no_memory(elves, tmp_path, section):
+    """A sparse 1 GiB .dynsym took qualification to 3.1 GB (issue 35): a symbol count beyond any real
+    library's is refused unread, and tables are read in place, so a 1 GiB .dynstr costs nothing either."""
+    import tracemalloc
+
+    path = _sparse_table(elves, tmp_path, section)
+    assert os.stat(path).st_blocks * 512 < 1 << 20  # really sparse here: the test measures the reader
+    tracemalloc.start()
+    try:
+        facts = scan_elf(str(tmp_path), path.name)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 32 << 20, f"{peak / 2**20:.0f} MiB held to read {section}"
+    if section == ".dynsym":
+        assert facts.error and "claims 44739242 symbols" in facts.error and "4194304" in facts.error
+    else:
+        assert facts.error is None and not facts.defined  # its names fall in the hole: read as empty

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import io
+import mmap
 import os
 import stat
 import struct
@@ -115,6 +116,11 @@ MAX_ENTRY_ID = 4096
 SCAN_WINDOW = 1 << 16  # how far past one offload bundle the next one's magic is looked for (padding)
 PARALLEL_FROM = 64
 MAX_TABLE = 1 << 30  # no dynamic symbol or string table is larger
+# Dynamic symbols read per file. The largest real table seen: libtriton.so in the vLLM 0.32 CPU
+# environment, 3.3 MB of .dynsym (about 138,000 symbols); a larger count is a hostile or broken file
+# (a sparse 1 GiB .dynsym once took qualification to 3.1 GB), recorded as unreadable, never read.
+MAX_SYMBOLS = 1 << 22
+MAX_NAME = 1 << 16  # a string of a table longer than this is cut (real C++ symbol names: a few KiB)
 MAX_VERSIONS = 1 << 16
 DT_NULL, DT_NEEDED, DT_SONAME, DT_RPATH, DT_RUNPATH = (
     0,
@@ -228,9 +234,13 @@ def read_bundle_targets(fh: BinaryIO, start: int, limit: int) -> tuple[list[str]
     return targets, found, compressed
 
 
-def _strings(data: bytes, offset: int) -> str:
-    end = data.find(b"\0", offset)
-    return data[offset : end if end >= 0 else len(data)].decode("utf-8", "replace")
+def _strings(table: memoryview, offset: int) -> str:
+    """The NUL-terminated string at `offset` of a mapped string table (never past MAX_NAME)."""
+    if offset >= len(table):
+        return ""
+    chunk = bytes(table[offset : offset + MAX_NAME])
+    end = chunk.find(b"\0")
+    return chunk[: end if end >= 0 else len(chunk)].decode("utf-8", "replace")
 
 
 def _version_names(sections: _Sections) -> tuple[dict[int, str], dict[int, tuple[str, str]]]:
@@ -259,8 +269,8 @@ def _version_names_bulk(sections: _Sections) -> tuple[dict[int, str], dict[int, 
     defs: dict[int, str] = {}
     needs: dict[int, tuple[str, str]] = {}
     for index in sections.indexes("SHT_GNU_verdef"):
-        raw, count = sections.data(index), sections.headers[index]["sh_info"]
-        strings = sections.data(sections.headers[index]["sh_link"])
+        raw, count = sections.view(index), sections.headers[index]["sh_info"]
+        strings = sections.view(sections.headers[index]["sh_link"])
         pos = 0
         for _ in range(min(count, MAX_VERSIONS)):
             if pos + 20 > len(raw):
@@ -272,8 +282,8 @@ def _version_names_bulk(sections: _Sections) -> tuple[dict[int, str], dict[int, 
                 break
             pos += nxt
     for index in sections.indexes("SHT_GNU_verneed"):
-        raw, count = sections.data(index), sections.headers[index]["sh_info"]
-        strings = sections.data(sections.headers[index]["sh_link"])
+        raw, count = sections.view(index), sections.headers[index]["sh_info"]
+        strings = sections.view(sections.headers[index]["sh_link"])
         pos = 0
         for _ in range(min(count, MAX_VERSIONS)):
             if pos + 16 > len(raw):
@@ -296,25 +306,29 @@ def _version_names_bulk(sections: _Sections) -> tuple[dict[int, str], dict[int, 
 
 
 def _symbols(elf: ELFFile, facts: ElfFacts, sections: _Sections) -> None:
+    """The dynamic symbols, read in place from the file's mapping (no copy of a table is made, and pages
+    are touched only where an entry or a name is), at most MAX_SYMBOLS of them."""
     found = sections.indexes("SHT_DYNSYM")
     if not found:
         return
     dynsym = sections.headers[found[0]]
-    strtab = sections.data(dynsym["sh_link"])
-    raw = sections.data(found[0])
     little = elf.little_endian
     if elf.elfclass == 64:
         fmt, width = ("<" if little else ">") + "IBBHQQ", 24
     else:
         fmt, width = ("<" if little else ">") + "IIIBBH", 16
+    count = min(dynsym["sh_size"], MAX_TABLE) // width
+    if count > MAX_SYMBOLS:
+        raise ValueError(
+            f"its dynamic symbol table claims {count} symbols, more than any real library has "
+            f"(read up to {MAX_SYMBOLS})"
+        )
+    strtab = sections.view(dynsym["sh_link"])
+    raw = sections.view(found[0])
     raw = raw[: len(raw) - len(raw) % width]
     versym_index = sections.indexes("SHT_GNU_versym")
-    versyms: list[int] = []
-    if versym_index:
-        vraw = sections.data(versym_index[0])
-        versyms = [
-            v for (v,) in struct.iter_unpack(("<" if little else ">") + "H", vraw[: len(vraw) // 2 * 2])
-        ]
+    versyms = sections.view(versym_index[0]) if versym_index else memoryview(b"")
+    half = ("<" if little else ">") + "H"
     defs, needs = _version_names(sections)
     defined: dict[str, list[str]] = {}
     for index, entry in enumerate(struct.iter_unpack(fmt, raw)):
@@ -330,7 +344,7 @@ def _symbols(elf: ELFFile, facts: ElfFacts, sections: _Sections) -> None:
         name = _strings(strtab, name_off)
         if not name:
             continue
-        versym = versyms[index] if index < len(versyms) else 1
+        versym = struct.unpack_from(half, versyms, 2 * index)[0] if 2 * index + 2 <= len(versyms) else 1
         hidden, vindex = bool(versym & 0x8000), versym & 0x7FFF
         if shndx == 0:  # SHN_UNDEF
             if binding == 2:  # STB_WEAK: may stay unresolved
@@ -382,8 +396,8 @@ def _dynamic_tags(elf: ELFFile, sections: _Sections, index: int, facts: ElfFacts
     in one pass (pyelftools' iter_tags costs about 30 µs a tag); False for other files."""
     if not (elf.little_endian and elf.elfclass == 64 and elf["e_machine"] == "EM_X86_64"):
         return False
-    raw = sections.data(index)
-    strings = sections.data(sections.headers[index]["sh_link"])
+    raw = sections.view(index)
+    strings = sections.view(sections.headers[index]["sh_link"])
     for tag, value in struct.iter_unpack("<qQ", raw[: len(raw) // 16 * 16]):
         if tag == DT_NULL:
             break
@@ -407,6 +421,7 @@ class _Sections:
         self.bulk = self._bulk(elf, count)
         self.headers: list[Any] = self.bulk or [elf._get_section_header(i) for i in range(count)]
         self._made: dict[int, Any] = {}
+        self._map: mmap.mmap | None = None
 
     @staticmethod
     def _bulk(elf: ELFFile, count: int) -> list[Any] | None:
@@ -451,13 +466,16 @@ class _Sections:
     def indexes(self, kind: str) -> list[int]:
         return [i for i, h in enumerate(self.headers) if h["sh_type"] == kind]
 
-    def data(self, index: int) -> bytes:
-        """A section's bytes, read by its header (no Section object)."""
+    def view(self, index: int) -> memoryview:
+        """A section's bytes in place, from a read-only mapping of the file (nothing read until used;
+        a hole in a sparse file costs no memory); empty for SHT_NOBITS or past the end of the file."""
         if not 0 <= index < len(self.headers) or self.headers[index]["sh_type"] == "SHT_NOBITS":
-            return b""
+            return memoryview(b"")
+        if self._map is None:
+            self._map = mmap.mmap(self.elf.stream.fileno(), 0, access=mmap.ACCESS_READ)
         header = self.headers[index]
-        self.elf.stream.seek(header["sh_offset"])
-        return self.elf.stream.read(min(header["sh_size"], MAX_TABLE))
+        start = min(header["sh_offset"], len(self._map))
+        return memoryview(self._map)[start : start + min(header["sh_size"], MAX_TABLE)]
 
 
 def scan_elf(root: str, rel: str) -> ElfFacts:
@@ -490,7 +508,7 @@ def scan_elf(root: str, rel: str) -> ElfFacts:
                             facts.rpath += [p for p in getattr(tag, "rpath").split(":") if p]  # noqa: B009
                         elif kind == "DT_RUNPATH":
                             facts.runpath += [p for p in getattr(tag, "runpath").split(":") if p]  # noqa: B009
-            names = sections.data(elf["e_shstrndx"])
+            names = sections.view(elf["e_shstrndx"])
             for header in sections.headers:
                 if (
                     header["sh_type"] == "SHT_PROGBITS"
@@ -501,7 +519,7 @@ def scan_elf(root: str, rel: str) -> ElfFacts:
                     found = read_bundle_targets(fh, start, start + header["sh_size"])
                     facts.gpu_targets, facts.compressed_bundles = found[0], found[2]
             _symbols(elf, facts, sections)
-        except (ELFError, struct.error, ValueError, KeyError, AssertionError) as exc:
+        except (ELFError, struct.error, ValueError, KeyError, AssertionError, OSError) as exc:
             return ElfFacts(rel, 0, "?", error=f"not a readable ELF file ({exc})")
     return facts
 
@@ -573,11 +591,15 @@ def scan_tree(root: Path, workers: int | None = None) -> TreeScan:
 
 
 @lru_cache(maxsize=256)
-def system_library(name: str) -> ElfFacts | None:
+def system_library(name: str, allowed_only: bool = True) -> ElfFacts | None:
     """The host's copy of an allowed system library (bundles/qualification.toml), read like the
-    bundle's own files; None when the name is not allowed or the host has no x86-64 copy of it."""
+    bundle's own files; None when the name is not allowed or the host has no x86-64 copy of it.
+    `allowed_only` False: any library of that name in the host's library directories (one the bundle
+    expects from this host, such as vllm/_C's libnuma.so.1)."""
     allowed = qualification_data().get("system_libraries", {})
-    if name not in allowed.get("names", []):
+    if allowed_only and name not in allowed.get("names", []):
+        return None
+    if "/" in name:
         return None
     for directory in allowed.get("directories", []):
         path = os.path.join(directory, name)

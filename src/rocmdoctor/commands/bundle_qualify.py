@@ -90,6 +90,8 @@ def run_qualify(app: App, prefix: Path, tag: str | None, as_json: bool, options:
                 click.echo(f"{'':<22} {failure.message}")
             if step.count > 5:
                 click.echo(f"{'':<22} ... {step.count - 5} more in {doc['record']}")
+        if result.vllm_surface:
+            click.echo(f"{'vllm':<22} {result.vllm_surface}")
         click.echo(
             f"{'qualified' if result.qualified else 'NOT QUALIFIED'}: {chosen} "
             f"(gfx {result.host_gfx or 'unknown'}, {result.elf_files} ELF files, {result.elapsed_s} s)"

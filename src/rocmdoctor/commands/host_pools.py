@@ -16,6 +16,8 @@ def pools_from_facts(ctx: Context, nodes: list[int] | None = None) -> list[GpuPo
     for gpu in chosen:
         total, free = facts.usable_memory(ctx, gpu)
         pools.append(
-            GpuPool(f"node {gpu.node} ({gpu.gfx})", gpu.family or gpu.gfx, total, free, bool(gpu.apu))
+            GpuPool(
+                f"node {gpu.node} ({gpu.gfx})", gpu.family or gpu.gfx, total, free, bool(gpu.apu), gpu.gfx
+            )
         )
     return pools

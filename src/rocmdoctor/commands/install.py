@@ -276,7 +276,9 @@ def install(
             download_dir=download_dir,
             pins=choice.lock_entry if choice.trusted_on_first_use else None,
             retrust=retrust_tag is not None,
-            qualify=qualification.settings(app, skip_qualify),
+            qualify=qualification.settings(
+                app, skip_qualify, manifest.families[chosen].targets if chosen in manifest.families else ()
+            ),
         )
         if skip_qualify and not check:
             click.echo(SKIP_WARNING.format(tag=choice.tag), err=True)

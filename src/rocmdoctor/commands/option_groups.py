@@ -268,11 +268,18 @@ class QualifyChoice:
     gfx: str | None
     import_timeout: float
 
-    def settings(self, app: App, skip: bool = False) -> Any:
+    def settings(self, app: App, skip: bool = False, family_targets: tuple[str, ...] = ()) -> Any:
+        """`family_targets`: the ISAs of the bundle's family. Without --gfx and without a GPU of the
+        family on this host (a build host), code objects are checked for every one of them."""
         from rocmdoctor.commands.bundle_qualify import host_gfx
         from rocmdoctor.provision.bundle.qualify import QualifyOptions
 
-        return QualifyOptions(gfx=host_gfx(app, self.gfx), skip=skip, import_timeout_s=self.import_timeout)
+        gfx = host_gfx(app, self.gfx)
+        if self.gfx is None and family_targets and gfx not in family_targets:
+            return QualifyOptions(
+                gfx=None, skip=skip, import_timeout_s=self.import_timeout, targets=family_targets
+            )
+        return QualifyOptions(gfx=gfx, skip=skip, import_timeout_s=self.import_timeout)
 
 
 qualify_options = option_group(

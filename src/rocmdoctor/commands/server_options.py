@@ -186,7 +186,9 @@ SINGLE_SERVER = server_options(
 
 def choices(opts: dict[str, Any], **changes: Any) -> Any:
     """The server's Choices from the parsed options (--vllm-args, then the words after `--`); `changes`
-    replace what one instance of several decides for itself. Raises provision's ArgumentError."""
+    replace what one instance of several decides for itself. Raises provision's ArgumentError. The
+    arguments are judged for the vLLM of the bundle current under --prefix (provision/bundle/ask_vllm)."""
+    from rocmdoctor.provision.bundle.ask_vllm import for_prefix
     from rocmdoctor.provision.server.args import Choices, parse_extra
 
     asked = {
@@ -199,6 +201,7 @@ def choices(opts: dict[str, Any], **changes: Any) -> Any:
         "max_num_seqs": opts["max_num_seqs"],
         "tensor_parallel_size": opts["tensor_parallel_size"],
         "extra": parse_extra(opts["vllm_args"]) + list(opts["extra"]),
+        "vllm": for_prefix(opts["prefix"]) if opts.get("prefix") else None,
     }
     return Choices(**{**asked, **changes})
 
