@@ -114,8 +114,11 @@ def proc_tree(tmp_path: Path) -> Path:
     for pid, (argv, _) in enumerate(ARGV_CASES, start=100):
         proc = root / "proc" / str(pid)
         proc.mkdir(parents=True)
-        (proc / "comm").write_text("vllm\n")
-        (proc / "cmdline").write_bytes(("\x00".join(["vllm", *argv[1:]]) + "\x00").encode())
+        (proc / "comm").write_text("python3\n")
+        # a vLLM server by its identity (process_identity): a Python interpreter running vLLM's entry module
+        (proc / "exe").symlink_to("/usr/bin/python3.11")
+        entry = ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+        (proc / "cmdline").write_bytes(("\x00".join([*entry, *argv[1:]]) + "\x00").encode())
         (proc / "status").write_text("Name:\tvllm\nPPid:\t1\n")
     return root
 
@@ -138,10 +141,15 @@ def test_check_json_and_snapshot_carry_no_secret(tmp_path):
                 assert KEY not in data, member.name
 
 
-def test_a_live_process_with_a_key_is_redacted_in_check_json():
-    """The real process table: a process named like vLLM with the key on its command line."""
+def test_a_live_process_with_a_key_is_redacted_in_check_json(tmp_path):
+    """The real process table: an interpreter running a module of vllm.entrypoints (what identifies a
+    vLLM server), the key on its command line."""
+    module = tmp_path / "vllm" / "entrypoints" / "sleeper.py"
+    module.parent.mkdir(parents=True)
+    module.write_text("import time\ntime.sleep(60)\n")
     server = subprocess.Popen(
-        ["vllm", "-c", "import time; time.sleep(60)", "--api-ke", KEY], executable=sys.executable
+        [sys.executable, "-m", "vllm.entrypoints.sleeper", "--api-ke", KEY],
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
     )
     try:
         done = rocmdoctor("check", "--json", "--only", "processes.orphans")

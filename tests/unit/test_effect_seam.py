@@ -19,11 +19,16 @@ SEAM = {
     "src/rocmdoctor/host_files.py",  # the tree operations HostWriter.trees makes
     "src/rocmdoctor/atomic.py",  # the atomic writer the seam uses
     "src/rocmdoctor/host_processes.py",  # processes: run, stop, signal
+    "src/rocmdoctor/host_removal.py",  # removal of a tree by directory fds, no link followed (OwnDir)
 }
 ALLOWED: dict[tuple[str, str], tuple[int, str]] = {
     ("provision/bundle/qualify.py", "write_atomic"): (
         1,
         "the qualification record (bundle helper's module): to call writer.trees.write_json",
+    ),
+    ("provision/bundle/ask_vllm.py", "write_atomic"): (
+        1,
+        "the bundle's vLLM surface beside the qualification record, written with it: the same writer",
     ),
     ("provision/server/jit_cache.py", "write_atomic"): (
         2,
