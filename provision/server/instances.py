@@ -153,19 +153,16 @@ def render_template(
 
 
 def render_target(plan: Plan) -> str:
-    wants = " ".join(f"vllm@{i.name}.service" for i in plan.instances)
-    return (
-        f"# Written by `rocmdoctor instances --write` ({plan.layout}, {len(plan.instances)} instances); rerun it\n"
-        "# rather than editing this file.\n"
-        "[Unit]\n"
-        f"Description=vLLM servers ({plan.layout}: {len(plan.instances)} instances of vllm@.service)\n"
-        f"Wants={wants}\n"
-        # Ordered after them, so `systemctl start vllm.target` returns once every instance passed
-        # its readiness gate (or failed).
-        f"After={wants}\n\n"
-        "[Install]\n"
-        "WantedBy=multi-user.target\n"
-    )
+    """vllm.target: wants every instance and is ordered after them, so `systemctl start vllm.target`
+    returns once every instance passed its readiness gate (or failed)."""
+    wants = [unit_syntax.name(f"vllm@{i.name}.service", "an instance's unit").text for i in plan.instances]
+    fields = {
+        "layout": unit_syntax.text(plan.layout, "the layout"),
+        "count": unit_syntax.number(len(plan.instances)),
+        "wants": unit_syntax.Field(" ".join(wants)),
+    }
+    template = shipped_text("rocmdoctor.provision.server", "templates/vllm.target")
+    return unit_syntax.render(template, fields, "templates/vllm.target")
 
 
 def render_env(instance: Instance, api_key: str | None) -> str:

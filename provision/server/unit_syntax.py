@@ -105,6 +105,32 @@ def environment(settings: Mapping[str, str]) -> Field:
     return Field(" ".join(assignment(name, value) for name, value in settings.items()))
 
 
+def comment(value: str, what: str) -> Field:
+    """The rest of a `#` comment line: anything but a control character (a newline would end it)."""
+    _no_control(value, what)
+    return Field(value)
+
+
+# A drop-in that replaces the unit's command: the empty ExecStart= resets the list the unit set
+# (systemd.service(5), "ExecStart="), the second sets the new one.
+EXEC_START_DROPIN = """\
+# {{header}}
+# {{why}}
+[Service]
+ExecStart=
+ExecStart={{command}}
+"""
+
+
+def exec_start_dropin(header: str, why: str, argv: list[str | Verbatim]) -> str:
+    fields = {
+        "header": comment(header, "the header"),
+        "why": comment(why, "the reason"),
+        "command": command(argv),
+    }
+    return render(EXEC_START_DROPIN, fields, "the ExecStart= drop-in")
+
+
 def text(value: str, what: str) -> Field:
     """A free-text setting (Description=): the rest of the line, `%` escaped."""
     _no_control(value, what)

@@ -23,9 +23,9 @@ from rocmdoctor.provision.server.unit import (
     UnitError,
     WriteReport,
     apply_file,
-    command_line,
 )
 from rocmdoctor.provision.server.unit import daemon_reload as reload_units
+from rocmdoctor.provision.server.unit_syntax import Verbatim, exec_start_dropin
 from rocmdoctor.provision.tune.search import Setting
 
 DROPIN_NAME = "rocmdoctor-tune.conf"
@@ -90,15 +90,11 @@ def with_setting(argv: list[str], setting: Setting) -> list[str]:
 
 
 def render_dropin(argv: list[str], setting: Setting, why: str) -> str:
-    words = []
-    for word in argv:
-        words.append(word if _REFERENCE.fullmatch(word) else command_line([word]))
-    return (
-        "# Written by `rocmdoctor tune`: the measured best setting; rerun tune rather than editing this\n"
-        f"# file. {why.replace(chr(10), ' ')}\n"
-        "[Service]\n"
-        "ExecStart=\n"
-        f"ExecStart={' '.join(words)}\n"
+    words: list[str | Verbatim] = [Verbatim(w) if _REFERENCE.fullmatch(w) else w for w in argv]
+    return exec_start_dropin(
+        "Written by `rocmdoctor tune`: the measured best setting; rerun tune rather than editing this",
+        "file. " + re.sub(r"[\x00-\x1f\x7f]", " ", why),
+        words,
     )
 
 
