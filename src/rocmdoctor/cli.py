@@ -36,6 +36,7 @@ COMMANDS: dict[str, str] = {
     "fix": "fix:fix",
     "tune": "tune:tune",
     "cluster": "cluster:cluster",
+    "upgrade": "upgrade:upgrade",
 }
 
 
