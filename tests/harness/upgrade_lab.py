@@ -38,7 +38,9 @@ try:
     os.killpg(pid, signal.SIGKILL)
 except (OSError, ValueError):
     pass
-prefix = os.environ["UPGRADE_PREFIX"]
+# A unit's own prefix (several hosts' units in one lab), else the lab's.
+prefix_file = f"{{lab}}/{{unit}}.prefix"
+prefix = open(prefix_file).read() if os.path.exists(prefix_file) else os.environ["UPGRADE_PREFIX"]
 out = open(f"{{lab}}/{{unit}}.log", "ab")
 proc = subprocess.Popen([f"{{prefix}}/current/bin/vllm-server", "--port", port],
                         stdout=out, stderr=out, start_new_session=True)
@@ -83,11 +85,13 @@ class UpgradeLab:
             "UPGRADE_PREFIX": str(self.prefix),
         }
 
-    def start(self, unit: str, port: int) -> str:
-        """Start the unit on the current bundle (as `systemctl start` would); its URL."""
+    def start(self, unit: str, port: int, prefix: Path | None = None) -> str:
+        """Start the unit on the current bundle of its prefix (as `systemctl start` would); its URL."""
         import subprocess
 
         (self.lab / f"{unit}.port").write_text(str(port))
+        if prefix is not None:
+            (self.lab / f"{unit}.prefix").write_text(str(prefix))
         done = subprocess.run(
             [str(self.bin / "systemctl"), "restart", unit],
             env={**os.environ, **self.env()},
