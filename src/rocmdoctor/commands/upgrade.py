@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -51,6 +52,12 @@ def _units(values: tuple[str, ...]) -> tuple[object, ...]:
     if len(set(names)) != len(names):
         raise UserError(f"--unit: each unit once ({', '.join(names)})")
     return tuple(units)
+
+
+def _figures_line(unit: str, figures: dict[str, Any]) -> str:
+    measured, latency = figures["measured"], figures["p95_change_pct"]
+    p95 = "no p95" if latency is None else f"p95 {measured['p95_ms']:g} ms ({latency:+g} %)"
+    return f"{unit}: {measured['tokens_per_s']:g} tok/s ({figures['throughput_change_pct']:+g} %), {p95}"
 
 
 @click.command()
@@ -173,11 +180,7 @@ def upgrade(
         )
         result = run_upgrade(plan, options, prefix_writer(check))
     details = [f"{s['step']}{' ' + s['unit'] if s['unit'] else ''}: {s['detail']}" for s in result.steps]
-    details += [
-        f"{unit}: {f['measured']['tokens_per_s']:g} tok/s ({f['throughput_change_pct']:+g} %), "
-        f"p95 {f['measured']['p95_ms']} ms ({f['p95_change_pct']} %)"
-        for unit, f in result.figures.items()
-    ]
+    details += [_figures_line(unit, figures) for unit, figures in result.figures.items()]
     emit_change(result.change(), as_json, details)
     if result.failed:
         sys.exit(1)
