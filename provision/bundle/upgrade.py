@@ -216,7 +216,10 @@ class _Run:
             raise _GateFailed(
                 unit.name, "measure", f"bench failed: {report.get('aborted') or report.get('failures')}"
             )
-        before, after = up.figures(baseline), up.figures(report)
+        try:
+            before, after = up.figures(baseline), up.figures(report)
+        except up.BaselineError as exc:
+            raise _GateFailed(unit.name, "measure", f"the new bundle's bench report: {exc}") from None
         self.figures[unit.name] = up.comparison(before, after)
         why = up.regression(before, after, self.options.max_regression_pct)
         if why:
@@ -389,8 +392,11 @@ def _roll_back(run: _Run, reason: str) -> UpgradeResult:
         run.switch(origin)
     moved = [u for u in run.options.units if u.name in {*run.state.units_done, *run.state.batch}]
     for unit in moved:
-        run.writer.run(["systemctl", "restart", unit.name], RESTART_TIMEOUT_S)
-        why = wait_healthy(unit.url, run.options.ready_timeout_s)
+        try:
+            run.writer.run(["systemctl", "restart", unit.name], RESTART_TIMEOUT_S)
+            why = wait_healthy(unit.url, run.options.ready_timeout_s)
+        except WriteRefused as exc:
+            why = f"its restart failed ({exc}): restart it by hand"
         run.note("rollback", unit.name, f"restarted on {origin}" + (f"; {why}" if why else ""))
     run.record(up.DONE, outcome=up.ROLLED_BACK, units_done=[], batch=[])
     return UpgradeResult(

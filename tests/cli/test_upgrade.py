@@ -177,6 +177,23 @@ def test_an_interrupted_upgrade_converges_on_the_next_run(host):
     assert json.loads(state.read_text())["step"] == "done"
 
 
+def test_a_damaged_state_or_baseline_is_refused_with_what_to_do(host):
+    baseline = host.prefix / "bench-baseline.vllm@0.json"
+    baseline.write_text('{"settings": "x"}')
+    proc = rocmdoctor(
+        *host.args(GOOD), env={"ROCMDOCTOR_GITHUB_API": host.install_lab.server.api_url, **host.lab.env()}
+    )
+    assert proc.returncode == 1 and json.loads(proc.stdout)["failed"] is True
+    assert "not a usable baseline" in proc.stderr and "rocmdoctor bench --json" in proc.stderr
+    assert host.current() == OLD and host.lab.restarts() == ["restart vllm@0", "restart vllm@1"]
+    (host.prefix / ".upgrade.json").write_bytes(b"\x00garbage")
+    proc = rocmdoctor(
+        *host.args(GOOD), env={"ROCMDOCTOR_GITHUB_API": host.install_lab.server.api_url, **host.lab.env()}
+    )
+    assert proc.returncode == 1 and "is not an upgrade's state" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and host.current() == OLD
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
