@@ -13,11 +13,13 @@ import sys
 import time
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from harness.cli import rocmdoctor
 from harness.engine import free_port
 from harness.upgrade_lab import UpgradeLab, server_script
+from rocmdoctor.report import load_schema
 
 OLD = "vllm0.1.0-rocm7.0.0-gfx1151"
 GOOD = "vllm0.2.0-rocm7.0.0-gfx1151"
@@ -80,6 +82,7 @@ def test_good_bundle_moves_one_instance_at_a_time_and_a_rerun_changes_nothing(ho
     proc, doc = host.upgrade(GOOD, "--max-regression", "50")
     assert proc.returncode == 0, doc
     assert doc["outcome"] == "moved" and doc["changed"] is True and doc["failed"] is False
+    jsonschema.Draft202012Validator(load_schema("change.schema.json")).validate(doc)
     assert (doc["origin"], doc["current"]) == (OLD, GOOD)
     assert doc["diff"] == {"before": {"current": OLD}, "after": {"current": GOOD}}
     assert host.current() == GOOD
@@ -141,6 +144,7 @@ def test_check_mode_shows_the_plan_and_changes_nothing(host):
     proc, doc = host.upgrade(GOOD, "--check")
     assert proc.returncode == 0, doc
     assert doc["check"] is True and doc["changed"] is True and doc["outcome"] == "planned"
+    jsonschema.Draft202012Validator(load_schema("change.schema.json")).validate(doc)  # the one envelope
     steps = [(s["step"], s["unit"]) for s in doc["steps"]]
     assert steps[0] == ("stage", None) and ("switch", None) in steps
     assert [s for s in steps if s[0] == "restart"] == [("restart", "vllm@0"), ("restart", "vllm@1")]
