@@ -69,9 +69,10 @@ def host(install_lab, tmp_path: Path):
     lab = UpgradeLab(tmp_path / "lab", install_lab.prefix)
     units = {name: lab.start(name, free_port()) for name in ("vllm@0", "vllm@1")}
     for name, url in units.items():
-        bench = rocmdoctor("bench", "--url", url, *WORKLOAD, "--json")
+        record = install_lab.prefix / f"bench-baseline.{name}.json"
+        bench = rocmdoctor("bench", "--url", url, *WORKLOAD, "--record", str(record))
         assert bench.returncode == 0, bench.stderr
-        (install_lab.prefix / f"bench-baseline.{name}.json").write_text(bench.stdout)
+        assert json.loads(record.read_text())["settings"]["requests"] == 8
     try:
         yield Host(install_lab, lab, units)
     finally:
