@@ -10,7 +10,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import jsonschema
@@ -102,6 +104,35 @@ def test_good_bundle_moves_one_instance_at_a_time_and_a_rerun_changes_nothing(ho
     assert again_proc.returncode == 0
     assert again["changed"] is False and again["outcome"] == "current"
     assert host.lab.restarts() == restarts
+
+
+def test_requests_in_flight_end_before_the_restart_and_all_at_once_restarts_together(host):
+    """Drain: a streamed answer of 2,000 paced tokens (about 10 s) in flight when the upgrade starts
+    ends complete: the restart waited for vllm:num_requests_running to reach 0 (with
+    `--drain-timeout 0` the restart cuts it)."""
+    body = json.dumps({"model": "tiny", "prompt": "hi", "max_tokens": 2000, "stream": True}).encode()
+    answer: dict[str, bytes] = {}
+
+    def stream() -> None:
+        request = urllib.request.Request(
+            f"{host.units['vllm@0']}/v1/completions", body, {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=60) as response:
+            answer["body"] = response.read()
+
+    client = threading.Thread(target=stream)
+    client.start()
+    while not host.lab.in_flight(host.units["vllm@0"]):
+        time.sleep(0.05)
+    proc, doc = host.upgrade(GOOD, "--max-regression", "50", "--all-at-once")
+    client.join(timeout=60)
+    assert proc.returncode == 0, doc
+    assert answer["body"].rstrip().endswith(b"data: [DONE]")
+    assert answer["body"].count(b'"text"') >= 2000
+    drained = next(s for s in doc["steps"] if s["step"] == "drain" and s["unit"] == "vllm@0")
+    assert drained["detail"].startswith("no request running after ")
+    order = [(s["step"], s["unit"]) for s in doc["steps"] if s["unit"]]
+    assert order.index(("restart", "vllm@1")) < order.index(("ready", "vllm@0"))  # together
 
 
 def test_bundle_that_fails_smoke_is_rolled_back(host):

@@ -102,6 +102,16 @@ class UpgradeLab:
         assert done.returncode == 0, done.stderr
         return f"http://127.0.0.1:{port}"
 
+    @staticmethod
+    def in_flight(url: str) -> float:
+        """vllm:num_requests_running as the double exports it."""
+        import re
+        import urllib.request
+
+        text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+        found = re.search(r"^vllm:num_requests_running\{[^}]*\} (\S+)$", text, re.MULTILINE)
+        return float(found.group(1)) if found else 0.0
+
     def running(self, unit: str) -> str:
         """The bundle the unit's server was started from."""
         return (self.lab / f"{unit}.bundle").read_text()
