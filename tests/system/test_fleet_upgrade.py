@@ -22,7 +22,7 @@ from harness.upgrade_lab import UpgradeLab, server_script
 OLD = "vllm0.1.0-rocm7.0.0-gfx1151"
 GOOD = "vllm0.2.0-rocm7.0.0-gfx1151"
 BROKEN = "vllm0.3.0-rocm7.0.0-gfx1151"
-PACE = ("--token-delay", "0.005")
+PACE = ("--token-delay", "0.01")
 HOSTS = ("upgrade-h1", "upgrade-h2", "upgrade-h3")  # the units' names too: unique to this module
 
 
@@ -134,7 +134,8 @@ def test_a_bundle_that_fails_smoke_rolls_the_canary_back_and_stops(fleet):
 
 
 def test_a_good_bundle_moves_every_host_with_its_figures(fleet):
-    done = fleet.playbook(GOOD, "-e", "rocmdoctor_upgrade_max_regression=50")
+    # loose: a good bundle moves whatever the shared machine's load does to one measurement
+    done = fleet.playbook(GOOD, "-e", "rocmdoctor_upgrade_max_regression=400")
     assert done.returncode == 0, done.stdout + done.stderr
     lines = summary(done.stdout)
     assert [line.split(" (")[0] for line in lines] == [f"{h}: moved {OLD} -> {GOOD}" for h in HOSTS]
