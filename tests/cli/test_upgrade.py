@@ -158,6 +158,7 @@ def test_slower_bundle_is_rolled_back_on_the_regression_gate(host):
     assert doc["reason"].startswith("vllm@0: regression: at concurrency 4: throughput ")
     assert "(allowed: 10 %)" in doc["reason"]
     figures = doc["figures"]["vllm@0"]
+    assert figures["runs"] == 2  # confirmed by a second run before the rollback
     assert figures["throughput_change_pct"] < -10
     assert figures["measured"]["tokens_per_s"] < figures["baseline"]["tokens_per_s"]
     assert host.current() == OLD and host.lab.running("vllm@0") == OLD
