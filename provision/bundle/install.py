@@ -123,6 +123,8 @@ class InstallPlan:
     pins: LockEntry | None = None  # digests trusted on first use: recorded in <prefix>/lock.json
     retrust: bool = False  # --retrust-tag: accept digests that differ from those recorded for the tag
     qualify: QualifyOptions = field(default_factory=lambda: QualifyOptions())
+    # False: install and qualify beside `current` and leave it where it is (`upgrade` switches later)
+    activate: bool = True
 
     @property
     def total_bytes(self) -> int:
@@ -326,6 +328,9 @@ def install(plan: InstallPlan, writer: HostWriter) -> InstallResult:
         if action == "current":
             result = _result(layout, plan, False, f"{plan.tag} is already current")
             _record_pins(layout, plan, trusted, result)
+        elif action == "switch" and not plan.activate:
+            result = _result(layout, plan, False, f"{plan.tag} is installed beside {before}")
+            _record_pins(layout, plan, trusted, result)
         elif action == "switch":
             qualify_installed(
                 layout.bundles / plan.tag, plan.tag, layout.current_tag(), plan.qualify, _assets(plan)
@@ -339,9 +344,11 @@ def install(plan: InstallPlan, writer: HostWriter) -> InstallResult:
             qualify_installed(
                 layout.bundles / plan.tag, plan.tag, layout.current_tag(), plan.qualify, _assets(plan)
             )
-            result = _result(layout, plan, True, f"installed {plan.tag}")
+            staged = "" if plan.activate else f" beside {before} (not activated)"
+            result = _result(layout, plan, True, f"installed {plan.tag}{staged}")
             _record_pins(layout, plan, trusted, result)  # before `current` moves: a failure leaves it
-            _activate(layout, plan.tag)
+            if plan.activate:
+                _activate(layout, plan.tag)
             layout.trees.remove_tree(_staging(layout, plan), ignore_errors=True)
             result.downloaded_bytes = downloaded
         result.current, result.previous = layout.current_tag(), layout.previous_tag()
@@ -359,6 +366,8 @@ def _dry_run(layout: Layout, plan: InstallPlan, action: str) -> InstallResult:
     before = layout.current_tag()
     if action == "current":
         result = _result(layout, plan, False, f"{plan.tag} is already current")
+    elif action == "switch" and not plan.activate:
+        result = _result(layout, plan, False, f"{plan.tag} is installed beside {before}")
     elif action == "switch":
         result = _result(layout, plan, True, f"would switch to the installed {plan.tag}")
     else:
@@ -373,7 +382,7 @@ def _dry_run(layout: Layout, plan: InstallPlan, action: str) -> InstallResult:
         result.changed = True
         result.msg += f"; would record the release's digests in {layout.prefix / PREFIX_LOCK}"
     _describe_older(layout, result)
-    result.diff = state_diff({"current": before}, {"current": plan.tag})
+    result.diff = state_diff({"current": before}, {"current": plan.tag if plan.activate else before})
     return result
 
 

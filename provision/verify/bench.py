@@ -31,7 +31,7 @@ SEED_TEXT = (
     "The server answers every request in order, streams one chunk per token and measures "
     "the latency of each reply under load. "
 )
-PERCENTILES = (50, 90, 99)
+PERCENTILES = (50, 90, 95, 99)  # p95: the upgrade's latency gate
 T = TypeVar("T")
 # The knee: the smallest concurrency that reaches this share of the best throughput measured.
 KNEE_SHARE = 0.9

@@ -37,6 +37,7 @@ COMMANDS: dict[str, str] = {
     "tune": "tune:tune",
     "cluster": "cluster:cluster",
     "explain": "explain:explain",
+    "upgrade": "upgrade:upgrade",
 }
 
 

@@ -361,16 +361,16 @@ def uid_of(root: Path, user: str) -> int | None:
     return None
 
 
-def run(argv: list[str]) -> None:
+def run(argv: list[str], timeout_s: float = 60.0) -> None:
     """A program of the live host (never of a foreign root)."""
     try:
-        done = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=60)
+        done = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=timeout_s)
     except FileNotFoundError:
         raise WriteRefused(
             f"{argv[0]} is not installed (package passwd); create the account yourself"
         ) from None
     except subprocess.TimeoutExpired:
-        raise WriteRefused(f"{' '.join(argv)} did not finish within 60 s") from None
+        raise WriteRefused(f"{' '.join(argv)} did not finish within {timeout_s:g} s") from None
     if done.returncode != 0:
         raise WriteRefused(f"{' '.join(argv)} failed: {done.stderr.strip()}")
 
@@ -464,14 +464,15 @@ class HostWriter:
     def account_complete(self, user: str) -> bool:
         return account_complete(self.root, user)
 
-    def run(self, argv: list[str]) -> None:
-        """A program of the live host; refused for any other root (nothing is executed for a tree)."""
+    def run(self, argv: list[str], timeout_s: float = 60.0) -> None:
+        """A program of the live host; refused for any other root (nothing is executed for a tree).
+        `timeout_s`: longer for a unit's restart, which returns once the server is ready."""
         if not self.is_live:
             raise WriteRefused(
                 f"not running {argv[0]} for --root {self.root}: nothing is executed for a tree"
             )
         if self.change("run", " ".join(argv)):
-            run(argv)
+            run(argv, timeout_s)
 
     def add_to_groups(self, user: str, groups: list[str]) -> None:
         if groups and self.change("groups", f"{user}: {','.join(groups)}"):

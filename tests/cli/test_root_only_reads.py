@@ -44,6 +44,7 @@ def every_command(out: Path) -> list[tuple[str, ...]]:
         ("rollback", *prefix),
         ("bundle", "prune", *prefix),
         ("install", "--check", "--frozen", "--family", "gfx942", *prefix),
+        ("upgrade", "--check", "--frozen", "--family", "gfx942", *prefix),
         ("tune", "--write", *MODEL),
         ("cluster", "facts", "--json", "--advertise", "10.0.0.1", *prefix),
         ("cluster", "unit", "--write", "--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1",

@@ -86,6 +86,7 @@ class Counters:
         self.generation_tokens = 0
         self.prompt_tokens = 0
         self.successes = 0
+        self.running = 0  # generation requests in flight (vLLM's vllm:num_requests_running gauge)
 
     def exposition(self, model: str) -> str:
         labels = f'engine="0",model_name="{model}"'
@@ -95,6 +96,8 @@ class Counters:
                 "# TYPE vllm:generation_tokens_total counter\n",
                 f"vllm:generation_tokens_total{{{labels}}} {float(self.generation_tokens)}\n",
                 f"vllm:prompt_tokens_total{{{labels}}} {float(self.prompt_tokens)}\n",
+                "# TYPE vllm:num_requests_running gauge\n",
+                f"vllm:num_requests_running{{{labels}}} {float(self.running)}\n",
                 "# TYPE vllm:request_success_total counter\n",
                 (
                     f'vllm:request_success_total{{engine="0",finished_reason="length",model_name="{model}"}} '
@@ -209,6 +212,13 @@ def make_app(behaviour: Behaviour):
         return len(prompt) if isinstance(prompt, list) else len(str(prompt).split())
 
     async def generate(request: web.Request) -> web.StreamResponse:
+        counters.running += 1
+        try:
+            return await answer(request)
+        finally:
+            counters.running -= 1
+
+    async def answer(request: web.Request) -> web.StreamResponse:
         chat = request.path.endswith("/chat/completions")
         body = await request.json()
         if body.get("model") != behaviour.served_name:

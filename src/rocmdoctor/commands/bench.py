@@ -66,6 +66,13 @@ PROMPT_TOKENS_LIMIT = params.product_limit(("requests", "prompt_tokens"), 1 << 2
     default=None,
     help="Write throughput and latency against concurrency to FILE.png or FILE.svg.",
 )
+@click.option(
+    "--record",
+    type=params.NonEmptyPath(path_type=Path, dir_okay=False),
+    default=None,
+    help="Also write the JSON report to FILE (atomically): the baseline `rocmdoctor upgrade` compares "
+    "a new bundle with (<prefix>/bench-baseline.<unit>.json).",
+)
 @pass_app
 def bench(
     app: App,
@@ -80,6 +87,7 @@ def bench(
     max_tokens: int,
     as_json: bool,
     plot: Path | None,
+    record: Path | None,
 ) -> None:
     """Measure what concurrency buys: tokens/s, speedup, TTFT/TPOT/ITL/E2EL, and the knee.
 
@@ -125,6 +133,16 @@ def bench(
             ) from None
         click.echo(f"rocmdoctor: bench stopped: {exc.error}\n  → {remedy}", err=True)
         sys.exit(1)
+    if record is not None:
+        from rocmdoctor.atomic import write_atomic
+        from rocmdoctor.report import dumps
+
+        try:
+            write_atomic(record, dumps(report))
+        except OSError as exc:
+            raise UserError(
+                f"--record {record}: {exc.strerror or exc}; name a file in a writable folder"
+            ) from None
     if plot_path is not None:
         from rocmdoctor.commands.bench_plot import write_plot
 

@@ -11,7 +11,7 @@ import contextlib
 import functools
 import sys
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -239,46 +239,24 @@ def install(
 
     Without --channel/--tag/--pinned: the release the lock pins for the family, else the newest of the
     manifest's channel (stable), whose published digests are then recorded in <prefix>/lock.json."""
-    from rocmdoctor.provision.bundle.install import InstallPlan
     from rocmdoctor.provision.bundle.install import install as run_install
-    from rocmdoctor.provision.bundle.selection import choose_release, family_from_tag, resolve_family
 
     prune_doc = None
     with failures(as_json):
-        _, manifest, lock = pins.load(prefix)
-        if mirror and not mirror.startswith(("http://", "https://")) and not Path(mirror).is_dir():
-            raise UserError(f"--mirror {mirror}: not a directory or http(s) URL")
-        warnings: list[str] = []
-        tag = selection.tag
-        if tag:
-            chosen = family_from_tag(tag)
-            if family not in ("auto", chosen):
-                raise UserError(f"--tag {tag} is for {chosen}, not --family {family}")
-        elif family == "auto":
-            refuse_root_facts_for_live_action(app, with_root_facts, "install --family auto")
-            chosen, warnings = auto_family(app, prefix, force, manifest)
-        else:
-            chosen = resolve_family(family, manifest)
-        request = selection.request(chosen, manifest, lock, prefix, mirror, version)
-        choice = choose_release(request, manifest, lock, pins.release_api(), network.api())
-        if retrust_tag is not None and retrust_tag != choice.tag:
-            raise UserError(f"--retrust-tag {retrust_tag[:200]!r} is not the release chosen ({choice.tag})")
-        plan = InstallPlan(
-            prefix=prefix,
-            family=chosen,
-            tag=choice.tag,
-            repo=manifest.repo_for(chosen),
-            sources=choice.sources,
-            force=force,
-            precompile=precompile,
-            download=download.settings(network),
-            extractor=extractor,
-            download_dir=download_dir,
-            pins=choice.lock_entry if choice.trusted_on_first_use else None,
-            retrust=retrust_tag is not None,
-            qualify=qualification.settings(
-                app, skip_qualify, manifest.families[chosen].targets if chosen in manifest.families else ()
+        plan, choice, warnings = install_plan(
+            app,
+            family,
+            prefix,
+            mirror,
+            version,
+            InstallSettings(
+                force, precompile, extractor, download_dir, retrust_tag, skip_qualify, with_root_facts
             ),
+            selection,
+            pins,
+            download,
+            network,
+            qualification,
         )
         if skip_qualify and not check:
             click.echo(SKIP_WARNING.format(tag=choice.tag), err=True)
@@ -308,6 +286,78 @@ def install(
     emit_change(change, as_json, details, **extra)
     if prune_doc is not None and prune_doc.failed:
         sys.exit(1)
+
+
+@dataclass(frozen=True)
+class InstallSettings:
+    """The install options other than the release's selection (defaults: `upgrade`'s)."""
+
+    force: bool = False
+    precompile: bool = False
+    extractor: str = "auto"
+    download_dir: Path | None = None
+    retrust_tag: str | None = None
+    skip_qualify: bool = False
+    with_root_facts: bool = False
+
+
+def install_plan(
+    app: App,
+    family: str,
+    prefix: Path,
+    mirror: str | None,
+    version: str | None,
+    settings: InstallSettings,
+    selection: ReleaseSelection,
+    pins: PinOptions,
+    download: DownloadOptions,
+    network: NetworkOptions,
+    qualification: QualifyChoice,
+) -> tuple[Any, Any, list[str]]:
+    """The InstallPlan of the release the options choose, the choice, and the checks forced past:
+    the one plan `install` runs and `upgrade` stages beside the current bundle."""
+    from rocmdoctor.provision.bundle.install import InstallPlan
+    from rocmdoctor.provision.bundle.selection import choose_release, family_from_tag, resolve_family
+
+    _, manifest, lock = pins.load(prefix)
+    if mirror and not mirror.startswith(("http://", "https://")) and not Path(mirror).is_dir():
+        raise UserError(f"--mirror {mirror}: not a directory or http(s) URL")
+    warnings: list[str] = []
+    tag = selection.tag
+    if tag:
+        chosen = family_from_tag(tag)
+        if family not in ("auto", chosen):
+            raise UserError(f"--tag {tag} is for {chosen}, not --family {family}")
+    elif family == "auto":
+        refuse_root_facts_for_live_action(app, settings.with_root_facts, "install --family auto")
+        chosen, warnings = auto_family(app, prefix, settings.force, manifest)
+    else:
+        chosen = resolve_family(family, manifest)
+    request = selection.request(chosen, manifest, lock, prefix, mirror, version)
+    choice = choose_release(request, manifest, lock, pins.release_api(), network.api())
+    retrust_tag = settings.retrust_tag
+    if retrust_tag is not None and retrust_tag != choice.tag:
+        raise UserError(f"--retrust-tag {retrust_tag[:200]!r} is not the release chosen ({choice.tag})")
+    plan = InstallPlan(
+        prefix=prefix,
+        family=chosen,
+        tag=choice.tag,
+        repo=manifest.repo_for(chosen),
+        sources=choice.sources,
+        force=settings.force,
+        precompile=settings.precompile,
+        download=download.settings(network),
+        extractor=settings.extractor,
+        download_dir=settings.download_dir,
+        pins=choice.lock_entry if choice.trusted_on_first_use else None,
+        retrust=retrust_tag is not None,
+        qualify=qualification.settings(
+            app,
+            settings.skip_qualify,
+            manifest.families[chosen].targets if chosen in manifest.families else (),
+        ),
+    )
+    return plan, choice, warnings
 
 
 def prefix_writer(check: bool) -> Any:
