@@ -248,6 +248,16 @@ def _install_case(lab: Any, path: str) -> CheckCase:
         "bundle lock": [*prefix, *pins[:2], "--family", "gfx1151"],
         "bundle fetch": ["--to", str(lab.root / "mirror"), "--bundles-dir", str(lab.pins)],
         "bundle cache purge": [*prefix, "--state-dir", str(lab.root)],
+        # back onto T1 with one instance (a closed port: --check asks no server anything)
+        "upgrade": [
+            "--tag",
+            T1,
+            *prefix,
+            "--bundles-dir",
+            str(lab.pins),
+            "--unit",
+            "vllm@0=http://127.0.0.1:9",
+        ],
     }[path.replace("bundle install", "install").replace("bundle rollback", "rollback")]
     lab.server.add_release("lemonade-sdk/vllm-rocm", "vllm0.3.0-rocm7.0.0-gfx1151", [])  # lock would move
     return CheckCase(argv, lab.root, env=env)
@@ -319,7 +329,7 @@ def check_case(path: str, tmp_path: Path, lab: Any, stack: contextlib.ExitStack)
 KNOWN = sorted(
     ["bundle cache purge", "bundle fetch", "bundle install", "bundle lock", "bundle prune", "bundle rollback",
      "cluster unit", "fix", "install", "instances", "lemonade apply", "lemonade install-backend", "rollback",
-     "tune", "unit"]
+     "tune", "unit", "upgrade"]
 )  # fmt: skip
 
 

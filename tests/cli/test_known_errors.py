@@ -45,6 +45,8 @@ INTERNAL = {
     "rocmdoctor.provision.verify.openai_schema.ShapeError": "a smoke step's failure",
     "rocmdoctor.provision.verify.context_probe.CannotJudge": "the context step's skip, with the reason",
     "rocmdoctor.commands.explain_input.InputError": "explain's refusal of a log: exit 2 with its message",
+    "rocmdoctor.provision.bundle.upgrade._GateFailed": "a failed gate: the host is rolled back and reported",
+    "rocmdoctor.provision.bundle.upgrade_plan.BaselineError": "a damaged baseline: upgrade exits 1 naming it",
     "rocmdoctor.vllm.log_signatures.TableError": "the package's own signature table, checked by its tests",
     "rocmdoctor.provision.bundle.github_release.ReleaseError": "install reports it with its remedy",
     "rocmdoctor.provision.bundle.download.DownloadError": "install reports it with its remedy",

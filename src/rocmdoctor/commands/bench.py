@@ -134,11 +134,11 @@ def bench(
         click.echo(f"rocmdoctor: bench stopped: {exc.error}\n  → {remedy}", err=True)
         sys.exit(1)
     if record is not None:
-        from rocmdoctor.atomic import write_atomic
+        from rocmdoctor.host_writes import HostWriter
         from rocmdoctor.report import dumps
 
         try:
-            write_atomic(record, dumps(report))
+            HostWriter("/").write_text_file(record, dumps(report))
         except OSError as exc:
             raise UserError(
                 f"--record {record}: {exc.strerror or exc}; name a file in a writable folder"
