@@ -667,6 +667,7 @@ class ModelPlan:
     remedies: list[Remedy] = field(default_factory=list)
     block_size: int = DEFAULT_BLOCK_SIZE  # vLLM's, after the hybrid alignment
     assumptions: list[str] = field(default_factory=list)
+    vllm_version_source: str = "rocmdoctor's newest rules (no version named)"
 
     @property
     def weights_per_gpu_bytes(self) -> int | None:
@@ -722,6 +723,9 @@ class ModelPlan:
             "remedies": [r.to_json() for r in self.remedies],
             "notes": list(shape.notes),
             "assumptions": list(self.assumptions),
+            "vllm_version": self.settings.vllm_version,
+            "vllm_rules": self.settings.rules.version,
+            "vllm_version_source": self.vllm_version_source,
         }
 
 
