@@ -88,6 +88,7 @@ class Choices:
     max_num_seqs: int | None = None
     tensor_parallel_size: int | None = None
     extra: Sequence[str] = ()
+    vllm: Any = None  # plan_settings.ServingVersion: the vLLM whose rules size the plan (None: the newest)
 
 
 @dataclass(frozen=True, slots=True)
@@ -444,6 +445,7 @@ def model_plan_settings(
             max_model_len=choices.max_model_len,
             offline=True,
             extra=extra,
+            version=choices.vllm,
         )
     except (ModelFilesError, ConfigError, OSError) as exc:
         notes.append(f"no memory plan for the model ({exc}); --max-model-len is vLLM's own")

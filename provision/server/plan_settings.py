@@ -51,8 +51,8 @@ def serving_version(
             str(tag.version),
             f"no bundle installed: the reviewed bundle for {family} ({pin.tag}, manifest.toml)",
         )
-    why = (
-        f"no bundle installed and no reviewed bundle for {gfx}" if gfx else "no bundle installed, no GPU seen"
+    why = f"no bundle installed under {installed.prefix}" + (
+        f" and no reviewed bundle for {gfx}" if gfx else ""
     )
     return ServingVersion(DEFAULT_VERSION, f"{why}: the newest rules rocmdoctor knows (pass --vllm-version)")
 
@@ -74,6 +74,10 @@ def settings_from_plan(
 ) -> PlannedSettings:
     """The computed flags for a plan. `max_num_seqs_cap`: the memory class's own value (10 on a unified APU)."""
     out = PlannedSettings(plan)
+    if plan.settings.vllm_version != DEFAULT_VERSION:
+        out.notes.append(
+            f"sized by vLLM {plan.settings.vllm_version}'s KV-cache rules ({plan.vllm_version_source})"
+        )
     if plan.kv_cache_tokens is None or plan.max_model_len is None:
         out.notes.append(f"no memory plan for the model: {plan.memory_null_reason}")
         return out

@@ -91,3 +91,41 @@ def test_an_installed_version_without_rules_is_exit_2_naming_it(tmp_path: Path):
     assert result.exit_code == 2, result.output
     assert "vLLM 0.25.2.dev0+rocm7.15.0" in result.output and "0.32.0" in result.output
     assert "Traceback" not in result.output
+
+
+def _gemma3_27b(tmp_path: Path) -> str:
+    """Gemma 3 27B's real config (5 sliding : 1 full, window 1024) with a header-only safetensors file of
+    its real size in bf16 (27.4 B parameters; only the header is read)."""
+    import struct
+
+    from conftest import FIXTURES
+
+    model = tmp_path / "gemma-3-27b-it"
+    model.mkdir()
+    shutil.copy(FIXTURES / "model_configs/gemma-3-27b-it/config.json", model / "config.json")
+    rows = 27_432_406_640 // 5376
+    header = {"w": {"dtype": "BF16", "shape": [rows, 5376], "data_offsets": [0, rows * 5376 * 2]}}
+    blob = json.dumps(header).encode()
+    (model / "model.safetensors").write_bytes(struct.pack("<Q", len(blob)) + blob)
+    return str(model)
+
+
+def _unit_seqs(root: Path, model: str) -> tuple[str, list[str]]:
+    result = CliRunner().invoke(cli, ["--root", str(root), "unit", "--model", model, "--json"])
+    assert result.exit_code == 0, result.output
+    args = json.loads(result.output)["server_args"]
+    reason = next(s["reason"] for s in args["settings"] if s["flag"] == "--max-num-seqs")
+    return reason, args["notes"]
+
+
+def test_unit_sizes_with_the_installed_bundles_vllm(tmp_path: Path):
+    model = _gemma3_27b(tmp_path)
+    newest, newest_notes = _unit_seqs(_root(tmp_path / "a", None), model)
+    old, old_notes = _unit_seqs(_root(tmp_path / "b", "0.20.1+rocm7.12.0"), model)
+    # The sequences the KV cache holds (before the APU cap of 10): 0.20.1 keeps one batch beyond each
+    # sliding window, 0.32 two, so 0.20.1's figure is larger; the default path says nothing new.
+    assert int(old.split()[0]) > int(newest.split()[0]), (old, newest)
+    assert not any("KV-cache rules" in n for n in newest_notes)
+    assert any(
+        "sized by vLLM 0.20.1+rocm7.12.0's KV-cache rules (the bundle installed under" in n for n in old_notes
+    )
