@@ -49,7 +49,7 @@ def serving_version(
     if tag is not None and tag.product == "vllm" and release_of(str(tag.version)):
         return ServingVersion(
             str(tag.version),
-            f"no bundle installed: the reviewed bundle for {family} ({pin.tag}, manifest.toml)",
+            f"no bundle installed: the reviewed bundle for {family} ({tag.tag}, manifest.toml)",
         )
     why = f"no bundle installed under {installed.prefix}" + (
         f" and no reviewed bundle for {gfx}" if gfx else ""
