@@ -2,13 +2,13 @@
 
 Run with the engine venv's interpreter and that version's pure-Python tree first on PYTHONPATH (the
 sources tests/setup/35-vllm-sources.sh unpacks, with the gguf and diskcache modules the older trees
-import): `python vllm_version_kv.py < cases.json`. Each case gives the layers ("full" | "sliding"),
+import): `python vllm_version_kv.py < cases.json`. Each case gives the layers ("full" | "sliding" | "chunked"),
 their KV heads, head size, window, block size, max_model_len, max_num_batched_tokens and the KV bytes.
 The version's own `get_kv_cache_configs` (grouping, the start-up check), `get_max_concurrency_for_kv_cache_config`
 and its `GPU KV cache size: N tokens` log line answer. The config is a strict record of the fields these
 functions read: a field a version reads that is not given fails the probe (0.32 reads
 `VllmConfig.max_in_flight_tokens`, a property of the real config: 0.32 is checked by the real engine in
-tests/system/test_plan_engine.py instead). Prints a JSON list, one object per case.
+tests/system/test_plan_engine.py instead). Prints {"vllm": its version, "results": one object per case}.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def probe(case: dict, lines: Lines) -> dict:
     import torch
     from vllm import logger as vllm_logger
     from vllm.v1.core import kv_cache_utils as ku
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+    from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec, FullAttentionSpec, SlidingWindowSpec
 
     cfg = Strict(
         model_config=Strict(
@@ -65,11 +65,13 @@ def probe(case: dict, lines: Lines) -> dict:
             "head_size": case["head_size"],
             "dtype": torch.bfloat16,
         }
-        specs[f"model.layers.{i}.self_attn.attn"] = (
-            SlidingWindowSpec(sliding_window=case["window"], **common)
-            if kind == "sliding"
-            else FullAttentionSpec(**common)
-        )
+        if kind == "sliding":
+            spec = SlidingWindowSpec(sliding_window=case["window"], **common)
+        elif kind == "chunked":
+            spec = ChunkedLocalAttentionSpec(attention_chunk_size=case["window"], **common)
+        else:
+            spec = FullAttentionSpec(**common)
+        specs[f"model.layers.{i}.self_attn.attn"] = spec
     lines.lines.clear()
     once = getattr(vllm_logger, "_print_info_once", None)
     if once is not None:  # vLLM logs the capacity once per distinct line: a repeated figure must log again

@@ -2,7 +2,7 @@
 the pure-Python tree of 0.19.1, 0.20.1, 0.22.1 and 0.25.1 (tests/setup/35-vllm-sources.sh) imported by the
 engine venv's interpreter (tests/harness/vllm_version_kv.py), no engine started. Each version's own
 `get_kv_cache_configs`, `get_max_concurrency_for_kv_cache_config` and `GPU KV cache size` log line
-answer for sliding-window layouts; the plan at that version must give the same blocks, concurrency,
+answer for sliding-window and chunked-local layouts; the plan at that version must give the same blocks, concurrency,
 tokens and start-up verdict. 0.32 is the real engine's (tests/system/test_plan_engine.py)."""
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ PROBE = REPO / "tests" / "harness" / "vllm_version_kv.py"
 OLDER = ("0.19.1", "0.20.1", "0.22.1", "0.25.1")
 GEMMA2 = ["sliding", "full"] * 2  # 2 KV heads of 64: a layer's page is 8192 B, a block 16384 B
 GEMMA3 = (["sliding"] * 5 + ["full"]) * 2  # 5 local : 1 global, padded groups
+LLAMA4 = ["chunked"] * 3 + ["full"]  # chunked-local attention (attention_chunk_size) and a global layer
 # (layers, KV heads, head size, window, max_model_len, KV bytes)
 CASES = [
     (GEMMA2, 2, 64, 512, 8192, 64 << 20),
@@ -31,22 +32,25 @@ CASES = [
     (GEMMA2, 2, 64, 512, 8192, 672 * 16384),  # one block short
     (GEMMA3, 4, 128, 1024, 32768, 1 << 30),
     (GEMMA3, 4, 128, 1024, 32768, 40 << 20),
+    (LLAMA4, 2, 64, 1024, 32768, 64 << 20),
     (["full"], 2, 64, 512, 8192, 512 * 8192),  # exactly one request: no null block held back before 0.32
 ]
 
 
 def config_of(layers, kv_heads, head, window, length) -> dict:
+    chunked = "chunked" in layers
+    names = {"sliding": "sliding_attention", "chunked": "chunked_attention", "full": "full_attention"}
     return {
-        "architectures": ["Gemma3ForCausalLM"],
-        "model_type": "gemma3_text",
+        "architectures": ["Llama4ForCausalLM" if chunked else "Gemma3ForCausalLM"],
+        "model_type": "llama4_text" if chunked else "gemma3_text",
         "num_hidden_layers": len(layers),
         "num_attention_heads": 8,
         "num_key_value_heads": kv_heads,
         "head_dim": head,
         "hidden_size": 512,
         "max_position_embeddings": length,
-        "sliding_window": window,
-        "layer_types": ["sliding_attention" if k == "sliding" else "full_attention" for k in layers],
+        ("attention_chunk_size" if chunked else "sliding_window"): window,
+        "layer_types": [names[k] for k in layers],
         "torch_dtype": "bfloat16",
     }
 
