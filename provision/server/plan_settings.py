@@ -14,7 +14,7 @@ from typing import Any
 from rocmdoctor.host import Host
 from rocmdoctor.provision.server.hub import load_model
 from rocmdoctor.vllm.memory_plan import EngineSettings, Memory, ModelPlan, plan_from_files
-from rocmdoctor.vllm.plan_versions import DEFAULT_VERSION, release_of
+from rocmdoctor.vllm.plan_versions import DEFAULT_VERSION, release_of, shown
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +38,7 @@ def serving_version(
     installed = read_installed(host, prefix)
     where = f"the bundle installed under {installed.prefix}"
     if named is not None:
-        also = f"; {where} carries vLLM {installed.vllm_version}" if installed.vllm_version else ""
+        also = f"; {where} carries vLLM {shown(installed.vllm_version)}" if installed.vllm_version else ""
         return ServingVersion(named, f"--vllm-version{also}")
     if installed.vllm_version:
         return ServingVersion(installed.vllm_version, f"{where} (its vllm dist-info)")
@@ -76,7 +76,7 @@ def settings_from_plan(
     out = PlannedSettings(plan)
     if plan.settings.vllm_version != DEFAULT_VERSION:
         out.notes.append(
-            f"sized by vLLM {plan.settings.vllm_version}'s KV-cache rules ({plan.vllm_version_source})"
+            f"sized by vLLM {shown(plan.settings.vllm_version)}'s KV-cache rules ({plan.vllm_version_source})"
         )
     if plan.kv_cache_tokens is None or plan.max_model_len is None:
         out.notes.append(f"no memory plan for the model: {plan.memory_null_reason}")

@@ -38,7 +38,8 @@ def _root(tmp_path: Path, installed: str | None) -> Path:
     shutil.copytree(fixture_root("strix-halo-clean"), root, symlinks=True)
     if installed:
         tree = root / "opt" / "rocmdoctor" / "bundles" / "test-bundle"
-        metadata = tree / DIST_INFO.format(v=installed)
+        # the dist-info folder names the version; a hostile one keeps a plain folder name
+        metadata = tree / DIST_INFO.format(v=installed if installed.isprintable() else "0.0.0")
         metadata.parent.mkdir(parents=True)
         metadata.write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {installed}\n")
         (root / "opt" / "rocmdoctor" / "current").symlink_to("bundles/test-bundle")
@@ -129,3 +130,17 @@ def test_unit_sizes_with_the_installed_bundles_vllm(tmp_path: Path):
     assert any(
         "sized by vLLM 0.20.1+rocm7.12.0's KV-cache rules (the bundle installed under" in n for n in old_notes
     )
+
+
+def test_a_hostile_installed_version_is_refused_shown_bounded(tmp_path: Path):
+    # the dist-info is the bundle's own text: an escape sequence and 5000 characters are not echoed
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(GEMMA2))
+    root = _root(tmp_path, "\x1b[31m" + "9" * 5000)
+    result = CliRunner().invoke(
+        cli, ["--root", str(root), "plan", "--model", str(model), "--memory", "96GiB"]
+    )
+    assert result.exit_code == 2, result.output
+    assert "\x1b" not in result.output and "9" * 100 not in result.output
+    assert "cannot plan exactly for vLLM '\\x1b[31m" in result.output and "Traceback" not in result.output

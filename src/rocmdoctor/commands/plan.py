@@ -342,6 +342,7 @@ def plan(
         Memory,
         plan_from_files,
     )
+    from rocmdoctor.vllm.plan_versions import shown
 
     files = load_model_files(model, revision, offline)
     null_reason = None
@@ -379,7 +380,9 @@ def plan(
             model=model,
         )
     except ConfigError as exc:
-        raise UserError(f"{files.location}: {exc} (vLLM {version.version}: {version.source})") from None
+        raise UserError(
+            f"{files.location}: {exc} (vLLM {shown(version.version)}: {version.source})"
+        ) from None
     result.vllm_version_source = version.source
     proposal = None
     if max_nodes > 1:

@@ -123,11 +123,19 @@ def release_of(version: str) -> str | None:
     return key if key in RULES else None
 
 
+def shown(version: str) -> str:
+    """A version as reports print it: a bundle's dist-info is the bundle's text, so at most 40 printable
+    characters, else its repr cut there."""
+    if len(version) <= 40 and version.isprintable():
+        return version
+    return repr(version[:40]) + "..."
+
+
 def rules_for(version: str) -> VersionRules:
     key = release_of(version)
     if key is None:
         raise ConfigError(
-            f"cannot plan exactly for vLLM {version}: rocmdoctor knows the KV-cache rules of vLLM "
+            f"cannot plan exactly for vLLM {shown(version)}: rocmdoctor knows the KV-cache rules of vLLM "
             f"{', '.join(KNOWN_VERSIONS)} only"
         )
     return RULES[key]
