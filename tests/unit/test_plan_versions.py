@@ -105,3 +105,9 @@ def test_versions_are_read_by_release_and_unknown_ones_refused():
     with pytest.raises(ConfigError, match=r"vLLM 0\.33\.0: rocmdoctor knows .*0\.19\.1"):
         rules_for("0.33.0")
     assert KNOWN_VERSIONS[-1] == "0.32.0"
+
+
+def test_the_plan_commands_choices_are_the_tables_versions():
+    from rocmdoctor.commands.plan import VLLM_VERSIONS
+
+    assert VLLM_VERSIONS == KNOWN_VERSIONS  # the CLI keeps its own tuple so that --help imports no plan code

@@ -2,7 +2,9 @@
 
 Pure functions, no I/O: `checks/` (check --model), `provision/` (unit, serve) and `rocmdoctor plan`
 all call `plan_model()`. The rules mirror vLLM 0.32 (vllm/v1/kv_cache_interface.py and
-vllm/v1/core/kv_cache_utils.py); each rule names the vLLM function it copies:
+vllm/v1/core/kv_cache_utils.py); each rule names the vLLM function it copies. The rules that differ in
+the older versions the bundles carry (0.19.1-0.25.1) are one table, `plan_versions.RULES`, chosen by
+`EngineSettings.vllm_version`:
 
 - page of one layer = block_size x heads x (head_size + head_size_v) x dtype bytes
   (`AttentionSpec.page_size_bytes`); MLA stores one latent head of kv_lora_rank + qk_rope_head_dim

@@ -51,12 +51,12 @@ _OLD = (
 RULES: dict[str, VersionRules] = {
     "0.19.1": VersionRules(
         "0.19.1",
-        False,
-        False,
-        False,
-        False,
-        False,
-        (
+        local_keeps_every_batch=False,
+        check_reserves_null_block=False,
+        tokens_from_concurrency=False,
+        state_layers=False,
+        mixed_pages=False,
+        sources=(
             *_OLD,
             "vllm/v1/core/kv_cache_utils.py _report_kv_cache_config: "
             "num_blocks // len(groups) x min block size",
@@ -64,25 +64,33 @@ RULES: dict[str, VersionRules] = {
     ),
     "0.20.1": VersionRules(
         "0.20.1",
-        False,
-        False,
-        True,
-        False,
-        False,
-        (
+        local_keeps_every_batch=False,
+        check_reserves_null_block=False,
+        tokens_from_concurrency=True,
+        state_layers=False,
+        mixed_pages=False,
+        sources=(
             *_OLD,
             "vllm/v1/core/kv_cache_utils.py unify_kv_cache_spec_page_size: raises on a non-dividing page",
         ),
     ),
-    "0.22.1": VersionRules("0.22.1", False, False, True, False, False, _OLD),
+    "0.22.1": VersionRules(
+        "0.22.1",
+        local_keeps_every_batch=False,
+        check_reserves_null_block=False,
+        tokens_from_concurrency=True,
+        state_layers=False,
+        mixed_pages=False,
+        sources=_OLD,
+    ),
     "0.25.1": VersionRules(
         "0.25.1",
-        False,
-        False,
-        True,
-        False,
-        False,
-        (
+        local_keeps_every_batch=False,
+        check_reserves_null_block=False,
+        tokens_from_concurrency=True,
+        state_layers=False,
+        mixed_pages=False,
+        sources=(
             *_OLD,
             "vllm/v1/core/kv_cache_utils.py unify_kv_cache_spec_page_size: pads only "
             "indexes_kv_by_block_stride backends",
@@ -90,12 +98,12 @@ RULES: dict[str, VersionRules] = {
     ),
     "0.32.0": VersionRules(
         "0.32.0",
-        True,
-        True,
-        True,
-        True,
-        True,
-        (
+        local_keeps_every_batch=True,
+        check_reserves_null_block=True,
+        tokens_from_concurrency=True,
+        state_layers=True,
+        mixed_pages=True,
+        sources=(
             "vllm/v1/kv_cache_interface.py SlidingWindowSpec/ChunkedLocalAttentionSpec: "
             "VllmConfig.max_in_flight_tokens (vllm/config/vllm.py)",
             "vllm/v1/core/kv_cache_utils.py get_kv_cache_configs: available_memory - _pool_bytes_per_block",
