@@ -74,7 +74,7 @@ def settings_from_plan(
 ) -> PlannedSettings:
     """The computed flags for a plan. `max_num_seqs_cap`: the memory class's own value (10 on a unified APU)."""
     out = PlannedSettings(plan)
-    if plan.settings.vllm_version != DEFAULT_VERSION:
+    if plan.settings.rules.version != DEFAULT_VERSION:  # the newest rules are the default and say nothing new
         out.notes.append(
             f"sized by vLLM {shown(plan.settings.vllm_version)}'s KV-cache rules ({plan.vllm_version_source})"
         )
