@@ -94,6 +94,7 @@ class Choices:
     # The vLLM the arguments are for (vllm/surface.py): the installed bundle's own answer, or the shipped
     # table of its version. None: rocmdoctor's own list (FLAGS), unknown flags passed with a note.
     vllm: Surface | None = None
+    serving: Any = None  # plan_settings.ServingVersion: the vLLM whose rules size the plan (None: newest)
 
 
 @dataclass(frozen=True, slots=True)
@@ -510,6 +511,7 @@ def model_plan_settings(
             max_model_len=choices.max_model_len,
             offline=True,
             extra=extra,
+            version=choices.serving,
         )
     except (ModelFilesError, ConfigError, OSError) as exc:
         notes.append(f"no memory plan for the model ({exc}); --max-model-len is vLLM's own")

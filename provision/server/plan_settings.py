@@ -11,8 +11,50 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from rocmdoctor.host import Host
 from rocmdoctor.provision.server.hub import load_model
 from rocmdoctor.vllm.memory_plan import EngineSettings, Memory, ModelPlan, plan_from_files
+from rocmdoctor.vllm.plan_versions import DEFAULT_VERSION, release_of, shown
+
+
+@dataclass(frozen=True, slots=True)
+class ServingVersion:
+    """The vLLM whose rules the plan uses, and where that came from (named in the plan's output)."""
+
+    version: str
+    source: str
+
+
+def serving_version(
+    host: Host, prefix: str, named: str | None = None, gfx: str | None = None
+) -> ServingVersion:
+    """The installed bundle's own vLLM (its dist-info, facts/installed_bundle.py); else the version the user
+    named; else the version in the reviewed release tag the shipped manifest pins for this host's family
+    (release tags are `vllm<version>-rocm<ver>-<family>`, facts/manifest.py); else the newest rules, said so.
+    A named version that contradicts the installed bundle's wins, and the source says which is installed."""
+    from rocmdoctor.facts.installed_bundle import read_installed
+    from rocmdoctor.facts.manifest import parse_release_tag, shipped_manifest
+
+    installed = read_installed(host, prefix)
+    where = f"the bundle installed under {installed.prefix}"
+    if named is not None:
+        also = f"; {where} carries vLLM {shown(installed.vllm_version)}" if installed.vllm_version else ""
+        return ServingVersion(named, f"--vllm-version{also}")
+    if installed.vllm_version:
+        return ServingVersion(installed.vllm_version, f"{where} (its vllm dist-info)")
+    manifest = shipped_manifest()
+    family = gfx if gfx in manifest.families else manifest.family_for_gfx(gfx)  # a pool names either
+    pin = manifest.families.get(family) if family else None
+    tag = parse_release_tag(pin.tag) if pin and pin.tag else None
+    if tag is not None and tag.product == "vllm" and release_of(str(tag.version)):
+        return ServingVersion(
+            str(tag.version),
+            f"no bundle installed: the reviewed bundle for {family} ({tag.tag}, manifest.toml)",
+        )
+    why = f"no bundle installed under {installed.prefix}" + (
+        f" and no reviewed bundle for {gfx}" if gfx else ""
+    )
+    return ServingVersion(DEFAULT_VERSION, f"{why}: the newest rules rocmdoctor knows (pass --vllm-version)")
 
 
 @dataclass
@@ -32,6 +74,10 @@ def settings_from_plan(
 ) -> PlannedSettings:
     """The computed flags for a plan. `max_num_seqs_cap`: the memory class's own value (10 on a unified APU)."""
     out = PlannedSettings(plan)
+    if plan.settings.rules.version != DEFAULT_VERSION:  # the newest rules are the default and say nothing new
+        out.notes.append(
+            f"sized by vLLM {shown(plan.settings.vllm_version)}'s KV-cache rules ({plan.vllm_version_source})"
+        )
     if plan.kv_cache_tokens is None or plan.max_model_len is None:
         out.notes.append(f"no memory plan for the model: {plan.memory_null_reason}")
         return out
@@ -119,15 +165,20 @@ def plan_for_server(
     max_model_len: int | None = None,
     offline: bool = False,
     extra: Sequence[str] = (),
+    version: ServingVersion | None = None,
 ) -> ModelPlan:
     """The plan for the server `unit`/`serve` are about to start (raises ModelFilesError, ConfigError)."""
     files = load_model(model, offline=offline)
-    return plan_from_files(
+    base = EngineSettings(tensor_parallel_size=tensor_parallel_size, kv_cache_dtype=kv_cache_dtype)
+    if version is not None:
+        base = replace(base, vllm_version=version.version)
+    plan = plan_from_files(
         files,
         Memory(total_bytes, utilization, f"host: {pool_name}"),
-        settings=engine_settings(
-            EngineSettings(tensor_parallel_size=tensor_parallel_size, kv_cache_dtype=kv_cache_dtype), extra
-        ),
+        settings=engine_settings(base, extra),
         max_model_len=max_model_len,
         model=model,
     )
+    if version is not None:
+        plan.vllm_version_source = version.source
+    return plan

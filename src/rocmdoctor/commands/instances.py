@@ -92,10 +92,11 @@ def compute_plan(app: App, opts: dict[str, Any], owned_ports: set[int] | None = 
         raise UserError(str(exc)) from None
 
 
-def common_argv(opts: dict[str, Any], first) -> tuple[list[str], str]:
+def common_argv(opts: dict[str, Any], first, host: Any) -> tuple[list[str], str]:
     """The arguments every instance shares (resolved like the single server's), without the three
     that the template reads from each instance's file; and the served model name."""
     from rocmdoctor.provision.server.args import ArgumentError, GpuPool, resolve
+    from rocmdoctor.provision.server.plan_settings import serving_version
 
     device = first.devices[0]
     pool = GpuPool(
@@ -107,6 +108,7 @@ def common_argv(opts: dict[str, Any], first) -> tuple[list[str], str]:
             port=first.port,
             gpu_memory_utilization=first.gpu_memory_utilization,
             tensor_parallel_size=None,  # each instance's, from its file
+            serving=serving_version(host, opts["prefix"]),  # the installed bundle's vLLM sizes the plan
         )
         args = resolve(asked, [pool])
     except ArgumentError as exc:
@@ -307,7 +309,7 @@ def write_layout(
         raise UserError("--write needs --model (the model every server loads)")
     try:
         key = read_api_key(opts["api_key_file"]) if opts["api_key_file"] else None
-        argv, served = common_argv(opts, plan.instances[0])
+        argv, served = common_argv(opts, plan.instances[0], app.host())
         specs = server_instances.file_specs(
             plan, argv, served, opts["host"], ServiceLayout(prefix=opts["prefix"]), user, key, timeout_s
         )

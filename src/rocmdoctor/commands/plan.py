@@ -13,6 +13,8 @@ from rocmdoctor import params
 from rocmdoctor.commands.common import App, UserError, emit_json, pass_app
 from rocmdoctor.model import EXIT_FAILURES, EXIT_OK
 
+# The vLLM versions whose KV-cache rules the plan knows (vllm/plan_versions.py), for --vllm-version.
+VLLM_VERSIONS = ("0.19.1", "0.20.1", "0.22.1", "0.25.1", "0.32.0")
 # vLLM 0.32 vllm/config/cache.py MambaDType, for --mamba-cache-dtype and --mamba-ssm-cache-dtype.
 MAMBA_DTYPES = click.Choice(["auto", "float32", "bfloat16", "float16"])
 MAX_SIZE = 1 << 50  # 1 PiB per GPU: beyond any device, and far inside a float's exact integers
@@ -52,8 +54,9 @@ def parse_size(text: str, option: str) -> int:
     return int(value)
 
 
-def host_memory(app: App, tp: int, utilization: float | None):
-    """(Memory, None) from this host's GPUs by the free-memory rule, or (None, why not)."""
+def host_memory(app: App, tp: int, utilization: float | None, seen: list[str] | None = None):
+    """(Memory, None) from this host's GPUs by the free-memory rule, or (None, why not); the GPU family
+    the plan sized from is appended to `seen` (it picks the reviewed bundle's vLLM)."""
     from rocmdoctor.commands.host_pools import pools_from_facts
     from rocmdoctor.provision.server.args import ArgumentError, tensor_parallel_group, utilization_for
     from rocmdoctor.registry import Context, Options
@@ -74,9 +77,23 @@ def host_memory(app: App, tp: int, utilization: float | None):
     except ArgumentError as exc:
         return None, f"{exc}; or pass --memory"
     worst = min(group, key=lambda p: p.total or 0)
+    if seen is not None:
+        seen.append(worst.family)
     if not worst.total:
         return None, f"the memory of {worst.name} cannot be read: pass --memory"
     return Memory(worst.total, utilization, f"host: {worst.name}"), None
+
+
+def host_family(app: App) -> str | None:
+    """The bundle family (or gfx) of this host's first GPU, for the reviewed bundle's vLLM; None without one."""
+    from rocmdoctor.commands.host_pools import pools_from_facts
+    from rocmdoctor.registry import Context, Options
+
+    try:
+        pools = pools_from_facts(Context(app.host(), Options()))
+    except Exception:  # the plan's figures do not need the host; the version's source says none was seen
+        return None
+    return pools[0].family if pools else None
 
 
 def load_model_files(model: str, revision: str, offline: bool):
@@ -108,6 +125,7 @@ def render(plan) -> None:
         f"{plan.settings.kv_cache_dtype if plan.settings.kv_cache_dtype != 'auto' else shape.dtype}, "
         f"TP {plan.settings.tensor_parallel_size}",
     )
+    line("vLLM rules", f"{plan.settings.vllm_version} ({plan.vllm_version_source})")
     for note in shape.notes:
         line("note", note)
     for assumption in plan.assumptions:
@@ -252,6 +270,14 @@ def render_diagnosis(diagnosis) -> None:
     show_default=True,
     help="With --nodes: the distributed backend the proposal uses (as `cluster unit --backend`).",
 )
+@click.option(
+    "--vllm-version",
+    type=click.Choice(VLLM_VERSIONS),
+    default=None,
+    help="The vLLM that will serve, whose KV-cache rules the plan uses (default: the installed bundle's, "
+    "else the reviewed bundle's for this host's GPU, else the newest; docs/plan.md).",
+)
+@params.prefix_option("Where the bundle is installed: its own vLLM version picks the plan's rules.")
 @click.option("--url", default=None, help="Diagnose the running vLLM server at this URL from its /metrics.")
 @click.option(
     "--window",
@@ -284,6 +310,8 @@ def plan(
     mamba_ssm_cache_dtype: str,
     max_nodes: int,
     backend: str,
+    vllm_version: str | None,
+    prefix: str,
     url: str | None,
     window_s: float,
     as_json: bool,
@@ -306,6 +334,7 @@ def plan(
         sys.exit(EXIT_FAILURES if diagnosis.verdict == "preempting" else EXIT_OK)
     if not model:
         raise UserError("pass --model DIR|HF_ID to plan a model, or --url URL to diagnose a running server")
+    from rocmdoctor.provision.server.plan_settings import serving_version
     from rocmdoctor.vllm.memory_plan import (
         DEFAULT_GPU_MEMORY_UTILIZATION,
         ConfigError,
@@ -313,9 +342,11 @@ def plan(
         Memory,
         plan_from_files,
     )
+    from rocmdoctor.vllm.plan_versions import shown
 
     files = load_model_files(model, revision, offline)
     null_reason = None
+    seen: list[str] = []
     if kv_cache_memory is not None:
         budget = Memory(0, 1.0, "--kv-cache-memory", parse_size(kv_cache_memory, "--kv-cache-memory"))
     elif memory is not None:
@@ -323,7 +354,9 @@ def plan(
             parse_size(memory, "--memory"), utilization or DEFAULT_GPU_MEMORY_UTILIZATION, "--memory"
         )
     else:
-        budget, null_reason = host_memory(app, tp, utilization)
+        budget, null_reason = host_memory(app, tp, utilization, seen)
+    family = seen[0] if seen else None if vllm_version else host_family(app)
+    version = serving_version(app.host(), str(prefix), vllm_version, family)
     settings = EngineSettings(
         tensor_parallel_size=tp,
         kv_cache_dtype=kv_cache_dtype,
@@ -334,6 +367,7 @@ def plan(
         enable_prefix_caching=prefix_caching,
         mamba_cache_dtype=mamba_cache_dtype,
         mamba_ssm_cache_dtype=mamba_ssm_cache_dtype,
+        vllm_version=version.version,
     )
     try:
         result = plan_from_files(
@@ -346,7 +380,10 @@ def plan(
             model=model,
         )
     except ConfigError as exc:
-        raise UserError(f"{files.location}: {exc}") from None
+        raise UserError(
+            f"{files.location}: {exc} (vLLM {shown(version.version)}: {version.source})"
+        ) from None
+    result.vllm_version_source = version.source
     proposal = None
     if max_nodes > 1:
         from rocmdoctor.cluster.layout import propose

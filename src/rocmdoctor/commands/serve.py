@@ -36,13 +36,17 @@ from rocmdoctor.report import strict
 def resolve_args(app: App, opts: dict[str, Any]):
     from rocmdoctor.commands.host_pools import pools_from_facts
     from rocmdoctor.provision.server.args import ArgumentError, resolve
+    from rocmdoctor.provision.server.plan_settings import serving_version
     from rocmdoctor.registry import Context, Options
 
     ctx = Context(app.host(), Options(prefix=opts["prefix"]))
     group, notes = pinned_group(ctx, opts.get("gpus") or (), opts["tensor_parallel_size"] or 1)
     try:
         # Sized from the GPUs the pin shows vLLM, in its order (device 0 first), never from KFD order.
-        args = resolve(choices(opts), pools_from_facts(ctx, [d.kfd_node for d in group] if group else None))
+        args = resolve(
+            choices(opts, serving=serving_version(ctx.host, opts["prefix"])),
+            pools_from_facts(ctx, [d.kfd_node for d in group] if group else None),
+        )
     except ArgumentError as exc:
         raise UserError(str(exc)) from None
     args.notes.extend(notes)

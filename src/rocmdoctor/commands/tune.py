@@ -80,7 +80,7 @@ def _host_identity(app: App) -> str:
 def _plan(app: App, args: ServerArgs, server: ServerOptions, kv_cache_memory: str | None, typical_len: int):
     """The model's memory plan: the GPU's (from the server's arguments) or one for --kv-cache-memory."""
     from rocmdoctor.commands.plan import load_model_files, parse_size
-    from rocmdoctor.provision.server.plan_settings import engine_settings
+    from rocmdoctor.provision.server.plan_settings import engine_settings, serving_version
     from rocmdoctor.provision.tune import session
     from rocmdoctor.vllm.memory_plan import EngineSettings, Memory
 
@@ -96,8 +96,10 @@ def _plan(app: App, args: ServerArgs, server: ServerOptions, kv_cache_memory: st
         memory = Memory(0, 1.0, "--kv-cache-memory", parse_size(kv_cache_memory, "--kv-cache-memory"))
     else:
         memory = args.plan.memory
+    version = serving_version(app.host(), server.prefix)  # the bundle the trials run
     settings = engine_settings(
-        EngineSettings(tensor_parallel_size=server.tensor_parallel_size or 1), args.extra
+        EngineSettings(tensor_parallel_size=server.tensor_parallel_size or 1, vllm_version=version.version),
+        args.extra,
     )
     max_len = args.value("--max-model-len")
     try:

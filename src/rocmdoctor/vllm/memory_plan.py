@@ -2,7 +2,9 @@
 
 Pure functions, no I/O: `checks/` (check --model), `provision/` (unit, serve) and `rocmdoctor plan`
 all call `plan_model()`. The rules mirror vLLM 0.32 (vllm/v1/kv_cache_interface.py and
-vllm/v1/core/kv_cache_utils.py); each rule names the vLLM function it copies:
+vllm/v1/core/kv_cache_utils.py); each rule names the vLLM function it copies. The rules that differ in
+the older versions the bundles carry (0.19.1-0.25.1) are one table, `plan_versions.RULES`, chosen by
+`EngineSettings.vllm_version`:
 
 - page of one layer = block_size x heads x (head_size + head_size_v) x dtype bytes
   (`AttentionSpec.page_size_bytes`); MLA stores one latent head of kv_lora_rank + qk_rope_head_dim
@@ -51,6 +53,7 @@ from rocmdoctor.vllm.layers import (
 # ConfigError and Layer are re-exported: callers of the plan import them from here.
 from rocmdoctor.vllm.layers import ConfigError as ConfigError
 from rocmdoctor.vllm.layers import Layer as Layer
+from rocmdoctor.vllm.plan_versions import DEFAULT_VERSION, VersionRules, rules_for
 
 GIB = 1 << 30
 
@@ -149,6 +152,18 @@ class EngineSettings:
     pipeline_parallel_size: int = 1
     mamba_cache_dtype: str = "auto"
     mamba_ssm_cache_dtype: str = "auto"
+    # The vLLM that will serve: the rules that differ by version come from its row (plan_versions.py).
+    vllm_version: str = DEFAULT_VERSION
+
+    @property
+    def rules(self) -> VersionRules:
+        return rules_for(self.vllm_version)
+
+    @property
+    def local_batches(self) -> int:
+        """The batches of max_num_batched_tokens a sliding/chunked layer keeps beyond its window: every
+        batch in flight at 0.32 (`max_in_flight_tokens`), one before (`max_num_batched_tokens`)."""
+        return self.concurrent_batches if self.rules.local_keeps_every_batch else 1
 
     @property
     def concurrent_batches(self) -> int:
@@ -160,8 +175,9 @@ class EngineSettings:
 
     @property
     def in_flight_tokens(self) -> int:
-        """`VllmConfig.max_in_flight_tokens`: every batch in flight may hold max_num_batched_tokens."""
-        return self.max_num_batched_tokens * self.concurrent_batches
+        """What a sliding/chunked layer keeps beyond its window: `VllmConfig.max_in_flight_tokens` (every
+        batch in flight may hold max_num_batched_tokens) at 0.32, one batch's before (plan_versions.py)."""
+        return self.max_num_batched_tokens * self.local_batches
 
     @property
     def mamba_cache_mode(self) -> str:
@@ -397,6 +413,7 @@ class KVLayout:
     in_flight_tokens: int
     state_page_bytes: int = 0  # one state layer's real state, before padding
     block_bytes: int = 0  # one group of layers of different pages (0: group_size x page_bytes)
+    rules: VersionRules = rules_for(DEFAULT_VERSION)  # the serving vLLM's start-up check and log line
 
     @property
     def bytes_per_block(self) -> int:
@@ -423,7 +440,7 @@ class KVLayout:
 
     def fits(self, kv_bytes: int, length: int) -> bool:
         """vLLM's start-up check: one request of `length` in the KV memory less the null block."""
-        usable = kv_bytes - self.bytes_per_block
+        usable = kv_bytes - (self.bytes_per_block if self.rules.check_reserves_null_block else 0)
         return usable > 0 and self.bytes_per_block * self.blocks_per_request(length) <= usable
 
     def largest_fitting(self, kv_bytes: int, upper: int) -> int:
@@ -444,7 +461,13 @@ class KVLayout:
         return self.num_blocks(kv_bytes) / blocks if blocks else 0.0
 
     def cache_tokens(self, kv_bytes: int, length: int) -> int:
-        """What vLLM logs as `KV cache size: N tokens`."""
+        """What vLLM logs as `KV cache size: N tokens` (by the serving version's rule, plan_versions.py)."""
+        if not self.rules.tokens_from_concurrency:
+            return (
+                self.num_blocks(kv_bytes)
+                // len(self.groups)
+                * min(g.block_size or self.block_size for g in self.groups)
+            )
         return int(self.concurrency(kv_bytes, length) * length)
 
 
@@ -523,6 +546,12 @@ def kv_layout(shape: ModelShape, settings: EngineSettings) -> KVLayout:
     cached layer is of one type (`UniformTypeKVCacheSpecs`), else page unification
     (`unify_kv_cache_spec_page_size`) and `_get_kv_cache_groups_uniform_page_size`."""
     _check_settings(settings)
+    rules = settings.rules
+    if not rules.state_layers and any(layer.kind == "state" for layer in shape.layers):
+        raise ConfigError(
+            f"cannot plan this model exactly for vLLM {rules.version}: its recurrent-state cache mode and "
+            "block alignment are modelled for vLLM 0.32 only"
+        )
     state_page = state_page_bytes(shape, settings)
     block = hybrid_block_size(shape, settings, state_page)
     cached = [layer for layer in shape.layers if layer.cached]
@@ -554,13 +583,18 @@ def kv_layout(shape: ModelShape, settings: EngineSettings) -> KVLayout:
     buckets = {key: math.ceil(count / pp) for key, count in buckets.items()}
     pages = {page for _, _, page in buckets}
     kinds = {(kind, window) for kind, window, _ in buckets}
+    if len(pages) > 1 and not rules.mixed_pages:
+        raise ConfigError(
+            f"cannot plan this model exactly for vLLM {rules.version}: its layers have different page "
+            "sizes, whose unification is modelled for vLLM 0.32 only"
+        )
     if len(pages) > 1 and len(kinds) == 1 and state is None:
         # UniformTypeKVCacheSpecs: one group of every layer, each with its own page.
         (kind, window), layers = next(iter(kinds)), sum(buckets.values())
         block_bytes = sum(page * count for (_, _, page), count in buckets.items())
         group = KVGroup(kind, window, layers)
         return KVLayout(
-            block, max(pages), layers, (group,), settings.in_flight_tokens, state_page, block_bytes
+            block, max(pages), layers, (group,), settings.in_flight_tokens, state_page, block_bytes, rules
         )
     largest = max(pages)
     mla = any(layer.kind == "mla" for layer in attention)
@@ -579,7 +613,7 @@ def kv_layout(shape: ModelShape, settings: EngineSettings) -> KVLayout:
             for i in range(n)
         ]
     widest = max(group.layers for group in groups)
-    return KVLayout(block, largest, widest, tuple(groups), settings.in_flight_tokens, state_page)
+    return KVLayout(block, largest, widest, tuple(groups), settings.in_flight_tokens, state_page, 0, rules)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -635,6 +669,7 @@ class ModelPlan:
     remedies: list[Remedy] = field(default_factory=list)
     block_size: int = DEFAULT_BLOCK_SIZE  # vLLM's, after the hybrid alignment
     assumptions: list[str] = field(default_factory=list)
+    vllm_version_source: str = "rocmdoctor's newest rules (no version named)"
 
     @property
     def weights_per_gpu_bytes(self) -> int | None:
@@ -690,6 +725,9 @@ class ModelPlan:
             "remedies": [r.to_json() for r in self.remedies],
             "notes": list(shape.notes),
             "assumptions": list(self.assumptions),
+            "vllm_version": self.settings.vllm_version,
+            "vllm_rules": self.settings.rules.version,
+            "vllm_version_source": self.vllm_version_source,
         }
 
 
@@ -745,8 +783,13 @@ def assumptions(shape: ModelShape, settings: EngineSettings, layout: KVLayout) -
             )
         else:
             why = "async scheduling" if s.async_scheduling else "no async scheduling"
+        if s.local_batches != s.concurrent_batches:
+            why += (
+                f"; vLLM {s.rules.version} keeps one batch beyond the window whatever the scheduling "
+                "(SlidingWindowSpec.max_memory_usage_bytes)"
+            )
         out.append(
-            f"{s.concurrent_batches} batch(es) of {s.max_num_batched_tokens} tokens in flight ({why}): "
+            f"{s.local_batches} batch(es) of {s.max_num_batched_tokens} tokens in flight ({why}): "
             f"sliding/chunked layers keep {layout.in_flight_tokens} tokens beyond their window"
         )
     state = next((layer.state for layer in shape.layers if layer.state is not None), None)
