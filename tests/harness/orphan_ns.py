@@ -53,8 +53,25 @@ def engine(python: str, model: str, port: int, console: bool = False) -> subproc
     else:
         argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--port", str(port)]
     started = quiet(argv, env=env)
+    # The forked child runs this harness's own python until its exec: wait for the server's argv too.
     exe_is(started.pid, "python")
+    argv_is(started.pid, argv)
     return started
+
+
+def argv_is(pid: int, argv: list[str], timeout: float = 60.0) -> None:
+    """Wait until `pid`'s command line ends with argv[1:] (a console script's runs under its interpreter)."""
+    want = [a.encode() for a in argv[1:]]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            words = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+            if words[-len(want) :] == want:
+                return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise SystemExit(f"pid {pid} never ran {argv[:3]}")
 
 
 def decoys(work: Path) -> dict[str, subprocess.Popen]:

@@ -149,7 +149,10 @@ def test_apply_saves_then_loads_and_smokes_through_lemonade_on_the_real_engine(v
     doc = json.loads(result.output)
     assert result.exit_code == 0, doc
     [verified] = doc["verify"]
-    assert verified["model"] == MODEL and {s["status"] for s in verified["steps"]} == {"pass"}, verified
+    # the context step judges only where Lemonade gives token ids and max_model_len (a skip saying why)
+    statuses = {s["id"]: s["status"] for s in verified["steps"]}
+    assert verified["model"] == MODEL and statuses.pop("context") in ("pass", "skip"), verified
+    assert set(statuses.values()) == {"pass"}, verified
     launch = state.loaded[MODEL]["launch_command"]
     saved = state.saved()[MODEL]["vllm_args"].split()
     flag = "--gpu-memory-utilization"
