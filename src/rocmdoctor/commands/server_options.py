@@ -166,8 +166,8 @@ def server_options(*options: str | Callable[[Any], Any]) -> Callable[[Any], Any]
     return apply
 
 
-# `unit` and `serve` take these after their own, in this order.
-SINGLE_SERVER = server_options(
+# One server's options (`unit`, `serve`, `cluster unit`), after the command's own, in this order.
+SINGLE_SERVER_OPTIONS: tuple[str | Callable[[Any], Any], ...] = (
     server_option("model", required=True),
     "served_model_name",
     "host",
@@ -182,6 +182,7 @@ SINGLE_SERVER = server_options(
     "prefix",
     "json",
 )
+SINGLE_SERVER = server_options(*SINGLE_SERVER_OPTIONS)
 
 
 def choices(opts: dict[str, Any], **changes: Any) -> Any:
@@ -246,19 +247,5 @@ def server_group(*options: str | Callable[[Any], Any]) -> Callable[[Any], Any]:
     return decorate
 
 
-# `unit` and `serve`: SINGLE_SERVER's options as one typed ServerOptions (keyword `server`).
-SINGLE_SERVER_GROUP = server_group(
-    server_option("model", required=True),
-    "served_model_name",
-    "host",
-    "port",
-    "gpu_memory_utilization",
-    "max_model_len",
-    "max_num_seqs",
-    "tensor_parallel_size",
-    "gpu",
-    "api_key_file",
-    "vllm_args",
-    "prefix",
-    "json",
-)
+# `unit` and `serve`: the same options as one typed ServerOptions (keyword `server`).
+SINGLE_SERVER_GROUP = server_group(*SINGLE_SERVER_OPTIONS)
