@@ -18,16 +18,16 @@ unchanged, except:
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import re
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 from aiohttp import web
+
+from harness.app_thread import app_in_thread
 
 NEEDLE = re.compile(r"the secret code word is (\w+)\.")
 QUESTION = "what is the secret code word?"
@@ -119,33 +119,5 @@ def make_app(engine_url: str, fault: Fault) -> web.Application:
 @contextlib.contextmanager
 def context_proxy(engine_url: str, fault: Fault) -> Iterator[str]:
     """The proxy on 127.0.0.1 (an ephemeral port), in a thread of this process with its own loop."""
-    loop = asyncio.new_event_loop()
-    started = threading.Event()
-    holder: dict[str, Any] = {}
-
-    async def start() -> None:
-        runner = web.AppRunner(make_app(engine_url, fault), shutdown_timeout=0.5)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        holder["runner"] = runner
-        holder["port"] = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-
-    def run() -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(start())
-        started.set()
-        loop.run_forever()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    if not started.wait(10):
-        raise RuntimeError("the context proxy did not start")
-    try:
-        yield f"http://127.0.0.1:{holder['port']}"
-    finally:
-        with contextlib.suppress(Exception):
-            asyncio.run_coroutine_threadsafe(holder["runner"].cleanup(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-        loop.close()
+    with app_in_thread(lambda: make_app(engine_url, fault), "the context proxy") as url:
+        yield url

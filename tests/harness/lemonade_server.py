@@ -25,8 +25,6 @@ import json
 import shlex
 import shutil
 import struct
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +32,8 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+
+from harness.app_thread import app_in_thread
 
 GIB = 1 << 30
 RENDER = "sys/devices/pci0000:00/0000:65:00.0"
@@ -513,37 +513,5 @@ class Running:
 @contextlib.contextmanager
 def lemonade_server(state: State) -> Iterator[Running]:
     """The stand-in on 127.0.0.1 (an ephemeral port), in a thread of this process with its own loop."""
-    loop = asyncio.new_event_loop()
-    started = threading.Event()
-    holder: dict[str, Any] = {}
-
-    async def start() -> None:
-        runner = web.AppRunner(make_app(state), shutdown_timeout=0.5)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        holder["runner"] = runner
-        holder["port"] = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-
-    def run() -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(start())
-        started.set()
-        loop.run_forever()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    if not started.wait(10):
-        raise RuntimeError("the Lemonade stand-in did not start")
-    try:
-        yield Running(f"http://127.0.0.1:{holder['port']}", state)
-    finally:
-        future = asyncio.run_coroutine_threadsafe(holder["runner"].cleanup(), loop)
-        with contextlib.suppress(Exception):
-            future.result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-        deadline = time.monotonic() + 1
-        while loop.is_running() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        loop.close()
+    with app_in_thread(lambda: make_app(state), "the Lemonade stand-in") as url:
+        yield Running(url, state)
