@@ -233,7 +233,10 @@ def test_check_confirms_the_winner_under_a_limit_and_leaves_nothing_behind(
     confirmation = document["confirmation"]
     assert confirmation["times"] == 1 and confirmation["margin"] == 0.1 and confirmation["rejected"] == []
     (again,) = confirmation["runs"]
-    assert again["max_num_seqs"] == document["winner"]["max_num_seqs"] == first["winner"]["max_num_seqs"]
+    # Under a limit both known points meet, the winner is the most output tokens/s of them (not the
+    # first run's knee, which may be the smaller setting when the two are close on a loaded machine).
+    fastest = max(first["points"], key=lambda p: (p["output_tokens_per_s"], -p["max_num_seqs"]))
+    assert again["max_num_seqs"] == document["winner"]["max_num_seqs"] == fastest["max_num_seqs"]
     assert again["error"] == "" and again["output_tokens_per_s"] > 0 and again["source"] == "measured"
     assert "confirmed by 1 more measurement(s)" in document["reason"]
     assert tree_state(target) == before and setup.state.read_bytes() == state_bytes
