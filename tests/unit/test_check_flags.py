@@ -31,18 +31,6 @@ ALLOWED = {
         "check_only",
     ): "builds its HostWriter: to take it",
     ("src/rocmdoctor/commands/serve.py", "show_or_write", "check_only"): "builds its HostWriter: to take it",
-    ("provision/fix.py", "change", "check_only"): "fix helper's (issue 34): to record through the writer",
-    (
-        "provision/server/lemonade.py",
-        "apply_options",
-        "check",
-    ): "Lemonade's writes (input helper's): a Target",
-    ("provision/server/lemonade.py", "apply_timeout", "check"): "the same",
-    (
-        "provision/server/lemonade_api.py",
-        "Lemonade.save_options",
-        "dry_run",
-    ): "Lemonade's own API field (dry_run)",
 }
 
 

@@ -22,18 +22,6 @@ SEAM = {
     "src/rocmdoctor/host_removal.py",  # removal of a tree by directory fds, no link followed (OwnDir)
 }
 ALLOWED: dict[tuple[str, str], tuple[int, str]] = {
-    ("provision/bundle/qualify.py", "write_atomic"): (
-        1,
-        "the qualification record (bundle helper's module): to call writer.trees.write_json",
-    ),
-    ("provision/bundle/ask_vllm.py", "write_atomic"): (
-        1,
-        "the bundle's vLLM surface beside the qualification record, written with it: the same writer",
-    ),
-    ("provision/server/jit_cache.py", "write_atomic"): (
-        2,
-        "the JIT env file and purge record (procs helper's module): to call writer.trees.write_atomic",
-    ),
     ("provision/server/stop_leftovers.py", "signal.pidfd_send_signal"): (
         1,
         "runs standalone as the unit's ExecStartPre on the bundle's Python: cannot import rocmdoctor",

@@ -60,7 +60,7 @@ def run_qualify(app: App, prefix: Path, tag: str | None, as_json: bool, options:
     from rocmdoctor.provision.bundle.install import InstallError, Layout, bundle_name
     from rocmdoctor.provision.bundle.qualify import QUALIFICATION, bundle_qualify
 
-    layout = Layout(prefix)
+    layout = Layout(prefix, HostWriter().trees)  # the record is written into the bundle's own tree
     chosen = bundle_name(layout, tag, "TAG") if tag else layout.current_tag()
     if chosen is None:
         raise UserError(f"no current bundle under {prefix}; pass a TAG that `rocmdoctor bundles` lists")
@@ -70,7 +70,7 @@ def run_qualify(app: App, prefix: Path, tag: str | None, as_json: bool, options:
             f"{chosen} is not a complete bundle under {layout.bundles}; `rocmdoctor bundles` lists what "
             "is installed"
         )
-    result = bundle_qualify(layout.bundles / chosen, chosen, meta, options)
+    result = bundle_qualify(layout.trees, layout.bundles / chosen, chosen, meta, options)
     doc = {
         "schema_version": result.schema_version,
         "changed": True,
@@ -109,7 +109,9 @@ def jit_environment(prefix: Path, state_dir: Path) -> dict[str, str]:
     if doc is None or not isinstance(doc.get("bundle_digest"), str):
         return {}
     try:
-        return jit_cache.prepare(state_dir, doc["bundle_digest"], doc.get("host_gfx"), str(doc.get("tag")))
+        return jit_cache.prepare(
+            HostWriter().trees, state_dir, doc["bundle_digest"], doc.get("host_gfx"), str(doc.get("tag"))
+        )
     except OSError as exc:
         raise UserError(f"cannot create the JIT cache under {state_dir}: {exc.strerror or exc}") from None
 

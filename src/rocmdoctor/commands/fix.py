@@ -260,7 +260,7 @@ def fix(
         verify = _verify(app, target_root, user, only, items, gpus)
     else:
         verify = []
-    result = change(items, check_only, notes)
+    result = change(writer, items, notes)
     rows = [
         f"verify {row['id']}: {row['state']}" + (f" ({row['note']})" if row["note"] else "") for row in verify
     ]

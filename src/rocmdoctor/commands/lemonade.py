@@ -232,11 +232,15 @@ def apply_cmd(
         host_context,
         vllm_models,
     )
+    from rocmdoctor.host_writes import HostWriter
     from rocmdoctor.model import Change
     from rocmdoctor.provision.server.lemonade import apply_options, apply_timeout
     from rocmdoctor.provision.server.lemonade_api import LemonadeError
 
     knee, knee_why = bench_knee(bench_report)
+    writer = HostWriter(
+        check_mode=check_only
+    )  # the Target of Lemonade's API changes: nothing is sent under --check
     client = _client(app, target)
     ctx = host_context(app)
     changes: list[Change] = []
@@ -251,9 +255,9 @@ def apply_cmd(
                     "the model is loaded now: its memory is not free, so the utilization is conservative; "
                     "saved options apply at its next load (POST /api/v1/unload, then load)"
                 )
-            changes.append(apply_options(client, wanted, check_only))
+            changes.append(apply_options(writer, client, wanted))
         if changes:
-            timeout = apply_timeout(client, [checkpoint(e) for e in entries], check_only)
+            timeout = apply_timeout(writer, client, [checkpoint(e) for e in entries])
     except LemonadeError as exc:
         _fail(exc, target.as_json)
     if not changes:

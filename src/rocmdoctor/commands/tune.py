@@ -615,6 +615,7 @@ def _write_lemonade(app: App, dest: Destination, model: str, choice: Choice) -> 
     """The winner as the model's saved vllm_args, through Lemonade's options API (its own dry run
     under --check); Lemonade passes them to vllm-server at the model's next load."""
     from rocmdoctor.commands.lemonade import _key, _url
+    from rocmdoctor.host_writes import HostWriter
     from rocmdoctor.provision.server.lemonade import ModelTarget, apply_options
     from rocmdoctor.provision.server.lemonade_api import Lemonade, LemonadeError
 
@@ -627,7 +628,7 @@ def _write_lemonade(app: App, dest: Destination, model: str, choice: Choice) -> 
     target = ModelTarget(model, None, flags, reasons=dict.fromkeys(flags, why))
     try:
         lemonade = Lemonade(_url(app, dest.lemonade_url), _key(dest.lemonade_key_file))
-        change = apply_options(lemonade, target, dest.check_only)
+        change = apply_options(HostWriter(check_mode=dest.check_only), lemonade, target)
     except LemonadeError as exc:
         raise UserError(f"could not write the winner into Lemonade's options for {model}: {exc}") from None
     return change.envelope(check=dest.check_only)
