@@ -336,8 +336,10 @@ def fetch(
 @click.option("--json", "as_json", is_flag=True, help="Print an Ansible-style JSON result on stdout.")
 def prune(prefix: Path, keep: int, check: bool, as_json: bool) -> None:
     """Remove old bundles (keeps current and previous); refuses one a running process uses."""
+    from rocmdoctor.host_writes import HostWriter
+
     with failures(as_json):
-        result = run_prune(prefix, keep, check)
+        result = run_prune(prefix, keep, HostWriter(Path("/"), check_mode=check))
     emit_change(result.change(), as_json)
     if result.failed:
         sys.exit(1)
@@ -389,8 +391,10 @@ def cache() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print an Ansible-style JSON result on stdout.")
 def cache_purge(prefix: Path, state_dir: Path, everything: bool, check: bool, as_json: bool) -> None:
     """Remove JIT caches built for other bundles or GPUs (and partial ones with them)."""
+    from rocmdoctor.host_writes import HostWriter
+
     with failures(as_json):
         try:
-            run_purge(prefix, state_dir, everything, check, as_json)
+            run_purge(prefix, state_dir, everything, HostWriter(Path("/"), check_mode=check), as_json)
         except OSError as exc:
             raise Failed(f"cannot purge {state_dir}/jit: {exc.strerror or exc}") from None

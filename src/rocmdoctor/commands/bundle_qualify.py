@@ -116,7 +116,7 @@ def jit_environment(prefix: Path, state_dir: Path) -> dict[str, str]:
         raise UserError(f"cannot create the JIT cache under {state_dir}: {exc.strerror or exc}") from None
 
 
-def run_purge(prefix: Path, state_dir: Path, everything: bool, check: bool, as_json: bool) -> None:
+def run_purge(prefix: Path, state_dir: Path, everything: bool, writer: HostWriter, as_json: bool) -> None:
     from rocmdoctor.provision.bundle.qualify import recorded
     from rocmdoctor.provision.server import jit_cache
 
@@ -125,9 +125,9 @@ def run_purge(prefix: Path, state_dir: Path, everything: bool, check: bool, as_j
     if not everything and doc is not None and isinstance(doc.get("bundle_digest"), str):
         keep = jit_cache.cache_key(doc["bundle_digest"], doc.get("host_gfx"))
     try:
-        result = jit_cache.purge(HostWriter(Path("/"), check_mode=check), state_dir, keep)
+        result = jit_cache.purge(writer, state_dir, keep)
     except jit_cache.PurgeRefused as exc:
         raise UserError(str(exc)) from None
     except OSError as exc:
         raise UserError(f"cannot purge the JIT caches under {state_dir}: {exc.strerror or exc}") from None
-    emit_change(result, as_json, check=check)
+    emit_change(result, as_json, check=writer.check_mode)

@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from rocmdoctor import params
-from rocmdoctor.commands.common import App, UserError, emit_json, pass_app
+from rocmdoctor.commands.common import App, UserError, emit_json, pass_app, write_root
 from rocmdoctor.commands.server_options import SINGLE_SERVER, server_options
 from rocmdoctor.model import EXIT_FAILURES, EXIT_OK, SCHEMA_VERSION
 from rocmdoctor.textnum import parse_decimal
@@ -343,6 +343,7 @@ def unit_command(
         ClusterLayoutError,
     )
     from rocmdoctor.commands.serve import api_key, resolve_args, show_or_write
+    from rocmdoctor.host_writes import HostWriter
     from rocmdoctor.provision.server.cluster_unit import process
     from rocmdoctor.provision.server.cluster_unit import specs as node_specs
     from rocmdoctor.provision.server.unit import ServiceLayout, UnitError
@@ -369,13 +370,11 @@ def unit_command(
             runs = written_under(runs, str(target), f"{service.prefix}/libexec/")
     except (ClusterLayoutError, UnitError) as exc:
         raise UserError(str(exc)) from None
+    writer = HostWriter(write_root(app, target), check_mode=check_only) if write or check_only else None
     show_or_write(
-        app,
         files,
         user,
-        write,
-        check_only,
-        target,
+        writer,
         opts["as_json"],
         cluster=layout.to_json(),
         role=layout.role(node_rank),

@@ -239,9 +239,11 @@ def install(
 
     Without --channel/--tag/--pinned: the release the lock pins for the family, else the newest of the
     manifest's channel (stable), whose published digests are then recorded in <prefix>/lock.json."""
+    from rocmdoctor.host_writes import HostWriter
     from rocmdoctor.provision.bundle.install import install as run_install
 
     prune_doc = None
+    writer = HostWriter(Path("/"), check_mode=check)  # a bundle prefix is this host's, never under --root
     with failures(as_json):
         plan, choice, warnings = install_plan(
             app,
@@ -262,10 +264,10 @@ def install(
             click.echo(SKIP_WARNING.format(tag=choice.tag), err=True)
         with progress(not as_json and not check, plan.total_bytes) as (on_download, on_extract):
             plan.on_download, plan.on_extract = on_download, on_extract
-            result = run_install(plan, prefix_writer(check))
+            result = run_install(plan, writer)
         result.notes[:0] = choice.notes
         if prune_after:
-            prune_doc = run_prune(prefix, 2, check)
+            prune_doc = run_prune(prefix, 2, writer)
     extra: dict[str, Any] = {"qualified": choice.qualified}
     if plan.qualify.last is not None:
         extra["qualification"] = qualification_summary(plan.qualify.last.to_json())
@@ -361,18 +363,19 @@ def install_plan(
 
 
 def prefix_writer(check: bool) -> Any:
-    """The writer for a bundle prefix: on this host (the prefix is the user's, never under --root)."""
+    """The writer for a bundle prefix: on this host (the prefix is the user's, never under --root).
+    Only `upgrade` calls it still (another helper's module): a command builds its HostWriter itself."""
     from rocmdoctor.host_writes import HostWriter
 
     return HostWriter(Path("/"), check_mode=check)
 
 
-def run_prune(prefix: Path, keep: int, check: bool) -> Any:
+def run_prune(prefix: Path, keep: int, writer: Any) -> Any:
     from rocmdoctor.host import Host
     from rocmdoctor.provision.bundle.install import prune
 
     # Processes are this machine's, whatever --root the diagnosis reads.
-    return prune(prefix, keep, Host(Path("/")), prefix_writer(check))
+    return prune(prefix, keep, Host(Path("/")), writer)
 
 
 @click.command()
@@ -385,8 +388,9 @@ def run_prune(prefix: Path, keep: int, check: bool) -> Any:
 @click.option("--json", "as_json", is_flag=True, help="Print an Ansible-style JSON result on stdout.")
 def rollback(prefix: Path, to: str | None, force: bool, check: bool, as_json: bool) -> None:
     """Switch `current` back to the previous bundle (or --to TAG); only to a qualified one without --force."""
+    from rocmdoctor.host_writes import HostWriter
     from rocmdoctor.provision.bundle.install import rollback as run_rollback
 
     with failures(as_json):
-        result = run_rollback(prefix, prefix_writer(check), to, force=force)
+        result = run_rollback(prefix, HostWriter(Path("/"), check_mode=check), to, force=force)
     emit_change(result.change(), as_json)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from click.core import ParameterSource
@@ -15,6 +15,9 @@ from rocmdoctor.commands.common import App, UserError, echo_write_report, emit_j
 from rocmdoctor.commands.server_options import LAYOUT_CHOICES, choices, server_option, server_options
 from rocmdoctor.model import envelope
 from rocmdoctor.textnum import is_decimal
+
+if TYPE_CHECKING:
+    from rocmdoctor.host_writes import HostWriter
 
 
 def devices_of(app: App, source: str | None, prefix: str) -> list:
@@ -269,28 +272,29 @@ def instances(
             raise UserError("--smoke tests what is written: run --write first, then --smoke")
         smoke_instances(HostWriter(app.root), reach, opts["as_json"])
         return
-    write_layout(app, opts, write, check_only, target, user, timeout_s)
+    # --check alone: what --write would change, written nowhere
+    writer = HostWriter(write_root(app, target), check_mode=check_only) if write or check_only else None
+    write_layout(app, opts, writer, target, user, timeout_s)
 
 
 def write_layout(
     app: App,
     opts: dict[str, Any],
-    write: bool,
-    check_only: bool,
+    writer: HostWriter | None,
     target: Path | None,
     user: str,
     timeout_s: int,
 ) -> None:
-    """Show the layout, or with `write` install it; `rocmdoctor unit --instances` comes here too."""
+    """Show the layout, or with a `writer` (--write, --check) install it through it; `rocmdoctor unit
+    --instances` comes here too."""
     from rocmdoctor.host_writes import HostWriter, WriteRefused
     from rocmdoctor.provision.server import instances as server_instances
     from rocmdoctor.provision.server.unit import ServiceLayout, UnitError, read_api_key
 
-    write = write or check_only  # --check alone: what --write would change, written nowhere
+    write = writer is not None
     # What is written (the ports it keeps) is read where a write goes: --target, else this host.
-    writer = HostWriter(write_root(app, target) if write else (target or app.root), check_mode=check_only)
     try:
-        owned = ports_still_ours(writer)  # the preview shows the ports --write would keep
+        owned = ports_still_ours(writer or HostWriter(target or app.root))  # the ports --write would keep
     except WriteRefused as exc:
         raise UserError(str(exc)) from None
     plan = compute_plan(app, opts, owned)

@@ -6,7 +6,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -31,6 +31,9 @@ from rocmdoctor.commands.server_options import (
     server_options,
 )
 from rocmdoctor.report import strict
+
+if TYPE_CHECKING:
+    from rocmdoctor.host_writes import HostWriter
 
 
 def resolve_args(app: App, opts: dict[str, Any]):
@@ -149,6 +152,8 @@ def unit(
 
     Extra vLLM arguments go after `--`: rocmdoctor unit --model M -- --enforce-eager
     """
+    from rocmdoctor.host_writes import HostWriter
+
     opts = server.as_dict()
     if instances_layout is not None:
         from rocmdoctor.commands.instances import write_layout
@@ -161,7 +166,8 @@ def unit(
             "gpus": opts.get("gpus") or (),
             "devices_from": None,
         }
-        write_layout(app, {**opts, **layout}, write, check_only, target, user, timeout_s)
+        writer = HostWriter(write_root(app, target), check_mode=check_only) if write or check_only else None
+        write_layout(app, {**opts, **layout}, writer, target, user, timeout_s)
         return
     from rocmdoctor.provision.server.unit import ServiceLayout, UnitError, file_specs
 
@@ -170,33 +176,26 @@ def unit(
         specs = file_specs(args, ServiceLayout(prefix=opts["prefix"]), user, api_key(opts), timeout_s)
     except UnitError as exc:
         raise UserError(str(exc)) from None
-    show_or_write(app, specs, user, write, check_only, target, opts["as_json"], server_args=args.to_json())
+    writer = HostWriter(write_root(app, target), check_mode=check_only) if write or check_only else None
+    show_or_write(specs, user, writer, opts["as_json"], server_args=args.to_json())
 
 
 def show_or_write(
-    app: App,
-    specs: list[Any],
-    user: str,
-    write: bool,
-    check_only: bool,
-    target: Path | None,
-    as_json: bool,
-    **fields: Any,
+    specs: list[Any], user: str, writer: HostWriter | None, as_json: bool, **fields: Any
 ) -> None:
-    """Print the first unit (`--json`: with `fields`), or make the host match `specs` (--write, or
-    --check's dry run) and report what changed: `unit` and `cluster unit`."""
-    from rocmdoctor.host_writes import HostWriter
+    """Print the first unit (`--json`: with `fields`), or with a `writer` (--write, or --check's dry
+    run) make its tree match `specs` and report what changed: `unit` and `cluster unit`."""
     from rocmdoctor.provision.server.unit import UnitError
     from rocmdoctor.provision.server.unit import write as write_files
 
-    if not (write or check_only):
+    if writer is None:
         if as_json:
             emit_json({"unit": specs[0].content, "path": specs[0].path, **fields})
         else:
             click.echo(specs[0].content, nl=False)
         return
     try:
-        report = write_files(HostWriter(write_root(app, target), check_mode=check_only), specs, user)
+        report = write_files(writer, specs, user)
     except (UnitError, OSError) as exc:
         raise UserError(f"could not write the unit: {exc}") from None
     if as_json:
