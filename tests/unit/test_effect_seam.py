@@ -42,11 +42,6 @@ ALLOWED: dict[tuple[str, str], tuple[int, str]] = {
         1,
         "Host.run's deadline: the read seam kills the process group of the probe it started",
     ),
-    ("src/rocmdoctor/litter.py", "os.kill"): (1, "signal 0: is a killed run's owner gone (no signal sent)"),
-    ("src/rocmdoctor/litter.py", "shutil.rmtree"): (1, "the seam's sweep of killed runs' temp trees"),
-    ("src/rocmdoctor/litter.py", "os.unlink"): (1, "the seam's sweep of killed runs' temp files"),
-    ("src/rocmdoctor/snapshot.py", "atomic_file"): (1, "snapshot's own --output archive (no --check)"),
-    ("src/rocmdoctor/snapshot.py", "shutil.rmtree"): (3, "snapshot's private unpack directory of a replay"),
 }
 
 OS_CALLS = {
