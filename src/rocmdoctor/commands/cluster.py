@@ -18,7 +18,7 @@ import click
 
 from rocmdoctor import params
 from rocmdoctor.commands.common import App, UserError, emit_json, pass_app, write_root
-from rocmdoctor.commands.server_options import SINGLE_SERVER, server_options
+from rocmdoctor.commands.server_options import SINGLE_SERVER_GROUP, ServerOptions, server_options
 from rocmdoctor.model import EXIT_FAILURES, EXIT_OK, SCHEMA_VERSION
 from rocmdoctor.textnum import parse_decimal
 
@@ -316,7 +316,7 @@ def written_under(runs: dict[str, Any], target: str, written: str) -> dict[str, 
     show_default=True,
     help="mp: vLLM's own processes on every node; ray: a Ray head and workers (ray-*.service), one vLLM on the head.",
 )
-@SINGLE_SERVER
+@SINGLE_SERVER_GROUP
 @pass_app
 def unit_command(
     app: App,
@@ -333,7 +333,7 @@ def unit_command(
     socket_ifname: str | None,
     cluster_layout: str,
     backend: str,
-    **opts: Any,
+    server: ServerOptions,
 ) -> None:
     """The units of this node: the head's vllm.service, or a worker's vllm-worker.service (headless)."""
     from rocmdoctor.cluster.layout import (
@@ -348,6 +348,7 @@ def unit_command(
     from rocmdoctor.provision.server.cluster_unit import specs as node_specs
     from rocmdoctor.provision.server.unit import ServiceLayout, UnitError
 
+    opts = server.as_dict()
     try:
         layout = ClusterLayout(
             nnodes,

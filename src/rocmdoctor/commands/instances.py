@@ -12,7 +12,13 @@ from click.core import ParameterSource
 
 from rocmdoctor import params
 from rocmdoctor.commands.common import App, UserError, echo_write_report, emit_json, pass_app, write_root
-from rocmdoctor.commands.server_options import LAYOUT_CHOICES, choices, server_option, server_options
+from rocmdoctor.commands.server_options import (
+    LAYOUT_CHOICES,
+    ServerOptions,
+    choices,
+    server_group,
+    server_option,
+)
 from rocmdoctor.model import envelope
 from rocmdoctor.textnum import is_decimal
 
@@ -139,32 +145,32 @@ def show_plan(plan, stream=None) -> None:
 
 
 @click.command(cls=params.VllmPassThrough)
-@click.option(
-    "--instances",
-    "--layout",
-    "layout",
-    type=click.Choice(LAYOUT_CHOICES),
-    default="per-gpu",
-    show_default=True,
-    help="One server, one per GPU, or one per compute partition.",
-)
-@server_option(
-    "tensor_parallel_size",
-    default=1,
-    show_default=True,
-    help="Devices per server (one family, one XGMI hive).",
-)
-@click.option(
-    "--count",
-    type=params.Count(1, 4096),
-    default=None,
-    help="Run only this many servers (default: as many as fit).",
-)
-@click.option("--family", default=None, help="On a host with GPUs of several families: the one to serve.")
-@server_option(
-    "gpu", help="Serve only these GPUs, by PCI slot (0000:03:00.0) or KFD node (node:2); repeatable."
-)
-@server_options(
+@server_group(
+    click.option(
+        "--instances",
+        "--layout",
+        "layout",
+        type=click.Choice(LAYOUT_CHOICES),
+        default="per-gpu",
+        show_default=True,
+        help="One server, one per GPU, or one per compute partition.",
+    ),
+    server_option(
+        "tensor_parallel_size",
+        default=1,
+        show_default=True,
+        help="Devices per server (one family, one XGMI hive).",
+    ),
+    click.option(
+        "--count",
+        type=params.Count(1, 4096),
+        default=None,
+        help="Run only this many servers (default: as many as fit).",
+    ),
+    click.option("--family", default=None, help="On a host with GPUs of several families: the one to serve."),
+    server_option(
+        "gpu", help="Serve only these GPUs, by PCI slot (0000:03:00.0) or KFD node (node:2); repeatable."
+    ),
     server_option("port", help="The first server's port; the next ones count up, skipping ports in use."),
     server_option(
         "host",
@@ -175,14 +181,12 @@ def show_plan(plan, stream=None) -> None:
         "gpu_memory_utilization",
         help="Override the value computed for each server from its own devices' free memory.",
     ),
-)
-@click.option(
-    "--devices-from",
-    default=None,
-    metavar="ROOT",
-    help="Lay out for the GPUs of this root directory or snapshot (default: --root).",
-)
-@server_options(
+    click.option(
+        "--devices-from",
+        default=None,
+        metavar="ROOT",
+        help="Lay out for the GPUs of this root directory or snapshot (default: --root).",
+    ),
     server_option(
         "model", default=None, help="Hugging Face id or local model directory (needed to render units)."
     ),
@@ -197,39 +201,39 @@ def show_plan(plan, stream=None) -> None:
     server_option("write", help="Write vllm@.service, vllm.target and one env file per server."),
     "check",
     "target",
+    click.option(
+        "--smoke",
+        is_flag=True,
+        help="Smoke-test every written instance (its port and key from its file): one line each.",
+    ),
+    click.option(
+        "--bench",
+        is_flag=True,
+        help="Bench every written instance alone, then all at once: per-instance and aggregate tokens/s.",
+    ),
+    click.option(
+        "--concurrency",
+        type=click.IntRange(min=1),
+        default=8,
+        show_default=True,
+        help="With --bench: concurrent requests per instance.",
+    ),
+    click.option(
+        "--requests",
+        type=click.IntRange(min=1),
+        default=32,
+        show_default=True,
+        help="With --bench: requests per instance and run (at least --concurrency).",
+    ),
+    click.option(
+        "--max-tokens",
+        type=click.IntRange(min=2),
+        default=128,
+        show_default=True,
+        help="With --bench: output tokens per request.",
+    ),
+    server_option("json"),
 )
-@click.option(
-    "--smoke",
-    is_flag=True,
-    help="Smoke-test every written instance (its port and key from its file): one line each.",
-)
-@click.option(
-    "--bench",
-    is_flag=True,
-    help="Bench every written instance alone, then all at once: per-instance and aggregate tokens/s.",
-)
-@click.option(
-    "--concurrency",
-    type=click.IntRange(min=1),
-    default=8,
-    show_default=True,
-    help="With --bench: concurrent requests per instance.",
-)
-@click.option(
-    "--requests",
-    type=click.IntRange(min=1),
-    default=32,
-    show_default=True,
-    help="With --bench: requests per instance and run (at least --concurrency).",
-)
-@click.option(
-    "--max-tokens",
-    type=click.IntRange(min=2),
-    default=128,
-    show_default=True,
-    help="With --bench: output tokens per request.",
-)
-@server_option("json")
 @pass_app
 def instances(
     app: App,
@@ -243,7 +247,11 @@ def instances(
     concurrency: int,
     requests: int,
     max_tokens: int,
-    **opts: Any,
+    layout: str,
+    count: int | None,
+    family: str | None,
+    devices_from: str | None,
+    server: ServerOptions,
 ) -> None:
     """Lay vLLM servers out over this host's GPUs; with --write install them under systemd.
 
@@ -252,6 +260,13 @@ def instances(
     """
     from rocmdoctor.host_writes import HostWriter
 
+    opts = {
+        **server.as_dict(),
+        "layout": layout,
+        "count": count,
+        "family": family,
+        "devices_from": devices_from,
+    }
     # --smoke/--bench reach the servers where the written template's readiness gate does, unless
     # --host says otherwise (a server written with --host 10.0.0.5 does not answer on 127.0.0.1).
     given = click.get_current_context().get_parameter_source("host") is not ParameterSource.DEFAULT
