@@ -196,31 +196,18 @@ def lock(
 ) -> None:
     """Refresh the lock file (part names, sizes, sha256 digests) from the release API."""
     from rocmdoctor.host_writes import HostWriter
-    from rocmdoctor.provision.bundle.selection import family_from_tag, refresh_lock
+    from rocmdoctor.provision.bundle.selection import refresh_lock
 
+    # through the one write seam: under --check it records the write and makes none
+    writer = HostWriter(Path("/"), check_mode=check)
     with failures(as_json):
         sources, manifest, current = pins.load(prefix)
         target = out or sources.lock or prefix / "lock.json"
-        if tag:
-            chosen = [family_from_tag(tag)]
-            if families and list(families) != chosen:
-                raise UserError(f"--tag {tag} is for {chosen[0]}, not --family {', '.join(families)}")
-        else:
-            chosen = _families(families, manifest)
         selection = ReleaseSelection(channel, tag, pinned, frozen=False)
-        requests_ = [selection.request(f, manifest, current, prefix) for f in chosen]
-        # `bundle lock` always asks the API: a family the lock pins is re-read on its channel.
-        requests_ = [
-            r
-            if r.mode != "lock"
-            else type(r)(**{**vars(r), "mode": "channel", "channel": _channel_of(manifest, r.family)})
-            for r in requests_
-        ]
+        requests_ = _lock_requests(selection, families, manifest, current, prefix)
         updated, report = refresh_lock(manifest, current, requests_, pins.release_api(), network.api())
         changed = any(r.get("changed") for r in report)
         if changed:
-            # through the one write seam: under --check it records the write and makes none
-            writer = HostWriter(Path("/"), check_mode=check)
             try:
                 writer.trees.make_dirs(target.parent.absolute())
                 lock_text = json.dumps(updated.to_json(), indent=2) + "\n"
@@ -228,7 +215,6 @@ def lock(
             except OSError as exc:
                 raise Failed(f"cannot write {target}: {exc.strerror or exc}; pass --out FILE") from None
     failed = [r for r in report if not r["pinned"]]
-    verb = "would pin" if check else "pinned"
     moved = [r["family"] for r in report if r.get("changed")]
     diff = state_diff(
         {f: current.families[f].tag if f in current.families else None for f in moved},
@@ -236,9 +222,9 @@ def lock(
     )
     change = Change(
         changed,
-        f"{verb} {len(report) - len(failed)} of {len(report)} families into {target}",
+        f"{writer.past('pinned', 'pin')} {len(report) - len(failed)} of {len(report)} families into {target}",
         diff,
-        {"check": check, "failed": bool(failed), "lock": str(target), "families": report},
+        {"check": writer.check_mode, "failed": bool(failed), "lock": str(target), "families": report},
     )
     rows = [
         f"{'ok  ' if r['pinned'] else 'FAIL'} {r['family']:<8} {r['tag'] or '-'}: {r['msg']}" for r in report
@@ -246,6 +232,29 @@ def lock(
     emit_change(change, as_json, rows)
     if failed:
         sys.exit(1)
+
+
+def _lock_requests(
+    selection: ReleaseSelection, families: tuple[str, ...], manifest: Any, current: Any, prefix: Path
+) -> list[Any]:
+    """What `bundle lock` asks the release API for each family (--tag: its own family only)."""
+    from rocmdoctor.provision.bundle.selection import family_from_tag
+
+    tag = selection.tag
+    if tag:
+        chosen = [family_from_tag(tag)]
+        if families and list(families) != chosen:
+            raise UserError(f"--tag {tag} is for {chosen[0]}, not --family {', '.join(families)}")
+    else:
+        chosen = _families(families, manifest)
+    requests_ = [selection.request(f, manifest, current, prefix) for f in chosen]
+    # `bundle lock` always asks the API: a family the lock pins is re-read on its channel.
+    return [
+        r
+        if r.mode != "lock"
+        else type(r)(**{**vars(r), "mode": "channel", "channel": _channel_of(manifest, r.family)})
+        for r in requests_
+    ]
 
 
 def _channel_of(manifest: Any, family: str) -> str:

@@ -83,6 +83,27 @@ def write_health(ctx: Context, report: dict[str, Any], started: float, path: Pat
     )
 
 
+def show_checks(specs: list[Any], as_json: bool) -> None:
+    """`check --list`: every check's id and title."""
+    from rocmdoctor.model import envelope
+    from rocmdoctor.report import list_checks as list_specs
+
+    if as_json:
+        emit_json(envelope(checks=list_specs(specs)))
+        return
+    for spec in specs:
+        click.echo(f"{spec.id:<22} {spec.title}")
+
+
+def refuse_textfile(textfile: Path) -> None:
+    """A --textfile the collector could not read (or that is not ours to replace): exit 2, before any check."""
+    from rocmdoctor.commands.health_textfile import textfile_problem
+
+    problem = textfile_problem(textfile)
+    if problem:
+        raise UserError(f"--textfile {textfile}: {problem}")
+
+
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the versioned JSON report on stdout.")
 @click.option(
@@ -154,30 +175,19 @@ def check(
 ) -> None:
     """Diagnose this host for vLLM on ROCm. Exit 0: no failure; 1: a failure; 2: could not run."""
     from rocmdoctor.checks import host_facts, load_registry
-    from rocmdoctor.model import envelope
     from rocmdoctor.registry import SelectionError
     from rocmdoctor.report import build_report
-    from rocmdoctor.report import list_checks as list_specs
 
     registry = load_registry()
     if list_checks:
-        specs = registry.specs
-        if as_json:
-            emit_json(envelope(checks=list_specs(specs)))
-        else:
-            for spec in specs:
-                click.echo(f"{spec.id:<22} {spec.title}")
+        show_checks(registry.specs, as_json)
         return
     try:
         specs = registry.select(only, skip, include_optional=deep)
     except SelectionError as exc:
         raise UserError(str(exc)) from None
     if textfile is not None:
-        from rocmdoctor.commands.health_textfile import textfile_problem
-
-        problem = textfile_problem(textfile)
-        if problem:
-            raise UserError(f"--textfile {textfile}: {problem}")
+        refuse_textfile(textfile)
     started = time.monotonic()
     ctx = check_context(app, user, port, prefix, python, deep_timeout)
     choose_gpus(ctx, gpus)

@@ -268,6 +268,13 @@ def install(
         result.notes[:0] = choice.notes
         if prune_after:
             prune_doc = run_prune(prefix, 2, writer)
+    _emit_installed(prefix, plan, choice, warnings, result, prune_doc, as_json)
+
+
+def _emit_installed(
+    prefix: Path, plan: Any, choice: Any, warnings: list[str], result: Any, prune_doc: Any, as_json: bool
+) -> None:
+    """The install's one envelope (joined by the prune's with --prune): exit 1 when the prune failed."""
     extra: dict[str, Any] = {"qualified": choice.qualified}
     if plan.qualify.last is not None:
         extra["qualification"] = qualification_summary(plan.qualify.last.to_json())

@@ -306,7 +306,6 @@ def write_layout(
     from rocmdoctor.provision.server import instances as server_instances
     from rocmdoctor.provision.server.unit import ServiceLayout, UnitError, read_api_key
 
-    write = writer is not None
     # What is written (the ports it keeps) is read where a write goes: --target, else this host.
     try:
         owned = ports_still_ours(writer or HostWriter(target or app.root))  # the ports --write would keep
@@ -314,7 +313,7 @@ def write_layout(
         raise UserError(str(exc)) from None
     plan = compute_plan(app, opts, owned)
     listing = [i.to_json() for i in plan.instances]
-    if not write:
+    if writer is None:
         if opts["as_json"]:
             emit_json(
                 envelope(

@@ -225,6 +225,35 @@ def apply_cmd(
     options API (merged: other saved keys stay), then load each through Lemonade and smoke it there, as
     `lemonade verify` does. A rerun changes nothing. Exit 0; 1: a model saved does not serve; 2: an
     error."""
+    from rocmdoctor.host_writes import HostWriter
+    from rocmdoctor.provision.server.lemonade_api import LemonadeError
+
+    writer = HostWriter(check_mode=check_only)  # the Target of Lemonade's API: nothing sent under --check
+    client = _client(app, target)
+    changes, timeout = _save_options(app, writer, client, target, bench_report)
+    verified: list[dict[str, Any]] = []
+    if not check_only and not skip_verify:
+        try:
+            for c in changes:
+                report, *_ = _load_and_smoke(client, target, c.data["model"])
+                verified.append(
+                    {"model": c.data["model"]} | {k: v for k, v in report.items() if k != "schema_version"}
+                )
+        except LemonadeError as exc:
+            _fail(exc, target.as_json)
+    emit_change(
+        _applied(writer, changes, timeout, verified),
+        target.as_json,
+        _applied_lines(writer, changes, timeout, verified),
+    )
+    sys.exit(max((r["exit_code"] for r in verified), default=0))
+
+
+def _save_options(
+    app: App, writer: Any, client: Any, target: Target, bench_report: Path | None
+) -> tuple[list[Any], Any]:
+    """Each vLLM model's options and the global timeout, through the writer: (the models' changes, the
+    timeout's change). No vLLM model is a clear error (exit 2)."""
     from rocmdoctor.commands.lemonade_targets import (
         bench_knee,
         checkpoint,
@@ -232,16 +261,11 @@ def apply_cmd(
         host_context,
         vllm_models,
     )
-    from rocmdoctor.host_writes import HostWriter
     from rocmdoctor.model import Change
     from rocmdoctor.provision.server.lemonade import apply_options, apply_timeout
     from rocmdoctor.provision.server.lemonade_api import LemonadeError
 
     knee, knee_why = bench_knee(bench_report)
-    writer = HostWriter(
-        check_mode=check_only
-    )  # the Target of Lemonade's API changes: nothing is sent under --check
-    client = _client(app, target)
     ctx = host_context(app)
     changes: list[Change] = []
     timeout = None
@@ -266,28 +290,30 @@ def apply_cmd(
             target.as_json,
         )
     assert timeout is not None  # set whenever changes is
-    verified: list[dict[str, Any]] = []
-    if not check_only and not skip_verify:
-        try:
-            for c in changes:
-                report, *_ = _load_and_smoke(client, target, c.data["model"])
-                verified.append(
-                    {"model": c.data["model"]} | {k: v for k, v in report.items() if k != "schema_version"}
-                )
-        except LemonadeError as exc:
-            _fail(exc, target.as_json)
-    change = Change(
+    return changes, timeout
+
+
+def _applied(writer: Any, changes: list[Any], timeout: Any, verified: list[dict[str, Any]]) -> Any:
+    """`lemonade apply`'s one envelope: the models', the timeout's and the verification's."""
+    from rocmdoctor.model import Change
+
+    return Change(
         any(c.changed for c in changes) or timeout.changed,
         "; ".join(c.msg for c in [*changes, timeout] if c.changed) or "the saved options already match",
         "".join(c.diff_text() for c in [*changes, timeout]),
         {
-            "check": check_only,
+            "check": writer.check_mode,
             "models": [c.data | {"changed": c.changed, "msg": c.msg} for c in changes],
             "global_timeout": timeout.data | {"changed": timeout.changed, "msg": timeout.msg},
             "verify": verified,
         },
     )
-    word = "would change" if check_only else "changed"
+
+
+def _applied_lines(
+    writer: Any, changes: list[Any], timeout: Any, verified: list[dict[str, Any]]
+) -> list[str]:
+    word = writer.past("changed", "change")
     details = []
     for c in changes:
         details.append(f"{word if c.changed else 'ok'} {c.data['model']}")
@@ -300,8 +326,7 @@ def apply_cmd(
             details.append(f"  {step['status'].upper():5} {step['title']}: {step['summary']}")
             if step["remedy"]:
                 details.append(f"        -> {step['remedy']}")
-    emit_change(change, target.as_json, details)
-    sys.exit(max((r["exit_code"] for r in verified), default=0))
+    return details
 
 
 @lemonade.command("verify")

@@ -239,14 +239,7 @@ def serve(
 
     Exit 0 after a clean stop; 1 when the server did not become ready, died, or left a process behind.
     """
-    from rocmdoctor.provision.server.serve import (
-        ProgressLine,
-        Server,
-        SignalsToStop,
-        Stopped,
-        default_cache_base,
-        new_marker,
-    )
+    from rocmdoctor.provision.server.serve import Server, default_cache_base, new_marker
     from rocmdoctor.provision.server.unit import readiness_url
 
     opts = server.as_dict()
@@ -268,6 +261,14 @@ def serve(
     events = Events(opts["as_json"])
     print(f"starting {executable} (log: {running.log_path})", file=sys.stderr)
     show_settings(args)
+    foreground(running, args, events, timeout_s, executable)
+
+
+def foreground(running: Any, args: Any, events: Events, timeout_s: float, executable: Path) -> None:
+    """Start `running`, report it ready after a real completion, and stop it on every way out
+    (exits: 0 after a clean stop, 1 when it was not ready, died or left a process behind)."""
+    from rocmdoctor.provision.server.serve import ProgressLine, SignalsToStop, Stopped
+
     with SignalsToStop():
         try:
             running.start()
