@@ -358,7 +358,7 @@ def unit_command(
 ) -> None:
     """The units of this node: the head's vllm.service, or a worker's vllm-worker.service (headless)."""
     from rocmdoctor.cluster.layout import ClusterLayoutError
-    from rocmdoctor.commands.serve import api_key, resolve_args, show_or_write
+    from rocmdoctor.commands.server_setup import api_key, resolve_args, show_or_write
     from rocmdoctor.host_writes import HostWriter
     from rocmdoctor.provision.server.cluster_unit import process
     from rocmdoctor.provision.server.cluster_unit import specs as node_specs

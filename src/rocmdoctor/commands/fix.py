@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from rocmdoctor import params
-from rocmdoctor.commands.check import check_context, choose_gpus
+from rocmdoctor.commands.check_context import check_context, choose_gpus
 from rocmdoctor.commands.common import App, UserError, emit_change, pass_app
 from rocmdoctor.commands.server_options import server_option
 from rocmdoctor.facts import remedies

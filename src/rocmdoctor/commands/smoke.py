@@ -172,7 +172,7 @@ def smoke(
     from rocmdoctor.provision.verify.smoke import SmokeOptions, run_smoke
 
     if all_instances:
-        from rocmdoctor.commands.instances import smoke_instances
+        from rocmdoctor.commands.instances_setup import smoke_instances
         from rocmdoctor.host_writes import HostWriter
 
         refuse_with_all_instances("url", "model", "api_key_file", "timeout_s")

@@ -415,7 +415,7 @@ def _trial(
     app: App, server: ServerOptions, search: SearchOptions, objective: Slo | None
 ) -> tuple[ServerArgs, Trial]:
     """(the server's arguments as `unit`/`serve` compute them, their refusals included; the Trial)."""
-    from rocmdoctor.commands.serve import resolve_args
+    from rocmdoctor.commands.server_setup import resolve_args
     from rocmdoctor.provision.tune import session
     from rocmdoctor.provision.tune.writeback import without_tuned
 
@@ -508,7 +508,7 @@ def _measure(
 ) -> tuple[dict[str, Any], Choice]:
     """The search on trial servers (known points from the state file), the state file updated (never
     under --check); (the report, the choice)."""
-    from rocmdoctor.commands.serve import api_key, server_environment, startable
+    from rocmdoctor.commands.server_setup import api_key, server_environment, startable
     from rocmdoctor.provision.server.serve import default_cache_base
     from rocmdoctor.provision.server.unit import readiness_url
     from rocmdoctor.provision.tune import session
