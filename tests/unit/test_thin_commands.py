@@ -78,3 +78,41 @@ def test_the_scans_see_what_they_forbid():
     assert long_commands(sample, "s.py") == {("s.py", "long_one"): MAX_LINES + 1}  # helpers may be long
     assert options_dicts(sample, "s.py") == {("s.py", "long_one(**opts)"), ("s.py", "helper(**opts)")}
     assert not options_dicts("def emit(event, **data: Any):\n    pass\n", "s.py")  # an event's JSON fields
+
+
+# Command modules (a module of commands/ that declares a click command) import no other command module:
+# what two commands share lives in a helper module (common, server_setup, instances_setup, bundle_setup,
+# smoke_options, check_context, model_input, ...) or below commands/. The one import left registers two
+# commands under a group; the others are in modules of other helpers this round, to move the same way.
+COMMAND_IMPORTS_ALLOWED: dict[tuple[str, str], str] = {
+    ("bundle", "install"): "`bundle install|rollback`: the group registers the two commands (the one import)",
+    ("bench", "smoke"): "bench helper's module: to import smoke_options",
+    ("bench", "instances"): "bench helper's module: to import instances_setup.bench_instances",
+    ("upgrade", "install"): "upgrade helper's module: to import bundle_setup (and build its HostWriter)",
+    ("upgrade", "smoke"): "upgrade helper's module: to import smoke_options",
+}
+
+
+def command_imports() -> set[tuple[str, str]]:
+    trees = {p.stem: ast.parse(p.read_text(encoding="utf-8")) for p in sorted(COMMANDS.glob("*.py"))}
+    commands = {name for name, tree in trees.items() if any(_is_command(n) for n in _functions(tree))}
+    found = set()
+    for name in commands:
+        for node in ast.walk(trees[name]):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rocmdoctor.commands."):
+                other = (node.module or "").split(".")[2]
+                if other in commands and other != name:
+                    found.add((name, other))
+    return found
+
+
+def test_command_modules_do_not_import_each_other():
+    found = command_imports()
+    assert not found - set(COMMAND_IMPORTS_ALLOWED), (
+        f"move what both use into a helper module or below commands/: {sorted(found - set(COMMAND_IMPORTS_ALLOWED))}"
+    )
+    assert not set(COMMAND_IMPORTS_ALLOWED) - found, (
+        f"gone: remove {sorted(set(COMMAND_IMPORTS_ALLOWED) - found)}"
+    )
+    mine = [k for k, why in COMMAND_IMPORTS_ALLOWED.items() if "helper's module" not in why]
+    assert len(mine) <= 1, "at most one import from a command module into another"

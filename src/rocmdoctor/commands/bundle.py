@@ -16,17 +16,9 @@ import click
 
 from rocmdoctor import params
 from rocmdoctor.commands.bundle_qualify import qualification_state, run_purge, run_qualify
+from rocmdoctor.commands.bundle_setup import Failed, auto_family, failures, prefix_option, progress, run_prune
 from rocmdoctor.commands.common import App, UserError, emit_change, emit_json, pass_app
-from rocmdoctor.commands.install import (
-    Failed,
-    auto_family,
-    failures,
-    install,
-    prefix_option,
-    progress,
-    rollback,
-    run_prune,
-)
+from rocmdoctor.commands.install import install, rollback  # the group's spellings of the two commands
 from rocmdoctor.commands.option_groups import (
     DownloadOptions,
     NetworkOptions,

@@ -9,7 +9,6 @@ clients prefer the admin key the same way) and never appears in any output.
 from __future__ import annotations
 
 import functools
-import os
 import re
 import sys
 from dataclasses import dataclass
@@ -20,9 +19,7 @@ import click
 
 from rocmdoctor import params
 from rocmdoctor.commands.common import App, UserError, emit_change, emit_json, pass_app
-from rocmdoctor.documents import DocumentError, load_value
-
-KEY_ENV = ("LEMONADE_ADMIN_API_KEY", "LEMONADE_API_KEY")
+from rocmdoctor.commands.lemonade_targets import admin_key, lemonade_url
 
 
 @dataclass(frozen=True)
@@ -79,59 +76,10 @@ def _options(command: Any) -> Any:
     return fn
 
 
-def _key(path: Path | None) -> str | None:
-    from rocmdoctor.sensitive import API_KEY_PATTERN, KeyFileError, read_api_key, register_secret
-
-    if path is not None:
-        try:
-            return read_api_key(path, where=f"--admin-key-file {path}")
-        except KeyFileError as exc:
-            raise UserError(f"{exc}; write the key lemond was started with into it") from None
-    for name in KEY_ENV:
-        value = os.environ.get(name, "").strip()
-        if value:
-            if not API_KEY_PATTERN.fullmatch(value):
-                raise UserError(
-                    f"{name} holds characters a Bearer token cannot carry; set it to the key itself"
-                )
-            register_secret(value)  # never printed, whatever echoes it (a server's version, an error)
-            return value
-    return None
-
-
-def _url(app: App, url: str | None) -> str:
-    from rocmdoctor.provision.server.lemonade_api import CONFIG_FILES, DEFAULT_PORT
-    from rocmdoctor.provision.verify.openai_client import normalize_url
-
-    if url:
-        from rocmdoctor.sensitive import register_url
-
-        register_url(url)  # the userinfo's password is a secret of this run: never printed
-    else:
-        port = DEFAULT_PORT
-        host = app.host()
-        for path in CONFIG_FILES:  # read only: never written under a running server
-            read = host.read_text(path, limit=1 << 20)
-            if not read.ok:
-                continue
-            try:
-                doc = load_value(read.value.encode("utf-8", "surrogateescape"), path, 1 << 20)
-            except DocumentError:
-                continue
-            port_value = doc.get("port") if isinstance(doc, dict) else None
-            if type(port_value) is int and 0 < port_value < 65536:  # a bool is no port
-                port = port_value
-        url = f"http://127.0.0.1:{port}"
-    try:
-        return normalize_url(url).removesuffix("/api")
-    except ValueError as exc:
-        raise UserError(f"--url: {exc}") from None
-
-
 def _client(app: App, target: Target) -> Any:
     from rocmdoctor.provision.server.lemonade_api import Lemonade
 
-    return Lemonade(_url(app, target.url), _key(target.admin_key_file), target.timeout_s)
+    return Lemonade(lemonade_url(app, target.url), admin_key(target.admin_key_file), target.timeout_s)
 
 
 def _fail(exc: Exception, as_json: bool) -> NoReturn:

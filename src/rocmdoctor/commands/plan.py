@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,6 +12,7 @@ import click
 
 from rocmdoctor import params
 from rocmdoctor.commands.common import App, UserError, emit_json, pass_app
+from rocmdoctor.commands.model_input import load_model_files, parse_size
 from rocmdoctor.commands.option_groups import option_group
 from rocmdoctor.model import EXIT_FAILURES, EXIT_OK
 
@@ -58,43 +58,6 @@ class EngineChoice:
         )
 
 
-MAX_SIZE = 1 << 50  # 1 PiB per GPU: beyond any device, and far inside a float's exact integers
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
-_UNITS = {
-    "": 1,
-    "B": 1,
-    "K": 1000,
-    "KB": 1000,
-    "KIB": 1 << 10,
-    "KI": 1 << 10,
-    "M": 10**6,
-    "MB": 10**6,
-    "MIB": 1 << 20,
-    "MI": 1 << 20,
-    "G": 10**9,
-    "GB": 10**9,
-    "GIB": 1 << 30,
-    "GI": 1 << 30,
-    "T": 10**12,
-    "TB": 10**12,
-    "TIB": 1 << 40,
-    "TI": 1 << 40,
-}
-
-
-def parse_size(text: str, option: str) -> int:
-    """'96GiB', '80GB', '1073741824' -> bytes; a clear error for anything else."""
-    match = _SIZE.match(text or "")
-    if not match:
-        raise UserError(f"{option} {text!r} is not a size: write e.g. 96GiB, 80GB or a number of bytes")
-    value = float(match.group(1)) * _UNITS[(match.group(2) or "").upper()]
-    if not math.isfinite(value) or value > MAX_SIZE:
-        raise UserError(f"{option} {text[:40]!r}... is larger than any GPU (at most 1 PiB): write e.g. 96GiB")
-    if value < 1:
-        raise UserError(f"{option} must be positive, not {text!r}")
-    return int(value)
-
-
 def host_memory(app: App, tp: int, utilization: float | None, seen: list[str] | None = None):
     """(Memory, None) from this host's GPUs by the free-memory rule, or (None, why not); the GPU family
     the plan sized from is appended to `seen` (it picks the reviewed bundle's vLLM)."""
@@ -135,16 +98,6 @@ def host_family(app: App) -> str | None:
     except Exception:  # the plan's figures do not need the host; the version's source says none was seen
         return None
     return pools[0].family if pools else None
-
-
-def load_model_files(model: str, revision: str, offline: bool):
-    from rocmdoctor.provision.server.hub import load_model
-    from rocmdoctor.vllm.model_files import ModelFilesError
-
-    try:
-        return load_model(model, revision, offline=offline)
-    except ModelFilesError as exc:
-        raise UserError(str(exc)) from None
 
 
 def render(plan) -> None:
@@ -514,7 +467,6 @@ def across_nodes(files, budget, settings, tp: int, pp: int, max_model_len, typic
     """The plan's verdict with TP `tp` in each node and PP `pp` across nodes: each GPU holds its
     stage's share of the weights (1/pp of them, split TP ways)."""
     import dataclasses
-    import math
 
     from rocmdoctor.vllm.memory_plan import plan_model, weights_from_headers
 

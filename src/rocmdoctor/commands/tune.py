@@ -79,7 +79,7 @@ def _host_identity(app: App) -> str:
 
 def _plan(app: App, args: ServerArgs, server: ServerOptions, kv_cache_memory: str | None, typical_len: int):
     """The model's memory plan: the GPU's (from the server's arguments) or one for --kv-cache-memory."""
-    from rocmdoctor.commands.plan import load_model_files, parse_size
+    from rocmdoctor.commands.model_input import load_model_files, parse_size
     from rocmdoctor.provision.server.plan_settings import engine_settings, serving_version
     from rocmdoctor.provision.tune import session
     from rocmdoctor.vllm.memory_plan import EngineSettings, Memory
@@ -454,7 +454,7 @@ def _tune(
     dest: Destination,
     files: RunFiles,
 ) -> None:
-    from rocmdoctor.commands.smoke import _plot_path as plot_path_rule
+    from rocmdoctor.commands.smoke_options import _plot_path as plot_path_rule
     from rocmdoctor.facts.installed_bundle import read_installed
     from rocmdoctor.host import Host
     from rocmdoctor.model import envelope
@@ -614,7 +614,7 @@ def _write_back(app: App, dest: Destination, choice: Choice) -> dict[str, Any]:
 def _write_lemonade(app: App, dest: Destination, model: str, choice: Choice) -> dict[str, Any]:
     """The winner as the model's saved vllm_args, through Lemonade's options API (its own dry run
     under --check); Lemonade passes them to vllm-server at the model's next load."""
-    from rocmdoctor.commands.lemonade import _key, _url
+    from rocmdoctor.commands.lemonade_targets import admin_key, lemonade_url
     from rocmdoctor.host_writes import HostWriter
     from rocmdoctor.provision.server.lemonade import ModelTarget, apply_options
     from rocmdoctor.provision.server.lemonade_api import Lemonade, LemonadeError
@@ -627,7 +627,7 @@ def _write_lemonade(app: App, dest: Destination, model: str, choice: Choice) -> 
     why = f"rocmdoctor tune: {winner.output_tokens_per_s:.1f} output tokens/s; {choice.reason}"
     target = ModelTarget(model, None, flags, reasons=dict.fromkeys(flags, why))
     try:
-        lemonade = Lemonade(_url(app, dest.lemonade_url), _key(dest.lemonade_key_file))
+        lemonade = Lemonade(lemonade_url(app, dest.lemonade_url), admin_key(dest.lemonade_key_file))
         change = apply_options(HostWriter(check_mode=dest.check_only), lemonade, target)
     except LemonadeError as exc:
         raise UserError(f"could not write the winner into Lemonade's options for {model}: {exc}") from None
