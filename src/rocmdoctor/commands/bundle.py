@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -32,6 +32,11 @@ from rocmdoctor.commands.option_groups import (
     selection_options,
 )
 from rocmdoctor.model import SCHEMA_VERSION, Change, state_diff
+
+if TYPE_CHECKING:
+    from rocmdoctor.facts.manifest import Manifest
+    from rocmdoctor.provision.bundle.manifest import Lock
+    from rocmdoctor.provision.bundle.selection import Request
 
 
 @click.command()
@@ -227,8 +232,8 @@ def lock(
 
 
 def _lock_requests(
-    selection: ReleaseSelection, families: tuple[str, ...], manifest: Any, current: Any, prefix: Path
-) -> list[Any]:
+    selection: ReleaseSelection, families: tuple[str, ...], manifest: Manifest, current: Lock, prefix: Path
+) -> list[Request]:
     """What `bundle lock` asks the release API for each family (--tag: its own family only)."""
     from rocmdoctor.provision.bundle.selection import family_from_tag
 

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -25,6 +25,10 @@ from rocmdoctor.commands.option_groups import (
 )
 from rocmdoctor.facts.manifest import Manifest
 from rocmdoctor.model import envelope
+
+if TYPE_CHECKING:
+    from rocmdoctor.host_writes import HostWriter
+    from rocmdoctor.provision.bundle.install import PruneResult
 
 
 class Failed(click.ClickException):
@@ -136,7 +140,7 @@ def auto_family(app: App, prefix: Path, force: bool, manifest: Manifest) -> tupl
     return resolve_family(families[0], manifest), problems
 
 
-def run_prune(prefix: Path, keep: int, writer: Any) -> Any:
+def run_prune(prefix: Path, keep: int, writer: HostWriter) -> PruneResult:
     from rocmdoctor.host import Host
     from rocmdoctor.provision.bundle.install import prune
 

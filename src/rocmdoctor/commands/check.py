@@ -15,7 +15,7 @@ from rocmdoctor.commands.common import App, UserError, emit_json, pass_app
 from rocmdoctor.commands.server_options import server_option
 
 if TYPE_CHECKING:
-    from rocmdoctor.registry import Context
+    from rocmdoctor.registry import CheckSpec, Context
 
 
 def host_capacity(ctx: Context) -> dict[str, Any]:
@@ -51,7 +51,7 @@ def write_health(ctx: Context, report: dict[str, Any], started: float, path: Pat
     )
 
 
-def show_checks(specs: list[Any], as_json: bool) -> None:
+def show_checks(specs: list[CheckSpec], as_json: bool) -> None:
     """`check --list`: every check's id and title."""
     from rocmdoctor.model import envelope
     from rocmdoctor.report import list_checks as list_specs

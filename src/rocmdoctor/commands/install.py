@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -44,6 +44,10 @@ from rocmdoctor.commands.option_groups import (
     qualify_options,
     selection_options,
 )
+
+if TYPE_CHECKING:
+    from rocmdoctor.provision.bundle.install import InstallPlan, InstallResult, PruneResult
+    from rocmdoctor.provision.bundle.selection import Choice
 
 
 @click.command()
@@ -164,7 +168,13 @@ def install(
 
 
 def _emit_installed(
-    prefix: Path, plan: Any, choice: Any, warnings: list[str], result: Any, prune_doc: Any, as_json: bool
+    prefix: Path,
+    plan: InstallPlan,
+    choice: Choice,
+    warnings: list[str],
+    result: InstallResult,
+    prune_doc: PruneResult | None,
+    as_json: bool,
 ) -> None:
     """The install's one envelope (joined by the prune's with --prune): exit 1 when the prune failed."""
     extra: dict[str, Any] = {"qualified": choice.qualified}

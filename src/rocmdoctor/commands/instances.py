@@ -4,7 +4,6 @@ tensor-parallel group), laid out from the topology and run by systemd as vllm@<n
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 from click.core import ParameterSource
@@ -18,9 +17,6 @@ from rocmdoctor.commands.server_options import (
     server_group,
     server_option,
 )
-
-if TYPE_CHECKING:
-    pass
 
 
 @click.command(cls=params.VllmPassThrough)

@@ -13,13 +13,18 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
 from rocmdoctor import params
 from rocmdoctor.commands.common import App, UserError, emit_change, emit_json, pass_app
 from rocmdoctor.commands.lemonade_targets import admin_key, lemonade_url
+
+if TYPE_CHECKING:
+    from rocmdoctor.host_writes import HostWriter
+    from rocmdoctor.model import Change
+    from rocmdoctor.provision.server.lemonade_api import Lemonade
 
 
 @dataclass(frozen=True)
@@ -198,8 +203,8 @@ def apply_cmd(
 
 
 def _save_options(
-    app: App, writer: Any, client: Any, target: Target, bench_report: Path | None
-) -> tuple[list[Any], Any]:
+    app: App, writer: HostWriter, client: Lemonade, target: Target, bench_report: Path | None
+) -> tuple[list[Change], Change]:
     """Each vLLM model's options and the global timeout, through the writer: (the models' changes, the
     timeout's change). No vLLM model is a clear error (exit 2)."""
     from rocmdoctor.commands.lemonade_targets import (
@@ -209,7 +214,6 @@ def _save_options(
         host_context,
         vllm_models,
     )
-    from rocmdoctor.model import Change
     from rocmdoctor.provision.server.lemonade import apply_options, apply_timeout
     from rocmdoctor.provision.server.lemonade_api import LemonadeError
 
@@ -241,7 +245,9 @@ def _save_options(
     return changes, timeout
 
 
-def _applied(writer: Any, changes: list[Any], timeout: Any, verified: list[dict[str, Any]]) -> Any:
+def _applied(
+    writer: HostWriter, changes: list[Change], timeout: Change, verified: list[dict[str, Any]]
+) -> Change:
     """`lemonade apply`'s one envelope: the models', the timeout's and the verification's."""
     from rocmdoctor.model import Change
 
@@ -259,7 +265,7 @@ def _applied(writer: Any, changes: list[Any], timeout: Any, verified: list[dict[
 
 
 def _applied_lines(
-    writer: Any, changes: list[Any], timeout: Any, verified: list[dict[str, Any]]
+    writer: HostWriter, changes: list[Change], timeout: Change, verified: list[dict[str, Any]]
 ) -> list[str]:
     word = writer.past("changed", "change")
     details = []

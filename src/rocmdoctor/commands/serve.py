@@ -37,7 +37,8 @@ from rocmdoctor.commands.server_setup import (
 from rocmdoctor.report import strict
 
 if TYPE_CHECKING:
-    pass
+    from rocmdoctor.provision.server.args import ServerArgs
+    from rocmdoctor.provision.server.serve import Server
 
 
 @click.command(cls=params.VllmPassThrough)
@@ -154,7 +155,7 @@ def serve(
     foreground(running, args, events, timeout_s, executable)
 
 
-def foreground(running: Any, args: Any, events: Events, timeout_s: float, executable: Path) -> None:
+def foreground(running: Server, args: ServerArgs, events: Events, timeout_s: float, executable: Path) -> None:
     """Start `running`, report it ready after a real completion, and stop it on every way out
     (exits: 0 after a clean stop, 1 when it was not ready, died or left a process behind)."""
     from rocmdoctor.provision.server.serve import ProgressLine, SignalsToStop, Stopped
