@@ -710,7 +710,7 @@ def _validate(trees: OwnedTrees, partial: Path, plan: InstallPlan) -> Path:
             f"the extracted {plan.tag} lacks {', '.join(missing)}: not a vllm-rocm bundle. "
             "Nothing was activated; check the tag and the pins (`rocmdoctor bundle lock`)"
         )
-    fix_exec_bits(root)
+    fix_exec_bits(trees, root)
     python = root / "bin" / "python3"
     commands = [[str(python), "-c", "pass"]]
     if plan.precompile:

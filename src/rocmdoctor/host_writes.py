@@ -584,6 +584,10 @@ class OwnedTrees:
         if self._effect("sync", path):
             host_files.sync_dir(path)
 
+    def add_exec_bits(self, path: Path) -> None:
+        if self._effect("chmod", path):
+            host_files.add_exec_bits(path)
+
     def swap_symlink(self, link: Path, target: str) -> None:
         if self._effect("symlink", f"{link} -> {target}"):
             host_files.swap_symlink(link, target)
