@@ -89,7 +89,7 @@ def purge(writer: HostWriter, state_dir: Path, keep_key: str | None) -> Change:
             if writer.change("remove", str(jit / name)):
                 own.remove(name)
     kept = [n for n in names if n not in doomed]
-    verb = "would remove" if writer.check_mode else "removed"
+    verb = writer.past("removed", "remove")
     busy = "".join(f"; kept {n}, in use by {', '.join(who)}" for n, who in sorted(in_use.items()))
     return Change(
         bool(doomed),
