@@ -452,18 +452,19 @@ def apply(writer: HostWriter, items: list[Item]) -> None:
         item.result = item.result or "applied"
 
 
-def change(items: list[Item], check_only: bool, notes: list[str]) -> Change:
+def change(writer: HostWriter, items: list[Item], notes: list[str]) -> Change:
+    """The run's envelope; its wording and `check` from the writer's mode (the one place that knows it)."""
     pending = [i for i in items if i.changes and not i.refused]
     diff = "".join(i.diff() for i in pending)
     if not pending:
         msg = "nothing to change"
-    elif check_only:
-        msg = f"would apply {len(pending)} change(s): {', '.join(i.id for i in pending)}"
     else:
-        msg = f"applied {len(pending)} change(s): {', '.join(i.id for i in pending)}"
+        msg = (
+            f"{writer.past('applied', 'apply')} {len(pending)} change(s): {', '.join(i.id for i in pending)}"
+        )
     return Change(
         changed=bool(pending),
         msg=msg,
         diff=diff,
-        data={"check": check_only, "items": [i.to_json() for i in items], "notes": notes},
+        data={"check": writer.check_mode, "items": [i.to_json() for i in items], "notes": notes},
     )

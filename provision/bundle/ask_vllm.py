@@ -14,9 +14,9 @@ from importlib import resources
 from pathlib import Path
 
 from rocmdoctor import host_files as files
-from rocmdoctor.atomic import write_atomic
 from rocmdoctor.documents import DocumentError
 from rocmdoctor.facts.manifest import parse_release_tag, shipped_manifest
+from rocmdoctor.host_writes import OwnedTrees
 from rocmdoctor.rootfs import read_regular
 from rocmdoctor.vllm import surface
 
@@ -45,13 +45,13 @@ def judge_answer(answer: list[str], tree: Path) -> tuple[str | None, str | None,
     )
 
 
-def keep(tree: Path, text: str) -> None:
+def keep(trees: OwnedTrees, tree: Path, text: str) -> None:
     """The bundle's answer beside its qualification record; none: an old answer is removed (it may be
     another bundle's, from before a rebuild)."""
     if text:
-        write_atomic(tree / surface.RECORD, text)
+        trees.write_atomic(tree / surface.RECORD, text)
     else:
-        files.remove(tree / surface.RECORD)
+        trees.remove(tree / surface.RECORD)
 
 
 def recorded(tree: Path) -> surface.Surface | None:

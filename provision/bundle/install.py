@@ -158,7 +158,7 @@ class InstallResult:
 
 class Layout:
     """A prefix's paths, and its trees through the command's writer (`writer.trees`); a Layout built
-    without one only reads (`bundles`, `bundle qualify`, tune) and refuses every effect."""
+    without one only reads (`bundles`, tune) and refuses every effect."""
 
     def __init__(self, prefix: Path, trees: OwnedTrees | None = None) -> None:
         self.trees = trees or OwnedTrees(None)
@@ -333,7 +333,12 @@ def install(plan: InstallPlan, writer: HostWriter) -> InstallResult:
             _record_pins(layout, plan, trusted, result)
         elif action == "switch":
             qualify_installed(
-                layout.bundles / plan.tag, plan.tag, layout.current_tag(), plan.qualify, _assets(plan)
+                layout.trees,
+                layout.bundles / plan.tag,
+                plan.tag,
+                layout.current_tag(),
+                plan.qualify,
+                _assets(plan),
             )
             result = _result(layout, plan, True, f"switched to the installed {plan.tag}")
             _record_pins(layout, plan, trusted, result)  # before `current` moves: a failure leaves it
@@ -342,7 +347,12 @@ def install(plan: InstallPlan, writer: HostWriter) -> InstallResult:
             with _download_dir_held(layout, plan):
                 downloaded = _install_tree(layout, plan)
             qualify_installed(
-                layout.bundles / plan.tag, plan.tag, layout.current_tag(), plan.qualify, _assets(plan)
+                layout.trees,
+                layout.bundles / plan.tag,
+                plan.tag,
+                layout.current_tag(),
+                plan.qualify,
+                _assets(plan),
             )
             staged = "" if plan.activate else f" beside {before} (not activated)"
             result = _result(layout, plan, True, f"installed {plan.tag}{staged}")
@@ -661,7 +671,9 @@ def _install_tree(layout: Layout, plan: InstallPlan) -> int:
                 ],
             },
         )
-        qualify_tree(root, plan.tag, _assets(plan), plan.qualify, live=layout.current_tag() == plan.tag)
+        qualify_tree(
+            trees, root, plan.tag, _assets(plan), plan.qualify, live=layout.current_tag() == plan.tag
+        )
         trees.sync_dir(root)
         _move_into_place(layout, root, plan.tag)
         return fetches.counted
@@ -698,7 +710,7 @@ def _validate(trees: OwnedTrees, partial: Path, plan: InstallPlan) -> Path:
             f"the extracted {plan.tag} lacks {', '.join(missing)}: not a vllm-rocm bundle. "
             "Nothing was activated; check the tag and the pins (`rocmdoctor bundle lock`)"
         )
-    fix_exec_bits(root)
+    fix_exec_bits(trees, root)
     python = root / "bin" / "python3"
     commands = [[str(python), "-c", "pass"]]
     if plan.precompile:

@@ -15,7 +15,6 @@ without --force and prune keeps the newest qualified one.
 
 from __future__ import annotations
 
-import json
 import posixpath
 import time
 from dataclasses import asdict, dataclass, field
@@ -24,11 +23,11 @@ from typing import Any
 
 from rocmdoctor import host_files as files
 from rocmdoctor.archive.elf_scan import ElfFacts, TreeScan, scan_tree, system_library
-from rocmdoctor.atomic import write_atomic
 from rocmdoctor.documents import load_value
 from rocmdoctor.facts.installed_bundle import bundle_digest
 from rocmdoctor.host import RunResult
 from rocmdoctor.host_processes import run_program
+from rocmdoctor.host_writes import OwnedTrees
 from rocmdoctor.model import SCHEMA_VERSION
 from rocmdoctor.provision.bundle import ask_vllm
 from rocmdoctor.provision.server import jit_cache
@@ -526,9 +525,9 @@ def skipped(tag: str, digest: str, gfx: str | None) -> Qualification:
     )
 
 
-def record(tree: Path, result: Qualification) -> None:
+def record(trees: OwnedTrees, tree: Path, result: Qualification) -> None:
     """Written into the bundle's own tree, so it goes wherever the bundle goes (and with prune)."""
-    write_atomic(tree / QUALIFICATION, json.dumps(result.to_json(), indent=2) + "\n")
+    trees.write_json(tree / QUALIFICATION, result.to_json())
 
 
 def recorded(tree: Path) -> dict[str, Any] | None:
@@ -575,7 +574,12 @@ class NotQualified(RuntimeError):
 
 
 def qualify_tree(
-    tree: Path, tag: str, assets: list[tuple[str, str | None]], options: QualifyOptions, live: bool = False
+    trees: OwnedTrees,
+    tree: Path,
+    tag: str,
+    assets: list[tuple[str, str | None]],
+    options: QualifyOptions,
+    live: bool = False,
 ) -> None:
     """Qualify a freshly extracted tree (not yet visible) and record the result in it. `live`: the
     tree would replace the current bundle's own (--force, a rebuilt release): a failure stops here,
@@ -592,13 +596,18 @@ def qualify_tree(
             f"{options.last.first_failure()}. Not activated: the installed {tag} stays current (this "
             "build was discarded). Report the bundle to its publisher; --skip-qualify installs it unchecked"
         )
-    record(tree, options.last)
-    ask_vllm.keep(tree, options.last.surface_text)
-    jit_cache.write_bundle_env(tree, digest, options.gfx)  # the unit's caches for this bundle and GPU
+    record(trees, tree, options.last)
+    ask_vllm.keep(trees, tree, options.last.surface_text)
+    jit_cache.write_bundle_env(trees, tree, digest, options.gfx)  # the unit's caches for this bundle and GPU
 
 
 def qualify_installed(
-    tree: Path, tag: str, current: str | None, options: QualifyOptions, assets: list[tuple[str, str | None]]
+    trees: OwnedTrees,
+    tree: Path,
+    tag: str,
+    current: str | None,
+    options: QualifyOptions,
+    assets: list[tuple[str, str | None]],
 ) -> None:
     """Before `tag` becomes current: its result for this host (the one this run recorded, the one on
     record when it is for the same gfx and bundle, else a new one); NotQualified unless it passed or
@@ -615,7 +624,7 @@ def qualify_installed(
         )
         if fresh and not options.skip:
             return
-        qualify_tree(tree, tag, assets, options)
+        qualify_tree(trees, tree, tag, assets, options)
         result = options.last
     assert result is not None
     if result.qualified or options.skip:
@@ -629,10 +638,12 @@ def qualify_installed(
     )
 
 
-def bundle_qualify(tree: Path, tag: str, meta: dict[str, Any], options: QualifyOptions) -> Qualification:
+def bundle_qualify(
+    trees: OwnedTrees, tree: Path, tag: str, meta: dict[str, Any], options: QualifyOptions
+) -> Qualification:
     """`bundle qualify`: an installed bundle, again, for this host; the new result replaces the old."""
     assets = [(str(a.get("name")), a.get("digest")) for a in meta.get("assets", []) if isinstance(a, dict)]
-    qualify_tree(tree, tag, assets, options)
+    qualify_tree(trees, tree, tag, assets, options)
     assert options.last is not None
     return options.last
 

@@ -135,21 +135,13 @@ def render_template(
     }
     template = shipped_text("rocmdoctor.provision.server", "templates/vllm.service")
     text = unit_syntax.render(template, fields, "templates/vllm.service")
-    edits = [
-        # Stopping or restarting the target reaches every instance.
-        ("[Unit]\n", f"[Unit]\nPartOf={TARGET_NAME}\n"),
-        # An instance without its file is not in the layout: fail, never start with empty ${...}.
-        (f"EnvironmentFile=-{env_path('%i')}", f"EnvironmentFile={env_path('%i')}"),
-        ("WantedBy=multi-user.target", f"WantedBy={TARGET_NAME}"),
-    ]
     text = text.replace("`rocmdoctor unit --write`", "`rocmdoctor instances --write`")
-    for old, new in edits:
-        if text.count(old) != 1:
-            raise UnitError(
-                f"templates/vllm.service changed: {old.strip()!r} not found once; update instances.py"
-            )
-        text = text.replace(old, new)
-    return text
+    return unit_syntax.instance_of(
+        text,
+        unit_syntax.name(TARGET_NAME, "the instances' target"),
+        fields["env_file"],
+        "templates/vllm.service",
+    )
 
 
 def render_target(plan: Plan) -> str:

@@ -14,15 +14,12 @@ when it is qualified: an EnvironmentFile= overrides the unit's Environment= line
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
-from rocmdoctor import host_files as files
-from rocmdoctor.atomic import write_atomic
 from rocmdoctor.host import Host
 from rocmdoctor.host_removal import OwnDir, RemovalRefused
-from rocmdoctor.host_writes import HostWriter
+from rocmdoctor.host_writes import HostWriter, OwnedTrees
 from rocmdoctor.model import Change, state_diff
 from rocmdoctor.process_identity import processes_using
 
@@ -54,21 +51,21 @@ def fingerprint(digest: str, gfx: str | None, tag: str) -> dict[str, str | None]
     return {"bundle_digest": digest, "gfx": gfx, "tag": tag}
 
 
-def write_bundle_env(tree: Path, digest: str, gfx: str | None) -> None:
+def write_bundle_env(trees: OwnedTrees, tree: Path, digest: str, gfx: str | None) -> None:
     """The unit's cache variables for this bundle on this GPU, as an EnvironmentFile in the bundle."""
     key_dir = cache_dir(UNIT_STATE_DIR, digest, gfx)
     lines = [f"# rocmdoctor: JIT caches of this bundle on {gfx or 'no GPU'} (read by vllm.service)"]
     lines += [f"{name}={value}" for name, value in environment(key_dir).items()]
-    write_atomic(tree / ENV_FILE, "\n".join(lines) + "\n")
+    trees.write_atomic(tree / ENV_FILE, "\n".join(lines) + "\n")
 
 
-def prepare(state_dir: Path, digest: str, gfx: str | None, tag: str) -> dict[str, str]:
+def prepare(trees: OwnedTrees, state_dir: Path, digest: str, gfx: str | None, tag: str) -> dict[str, str]:
     """`serve`: make the key directory with its fingerprint (once) and return the variables."""
     key_dir = cache_dir(state_dir, digest, gfx)
-    files.make_dirs(key_dir)
-    if not files.exists(key_dir / FINGERPRINT):
+    trees.make_dirs(key_dir)
+    if not trees.exists(key_dir / FINGERPRINT):
         doc = {**fingerprint(digest, gfx, tag), "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        write_atomic(key_dir / FINGERPRINT, json.dumps(doc, indent=2) + "\n")
+        trees.write_json(key_dir / FINGERPRINT, doc)
     return environment(key_dir)
 
 
@@ -92,7 +89,7 @@ def purge(writer: HostWriter, state_dir: Path, keep_key: str | None) -> Change:
             if writer.change("remove", str(jit / name)):
                 own.remove(name)
     kept = [n for n in names if n not in doomed]
-    verb = "would remove" if writer.check_mode else "removed"
+    verb = writer.past("removed", "remove")
     busy = "".join(f"; kept {n}, in use by {', '.join(who)}" for n, who in sorted(in_use.items()))
     return Change(
         bool(doomed),

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rocmdoctor.host_writes import HostWriter
 from rocmdoctor.model import Change, Result, failed, passed, warned
 from rocmdoctor.provision.server.lemonade_api import VLLM_RECIPE, Lemonade, LemonadeError
 from rocmdoctor.provision.server.lemonade_args import flag_values, merge_vllm_args
@@ -78,9 +79,10 @@ def saved_diff(model: str, before: Mapping[str, Any], after: Mapping[str, Any]) 
     )
 
 
-def apply_options(client: Lemonade, target: ModelTarget, check: bool) -> Change:
-    """Bring one model's saved options to the target through the options API. --check: a dry run that
-    Lemonade validates and resolves, nothing saved. A second run sends nothing."""
+def apply_options(writer: HostWriter, client: Lemonade, target: ModelTarget) -> Change:
+    """Bring one model's saved options to the target through the options API, a change recorded on the
+    command's writer. In its check mode: Lemonade's own dry run, which validates and resolves, nothing
+    saved. A second run sends nothing."""
     current = client.options(target.model)
     if current.get("recipe") not in ("", None, VLLM_RECIPE):
         raise LemonadeError(
@@ -95,34 +97,36 @@ def apply_options(client: Lemonade, target: ModelTarget, check: bool) -> Change:
         "reasons": dict(target.reasons),
         "notes": list(target.notes) + notes,
         "sent": dict(body),
-        "dry_run": check,
+        "dry_run": writer.check_mode,
     }
     if not body:
         return Change(False, f"{target.model}: the saved options already match", "", data)
     after = dict(saved) | body
-    answer = client.save_options(target.model, body, dry_run=check)
+    saving = writer.change("lemonade options", target.model)
+    answer = (
+        client.save_options(target.model, body) if saving else client.validate_options(target.model, body)
+    )
     data["effective"] = answer.get("effective")
     data["resolved_ctx_size"] = answer.get("resolved_ctx_size")
-    if not check:
+    if saving:
         data["saved"] = answer["saved"]
         missing = {k: v for k, v in body.items() if answer["saved"].get(k) != v}
         if missing:
             raise LemonadeError(
                 "shape", f"{target.model}: Lemonade answered 200 but did not save {sorted(missing)}"
             )
-    verb = "would save" if check else "saved"
     return Change(
         True,
-        f"{target.model}: {verb} {', '.join(sorted(body))}",
+        f"{target.model}: {writer.past('saved', 'save')} {', '.join(sorted(body))}",
         saved_diff(target.model, saved, after),
         data,
     )
 
 
-def apply_timeout(client: Lemonade, checkpoints: Iterable[str], check: bool) -> Change:
+def apply_timeout(writer: HostWriter, client: Lemonade, checkpoints: Iterable[str]) -> Change:
     """Raise `global_timeout` to cover the slowest expected cold load (never lower it), through
-    POST /internal/set (admin key; docs/dev/getting-started.md). --check sends nothing: /internal/set
-    has no dry run."""
+    POST /internal/set (admin key; docs/dev/getting-started.md), a change recorded on the writer. In its
+    check mode nothing is sent: /internal/set has no dry run."""
     config = client.config()
     now = config.get("global_timeout")
     cold_s, why = max((expected_cold_load_s(c) for c in checkpoints), default=expected_cold_load_s(""))
@@ -131,8 +135,8 @@ def apply_timeout(client: Lemonade, checkpoints: Iterable[str], check: bool) -> 
     if isinstance(now, (int, float)) and not isinstance(now, bool) and now >= wanted:
         return Change(False, f"global_timeout {now:g} s covers the cold load", "", data)
     diff = f"-global_timeout: {now}\n+global_timeout: {wanted}\n"
-    if check:
-        return Change(True, f"would set global_timeout {wanted} s ({why})", diff, data)
+    if not writer.change("lemonade config", "global_timeout"):
+        return Change(True, f"{writer.past('set')} global_timeout {wanted} s ({why})", diff, data)
     client.set_config({"global_timeout": wanted})
     after = client.config().get("global_timeout")
     if after != wanted:

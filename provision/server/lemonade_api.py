@@ -147,12 +147,18 @@ class Lemonade:
     def options(self, model: str) -> dict[str, Any]:
         return _options_doc(self.request("GET", _options_path(model)), model)
 
-    def save_options(self, model: str, body: dict[str, Any], dry_run: bool) -> dict[str, Any]:
+    def save_options(self, model: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self._post_options(model, dict(body))
+
+    def validate_options(self, model: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Lemonade's own dry run of a save (`dry_run: true`): validated and resolved, nothing saved."""
+        return self._post_options(model, {**body, "dry_run": True})
+
+    def _post_options(self, model: str, payload: dict[str, Any]) -> dict[str, Any]:
         try:
-            refuse_protected(body)
+            refuse_protected(payload)
         except ProtectedFlagError as exc:
             raise LemonadeError("rejected", str(exc)) from None
-        payload = {**body, "dry_run": True} if dry_run else dict(body)
         return _options_doc(self.request("POST", _options_path(model), payload), model)
 
     def install(self, recipe: str, backend: str, timeout_s: float) -> dict[str, Any]:

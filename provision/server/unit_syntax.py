@@ -191,3 +191,22 @@ def render(template: str, fields: Mapping[str, Field], source: str = "the unit t
     if out.count("\n") != template.count("\n"):
         raise UnitError(f"{source}: a value changed the unit's lines")
     return out
+
+
+def instance_of(text: str, target: Field, env_file: Field, source: str) -> str:
+    """A single server's rendered unit as an instance of `target` (vllm@.service under vllm.target):
+    PartOf= the target after [Unit] (stopping or restarting the target reaches every instance), its
+    optional EnvironmentFile= required (an instance without its file is not in the layout: fail, never
+    start with an empty ${...}), WantedBy= the target. Each line is found exactly once or refused."""
+    edits = [
+        ("[Unit]\n", f"[Unit]\nPartOf={target.text}\n"),
+        (f"EnvironmentFile=-{env_file.text}\n", f"EnvironmentFile={env_file.text}\n"),
+        ("WantedBy=multi-user.target\n", f"WantedBy={target.text}\n"),
+    ]
+    for old, new in edits:
+        if text.count(old) != 1:
+            raise UnitError(
+                f"{source} changed: {old.strip()!r} not found once; update unit_syntax.instance_of"
+            )
+        text = text.replace(old, new)
+    return text

@@ -22,10 +22,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from rocmdoctor import host_files
-from rocmdoctor.atomic import fsync_dir, write_atomic
-from rocmdoctor.litter import owner_gone, owner_pid, temp_name
+from rocmdoctor.atomic import atomic_file, fsync_dir, owner_gone, write_atomic
+from rocmdoctor.litter import owner_pid, temp_name
 from rocmdoctor.textnum import is_decimal
 
 MAX_FILE_BYTES = 4 << 20
@@ -583,6 +584,10 @@ class OwnedTrees:
         if self._effect("sync", path):
             host_files.sync_dir(path)
 
+    def add_exec_bits(self, path: Path) -> None:
+        if self._effect("chmod", path):
+            host_files.add_exec_bits(path)
+
     def swap_symlink(self, link: Path, target: str) -> None:
         if self._effect("symlink", f"{link} -> {target}"):
             host_files.swap_symlink(link, target)
@@ -614,6 +619,15 @@ class OwnedTrees:
     def write_atomic(self, path: Path, content: str | bytes, mode: int = 0o644) -> None:
         if self._effect("write", path):
             write_atomic(path, content, mode)
+
+    @contextmanager
+    def atomic_file(self, path: Path, mode: int = 0o644) -> Iterator[BinaryIO]:
+        """A file streamed into place atomically (a snapshot archive); in check mode written nowhere."""
+        if not self._effect("write", path):
+            yield io.BytesIO()
+            return
+        with atomic_file(path, mode) as out:
+            yield out
 
     def open_new(self, path: Path) -> io.FileIO:
         """A new file of ours in a download or mirror directory (host_files.open_owned CREATE)."""

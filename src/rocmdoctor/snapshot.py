@@ -32,9 +32,8 @@ from rocmdoctor.archive.tar_rule import (
     is_no_space,
     no_space,
 )
-from rocmdoctor.atomic import atomic_file
 from rocmdoctor.host import DEFAULT_READ_LIMIT, ENV_FILE, IDENTITY_FILE, META_DIR, STAT_FILE, Host, ReadState
-from rocmdoctor.litter import REPLAY_PREFIX, sweep
+from rocmdoctor.litter import REPLAY_PREFIX
 from rocmdoctor.registry import CheckSpec, Context
 from rocmdoctor.sensitive import redact_cmdline, redact_env
 from rocmdoctor.textnum import is_decimal
@@ -201,7 +200,10 @@ def _add(tar: tarfile.TarFile, name: str, kind: bytes, data: bytes = b"", target
 
 def write_archive(snap: Snapshot, out: Path) -> None:
     """A .tar.gz of the tree, written atomically (temp file in the same directory, fsync, rename)."""
-    with atomic_file(out.resolve()) as raw, tarfile.open(fileobj=raw, mode="w:gz") as tar:
+    from rocmdoctor.host_writes import HostWriter
+
+    trees = HostWriter().trees  # --output is this machine's path, whatever --root is read
+    with trees.atomic_file(out.resolve()) as raw, tarfile.open(fileobj=raw, mode="w:gz") as tar:
         parents = {str(Path(p).parent) for p in [*snap.files, *snap.links, *snap.dirs]}
         all_dirs = set(snap.dirs)
         for parent in parents:
@@ -290,28 +292,31 @@ def unpack(archive: Path) -> Path:
     The same rule and writer as bundle extraction (`safe_tar`), with a snapshot's limits: every
     member's size, the count, the total and the depth are checked on its header, before its bytes."""
     import atexit
-    import shutil
 
+    from rocmdoctor.atomic import sweep
+    from rocmdoctor.host_writes import HostWriter
+
+    trees = HostWriter().trees  # the private directory is this machine's, whatever --root is read
     tmp = Path(tempfile.gettempdir())
     sweep(tmp, REPLAY_PREFIX)  # trees of replays that were killed (their owner pid is gone)
     dest = Path(tempfile.mkdtemp(prefix=f"{REPLAY_PREFIX}{os.getpid()}-", dir=tmp))
-    atexit.register(shutil.rmtree, dest, ignore_errors=True)
+    atexit.register(trees.remove_tree, dest, ignore_errors=True)
     rule = MemberRule(SNAPSHOT_LIMITS, opaque_link=replay_keeps_link, what="a snapshot")
     try:
         with open(archive, "rb") as raw:
             extract_tar(_open_plain(raw), dest, rule)
     except UnsafeArchive as exc:
-        shutil.rmtree(dest, ignore_errors=True)
+        trees.remove_tree(dest, ignore_errors=True)
         raise SnapshotError(f"{archive}: refusing unsafe member {exc.member!r}: {exc.reason}") from None
     except OSError as exc:
-        shutil.rmtree(dest, ignore_errors=True)
+        trees.remove_tree(dest, ignore_errors=True)
         if is_no_space(exc):
             raise SnapshotError(f"{archive}: {no_space(dest.parent, 0, rule.total)}") from None
         if isinstance(exc, gzip.BadGzipFile):
             raise SnapshotError(f"{archive} is not a readable snapshot archive ({exc})") from None
         raise SnapshotError(f"{archive} could not be read ({exc.strerror or exc})") from None
     except (ArchiveError, EOFError, zlib.error) as exc:
-        shutil.rmtree(dest, ignore_errors=True)
+        trees.remove_tree(dest, ignore_errors=True)
         raise SnapshotError(f"{archive} is not a readable snapshot archive ({exc})") from None
     if not (dest / META_DIR).is_dir() or (dest / META_DIR).is_symlink():
         raise SnapshotError(f"{archive} has no {META_DIR}/ folder: not made by `rocmdoctor snapshot`")

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from harness.fleet import host_root
 from harness.hosts import check_json, fixture_root
 from rocmdoctor.cli import cli
+from rocmdoctor.host_writes import HostWriter
 
 DIGEST = "sha256:" + "ab" * 32
 KEY = "gfx1151-" + "ab" * 8
@@ -29,7 +30,7 @@ def _installed(prefix: Path) -> None:
             {"tag": TAG, "qualified": True, "host_gfx": "gfx1151", "bundle_digest": DIGEST, "steps": []}
         )
     )
-    jit_cache.write_bundle_env(tree, DIGEST, "gfx1151")
+    jit_cache.write_bundle_env(HostWriter().trees, tree, DIGEST, "gfx1151")
     (prefix / "current").symlink_to(f"bundles/{TAG}")
 
 

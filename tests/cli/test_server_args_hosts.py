@@ -50,7 +50,7 @@ def test_every_fixture_is_covered():
 
 @pytest.mark.parametrize("fixture_id", MIXED_IGPU_FIRST)
 def test_mixed_host_is_sized_from_the_pinned_dgpu(fixture_id):
-    from rocmdoctor.commands.serve import pinned_group
+    from rocmdoctor.commands.server_setup import pinned_group
 
     ctx = context(fixture_id)
     group, notes = pinned_group(ctx, (), 1)

@@ -148,6 +148,7 @@ def test_the_real_vllm_032_environment_as_a_bundle_qualifies_and_answers(tmp_pat
     import os
     import shutil
 
+    from rocmdoctor.host_writes import HostWriter
     from rocmdoctor.provision.bundle import ask_vllm, qualify
     from rocmdoctor.vllm import surface
 
@@ -160,7 +161,7 @@ def test_the_real_vllm_032_environment_as_a_bundle_qualifies_and_answers(tmp_pat
     (tree / "bin" / "python3").write_text(f'#!/bin/sh\nexec "{python}" "$@"\n')
     (tree / "bin" / "python3").chmod(0o755)
     options = qualify.QualifyOptions(import_timeout_s=360.0)
-    qualify.qualify_tree(tree, tree.name, [("bundle.tar.gz", None)], options)
+    qualify.qualify_tree(HostWriter().trees, tree, tree.name, [("bundle.tar.gz", None)], options)
     result = options.last
     assert result is not None and result.qualified, result.first_failure()
     assert result.failures == [] and result.elf_files > 300

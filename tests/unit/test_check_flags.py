@@ -14,35 +14,11 @@ from conftest import REPO
 NAMES = {"check", "check_only", "check_mode", "dry_run"}
 ALLOWED = {
     ("src/rocmdoctor/host_writes.py", "HostWriter.__init__", "check_mode"): "where check mode is set, once",
-    ("src/rocmdoctor/commands/install.py", "prefix_writer", "check"): "builds the command's HostWriter",
     (
-        "src/rocmdoctor/commands/install.py",
-        "run_prune",
+        "src/rocmdoctor/commands/bundle_setup.py",
+        "prefix_writer",
         "check",
-    ): "install/prune command helper: to take the writer",
-    (
-        "src/rocmdoctor/commands/bundle_qualify.py",
-        "run_purge",
-        "check",
-    ): "bundle helper's: to take the writer",
-    (
-        "src/rocmdoctor/commands/instances.py",
-        "write_layout",
-        "check_only",
-    ): "builds its HostWriter: to take it",
-    ("src/rocmdoctor/commands/serve.py", "show_or_write", "check_only"): "builds its HostWriter: to take it",
-    ("provision/fix.py", "change", "check_only"): "fix helper's (issue 34): to record through the writer",
-    (
-        "provision/server/lemonade.py",
-        "apply_options",
-        "check",
-    ): "Lemonade's writes (input helper's): a Target",
-    ("provision/server/lemonade.py", "apply_timeout", "check"): "the same",
-    (
-        "provision/server/lemonade_api.py",
-        "Lemonade.save_options",
-        "dry_run",
-    ): "Lemonade's own API field (dry_run)",
+    ): "only upgrade.py (upgrade helper's) calls it: to build its HostWriter itself",
 }
 
 

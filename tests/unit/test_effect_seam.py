@@ -22,27 +22,11 @@ SEAM = {
     "src/rocmdoctor/host_removal.py",  # removal of a tree by directory fds, no link followed (OwnDir)
 }
 ALLOWED: dict[tuple[str, str], tuple[int, str]] = {
-    ("provision/bundle/qualify.py", "write_atomic"): (
-        1,
-        "the qualification record (bundle helper's module): to call writer.trees.write_json",
-    ),
-    ("provision/bundle/ask_vllm.py", "write_atomic"): (
-        1,
-        "the bundle's vLLM surface beside the qualification record, written with it: the same writer",
-    ),
-    ("provision/server/jit_cache.py", "write_atomic"): (
-        2,
-        "the JIT env file and purge record (procs helper's module): to call writer.trees.write_atomic",
-    ),
     ("provision/server/stop_leftovers.py", "signal.pidfd_send_signal"): (
         1,
         "runs standalone as the unit's ExecStartPre on the bundle's Python: cannot import rocmdoctor",
     ),
     ("provision/server/stop_leftovers.py", "os.kill"): (1, "the same standalone ExecStartPre"),
-    ("src/rocmdoctor/archive/extract.py", ".chmod()"): (
-        1,
-        "extraction's exec bits on the tree it made (the archive seam, tar_rule's member rule)",
-    ),
     ("src/rocmdoctor/archive/tar_rule.py", "os.link"): (
         1,
         "the member writer: by directory fd, no link followed",
@@ -54,11 +38,6 @@ ALLOWED: dict[tuple[str, str], tuple[int, str]] = {
         1,
         "Host.run's deadline: the read seam kills the process group of the probe it started",
     ),
-    ("src/rocmdoctor/litter.py", "os.kill"): (1, "signal 0: is a killed run's owner gone (no signal sent)"),
-    ("src/rocmdoctor/litter.py", "shutil.rmtree"): (1, "the seam's sweep of killed runs' temp trees"),
-    ("src/rocmdoctor/litter.py", "os.unlink"): (1, "the seam's sweep of killed runs' temp files"),
-    ("src/rocmdoctor/snapshot.py", "atomic_file"): (1, "snapshot's own --output archive (no --check)"),
-    ("src/rocmdoctor/snapshot.py", "shutil.rmtree"): (3, "snapshot's private unpack directory of a replay"),
 }
 
 OS_CALLS = {

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rocmdoctor import litter
+from rocmdoctor import atomic, litter
 from rocmdoctor.host_files import remove_tree
 from rocmdoctor.host_writes import FORBIDDEN_IDS, MAX_ID, HostWriter, WriteRefused, add_group, add_system_user
 from rocmdoctor.provision.server.unit import ensure_accounts
@@ -117,7 +117,7 @@ def test_the_sweep_removes_exactly_the_litter_of_gone_owners(tmp_path_factory, o
         else:
             (base / name).write_text("half")
         made.append((name, owner))
-    removed = litter.sweep(base, ".lock.json.tmp-")
+    removed = atomic.sweep(base, ".lock.json.tmp-")
     assert sorted(removed) == sorted(n for n, o in made if o == "dead")
     assert outside.read_text() == "keep me\n"
     for name, owner in made:

@@ -91,10 +91,10 @@ def _bundle_tree(root: Path, name: str, data: bytes) -> str:
 
 
 def lemonade_config(root: Path, data: bytes) -> Any:
-    from rocmdoctor.commands.lemonade import _url
+    from rocmdoctor.commands.lemonade_targets import lemonade_url
 
     _write(root / "var/lib/lemonade/config.json", data)
-    url = _url(App(root=root), None)
+    url = lemonade_url(App(root=root), None)
     assert url.startswith("http://127.0.0.1:") and 0 < int(url.rsplit(":", 1)[1]) < 65536
     return url
 

@@ -66,3 +66,24 @@ def test_a_real_writer_makes_them(tmp_path):
     assert os.readlink(prefix / "previous") == "bundles/t1" and not os.path.lexists(prefix / "current")
     assert sorted(p.name for p in (prefix / "bundles").iterdir()) == ["t2"]
     assert writer.past("removed", "remove") == "removed" and len(writer.operations) == 6
+
+
+def test_a_streamed_file_and_exec_bits_go_through_the_writer_too(tmp_path):
+    """A snapshot's archive (atomic_file) and extraction's exec bits (add_exec_bits): recorded, and made
+    only by a real writer."""
+    clang = tmp_path / "clang"
+    clang.write_text("#!/bin/sh\n")
+    clang.chmod(0o644)
+    out = tmp_path / "snap.tar.gz"
+    for check_mode in (True, False):
+        writer = HostWriter("/", check_mode=check_mode)
+        with writer.trees.atomic_file(out) as stream:
+            stream.write(b"archive")
+        writer.trees.add_exec_bits(clang)
+        assert [(op.action, op.subject) for op in writer.operations] == [
+            ("write", str(out)),
+            ("chmod", str(clang)),
+        ]
+        assert out.exists() is not check_mode
+        assert (clang.stat().st_mode & 0o111 == 0o111) is not check_mode
+    assert out.read_bytes() == b"archive"

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from rocmdoctor.host_writes import HostWriter
 from rocmdoctor.provision.bundle import ask_vllm
 from rocmdoctor.provision.server.args import ArgumentError, Choices, GpuPool, check_environment, resolve
 from rocmdoctor.vllm import surface
@@ -94,11 +95,11 @@ def test_the_prefix_gives_the_bundles_record_else_its_tags_table_else_the_review
     assert (by_tag.version, by_tag.asked) == ("0.22.1", False)
     record = shipped("0.25.1")
     text = (Path(surface.__file__).parent / "surfaces" / "0.25.1.json").read_text()
-    ask_vllm.keep(tree, text)
+    ask_vllm.keep(HostWriter().trees, tree, text)
     asked = ask_vllm.for_prefix(prefix)
     assert (asked.version, asked.asked, asked.flags) == ("0.25.1", True, record.flags)
     assert "asked the bundle" in asked.described()
-    ask_vllm.keep(tree, "")  # nothing asked this time: no stale answer is left
+    ask_vllm.keep(HostWriter().trees, tree, "")  # nothing asked this time: no stale answer is left
     assert ask_vllm.for_prefix(prefix).version == "0.22.1"
 
 

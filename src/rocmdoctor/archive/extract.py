@@ -13,6 +13,7 @@ import gzip
 import zlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rocmdoctor.archive.tar_pipe import Counting, Gunzip, bundle_rule, decompressor, gnu_tar, relay_extract
 from rocmdoctor.archive.tar_rule import (
@@ -28,6 +29,9 @@ from rocmdoctor.archive.tar_rule import (
     no_space,
 )
 from rocmdoctor.host_files import tree_bytes
+
+if TYPE_CHECKING:
+    from rocmdoctor.host_writes import OwnedTrees
 
 ProgressFn = Callable[[int], None]
 CLANG_GLOB = "lib/python3.*/site-packages/_rocm_sdk_core/lib/llvm/bin/clang*"
@@ -99,12 +103,12 @@ def _python_in_process(counting: Counting, dest: Path, rule: MemberRule) -> None
         raise ArchiveError(f"the bundle is not a valid gzip stream ({exc})") from None
 
 
-def fix_exec_bits(root: Path) -> list[Path]:
+def fix_exec_bits(trees: OwnedTrees, root: Path) -> list[Path]:
     """The bundled clang loses its exec bit in the tarball and the shim's own chmod fails under
-    ProtectSystem=strict, so set it here."""
+    ProtectSystem=strict, so set it here, through the writer that owns the extracted tree."""
     fixed = []
     for path in root.glob(CLANG_GLOB):
         if path.is_file() and not path.is_symlink():
-            path.chmod(path.stat().st_mode | 0o111)
+            trees.add_exec_bits(path)
             fixed.append(path)
     return fixed

@@ -10,23 +10,15 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from rocmdoctor import params
 from rocmdoctor.commands.bundle_qualify import qualification_state, run_purge, run_qualify
+from rocmdoctor.commands.bundle_setup import Failed, auto_family, failures, prefix_option, progress, run_prune
 from rocmdoctor.commands.common import App, UserError, emit_change, emit_json, pass_app
-from rocmdoctor.commands.install import (
-    Failed,
-    auto_family,
-    failures,
-    install,
-    prefix_option,
-    progress,
-    rollback,
-    run_prune,
-)
+from rocmdoctor.commands.install import install, rollback  # the group's spellings of the two commands
 from rocmdoctor.commands.option_groups import (
     DownloadOptions,
     NetworkOptions,
@@ -40,6 +32,11 @@ from rocmdoctor.commands.option_groups import (
     selection_options,
 )
 from rocmdoctor.model import SCHEMA_VERSION, Change, state_diff
+
+if TYPE_CHECKING:
+    from rocmdoctor.facts.manifest import Manifest
+    from rocmdoctor.provision.bundle.manifest import Lock
+    from rocmdoctor.provision.bundle.selection import Request
 
 
 @click.command()
@@ -196,31 +193,18 @@ def lock(
 ) -> None:
     """Refresh the lock file (part names, sizes, sha256 digests) from the release API."""
     from rocmdoctor.host_writes import HostWriter
-    from rocmdoctor.provision.bundle.selection import family_from_tag, refresh_lock
+    from rocmdoctor.provision.bundle.selection import refresh_lock
 
+    # through the one write seam: under --check it records the write and makes none
+    writer = HostWriter(Path("/"), check_mode=check)
     with failures(as_json):
         sources, manifest, current = pins.load(prefix)
         target = out or sources.lock or prefix / "lock.json"
-        if tag:
-            chosen = [family_from_tag(tag)]
-            if families and list(families) != chosen:
-                raise UserError(f"--tag {tag} is for {chosen[0]}, not --family {', '.join(families)}")
-        else:
-            chosen = _families(families, manifest)
         selection = ReleaseSelection(channel, tag, pinned, frozen=False)
-        requests_ = [selection.request(f, manifest, current, prefix) for f in chosen]
-        # `bundle lock` always asks the API: a family the lock pins is re-read on its channel.
-        requests_ = [
-            r
-            if r.mode != "lock"
-            else type(r)(**{**vars(r), "mode": "channel", "channel": _channel_of(manifest, r.family)})
-            for r in requests_
-        ]
+        requests_ = _lock_requests(selection, families, manifest, current, prefix)
         updated, report = refresh_lock(manifest, current, requests_, pins.release_api(), network.api())
         changed = any(r.get("changed") for r in report)
         if changed:
-            # through the one write seam: under --check it records the write and makes none
-            writer = HostWriter(Path("/"), check_mode=check)
             try:
                 writer.trees.make_dirs(target.parent.absolute())
                 lock_text = json.dumps(updated.to_json(), indent=2) + "\n"
@@ -228,7 +212,6 @@ def lock(
             except OSError as exc:
                 raise Failed(f"cannot write {target}: {exc.strerror or exc}; pass --out FILE") from None
     failed = [r for r in report if not r["pinned"]]
-    verb = "would pin" if check else "pinned"
     moved = [r["family"] for r in report if r.get("changed")]
     diff = state_diff(
         {f: current.families[f].tag if f in current.families else None for f in moved},
@@ -236,9 +219,9 @@ def lock(
     )
     change = Change(
         changed,
-        f"{verb} {len(report) - len(failed)} of {len(report)} families into {target}",
+        f"{writer.past('pinned', 'pin')} {len(report) - len(failed)} of {len(report)} families into {target}",
         diff,
-        {"check": check, "failed": bool(failed), "lock": str(target), "families": report},
+        {"check": writer.check_mode, "failed": bool(failed), "lock": str(target), "families": report},
     )
     rows = [
         f"{'ok  ' if r['pinned'] else 'FAIL'} {r['family']:<8} {r['tag'] or '-'}: {r['msg']}" for r in report
@@ -246,6 +229,29 @@ def lock(
     emit_change(change, as_json, rows)
     if failed:
         sys.exit(1)
+
+
+def _lock_requests(
+    selection: ReleaseSelection, families: tuple[str, ...], manifest: Manifest, current: Lock, prefix: Path
+) -> list[Request]:
+    """What `bundle lock` asks the release API for each family (--tag: its own family only)."""
+    from rocmdoctor.provision.bundle.selection import family_from_tag
+
+    tag = selection.tag
+    if tag:
+        chosen = [family_from_tag(tag)]
+        if families and list(families) != chosen:
+            raise UserError(f"--tag {tag} is for {chosen[0]}, not --family {', '.join(families)}")
+    else:
+        chosen = _families(families, manifest)
+    requests_ = [selection.request(f, manifest, current, prefix) for f in chosen]
+    # `bundle lock` always asks the API: a family the lock pins is re-read on its channel.
+    return [
+        r
+        if r.mode != "lock"
+        else type(r)(**{**vars(r), "mode": "channel", "channel": _channel_of(manifest, r.family)})
+        for r in requests_
+    ]
 
 
 def _channel_of(manifest: Any, family: str) -> str:
@@ -336,8 +342,10 @@ def fetch(
 @click.option("--json", "as_json", is_flag=True, help="Print an Ansible-style JSON result on stdout.")
 def prune(prefix: Path, keep: int, check: bool, as_json: bool) -> None:
     """Remove old bundles (keeps current and previous); refuses one a running process uses."""
+    from rocmdoctor.host_writes import HostWriter
+
     with failures(as_json):
-        result = run_prune(prefix, keep, check)
+        result = run_prune(prefix, keep, HostWriter(Path("/"), check_mode=check))
     emit_change(result.change(), as_json)
     if result.failed:
         sys.exit(1)
@@ -389,8 +397,10 @@ def cache() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print an Ansible-style JSON result on stdout.")
 def cache_purge(prefix: Path, state_dir: Path, everything: bool, check: bool, as_json: bool) -> None:
     """Remove JIT caches built for other bundles or GPUs (and partial ones with them)."""
+    from rocmdoctor.host_writes import HostWriter
+
     with failures(as_json):
         try:
-            run_purge(prefix, state_dir, everything, check, as_json)
+            run_purge(prefix, state_dir, everything, HostWriter(Path("/"), check_mode=check), as_json)
         except OSError as exc:
             raise Failed(f"cannot purge {state_dir}/jit: {exc.strerror or exc}") from None

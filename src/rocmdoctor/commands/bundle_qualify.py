@@ -60,7 +60,7 @@ def run_qualify(app: App, prefix: Path, tag: str | None, as_json: bool, options:
     from rocmdoctor.provision.bundle.install import InstallError, Layout, bundle_name
     from rocmdoctor.provision.bundle.qualify import QUALIFICATION, bundle_qualify
 
-    layout = Layout(prefix)
+    layout = Layout(prefix, HostWriter().trees)  # the record is written into the bundle's own tree
     chosen = bundle_name(layout, tag, "TAG") if tag else layout.current_tag()
     if chosen is None:
         raise UserError(f"no current bundle under {prefix}; pass a TAG that `rocmdoctor bundles` lists")
@@ -70,7 +70,7 @@ def run_qualify(app: App, prefix: Path, tag: str | None, as_json: bool, options:
             f"{chosen} is not a complete bundle under {layout.bundles}; `rocmdoctor bundles` lists what "
             "is installed"
         )
-    result = bundle_qualify(layout.bundles / chosen, chosen, meta, options)
+    result = bundle_qualify(layout.trees, layout.bundles / chosen, chosen, meta, options)
     doc = {
         "schema_version": result.schema_version,
         "changed": True,
@@ -109,12 +109,14 @@ def jit_environment(prefix: Path, state_dir: Path) -> dict[str, str]:
     if doc is None or not isinstance(doc.get("bundle_digest"), str):
         return {}
     try:
-        return jit_cache.prepare(state_dir, doc["bundle_digest"], doc.get("host_gfx"), str(doc.get("tag")))
+        return jit_cache.prepare(
+            HostWriter().trees, state_dir, doc["bundle_digest"], doc.get("host_gfx"), str(doc.get("tag"))
+        )
     except OSError as exc:
         raise UserError(f"cannot create the JIT cache under {state_dir}: {exc.strerror or exc}") from None
 
 
-def run_purge(prefix: Path, state_dir: Path, everything: bool, check: bool, as_json: bool) -> None:
+def run_purge(prefix: Path, state_dir: Path, everything: bool, writer: HostWriter, as_json: bool) -> None:
     from rocmdoctor.provision.bundle.qualify import recorded
     from rocmdoctor.provision.server import jit_cache
 
@@ -123,9 +125,9 @@ def run_purge(prefix: Path, state_dir: Path, everything: bool, check: bool, as_j
     if not everything and doc is not None and isinstance(doc.get("bundle_digest"), str):
         keep = jit_cache.cache_key(doc["bundle_digest"], doc.get("host_gfx"))
     try:
-        result = jit_cache.purge(HostWriter(Path("/"), check_mode=check), state_dir, keep)
+        result = jit_cache.purge(writer, state_dir, keep)
     except jit_cache.PurgeRefused as exc:
         raise UserError(str(exc)) from None
     except OSError as exc:
         raise UserError(f"cannot purge the JIT caches under {state_dir}: {exc.strerror or exc}") from None
-    emit_change(result, as_json, check=check)
+    emit_change(result, as_json, check=writer.check_mode)

@@ -10,44 +10,12 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from rocmdoctor import params
+from rocmdoctor.commands.check_context import check_context, choose_gpus
 from rocmdoctor.commands.common import App, UserError, emit_json, pass_app
 from rocmdoctor.commands.server_options import server_option
 
 if TYPE_CHECKING:
-    from rocmdoctor.registry import Context
-
-
-def check_context(
-    app: App,
-    user: str | None,
-    port: int,
-    prefix: str,
-    python: str | None = None,
-    deep_timeout: float | None = None,
-):
-    from rocmdoctor.registry import Context, Options
-
-    options = Options(user=user, port=port, prefix=prefix, python=python)
-    if deep_timeout is not None:
-        options.deep_timeout_s = deep_timeout
-    return Context(app.host(), options)
-
-
-def choose_gpus(ctx: Context, specs: tuple[str, ...]) -> None:
-    """`--gpu` for the checks: each value must name a GPU node here (exit 2 naming the options)."""
-    from rocmdoctor.checks.facts import gpu_label, gpus
-    from rocmdoctor.facts.gpu_choice import gpu_spec_matches
-
-    found = gpus(ctx)
-    for spec in specs:
-        if not any(gpu_spec_matches(spec, g.node, g.pci_slot or g.physical_slot) for g in found):
-            options = "; ".join(
-                f"--gpu {g.pci_slot or f'node:{g.node}'} ({gpu_label(ctx, g)})" for g in found
-            )
-            raise UserError(
-                f"--gpu {spec}: no GPU node here has that PCI slot or KFD node; choose: {options or 'none'}"
-            )
-    ctx.options.gpus = specs
+    from rocmdoctor.registry import CheckSpec, Context
 
 
 def host_capacity(ctx: Context) -> dict[str, Any]:
@@ -81,6 +49,27 @@ def write_health(ctx: Context, report: dict[str, Any], started: float, path: Pat
         f"{len(run.servers)} servers" + (f" (not ok: {', '.join(down[:4])}{more})" if down else ""),
         err=True,
     )
+
+
+def show_checks(specs: list[CheckSpec], as_json: bool) -> None:
+    """`check --list`: every check's id and title."""
+    from rocmdoctor.model import envelope
+    from rocmdoctor.report import list_checks as list_specs
+
+    if as_json:
+        emit_json(envelope(checks=list_specs(specs)))
+        return
+    for spec in specs:
+        click.echo(f"{spec.id:<22} {spec.title}")
+
+
+def refuse_textfile(textfile: Path) -> None:
+    """A --textfile the collector could not read (or that is not ours to replace): exit 2, before any check."""
+    from rocmdoctor.commands.health_textfile import textfile_problem
+
+    problem = textfile_problem(textfile)
+    if problem:
+        raise UserError(f"--textfile {textfile}: {problem}")
 
 
 @click.command()
@@ -154,30 +143,19 @@ def check(
 ) -> None:
     """Diagnose this host for vLLM on ROCm. Exit 0: no failure; 1: a failure; 2: could not run."""
     from rocmdoctor.checks import host_facts, load_registry
-    from rocmdoctor.model import envelope
     from rocmdoctor.registry import SelectionError
     from rocmdoctor.report import build_report
-    from rocmdoctor.report import list_checks as list_specs
 
     registry = load_registry()
     if list_checks:
-        specs = registry.specs
-        if as_json:
-            emit_json(envelope(checks=list_specs(specs)))
-        else:
-            for spec in specs:
-                click.echo(f"{spec.id:<22} {spec.title}")
+        show_checks(registry.specs, as_json)
         return
     try:
         specs = registry.select(only, skip, include_optional=deep)
     except SelectionError as exc:
         raise UserError(str(exc)) from None
     if textfile is not None:
-        from rocmdoctor.commands.health_textfile import textfile_problem
-
-        problem = textfile_problem(textfile)
-        if problem:
-            raise UserError(f"--textfile {textfile}: {problem}")
+        refuse_textfile(textfile)
     started = time.monotonic()
     ctx = check_context(app, user, port, prefix, python, deep_timeout)
     choose_gpus(ctx, gpus)

@@ -12,14 +12,17 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from rocmdoctor import params
-from rocmdoctor.commands.common import App, UserError, emit_json, pass_app
-from rocmdoctor.commands.server_options import SINGLE_SERVER, server_options
+from rocmdoctor.commands.common import App, UserError, emit_json, pass_app, write_root
+from rocmdoctor.commands.server_options import SINGLE_SERVER_GROUP, ServerOptions, server_options
 from rocmdoctor.model import EXIT_FAILURES, EXIT_OK, SCHEMA_VERSION
+
+if TYPE_CHECKING:
+    from rocmdoctor.cluster.layout import ClusterLayout
 from rocmdoctor.textnum import parse_decimal
 
 MAX_LISTEN_S = 600.0
@@ -281,6 +284,24 @@ def written_under(runs: dict[str, Any], target: str, written: str) -> dict[str, 
     return {**runs, "exec_start": here(runs["exec_start"]), "ready_gate": here(runs["ready_gate"])}
 
 
+def cluster_of(
+    nnodes: int, master_addr: str, tp: int, cluster_layout: str, backend: str, master_port: int | None
+) -> ClusterLayout:
+    """The cluster's layout from `cluster unit`'s options (ports: vLLM's defaults unless given)."""
+    from rocmdoctor.cluster.layout import DEFAULT_DP_RPC_PORT, DEFAULT_MASTER_PORT, ClusterLayout
+
+    return ClusterLayout(
+        nnodes,
+        master_addr,
+        tp,
+        cluster_layout,
+        backend,
+        master_port=master_port or DEFAULT_MASTER_PORT,
+        dp_rpc_port=master_port or DEFAULT_DP_RPC_PORT,
+        environment=ray_environment() if backend == "ray" else {},
+    )
+
+
 @cluster.command("unit", cls=params.VllmPassThrough)
 @server_options("write", "check", "target", "user", "timeout")
 @click.option("--nnodes", type=params.Count(2, 1024), required=True, help="Nodes in the cluster.")
@@ -316,7 +337,7 @@ def written_under(runs: dict[str, Any], target: str, written: str) -> dict[str, 
     show_default=True,
     help="mp: vLLM's own processes on every node; ray: a Ray head and workers (ray-*.service), one vLLM on the head.",
 )
-@SINGLE_SERVER
+@SINGLE_SERVER_GROUP
 @pass_app
 def unit_command(
     app: App,
@@ -333,30 +354,20 @@ def unit_command(
     socket_ifname: str | None,
     cluster_layout: str,
     backend: str,
-    **opts: Any,
+    server: ServerOptions,
 ) -> None:
     """The units of this node: the head's vllm.service, or a worker's vllm-worker.service (headless)."""
-    from rocmdoctor.cluster.layout import (
-        DEFAULT_DP_RPC_PORT,
-        DEFAULT_MASTER_PORT,
-        ClusterLayout,
-        ClusterLayoutError,
-    )
-    from rocmdoctor.commands.serve import api_key, resolve_args, show_or_write
+    from rocmdoctor.cluster.layout import ClusterLayoutError
+    from rocmdoctor.commands.server_setup import api_key, resolve_args, show_or_write
+    from rocmdoctor.host_writes import HostWriter
     from rocmdoctor.provision.server.cluster_unit import process
     from rocmdoctor.provision.server.cluster_unit import specs as node_specs
     from rocmdoctor.provision.server.unit import ServiceLayout, UnitError
 
+    opts = server.as_dict()
     try:
-        layout = ClusterLayout(
-            nnodes,
-            master_addr,
-            opts["tensor_parallel_size"] or 1,
-            cluster_layout,
-            backend,
-            master_port=master_port or DEFAULT_MASTER_PORT,
-            dp_rpc_port=master_port or DEFAULT_DP_RPC_PORT,
-            environment=ray_environment() if backend == "ray" else {},
+        layout = cluster_of(
+            nnodes, master_addr, server.tensor_parallel_size or 1, cluster_layout, backend, master_port
         )
         args = resolve_args(app, opts)
         service = ServiceLayout(prefix=opts["prefix"])
@@ -369,13 +380,11 @@ def unit_command(
             runs = written_under(runs, str(target), f"{service.prefix}/libexec/")
     except (ClusterLayoutError, UnitError) as exc:
         raise UserError(str(exc)) from None
+    writer = HostWriter(write_root(app, target), check_mode=check_only) if write or check_only else None
     show_or_write(
-        app,
         files,
         user,
-        write,
-        check_only,
-        target,
+        writer,
         opts["as_json"],
         cluster=layout.to_json(),
         role=layout.role(node_rank),

@@ -61,7 +61,7 @@ def _line(log: str, line: Any) -> dict[str, Any]:
 
 def judge(app: App, causes: list[dict[str, Any]], port: int) -> None:
     """Each cause's checks run on this host (or --root); ruled-out causes move after the others."""
-    from rocmdoctor.commands.check import check_context
+    from rocmdoctor.commands.check_context import check_context
     from rocmdoctor.commands.explain_host import RULED_OUT, run_checks, verdict
     from rocmdoctor.registry import DEFAULT_PREFIX
 

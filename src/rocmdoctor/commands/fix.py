@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from rocmdoctor import params
-from rocmdoctor.commands.check import check_context, choose_gpus
+from rocmdoctor.commands.check_context import check_context, choose_gpus
 from rocmdoctor.commands.common import App, UserError, emit_change, pass_app
 from rocmdoctor.commands.server_options import server_option
 from rocmdoctor.facts import remedies
@@ -260,7 +260,7 @@ def fix(
         verify = _verify(app, target_root, user, only, items, gpus)
     else:
         verify = []
-    result = change(items, check_only, notes)
+    result = change(writer, items, notes)
     rows = [
         f"verify {row['id']}: {row['state']}" + (f" ({row['note']})" if row["note"] else "") for row in verify
     ]

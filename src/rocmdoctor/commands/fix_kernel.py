@@ -7,7 +7,7 @@ import sys
 import click
 
 from rocmdoctor import params
-from rocmdoctor.commands.check import check_context
+from rocmdoctor.commands.check_context import check_context
 from rocmdoctor.commands.common import App, emit_json, pass_app
 from rocmdoctor.registry import DEFAULT_PREFIX
 

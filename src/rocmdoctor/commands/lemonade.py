@@ -9,20 +9,22 @@ clients prefer the admin key the same way) and never appears in any output.
 from __future__ import annotations
 
 import functools
-import os
 import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
 from rocmdoctor import params
 from rocmdoctor.commands.common import App, UserError, emit_change, emit_json, pass_app
-from rocmdoctor.documents import DocumentError, load_value
+from rocmdoctor.commands.lemonade_targets import admin_key, lemonade_url
 
-KEY_ENV = ("LEMONADE_ADMIN_API_KEY", "LEMONADE_API_KEY")
+if TYPE_CHECKING:
+    from rocmdoctor.host_writes import HostWriter
+    from rocmdoctor.model import Change
+    from rocmdoctor.provision.server.lemonade_api import Lemonade
 
 
 @dataclass(frozen=True)
@@ -79,59 +81,10 @@ def _options(command: Any) -> Any:
     return fn
 
 
-def _key(path: Path | None) -> str | None:
-    from rocmdoctor.sensitive import API_KEY_PATTERN, KeyFileError, read_api_key, register_secret
-
-    if path is not None:
-        try:
-            return read_api_key(path, where=f"--admin-key-file {path}")
-        except KeyFileError as exc:
-            raise UserError(f"{exc}; write the key lemond was started with into it") from None
-    for name in KEY_ENV:
-        value = os.environ.get(name, "").strip()
-        if value:
-            if not API_KEY_PATTERN.fullmatch(value):
-                raise UserError(
-                    f"{name} holds characters a Bearer token cannot carry; set it to the key itself"
-                )
-            register_secret(value)  # never printed, whatever echoes it (a server's version, an error)
-            return value
-    return None
-
-
-def _url(app: App, url: str | None) -> str:
-    from rocmdoctor.provision.server.lemonade_api import CONFIG_FILES, DEFAULT_PORT
-    from rocmdoctor.provision.verify.openai_client import normalize_url
-
-    if url:
-        from rocmdoctor.sensitive import register_url
-
-        register_url(url)  # the userinfo's password is a secret of this run: never printed
-    else:
-        port = DEFAULT_PORT
-        host = app.host()
-        for path in CONFIG_FILES:  # read only: never written under a running server
-            read = host.read_text(path, limit=1 << 20)
-            if not read.ok:
-                continue
-            try:
-                doc = load_value(read.value.encode("utf-8", "surrogateescape"), path, 1 << 20)
-            except DocumentError:
-                continue
-            port_value = doc.get("port") if isinstance(doc, dict) else None
-            if type(port_value) is int and 0 < port_value < 65536:  # a bool is no port
-                port = port_value
-        url = f"http://127.0.0.1:{port}"
-    try:
-        return normalize_url(url).removesuffix("/api")
-    except ValueError as exc:
-        raise UserError(f"--url: {exc}") from None
-
-
 def _client(app: App, target: Target) -> Any:
     from rocmdoctor.provision.server.lemonade_api import Lemonade
 
-    return Lemonade(_url(app, target.url), _key(target.admin_key_file), target.timeout_s)
+    return Lemonade(lemonade_url(app, target.url), admin_key(target.admin_key_file), target.timeout_s)
 
 
 def _fail(exc: Exception, as_json: bool) -> NoReturn:
@@ -225,6 +178,35 @@ def apply_cmd(
     options API (merged: other saved keys stay), then load each through Lemonade and smoke it there, as
     `lemonade verify` does. A rerun changes nothing. Exit 0; 1: a model saved does not serve; 2: an
     error."""
+    from rocmdoctor.host_writes import HostWriter
+    from rocmdoctor.provision.server.lemonade_api import LemonadeError
+
+    writer = HostWriter(check_mode=check_only)  # the Target of Lemonade's API: nothing sent under --check
+    client = _client(app, target)
+    changes, timeout = _save_options(app, writer, client, target, bench_report)
+    verified: list[dict[str, Any]] = []
+    if not check_only and not skip_verify:
+        try:
+            for c in changes:
+                report, *_ = _load_and_smoke(client, target, c.data["model"])
+                verified.append(
+                    {"model": c.data["model"]} | {k: v for k, v in report.items() if k != "schema_version"}
+                )
+        except LemonadeError as exc:
+            _fail(exc, target.as_json)
+    emit_change(
+        _applied(writer, changes, timeout, verified),
+        target.as_json,
+        _applied_lines(writer, changes, timeout, verified),
+    )
+    sys.exit(max((r["exit_code"] for r in verified), default=0))
+
+
+def _save_options(
+    app: App, writer: HostWriter, client: Lemonade, target: Target, bench_report: Path | None
+) -> tuple[list[Change], Change]:
+    """Each vLLM model's options and the global timeout, through the writer: (the models' changes, the
+    timeout's change). No vLLM model is a clear error (exit 2)."""
     from rocmdoctor.commands.lemonade_targets import (
         bench_knee,
         checkpoint,
@@ -232,12 +214,10 @@ def apply_cmd(
         host_context,
         vllm_models,
     )
-    from rocmdoctor.model import Change
     from rocmdoctor.provision.server.lemonade import apply_options, apply_timeout
     from rocmdoctor.provision.server.lemonade_api import LemonadeError
 
     knee, knee_why = bench_knee(bench_report)
-    client = _client(app, target)
     ctx = host_context(app)
     changes: list[Change] = []
     timeout = None
@@ -251,9 +231,9 @@ def apply_cmd(
                     "the model is loaded now: its memory is not free, so the utilization is conservative; "
                     "saved options apply at its next load (POST /api/v1/unload, then load)"
                 )
-            changes.append(apply_options(client, wanted, check_only))
+            changes.append(apply_options(writer, client, wanted))
         if changes:
-            timeout = apply_timeout(client, [checkpoint(e) for e in entries], check_only)
+            timeout = apply_timeout(writer, client, [checkpoint(e) for e in entries])
     except LemonadeError as exc:
         _fail(exc, target.as_json)
     if not changes:
@@ -262,28 +242,32 @@ def apply_cmd(
             target.as_json,
         )
     assert timeout is not None  # set whenever changes is
-    verified: list[dict[str, Any]] = []
-    if not check_only and not skip_verify:
-        try:
-            for c in changes:
-                report, *_ = _load_and_smoke(client, target, c.data["model"])
-                verified.append(
-                    {"model": c.data["model"]} | {k: v for k, v in report.items() if k != "schema_version"}
-                )
-        except LemonadeError as exc:
-            _fail(exc, target.as_json)
-    change = Change(
+    return changes, timeout
+
+
+def _applied(
+    writer: HostWriter, changes: list[Change], timeout: Change, verified: list[dict[str, Any]]
+) -> Change:
+    """`lemonade apply`'s one envelope: the models', the timeout's and the verification's."""
+    from rocmdoctor.model import Change
+
+    return Change(
         any(c.changed for c in changes) or timeout.changed,
         "; ".join(c.msg for c in [*changes, timeout] if c.changed) or "the saved options already match",
         "".join(c.diff_text() for c in [*changes, timeout]),
         {
-            "check": check_only,
+            "check": writer.check_mode,
             "models": [c.data | {"changed": c.changed, "msg": c.msg} for c in changes],
             "global_timeout": timeout.data | {"changed": timeout.changed, "msg": timeout.msg},
             "verify": verified,
         },
     )
-    word = "would change" if check_only else "changed"
+
+
+def _applied_lines(
+    writer: HostWriter, changes: list[Change], timeout: Change, verified: list[dict[str, Any]]
+) -> list[str]:
+    word = writer.past("changed", "change")
     details = []
     for c in changes:
         details.append(f"{word if c.changed else 'ok'} {c.data['model']}")
@@ -296,8 +280,7 @@ def apply_cmd(
             details.append(f"  {step['status'].upper():5} {step['title']}: {step['summary']}")
             if step["remedy"]:
                 details.append(f"        -> {step['remedy']}")
-    emit_change(change, target.as_json, details)
-    sys.exit(max((r["exit_code"] for r in verified), default=0))
+    return details
 
 
 @lemonade.command("verify")

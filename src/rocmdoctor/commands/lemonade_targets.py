@@ -4,10 +4,12 @@ resolve() `unit` uses: the free-memory rule, the model's memory plan, a bench kn
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 from rocmdoctor.commands.common import App, UserError
+from rocmdoctor.documents import DocumentError, load_value
 from rocmdoctor.model import Result, Status, failed, passed, warned
 from rocmdoctor.provision.server import lemonade as lm
 from rocmdoctor.provision.server.lemonade_api import VLLM_RECIPE, Lemonade, LemonadeError
@@ -195,3 +197,57 @@ def diagnose(
         )
         findings.append((f"{model}.ctx_size", ctx_result))
     return health, findings
+
+
+KEY_ENV = ("LEMONADE_ADMIN_API_KEY", "LEMONADE_API_KEY")
+
+
+def admin_key(path: Path | None) -> str | None:
+    """The key Lemonade's admin API takes: --admin-key-file, else its environment variables; None: none."""
+    from rocmdoctor.sensitive import API_KEY_PATTERN, KeyFileError, read_api_key, register_secret
+
+    if path is not None:
+        try:
+            return read_api_key(path, where=f"--admin-key-file {path}")
+        except KeyFileError as exc:
+            raise UserError(f"{exc}; write the key lemond was started with into it") from None
+    for name in KEY_ENV:
+        value = os.environ.get(name, "").strip()
+        if value:
+            if not API_KEY_PATTERN.fullmatch(value):
+                raise UserError(
+                    f"{name} holds characters a Bearer token cannot carry; set it to the key itself"
+                )
+            register_secret(value)  # never printed, whatever echoes it (a server's version, an error)
+            return value
+    return None
+
+
+def lemonade_url(app: App, url: str | None) -> str:
+    """--url, else the port of Lemonade's own config on this host (read only), on loopback."""
+    from rocmdoctor.provision.server.lemonade_api import CONFIG_FILES, DEFAULT_PORT
+    from rocmdoctor.provision.verify.openai_client import normalize_url
+
+    if url:
+        from rocmdoctor.sensitive import register_url
+
+        register_url(url)  # the userinfo's password is a secret of this run: never printed
+    else:
+        port = DEFAULT_PORT
+        host = app.host()
+        for path in CONFIG_FILES:  # read only: never written under a running server
+            read = host.read_text(path, limit=1 << 20)
+            if not read.ok:
+                continue
+            try:
+                doc = load_value(read.value.encode("utf-8", "surrogateescape"), path, 1 << 20)
+            except DocumentError:
+                continue
+            port_value = doc.get("port") if isinstance(doc, dict) else None
+            if type(port_value) is int and 0 < port_value < 65536:  # a bool is no port
+                port = port_value
+        url = f"http://127.0.0.1:{port}"
+    try:
+        return normalize_url(url).removesuffix("/api")
+    except ValueError as exc:
+        raise UserError(f"--url: {exc}") from None

@@ -3,55 +3,59 @@
 from __future__ import annotations
 
 import math
-import re
 import sys
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from rocmdoctor import params
 from rocmdoctor.commands.common import App, UserError, emit_json, pass_app
+from rocmdoctor.commands.model_input import load_model_files, parse_size
+from rocmdoctor.commands.option_groups import option_group
 from rocmdoctor.model import EXIT_FAILURES, EXIT_OK
+
+if TYPE_CHECKING:
+    from rocmdoctor.cluster.layout import Proposal
+    from rocmdoctor.provision.server.plan_settings import ServingVersion
+    from rocmdoctor.vllm.memory_plan import EngineSettings, Memory, ModelPlan
+    from rocmdoctor.vllm.model_files import ModelFiles
 
 # The vLLM versions whose KV-cache rules the plan knows (vllm/plan_versions.py), for --vllm-version.
 VLLM_VERSIONS = ("0.19.1", "0.20.1", "0.22.1", "0.25.1", "0.32.0")
 # vLLM 0.32 vllm/config/cache.py MambaDType, for --mamba-cache-dtype and --mamba-ssm-cache-dtype.
 MAMBA_DTYPES = click.Choice(["auto", "float32", "bfloat16", "float16"])
-MAX_SIZE = 1 << 50  # 1 PiB per GPU: beyond any device, and far inside a float's exact integers
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
-_UNITS = {
-    "": 1,
-    "B": 1,
-    "K": 1000,
-    "KB": 1000,
-    "KIB": 1 << 10,
-    "KI": 1 << 10,
-    "M": 10**6,
-    "MB": 10**6,
-    "MIB": 1 << 20,
-    "MI": 1 << 20,
-    "G": 10**9,
-    "GB": 10**9,
-    "GIB": 1 << 30,
-    "GI": 1 << 30,
-    "T": 10**12,
-    "TB": 10**12,
-    "TIB": 1 << 40,
-    "TI": 1 << 40,
-}
 
 
-def parse_size(text: str, option: str) -> int:
-    """'96GiB', '80GB', '1073741824' -> bytes; a clear error for anything else."""
-    match = _SIZE.match(text or "")
-    if not match:
-        raise UserError(f"{option} {text!r} is not a size: write e.g. 96GiB, 80GB or a number of bytes")
-    value = float(match.group(1)) * _UNITS[(match.group(2) or "").upper()]
-    if not math.isfinite(value) or value > MAX_SIZE:
-        raise UserError(f"{option} {text[:40]!r}... is larger than any GPU (at most 1 PiB): write e.g. 96GiB")
-    if value < 1:
-        raise UserError(f"{option} must be positive, not {text!r}")
-    return int(value)
+@dataclass(frozen=True)
+class EngineChoice:
+    """vLLM's engine options that shape the plan (its `EngineSettings` but the TP and the version)."""
+
+    kv_cache_dtype: str
+    block_size: int
+    max_num_batched_tokens: int
+    pp: int
+    async_scheduling: bool
+    prefix_caching: bool
+    mamba_cache_dtype: str
+    mamba_ssm_cache_dtype: str
+
+    def settings(self, tp: int, vllm_version: str) -> EngineSettings:
+        from rocmdoctor.vllm.memory_plan import EngineSettings
+
+        return EngineSettings(
+            tensor_parallel_size=tp,
+            kv_cache_dtype=self.kv_cache_dtype,
+            block_size=self.block_size,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            pipeline_parallel_size=self.pp,
+            async_scheduling=self.async_scheduling,
+            enable_prefix_caching=self.prefix_caching,
+            mamba_cache_dtype=self.mamba_cache_dtype,
+            mamba_ssm_cache_dtype=self.mamba_ssm_cache_dtype,
+            vllm_version=vllm_version,
+        )
 
 
 def host_memory(app: App, tp: int, utilization: float | None, seen: list[str] | None = None):
@@ -94,16 +98,6 @@ def host_family(app: App) -> str | None:
     except Exception:  # the plan's figures do not need the host; the version's source says none was seen
         return None
     return pools[0].family if pools else None
-
-
-def load_model_files(model: str, revision: str, offline: bool):
-    from rocmdoctor.provision.server.hub import load_model
-    from rocmdoctor.vllm.model_files import ModelFilesError
-
-    try:
-        return load_model(model, revision, offline=offline)
-    except ModelFilesError as exc:
-        raise UserError(str(exc)) from None
 
 
 def render(plan) -> None:
@@ -181,78 +175,86 @@ def render_diagnosis(diagnosis) -> None:
     show_default=True,
     help="GPUs in the group.",
 )
-@click.option(
-    "--kv-cache-dtype",
-    default="auto",
-    show_default=True,
-    type=click.Choice(["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"]),
-)
-@click.option(
-    "--memory", default=None, metavar="SIZE", help="Memory per GPU (e.g. 96GiB) instead of this host's."
-)
-@click.option(
-    "--gpu-memory-utilization",
-    "utilization",
-    type=params.Fraction(),
-    default=None,
-    help="Share of --memory vLLM takes (default: vLLM's 0.92; on this host: the free-memory rule).",
-)
-@click.option(
-    "--kv-cache-memory",
-    default=None,
-    metavar="SIZE",
-    help="KV cache bytes per GPU, as vLLM's --kv-cache-memory-bytes (weights then do not count).",
-)
-@click.option(
-    "--block-size", type=params.Count(1, 1 << 16), default=16, show_default=True, help="vLLM's --block-size."
-)
-@click.option(
-    "--max-num-batched-tokens",
-    type=params.Count(1, 1 << 30),
-    default=2048,
-    show_default=True,
-    help="vLLM's --max-num-batched-tokens (sizes a sliding window's blocks and the activations).",
-)
-@click.option(
-    "--typical-len",
-    type=params.Count(1, 1 << 30),
-    default=None,
-    help="Tokens per sequence --max-num-seqs is sized for.",
-)
-@click.option(
-    "--pipeline-parallel-size",
-    "pp",
-    type=params.Count(1, 1024),
-    default=1,
-    show_default=True,
-    help="vLLM's --pipeline-parallel-size (stages; each GPU holds its stage's layers).",
-)
-@click.option(
-    "--async-scheduling/--no-async-scheduling",
-    default=True,
-    show_default=True,
-    help="vLLM's async scheduling: two batches in flight (the GPU default) or one (the CPU engine).",
-)
-@click.option(
-    "--enable-prefix-caching/--no-enable-prefix-caching",
-    "prefix_caching",
-    default=True,
-    show_default=True,
-    help="vLLM's prefix caching: hybrid models then keep 2-3 state blocks per request, else 1.",
-)
-@click.option(
-    "--mamba-cache-dtype",
-    default="auto",
-    show_default=True,
-    type=MAMBA_DTYPES,
-    help="vLLM's dtype of the Mamba/linear-attention state (auto: the model's).",
-)
-@click.option(
-    "--mamba-ssm-cache-dtype",
-    default="auto",
-    show_default=True,
-    type=MAMBA_DTYPES,
-    help="vLLM's dtype of the SSM state alone (auto: as --mamba-cache-dtype).",
+@option_group(
+    EngineChoice,
+    "engine",
+    click.option(
+        "--kv-cache-dtype",
+        default="auto",
+        show_default=True,
+        type=click.Choice(["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"]),
+    ),
+    click.option(
+        "--memory", default=None, metavar="SIZE", help="Memory per GPU (e.g. 96GiB) instead of this host's."
+    ),
+    click.option(
+        "--gpu-memory-utilization",
+        "utilization",
+        type=params.Fraction(),
+        default=None,
+        help="Share of --memory vLLM takes (default: vLLM's 0.92; on this host: the free-memory rule).",
+    ),
+    click.option(
+        "--kv-cache-memory",
+        default=None,
+        metavar="SIZE",
+        help="KV cache bytes per GPU, as vLLM's --kv-cache-memory-bytes (weights then do not count).",
+    ),
+    click.option(
+        "--block-size",
+        type=params.Count(1, 1 << 16),
+        default=16,
+        show_default=True,
+        help="vLLM's --block-size.",
+    ),
+    click.option(
+        "--max-num-batched-tokens",
+        type=params.Count(1, 1 << 30),
+        default=2048,
+        show_default=True,
+        help="vLLM's --max-num-batched-tokens (sizes a sliding window's blocks and the activations).",
+    ),
+    click.option(
+        "--typical-len",
+        type=params.Count(1, 1 << 30),
+        default=None,
+        help="Tokens per sequence --max-num-seqs is sized for.",
+    ),
+    click.option(
+        "--pipeline-parallel-size",
+        "pp",
+        type=params.Count(1, 1024),
+        default=1,
+        show_default=True,
+        help="vLLM's --pipeline-parallel-size (stages; each GPU holds its stage's layers).",
+    ),
+    click.option(
+        "--async-scheduling/--no-async-scheduling",
+        default=True,
+        show_default=True,
+        help="vLLM's async scheduling: two batches in flight (the GPU default) or one (the CPU engine).",
+    ),
+    click.option(
+        "--enable-prefix-caching/--no-enable-prefix-caching",
+        "prefix_caching",
+        default=True,
+        show_default=True,
+        help="vLLM's prefix caching: hybrid models then keep 2-3 state blocks per request, else 1.",
+    ),
+    click.option(
+        "--mamba-cache-dtype",
+        default="auto",
+        show_default=True,
+        type=MAMBA_DTYPES,
+        help="vLLM's dtype of the Mamba/linear-attention state (auto: the model's).",
+    ),
+    click.option(
+        "--mamba-ssm-cache-dtype",
+        default="auto",
+        show_default=True,
+        type=MAMBA_DTYPES,
+        help="vLLM's dtype of the SSM state alone (auto: as --mamba-cache-dtype).",
+    ),
 )
 @click.option(
     "--nodes",
@@ -296,18 +298,10 @@ def plan(
     offline: bool,
     max_model_len: int | None,
     tp: int,
-    kv_cache_dtype: str,
     memory: str | None,
     utilization: float | None,
     kv_cache_memory: str | None,
-    block_size: int,
-    max_num_batched_tokens: int,
     typical_len: int | None,
-    pp: int,
-    async_scheduling: bool,
-    prefix_caching: bool,
-    mamba_cache_dtype: str,
-    mamba_ssm_cache_dtype: str,
     max_nodes: int,
     backend: str,
     vllm_version: str | None,
@@ -315,6 +309,7 @@ def plan(
     url: str | None,
     window_s: float,
     as_json: bool,
+    engine: EngineChoice,
 ) -> None:
     """Will MODEL fit? Weights, KV cache, the longest context and the concurrency, before the first load.
 
@@ -324,51 +319,46 @@ def plan(
     from rocmdoctor.report import SCHEMA_VERSION
 
     if url:
-        from rocmdoctor.provision.verify.memory import MetricsError, diagnose_url
-
-        try:
-            diagnosis = diagnose_url(url, window_s)
-        except MetricsError as exc:
-            raise UserError(str(exc)) from None
-        emit_json(diagnosis.to_json(SCHEMA_VERSION)) if as_json else render_diagnosis(diagnosis)
-        sys.exit(EXIT_FAILURES if diagnosis.verdict == "preempting" else EXIT_OK)
+        diagnose_running(url, window_s, as_json)
     if not model:
         raise UserError("pass --model DIR|HF_ID to plan a model, or --url URL to diagnose a running server")
     from rocmdoctor.provision.server.plan_settings import serving_version
-    from rocmdoctor.vllm.memory_plan import (
-        DEFAULT_GPU_MEMORY_UTILIZATION,
-        ConfigError,
-        EngineSettings,
-        Memory,
-        plan_from_files,
-    )
-    from rocmdoctor.vllm.plan_versions import shown
 
     files = load_model_files(model, revision, offline)
-    null_reason = None
     seen: list[str] = []
-    if kv_cache_memory is not None:
-        budget = Memory(0, 1.0, "--kv-cache-memory", parse_size(kv_cache_memory, "--kv-cache-memory"))
-    elif memory is not None:
-        budget = Memory(
-            parse_size(memory, "--memory"), utilization or DEFAULT_GPU_MEMORY_UTILIZATION, "--memory"
-        )
-    else:
-        budget, null_reason = host_memory(app, tp, utilization, seen)
+    budget, null_reason = memory_budget(app, tp, memory, utilization, kv_cache_memory, seen)
     family = seen[0] if seen else None if vllm_version else host_family(app)
     version = serving_version(app.host(), str(prefix), vllm_version, family)
-    settings = EngineSettings(
-        tensor_parallel_size=tp,
-        kv_cache_dtype=kv_cache_dtype,
-        block_size=block_size,
-        max_num_batched_tokens=max_num_batched_tokens,
-        pipeline_parallel_size=pp,
-        async_scheduling=async_scheduling,
-        enable_prefix_caching=prefix_caching,
-        mamba_cache_dtype=mamba_cache_dtype,
-        mamba_ssm_cache_dtype=mamba_ssm_cache_dtype,
-        vllm_version=version.version,
-    )
+    settings = engine.settings(tp, version.version)
+    result = plan_files(files, (budget, null_reason), settings, version, max_model_len, typical_len, model)
+
+    def fits(tp_: int, pp_: int) -> bool | None:
+        return across_nodes(files, budget, settings, tp_, pp_, max_model_len, typical_len, model)
+
+    proposal, hint = node_layouts(fits, budget, result.fits, tp, max_nodes, backend)
+    if as_json:
+        doc = {**result.to_json(SCHEMA_VERSION), "cluster": proposal.to_json() if proposal else None}
+        emit_json({**doc, "across_nodes": hint})
+    else:
+        render(result)
+        render_nodes(proposal, hint, result.fits, tp, max_nodes)
+    sys.exit(EXIT_FAILURES if result.fits is False and proposal is None else EXIT_OK)
+
+
+def plan_files(
+    files: ModelFiles,
+    memory: tuple[Memory | None, str | None],
+    settings: EngineSettings,
+    version: ServingVersion,
+    max_model_len: int | None,
+    typical_len: int | None,
+    model: str,
+) -> ModelPlan:
+    """The plan of the model's files on `memory` (the budget, why it is unknown) for the serving vLLM."""
+    from rocmdoctor.vllm.memory_plan import ConfigError, plan_from_files
+    from rocmdoctor.vllm.plan_versions import shown
+
+    budget, null_reason = memory
     try:
         result = plan_from_files(
             files,
@@ -384,51 +374,82 @@ def plan(
             f"{files.location}: {exc} (vLLM {shown(version.version)}: {version.source})"
         ) from None
     result.vllm_version_source = version.source
-    proposal = None
-    if max_nodes > 1:
-        from rocmdoctor.cluster.layout import propose
+    return result
 
-        proposal = propose(
-            lambda tp_, pp_: across_nodes(
-                files, budget, settings, tp_, pp_, max_model_len, typical_len, model
-            ),
-            tp,
-            max_nodes,
-            backend,
+
+def diagnose_running(url: str, window_s: float, as_json: bool) -> None:
+    """--url: a running server's /metrics, what to change; exits (1: it is preempting)."""
+    from rocmdoctor.provision.verify.memory import MetricsError, diagnose_url
+    from rocmdoctor.report import SCHEMA_VERSION
+
+    try:
+        diagnosis = diagnose_url(url, window_s)
+    except MetricsError as exc:
+        raise UserError(str(exc)) from None
+    emit_json(diagnosis.to_json(SCHEMA_VERSION)) if as_json else render_diagnosis(diagnosis)
+    sys.exit(EXIT_FAILURES if diagnosis.verdict == "preempting" else EXIT_OK)
+
+
+def memory_budget(
+    app: App,
+    tp: int,
+    memory: str | None,
+    utilization: float | None,
+    kv_cache_memory: str | None,
+    seen: list[str],
+) -> tuple[Memory | None, str | None]:
+    """(the memory the plan has per GPU, why it is unknown): --kv-cache-memory, --memory, else this host's."""
+    from rocmdoctor.vllm.memory_plan import DEFAULT_GPU_MEMORY_UTILIZATION, Memory
+
+    if kv_cache_memory is not None:
+        return Memory(0, 1.0, "--kv-cache-memory", parse_size(kv_cache_memory, "--kv-cache-memory")), None
+    if memory is not None:
+        share = utilization or DEFAULT_GPU_MEMORY_UTILIZATION
+        return Memory(parse_size(memory, "--memory"), share, "--memory"), None
+    return host_memory(app, tp, utilization, seen)
+
+
+def node_layouts(
+    fits: Callable[[int, int], bool | None],
+    budget: Memory | None,
+    fits_one: bool | None,
+    tp: int,
+    max_nodes: int,
+    backend: str,
+) -> tuple[Proposal | None, dict | None]:
+    """(the layout across --nodes, the fewest nodes that would hold a plan that does not fit one)."""
+    from rocmdoctor.cluster.layout import propose
+
+    proposal = propose(fits, tp, max_nodes, backend) if max_nodes > 1 else None
+    hint = nodes_hint(fits, budget, tp) if max_nodes == 1 and fits_one is False else None
+    return proposal, hint
+
+
+def render_nodes(
+    proposal: Proposal | None, hint: dict | None, fits: bool | None, tp: int, max_nodes: int
+) -> None:
+    if proposal:
+        click.echo(f"across nodes: {proposal.nodes} nodes; {proposal.why} (rocmdoctor cluster unit)")
+    elif max_nodes > 1 and fits is False:  # not even --nodes of them
+        click.echo(f"across nodes: does not fit {max_nodes} nodes of {tp} GPU(s) either")
+    elif hint and hint["nodes"]:
+        click.echo(
+            f"across nodes: fits {hint['nodes']} nodes of {tp} GPU(s) (tensor parallel {tp} within each, "
+            f"pipeline parallel {hint['nodes']} across them): pass --nodes {hint['nodes']} for the layout"
         )
-    hint = None
-    if max_nodes == 1 and result.fits is False:
-        hint = nodes_hint(files, budget, settings, tp, max_model_len, typical_len, model)
-    if as_json:
-        doc = {**result.to_json(SCHEMA_VERSION), "cluster": proposal.to_json() if proposal else None}
-        emit_json({**doc, "across_nodes": hint})
-    else:
-        render(result)
-        if proposal:
-            click.echo(f"across nodes: {proposal.nodes} nodes; {proposal.why} (rocmdoctor cluster unit)")
-        elif max_nodes > 1 and result.fits is False:  # not even --nodes of them
-            click.echo(f"across nodes: does not fit {max_nodes} nodes of {tp} GPU(s) either")
-        elif hint and hint["nodes"]:
-            click.echo(
-                f"across nodes: fits {hint['nodes']} nodes of {tp} GPU(s) (tensor parallel {tp} within each, "
-                f"pipeline parallel {hint['nodes']} across them): pass --nodes {hint['nodes']} for the layout"
-            )
-        elif hint:
-            click.echo(f"across nodes: does not fit {hint['searched']} nodes of {tp} GPU(s) either")
-    sys.exit(EXIT_FAILURES if result.fits is False and proposal is None else EXIT_OK)
+    elif hint:
+        click.echo(f"across nodes: does not fit {hint['searched']} nodes of {tp} GPU(s) either")
 
 
 # Without --nodes a plan that does not fit one node still says how many nodes would hold it, up to this many.
 NODES_SEARCHED = 8
 
 
-def nodes_hint(files, budget, settings, tp: int, max_model_len, typical_len, model) -> dict | None:
+def nodes_hint(fits: Callable[[int, int], bool | None], budget: Memory | None, tp: int) -> dict | None:
     """The fewest nodes of `tp` GPUs (pipeline parallel across them, up to NODES_SEARCHED) on which the
-    plan fits, as `--nodes` would propose; None when the weights' size or the memory is unknown."""
+    plan fits (`fits(tp, pp)`: the plan's verdict so), as `--nodes` would propose; None when the
+    weights' size or the memory is unknown."""
     from rocmdoctor.cluster.layout import propose
-
-    def fits(tp_: int, pp_: int) -> bool | None:
-        return across_nodes(files, budget, settings, tp_, pp_, max_model_len, typical_len, model)
 
     if budget is None or fits(tp, 2) is None:
         return None
@@ -446,7 +467,6 @@ def across_nodes(files, budget, settings, tp: int, pp: int, max_model_len, typic
     """The plan's verdict with TP `tp` in each node and PP `pp` across nodes: each GPU holds its
     stage's share of the weights (1/pp of them, split TP ways)."""
     import dataclasses
-    import math
 
     from rocmdoctor.vllm.memory_plan import plan_model, weights_from_headers
 

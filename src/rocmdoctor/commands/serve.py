@@ -6,18 +6,15 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from rocmdoctor import params
-from rocmdoctor.commands.bundle_qualify import jit_environment
 from rocmdoctor.commands.common import (
     WITH_ROOT_FACTS,
     App,
     UserError,
-    echo_write_report,
-    emit_json,
     pass_app,
     refuse_root_facts_for_live_action,
     write_root,
@@ -26,101 +23,22 @@ from rocmdoctor.commands.server_options import (
     LAYOUT_CHOICES,
     SINGLE_SERVER_GROUP,
     ServerOptions,
-    choices,
     server_option,
     server_options,
 )
+from rocmdoctor.commands.server_setup import (
+    api_key,
+    resolve_args,
+    server_environment,
+    show_or_write,
+    show_settings,
+    startable,
+)
 from rocmdoctor.report import strict
 
-
-def resolve_args(app: App, opts: dict[str, Any]):
-    from rocmdoctor.commands.host_pools import pools_from_facts
-    from rocmdoctor.provision.server.args import ArgumentError, resolve
-    from rocmdoctor.provision.server.plan_settings import serving_version
-    from rocmdoctor.registry import Context, Options
-
-    ctx = Context(app.host(), Options(prefix=opts["prefix"]))
-    group, notes = pinned_group(ctx, opts.get("gpus") or (), opts["tensor_parallel_size"] or 1)
-    try:
-        # Sized from the GPUs the pin shows vLLM, in its order (device 0 first), never from KFD order.
-        args = resolve(
-            choices(opts, serving=serving_version(ctx.host, opts["prefix"])),
-            pools_from_facts(ctx, [d.kfd_node for d in group] if group else None),
-        )
-    except ArgumentError as exc:
-        raise UserError(str(exc)) from None
-    args.notes.extend(notes)
-    if group:
-        from rocmdoctor.commands.host_devices import host_devices
-        from rocmdoctor.provision.server.layout import visible_devices
-
-        devices = host_devices(ctx)
-        args.environment["ROCR_VISIBLE_DEVICES"] = visible_devices(devices, group)
-        args.notes.append(
-            "pinned (ROCR_VISIBLE_DEVICES, ROCm's KFD-order numbering): "
-            + ", ".join(f"vLLM device {i} = {d.label}" for i, d in enumerate(group))
-        )
-        ipc_mode(args, group)
-    return args
-
-
-def ipc_mode(args: Any, group: list[Any]) -> None:
-    """Tensor parallelism over RDNA GPUs: legacy IPC mode off (it breaks IPC there: env.multi_gpu's rule)."""
-    from rocmdoctor.checks.host_rules import rules
-
-    data = rules()["ipc_legacy"]
-    if len(group) >= 2 and all(d.gfx.startswith(tuple(data["gfx_prefixes"])) for d in group):
-        args.environment[data["variable"]] = "0"
-        args.notes.append(f"{data['variable']}=0: {data['source']}")
-    extra = " ".join(args.extra).replace("=", " ")
-    if "--distributed-executor-backend ray" in extra:
-        # Ray would re-mask each worker through ROCR_VISIBLE_DEVICES over the pin (vllm#12572).
-        noset = rules()["visibility"]["ray_noset"]
-        args.environment[noset] = "1"
-        args.notes.append(f"{noset}=1: {rules()['visibility']['source']}")
-
-
-def pinned_group(ctx: Any, gpus: tuple[str, ...], tensor_parallel_size: int) -> tuple[list[Any], list[str]]:
-    """On a host with several GPU nodes (or with --gpu), the devices the server is shown and sized from:
-    the ones `--gpu` names, else gpu_choice's rule (an unsupported iGPU hidden, a supported dGPU before an
-    iGPU beside it). A choice left open (GPUs of several families) or a bad --gpu is refused with the
-    options named; HIP_VISIBLE_DEVICES is never set (vLLM refuses it disagreeing with CUDA_VISIBLE_DEVICES)."""
-    from rocmdoctor.commands.host_devices import host_devices
-    from rocmdoctor.provision.server.layout import AmbiguousGpus, LayoutError, single_server_group
-
-    devices = host_devices(ctx)
-    if len(devices) < 2 and not gpus:
-        return [], []
-    try:
-        return single_server_group(devices, tensor_parallel_size, None, gpus), []
-    except AmbiguousGpus as exc:
-        raise UserError(str(exc)) from None
-    except LayoutError as exc:
-        if gpus:
-            raise UserError(str(exc)) from None
-        return [], [f"GPUs not pinned: {exc}"]
-
-
-def api_key(opts: dict[str, Any]) -> str | None:
-    """The key the server is started with: the one reader (provision.unit.read_api_key's minimum length)."""
-    from rocmdoctor.provision.server.unit import UnitError, read_api_key
-
-    if opts["api_key_file"] is None:
-        return None
-    try:
-        return read_api_key(opts["api_key_file"])
-    except UnitError as exc:
-        raise UserError(str(exc)) from None
-
-
-def show_settings(args, stream=None) -> None:
-    stream = stream or sys.stderr  # bound at call time: the CLI may run in-process
-    for setting in args.settings:
-        print(f"  {setting.flag} {setting.value}  ({setting.reason})", file=stream)
-    if args.extra:
-        print(f"  extra: {' '.join(args.extra)}", file=stream)
-    for note in args.notes:
-        print(f"  note: {note}", file=stream)
+if TYPE_CHECKING:
+    from rocmdoctor.provision.server.args import ServerArgs
+    from rocmdoctor.provision.server.serve import Server
 
 
 @click.command(cls=params.VllmPassThrough)
@@ -149,9 +67,11 @@ def unit(
 
     Extra vLLM arguments go after `--`: rocmdoctor unit --model M -- --enforce-eager
     """
+    from rocmdoctor.host_writes import HostWriter
+
     opts = server.as_dict()
     if instances_layout is not None:
-        from rocmdoctor.commands.instances import write_layout
+        from rocmdoctor.commands.instances_setup import write_layout
 
         layout = {
             "layout": instances_layout,
@@ -161,7 +81,8 @@ def unit(
             "gpus": opts.get("gpus") or (),
             "devices_from": None,
         }
-        write_layout(app, {**opts, **layout}, write, check_only, target, user, timeout_s)
+        writer = HostWriter(write_root(app, target), check_mode=check_only) if write or check_only else None
+        write_layout(app, {**opts, **layout}, writer, target, user, timeout_s)
         return
     from rocmdoctor.provision.server.unit import ServiceLayout, UnitError, file_specs
 
@@ -170,39 +91,8 @@ def unit(
         specs = file_specs(args, ServiceLayout(prefix=opts["prefix"]), user, api_key(opts), timeout_s)
     except UnitError as exc:
         raise UserError(str(exc)) from None
-    show_or_write(app, specs, user, write, check_only, target, opts["as_json"], server_args=args.to_json())
-
-
-def show_or_write(
-    app: App,
-    specs: list[Any],
-    user: str,
-    write: bool,
-    check_only: bool,
-    target: Path | None,
-    as_json: bool,
-    **fields: Any,
-) -> None:
-    """Print the first unit (`--json`: with `fields`), or make the host match `specs` (--write, or
-    --check's dry run) and report what changed: `unit` and `cluster unit`."""
-    from rocmdoctor.host_writes import HostWriter
-    from rocmdoctor.provision.server.unit import UnitError
-    from rocmdoctor.provision.server.unit import write as write_files
-
-    if not (write or check_only):
-        if as_json:
-            emit_json({"unit": specs[0].content, "path": specs[0].path, **fields})
-        else:
-            click.echo(specs[0].content, nl=False)
-        return
-    try:
-        report = write_files(HostWriter(write_root(app, target), check_mode=check_only), specs, user)
-    except (UnitError, OSError) as exc:
-        raise UserError(f"could not write the unit: {exc}") from None
-    if as_json:
-        emit_json({**report.to_json(), **fields})
-        return
-    echo_write_report(report)
+    writer = HostWriter(write_root(app, target), check_mode=check_only) if write or check_only else None
+    show_or_write(specs, user, writer, opts["as_json"], server_args=args.to_json())
 
 
 @click.command(cls=params.VllmPassThrough)
@@ -240,14 +130,7 @@ def serve(
 
     Exit 0 after a clean stop; 1 when the server did not become ready, died, or left a process behind.
     """
-    from rocmdoctor.provision.server.serve import (
-        ProgressLine,
-        Server,
-        SignalsToStop,
-        Stopped,
-        default_cache_base,
-        new_marker,
-    )
+    from rocmdoctor.provision.server.serve import Server, default_cache_base, new_marker
     from rocmdoctor.provision.server.unit import readiness_url
 
     opts = server.as_dict()
@@ -269,6 +152,14 @@ def serve(
     events = Events(opts["as_json"])
     print(f"starting {executable} (log: {running.log_path})", file=sys.stderr)
     show_settings(args)
+    foreground(running, args, events, timeout_s, executable)
+
+
+def foreground(running: Server, args: ServerArgs, events: Events, timeout_s: float, executable: Path) -> None:
+    """Start `running`, report it ready after a real completion, and stop it on every way out
+    (exits: 0 after a clean stop, 1 when it was not ready, died or left a process behind)."""
+    from rocmdoctor.provision.server.serve import ProgressLine, SignalsToStop, Stopped
+
     with SignalsToStop():
         try:
             running.start()
@@ -321,56 +212,6 @@ def serve(
                     f"stopped the server after an error of rocmdoctor ({exc}); left: {left}", file=sys.stderr
                 )
             raise
-
-
-def server_environment(
-    args: Any,
-    opts: dict[str, Any],
-    cache_base: Path,
-    cache_dir: Path | None = None,
-    marker: str = "",
-    jit: bool = True,
-) -> dict[str, str]:
-    """The server's environment: the bundle's, its caches (JIT caches of the qualified bundle, made
-    with their fingerprint; `jit=False`: none made, vLLM's defaults), the key, the run's marker and what
-    the arguments pin (ROCR_VISIBLE_DEVICES)."""
-    from rocmdoctor.provision.server.serve import server_env
-
-    env = server_env(
-        os.environ,
-        cache_dir or Path(os.environ.get("VLLM_CACHE_ROOT") or cache_base / "vllm"),
-        api_key(opts),
-        marker,
-    )
-    if jit:
-        env.update(jit_environment(Path(opts["prefix"]), cache_base / "rocmdoctor"))
-    if cache_dir:
-        env["VLLM_CACHE_ROOT"] = str(cache_dir)
-    env.update(args.environment)
-    return env
-
-
-def startable(args: Any, prefix: str) -> Path:
-    """The bundle's server program, refused (exit 2) when it is missing or the port is taken."""
-    from rocmdoctor.provision.server.serve import HostUnresolvable, port_in_use
-    from rocmdoctor.provision.server.unit import ServiceLayout
-
-    executable = Path(ServiceLayout(prefix=prefix).server)
-    if not os.access(executable, os.X_OK):
-        raise UserError(
-            f"{executable} is missing or not executable: install a bundle first "
-            f"(rocmdoctor install --prefix {prefix})"
-        )
-    try:
-        taken = port_in_use(args.host, args.port)
-    except HostUnresolvable as exc:
-        raise UserError(str(exc)) from None
-    if taken:
-        raise UserError(
-            f"port {args.port} on {args.host} is already in use (an earlier server still running?); "
-            "stop it or pass --port"
-        )
-    return executable
 
 
 class Events:

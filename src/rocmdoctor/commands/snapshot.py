@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from rocmdoctor import params
-from rocmdoctor.commands.check import check_context
+from rocmdoctor.commands.check_context import check_context
 from rocmdoctor.commands.common import App, UserError, pass_app
 
 

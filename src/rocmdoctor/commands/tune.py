@@ -79,7 +79,7 @@ def _host_identity(app: App) -> str:
 
 def _plan(app: App, args: ServerArgs, server: ServerOptions, kv_cache_memory: str | None, typical_len: int):
     """The model's memory plan: the GPU's (from the server's arguments) or one for --kv-cache-memory."""
-    from rocmdoctor.commands.plan import load_model_files, parse_size
+    from rocmdoctor.commands.model_input import load_model_files, parse_size
     from rocmdoctor.provision.server.plan_settings import engine_settings, serving_version
     from rocmdoctor.provision.tune import session
     from rocmdoctor.vllm.memory_plan import EngineSettings, Memory
@@ -415,7 +415,7 @@ def _trial(
     app: App, server: ServerOptions, search: SearchOptions, objective: Slo | None
 ) -> tuple[ServerArgs, Trial]:
     """(the server's arguments as `unit`/`serve` compute them, their refusals included; the Trial)."""
-    from rocmdoctor.commands.serve import resolve_args
+    from rocmdoctor.commands.server_setup import resolve_args
     from rocmdoctor.provision.tune import session
     from rocmdoctor.provision.tune.writeback import without_tuned
 
@@ -454,7 +454,7 @@ def _tune(
     dest: Destination,
     files: RunFiles,
 ) -> None:
-    from rocmdoctor.commands.smoke import _plot_path as plot_path_rule
+    from rocmdoctor.commands.smoke_options import _plot_path as plot_path_rule
     from rocmdoctor.facts.installed_bundle import read_installed
     from rocmdoctor.host import Host
     from rocmdoctor.model import envelope
@@ -508,7 +508,7 @@ def _measure(
 ) -> tuple[dict[str, Any], Choice]:
     """The search on trial servers (known points from the state file), the state file updated (never
     under --check); (the report, the choice)."""
-    from rocmdoctor.commands.serve import api_key, server_environment, startable
+    from rocmdoctor.commands.server_setup import api_key, server_environment, startable
     from rocmdoctor.provision.server.serve import default_cache_base
     from rocmdoctor.provision.server.unit import readiness_url
     from rocmdoctor.provision.tune import session
@@ -614,7 +614,8 @@ def _write_back(app: App, dest: Destination, choice: Choice) -> dict[str, Any]:
 def _write_lemonade(app: App, dest: Destination, model: str, choice: Choice) -> dict[str, Any]:
     """The winner as the model's saved vllm_args, through Lemonade's options API (its own dry run
     under --check); Lemonade passes them to vllm-server at the model's next load."""
-    from rocmdoctor.commands.lemonade import _key, _url
+    from rocmdoctor.commands.lemonade_targets import admin_key, lemonade_url
+    from rocmdoctor.host_writes import HostWriter
     from rocmdoctor.provision.server.lemonade import ModelTarget, apply_options
     from rocmdoctor.provision.server.lemonade_api import Lemonade, LemonadeError
 
@@ -626,8 +627,8 @@ def _write_lemonade(app: App, dest: Destination, model: str, choice: Choice) -> 
     why = f"rocmdoctor tune: {winner.output_tokens_per_s:.1f} output tokens/s; {choice.reason}"
     target = ModelTarget(model, None, flags, reasons=dict.fromkeys(flags, why))
     try:
-        lemonade = Lemonade(_url(app, dest.lemonade_url), _key(dest.lemonade_key_file))
-        change = apply_options(lemonade, target, dest.check_only)
+        lemonade = Lemonade(lemonade_url(app, dest.lemonade_url), admin_key(dest.lemonade_key_file))
+        change = apply_options(HostWriter(check_mode=dest.check_only), lemonade, target)
     except LemonadeError as exc:
         raise UserError(f"could not write the winner into Lemonade's options for {model}: {exc}") from None
     return change.envelope(check=dest.check_only)
