@@ -106,7 +106,7 @@ def affected_issues(ctx: Context, gfx: set[str]) -> list[tuple[KnownIssue, str, 
     if user is None:
         return []
     release = ".".join(map(str, user[0]))
-    found = []
+    found: list[tuple[KnownIssue, str, str]] = []
     for target in sorted(gfx):
         for issue in known_issues(target):
             if issue.affects(user[0]) and all(issue is not seen for seen, _, _ in found):

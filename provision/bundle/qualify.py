@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import posixpath
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -92,6 +93,9 @@ class Qualification:
     # and what answered for the host (its /etc/ld.so.cache, or the ld.so.conf it would be built from)
     host_libraries: dict[str, str] = field(default_factory=dict)
     host_search: str = ""
+    # Who judged the host's libraries: this host's dynamic loader (ld.so --list on each root of the load
+    # closure, with the launcher's environment) or, where it cannot be asked, the static reading alone
+    library_authority: str = ""
 
     @property
     def failures(self) -> list[Failure]:
@@ -291,6 +295,67 @@ def load_closure(resolver: _Resolver) -> set[str] | None:
         closure.add(root.path)
         closure.update(lib.path for lib in resolver.closure(root) if lib.path in resolver.scan.elfs)
     return closure
+
+
+LOADER = "/lib64/ld-linux-x86-64.so.2"  # the x86-64 psABI's program interpreter
+LOADER_TIMEOUT_S = 20.0
+LOADER_OUTPUT = 1 << 20
+_LISTED = re.compile(r"^\s*(\S+) => (/\S*) \(0x[0-9a-f]+\)$", re.M)
+_NOT_LOADED = re.compile(r"error while loading shared libraries: ([^:\s]+): cannot open shared object file")
+
+
+def ask_loader(root: Path, resolver: _Resolver, tag: str, step: Step) -> tuple[Step, str]:
+    """Cross-check a passed libraries step with this host's own loader: `ld.so --list` (trace mode: it
+    maps each root's libraries as the process would, without running their initialisers) with the
+    launcher's environment. A library the static reading took from the host that the loader cannot find
+    fails the step (the loader decides); one the static reading found only by soname in the bundle is
+    left to the import step (an earlier import loads it, which a lone --list cannot know)."""
+    roots = sorted(rel for rel in resolver.scan.elfs if _is_root(rel))
+    env = launcher_env(root)
+    failures: list[Failure] = []
+    notes = list(step.notes)
+    asked = 0
+    for rel in roots:
+        done = run_program([LOADER, "--list", str(root / rel)], LOADER_TIMEOUT_S, LOADER_OUTPUT, env=env)
+        if done.spawn_error or done.returncode is None:
+            return (
+                step,
+                f"the static reading only: {LOADER} could not be asked ({_why(done, LOADER_TIMEOUT_S)})",
+            )
+        asked += 1
+        if done.returncode == 0:
+            for name, path in _LISTED.findall(done.stdout):
+                hit = resolver.from_host.get(name)
+                if hit is not None and path != hit.path:
+                    notes.append(
+                        f"{rel}: the loader maps {name} from {path}, not {hit.path}; the loader decides"
+                    )
+            continue
+        missing = _NOT_LOADED.search(done.stderr)
+        name = missing[1] if missing else ""
+        if name in resolver.from_host or not name:
+            why = f"it finds no {name}" if name else _why(done, LOADER_TIMEOUT_S)
+            failures.append(
+                Failure(
+                    "libraries",
+                    f"{tag}: this host's loader ({LOADER} --list) cannot load {rel}: {why}",
+                    rel,
+                    name,
+                )
+            )
+        else:
+            notes.append(
+                f"{rel}: the loader alone does not find {name} (the bundle carries it under that soname: the "
+                "import step, which loads it first, decides)"
+            )
+    authority = (
+        f"this host's loader ({LOADER} --list, the launcher's LD_LIBRARY_PATH) on {asked} root file(s)"
+    )
+    if failures:
+        return _step("libraries", failures, "", notes), authority
+    checked = Step(step.id, step.status, step.detail, step.failures, step.count)
+    checked.notes, checked.note_count = notes[:MAX_FAILURES], step.note_count + len(notes) - len(step.notes)
+    return checked, authority
 
 
 def _renamed_hint(resolver: _Resolver, name: str) -> str:
@@ -548,8 +613,21 @@ def qualify(
     scan = scan_tree(root, workers)
     resolver = _Resolver(scan, host, launcher_library_path(root))
     closure = load_closure(resolver)
+    libraries = check_libraries(resolver, tag, closure)
+    if host_root != Path("/"):
+        authority = (
+            "the static reading only: the host is a replayed root (--root), whose loader cannot be asked"
+        )
+    elif closure is None:
+        authority = (
+            "the static reading only: the tree has no torch, vllm or interpreter for the loader to list"
+        )
+    elif libraries.status != "passed":
+        authority = "the static reading: it failed, so the loader was not asked"
+    else:
+        libraries, authority = ask_loader(root, resolver, tag, libraries)
     steps = [
-        check_libraries(resolver, tag, closure),
+        libraries,
         check_symbols(resolver, tag, closure),
         check_code_objects(scan, gfx, tag, targets),
         check_compiler(root, tag),
@@ -575,6 +653,7 @@ def qualify(
         surface_text=text,
         host_libraries=_host_libraries(resolver, closure),
         host_search=host.source,
+        library_authority=authority,
     )
 
 

@@ -112,11 +112,9 @@ def judged(target: ModelTarget, vllm: Surface, saved_args: str = "") -> ModelTar
     if problems:
         raise ArgumentError(f"{target.model}: " + "; ".join(problems) + " (nothing was sent to Lemonade)")
     for name, _ in parse_args(split_args(saved_args)):
-        verdict = judge_flag(vllm, name) if name is not None and name not in flags else None
-        if verdict is not None and (verdict.refusal or verdict.note):
-            notes.append(
-                f"the saved vllm_args of {target.model} carry {name}: {verdict.refusal or verdict.note}"
-            )
+        said = judge_flag(vllm, name) if name is not None and name not in flags else None
+        if said is not None and (said.refusal or said.note):
+            notes.append(f"the saved vllm_args of {target.model} carry {name}: {said.refusal or said.note}")
     reasons.update({k: v for k, v in target.reasons.items() if k not in target.flags})
     return replace(target, flags=flags, reasons=reasons, notes=notes)
 

@@ -220,3 +220,50 @@ def test_an_include_loop_in_ld_so_conf_is_refused(tmp_path):
     (host / "etc/ld.so.conf").write_text("include /etc/ld.so.conf\n")
     with pytest.raises(DocumentError, match="includes nest more than 8 deep"):
         HostLibraries(host)
+
+
+def _numa_ext(out: Path) -> bytes:
+    """A real abi3 extension module that calls libnuma (this host's, as the vLLM CPU engine's _C does)."""
+    from harness.elf_bundle import _shared
+
+    numa = HostLibraries().find("libnuma.so.1")
+    assert numa is not None, "the test host carries libnuma.so.1 (the real engine needs it too)"
+    source = "int numa_available(void);\nint uses_numa(void) { return numa_available(); }\n"
+    return _shared(out, source, "numa_ext.so", str(Path("/") / numa.facts.path)).read_bytes()
+
+
+def test_on_this_host_the_loader_itself_agrees_and_the_record_says_it_decided(elves, tmp_path):
+    """vllm/_numa.abi3.so needs libnuma.so.1, which the bundle does not carry: the static reading finds it
+    in this host's ld.so.cache, and `ld.so --list` (the host's loader, trace mode) loads it too."""
+    files = qualify_files(elves, "good")
+    files[f"{SP}/vllm/_numa.abi3.so"] = (_numa_ext(tmp_path), 0o755)
+    result = qualify(_tree(tmp_path / "b", files), TAG, "sha256:x", "gfx1151")
+    assert result.qualified, result.first_failure()
+    assert result.library_authority.startswith("this host's loader (/lib64/ld-linux-x86-64.so.2 --list")
+    assert "on 2 root file(s)" in result.library_authority  # vllm/_C.abi3.so and vllm/_numa.abi3.so
+    assert result.host_libraries["libnuma.so.1"].endswith("(ld.so.cache)")
+    notes = "\n".join(_libraries(result).notes)
+    assert f"{SP}/vllm/_numa.abi3.so takes libnuma.so.1 from this host (" in notes
+    assert "the loader maps" not in notes  # the loader opened the path the cache names
+
+
+def test_a_library_found_only_by_soname_is_left_to_the_import_which_refuses(elves, tmp_path):
+    """libghost.so.1 sits in the bundle outside every RUNPATH and the launcher's path: the static reading
+    takes it by soname (an earlier import might load it), the loader alone does not find it, and the
+    import step, which really loads vllm._C, is what refuses the bundle."""
+    files = qualify_files(elves, "ghost")
+    files[f"{SP}/other/libghost.so.1"] = (elves["libghost.so.1"], 0o755)
+    result = qualify(_tree(tmp_path / "b", files), TAG, "sha256:x", "gfx1151")
+    libraries = _libraries(result)
+    assert libraries.status == "passed"
+    assert f"{EXT}: the loader alone does not find libghost.so.1" in "\n".join(libraries.notes)
+    step = next(s for s in result.steps if s.id == "import")
+    assert step.status == "failed" and "libghost.so.1" in step.detail and not result.qualified
+
+
+def test_a_replayed_host_root_is_judged_statically_and_says_so(elves, tmp_path):
+    host = _host_root(tmp_path / "host")
+    result = qualify(
+        _tree(tmp_path / "b", qualify_files(elves, "good")), TAG, "sha256:x", "gfx1151", host_root=host
+    )
+    assert result.library_authority.startswith("the static reading only: the host is a replayed root")
