@@ -39,8 +39,12 @@ def _json(proc) -> dict:
     return json.loads(proc.stdout)
 
 
+def _install_args(lab, tag: str, *args: str) -> list[str]:
+    return ["install", "--tag", tag, "--prefix", str(lab.prefix), "--gfx", "gfx1151", *args]
+
+
 def _install(lab, tag: str, *args: str):
-    return lab.cli("install", "--tag", tag, "--prefix", str(lab.prefix), "--gfx", "gfx1151", *args)
+    return lab.cli(*_install_args(lab, tag, *args))
 
 
 def _listing(lab) -> dict[str, dict]:
@@ -178,3 +182,9 @@ def test_a_damaged_ld_so_cache_of_the_host_is_refused_with_exit_2(install_lab, e
     assert "/etc/ld.so.cache: it claims" in proc.stderr and "more than its 100 bytes hold" in proc.stderr
     # the record of the last good qualification is untouched
     assert _listing(install_lab)[GOOD]["qualification"] == "qualified"
+    # an install judged by that host's libraries refuses the same way, and the current bundle stays
+    install_lab.bundle(BAD, extra=qualify_files(elves, "good"))
+    refused = install_lab.cli("--root", str(host), *_install_args(install_lab, BAD))
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert "/etc/ld.so.cache: it claims" in refused.stderr
+    assert install_lab.current() == f"bundles/{GOOD}"
