@@ -64,3 +64,22 @@ def test_a_rocm_before_the_first_affected_release_is_not_warned(tmp_path):
     (root / "opt/rocm/.info/version").write_text("7.2.1-81\n")
     result = run_check(root, "kernel.combinations", gpus=("1",))
     assert result.status is Status.PASS and "vendor_issues" not in result.details
+
+
+@pytest.mark.parametrize(("release", "skew"), [("10.1", 7), ("10.2", 8)])
+def test_instinct_dkms_counts_releases_to_rocm_10_x_instead_of_giving_up(tmp_path, release, skew):
+    """instinct-numa (an MI300X host with amdgpu-dkms 6.8.5, the ROCm 6.2 driver): a ROCm 10.x userspace
+    was a release rocmdoctor "cannot place"; with the vendor data's releases the distance is counted
+    (6.2 -> 6.3 -> 6.4 -> 7.0 -> 7.1 -> 7.2 -> 10.0 -> 10.1 -> 10.2) and judged against AMD's +/-2."""
+    from conftest import FIXTURES
+
+    root = tmp_path / "host"
+    shutil.copytree(FIXTURES / "checks" / "instinct-numa", root, symlinks=True)
+    (root / "opt/rocm/.info/version").write_text(f"{release}.0\n")
+    result = run_check(root, "driver.dkms")
+    assert "cannot place" not in result.summary
+    assert (
+        result.status is Status.WARN
+        and f"is {skew} releases from the ROCm {release} userspace" in result.summary
+    )
+    assert result.details["release_skew"] == skew
