@@ -12,6 +12,7 @@ from rocmdoctor.checks.container import run_remedy
 from rocmdoctor.checks.facts import GPU_READS, OSRELEASE, GpuNode, gpus, kernel_release
 from rocmdoctor.checks.host_rules import rules
 from rocmdoctor.facts.remedies import fixable
+from rocmdoctor.facts.vendor_advice import KnownIssue, known_issues, release_numbers
 from rocmdoctor.model import Action, Result, failed, passed, warned
 from rocmdoctor.registry import DEFAULT_PREFIX, Context
 from rocmdoctor.textnum import is_decimal
@@ -44,7 +45,8 @@ DKMS_ROCM_RELEASE = {
 }
 SUPPORTED_SKEW = 2  # releases either way
 # Production releases in order; TheRock's 7.9+ previews (the bundles' rocm7.12/7.13) have no place in AMD's matrix.
-KNOWN_RELEASES = ((6, 0), (6, 1), (6, 2), (6, 3), (6, 4), (7, 0), (7, 1), (7, 2))
+# The releases after 7.2 (ROCm Core SDK 10.0, 10.1, 10.2) come from the vendor advice data with their sources.
+KNOWN_RELEASES = ((6, 0), (6, 1), (6, 2), (6, 3), (6, 4), (7, 0), (7, 1), (7, 2), *release_numbers())
 ROCM_INFO_VERSION = "/opt/rocm/.info/version"
 ROCM_CORE_GLOB = "/opt/rocm/core-*"
 BUNDLE_LINK = f"{DEFAULT_PREFIX}/current"
@@ -95,6 +97,21 @@ def rocm_core_sdk(ctx: Context) -> tuple[tuple[int, int], str] | None:
                     int(match[2]),
                 ), f"{path} (ROCm Core SDK layout, {layout['packages']} packages)"
     return None
+
+
+def affected_issues(ctx: Context, gfx: set[str]) -> list[tuple[KnownIssue, str, str]]:
+    """(issue, ROCm release, where it was seen) for each vendor known issue (checks/data/vendor_advice.json)
+    of a GPU in `gfx` that the host's ROCm userspace carries."""
+    user = userspace_rocm(ctx)
+    if user is None:
+        return []
+    release = ".".join(map(str, user[0]))
+    found: list[tuple[KnownIssue, str, str]] = []
+    for target in sorted(gfx):
+        for issue in known_issues(target):
+            if issue.affects(user[0]) and all(issue is not seen for seen, _, _ in found):
+                found.append((issue, release, user[1]))
+    return found
 
 
 def instinct_dkms(ctx: Context, gpu: GpuNode, signals: dict[str, str]) -> Result:

@@ -10,7 +10,16 @@ from __future__ import annotations
 from rocmdoctor.checks import check
 from rocmdoctor.checks.container import READS as CONTAINER_READS
 from rocmdoctor.checks.container import detect as detect_container
-from rocmdoctor.checks.facts import DISTRO_READS, GPU_READS, OSRELEASE, distro_info, gpus, kernel_release
+from rocmdoctor.checks.driver import BUNDLE_LINK, ROCM_CORE_GLOB, ROCM_INFO_VERSION, affected_issues
+from rocmdoctor.checks.facts import (
+    DISTRO_READS,
+    GPU_READS,
+    OSRELEASE,
+    distro_info,
+    gpus,
+    kernel_release,
+    serving_gpus,
+)
 from rocmdoctor.checks.host_rules import rules
 from rocmdoctor.checks.kernel_rules import parse_release
 from rocmdoctor.facts.gpu_choice import serving_nodes
@@ -219,12 +228,23 @@ def _kernel_below(release: str | None, bound: str) -> bool:
     "No kernel, firmware and driver combination known to fail",
     severity=Severity.DEGRADING,
     depends=("gpu.arch",),
-    reads=(*GPU_READS, OSRELEASE, *DISTRO_READS, AMDGPU_VERSION),
+    reads=(
+        *GPU_READS,
+        OSRELEASE,
+        *DISTRO_READS,
+        AMDGPU_VERSION,
+        BUNDLE_LINK,
+        ROCM_INFO_VERSION,
+        ROCM_CORE_GLOB,
+    ),
 )
 def kernel_combinations(ctx: Context) -> Result:
+    """The host rules' known-bad combinations, and the vendor's known issues of the served GPUs with the
+    ROCm userspace they run (checks/data/vendor_advice.json: gfx1103 on ROCm 10.0+, ROCm/TheRock#7702)."""
     kernel = kernel_release(ctx) or ""
     info = distro_info(ctx)
     gfx = {g.gfx for g in gpus(ctx)}
+    issues = affected_issues(ctx, {g.gfx for g in serving_gpus(ctx)})
     dkms = ctx.host.read_text(AMDGPU_VERSION, limit=256)
     dkms_version = dkms.value.strip() if dkms.ok else None
     matched = []
@@ -242,15 +262,24 @@ def kernel_combinations(ctx: Context) -> Result:
         if "dkms_prefix" in rule and not (dkms_version or "").startswith(rule["dkms_prefix"]):
             continue
         matched.append(rule)
-    details = {"kernel": kernel, "dkms_version": dkms_version, "matched": [r["id"] for r in matched]}
-    if not kernel:
+    details: dict = {"kernel": kernel, "dkms_version": dkms_version, "matched": [r["id"] for r in matched]}
+    findings = [(f"{r['summary']} ({r['source']})", r["remedy"]) for r in matched]
+    if issues:  # only then: the report of a host without one stays as it was
+        details["vendor_issues"] = [
+            {"source": i.source, "gfx": sorted(gfx & set(i.gfx)), "rocm": rocm, "rocm_seen_in": where}
+            for i, rocm, where in issues
+        ]
+        findings += [
+            (
+                f"ROCm {rocm} ({where}) on {', '.join(sorted(gfx & set(i.gfx)))}: {i.summary} ({i.source})",
+                i.remedy,
+            )
+            for i, rocm, where in issues
+        ]
+    if not kernel and not issues:
         return skipped(f"cannot read the kernel release ({OSRELEASE})", **details)
-    if not matched:
+    if not findings:
         return passed(
             f"{kernel}: none of the {len(rules()['known_combinations'])} known-bad combinations", **details
         )
-    return warned(
-        "; ".join(f"{r['summary']} ({r['source']})" for r in matched),
-        "; ".join(r["remedy"] for r in matched) + ".",
-        **details,
-    )
+    return warned("; ".join(f for f, _ in findings), "; ".join(r for _, r in findings) + ".", **details)

@@ -16,13 +16,15 @@ without --force and prune keeps the newest qualified one.
 from __future__ import annotations
 
 import posixpath
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rocmdoctor import host_files as files
-from rocmdoctor.archive.elf_scan import ElfFacts, TreeScan, scan_tree, system_library
+from rocmdoctor.archive.elf_scan import ElfFacts, TreeScan, qualification_data, scan_tree
+from rocmdoctor.archive.host_libs import HostLibraries, HostLibrary, package_for
 from rocmdoctor.documents import load_value
 from rocmdoctor.facts.installed_bundle import bundle_digest
 from rocmdoctor.host import RunResult
@@ -31,6 +33,7 @@ from rocmdoctor.host_writes import OwnedTrees
 from rocmdoctor.model import SCHEMA_VERSION
 from rocmdoctor.provision.bundle import ask_vllm
 from rocmdoctor.provision.server import jit_cache
+from rocmdoctor.provision.server.vllm_serve import bundle_environment
 from rocmdoctor.rootfs import read_regular
 from rocmdoctor.vllm.environment import bundle_env
 
@@ -85,6 +88,13 @@ class Qualification:
     vllm_version: str | None = None
     vllm_surface: str | None = None
     surface_text: str = field(default="", repr=False)
+    # The libraries the load closure takes from this host, as its loader finds them: name -> "path (how)",
+    # and what answered for the host (its /etc/ld.so.cache, or the ld.so.conf it would be built from)
+    host_libraries: dict[str, str] = field(default_factory=dict)
+    host_search: str = ""
+    # Who judged the host's libraries: this host's dynamic loader (ld.so --list on each root of the load
+    # closure, with the launcher's environment) or, where it cannot be asked, the static reading alone
+    library_authority: str = ""
 
     @property
     def failures(self) -> list[Failure]:
@@ -131,9 +141,11 @@ class _Tree:
         return None
 
 
-def _search_dirs(facts: ElfFacts) -> list[str]:
+def _search_dirs(facts: ElfFacts, paths: list[str] | None = None) -> list[str]:
+    """The bundle directories of `paths` ($ORIGIN entries), default: RUNPATH, else RPATH (ld.so(8))."""
     origin = posixpath.dirname(facts.path)
-    paths = facts.runpath or facts.rpath  # RPATH counts only when there is no RUNPATH (ld.so(8))
+    if paths is None:
+        paths = facts.runpath or facts.rpath
     found = []
     for entry in paths:
         if "$ORIGIN" in entry or "${ORIGIN}" in entry:
@@ -149,10 +161,38 @@ def _in_python_tree(rel: str) -> bool:
     return rel.startswith("lib/python3")
 
 
+def launcher_library_path(root: Path) -> list[str]:
+    """LD_LIBRARY_PATH as the bundle's launcher sets it (provision/server/vllm_serve.bundle_environment,
+    which bin/vllm-server and the cluster worker share), for the tree at `root`: a directory of the
+    bundle relative to it, any other as the host path it is."""
+    value = bundle_environment(str(root), {}).get("LD_LIBRARY_PATH", "")
+    base = str(root).rstrip("/") + "/"
+    return [d[len(base) :] if d.startswith(base) else d for d in value.split(":") if d]
+
+
+def launcher_env(root: Path) -> dict[str, str]:
+    """The environment the import step runs in: the unit's (systemd's PATH) with the launcher's
+    LD_LIBRARY_PATH, which the loader reads only at start."""
+    env = bundle_env({"PATH": UNIT_PATH})
+    path = bundle_environment(str(root), {}).get("LD_LIBRARY_PATH")
+    if path:
+        env["LD_LIBRARY_PATH"] = path
+    return env
+
+
 class _Resolver:
-    def __init__(self, scan: TreeScan) -> None:
+    """ld.so(8)'s order for one DT_NEEDED: the file's DT_RPATH (only without DT_RUNPATH), the
+    launcher's LD_LIBRARY_PATH, its DT_RUNPATH, a library the bundle carries under that soname (an
+    earlier import has loaded it), then the host's loader (HostLibraries: ld.so.cache, default dirs)."""
+
+    def __init__(
+        self, scan: TreeScan, host: HostLibraries | None = None, library_path: list[str] | None = None
+    ) -> None:
         self.tree = _Tree(scan)
         self.scan = scan
+        self.host = host if host is not None else HostLibraries()
+        self.library_path = library_path or []
+        self.from_host: dict[str, HostLibrary] = {}
         self._needed: dict[str, list[tuple[str, ElfFacts | None]]] = {}
         self._closure: dict[str, list[ElfFacts]] = {}
         python = self.tree.locate("bin/python3")
@@ -166,19 +206,41 @@ class _Resolver:
         if "/" in name:
             rel = self.tree.locate(posixpath.join(posixpath.dirname(facts.path), name))
             return ("path", self.scan.elfs[rel]) if rel else ("", None)
-        for directory in _search_dirs(facts):
-            rel = self.tree.locate(posixpath.join(directory, name))
-            if rel is not None:
-                return "runpath", self.scan.elfs[rel]
+        found = self._in_dirs(facts, name, "rpath", [] if facts.runpath else facts.rpath)
+        if found[1] is None:
+            found = self._library_path(name)
+        if found[1] is None:
+            found = self._in_dirs(facts, name, "runpath", facts.runpath)
+        if found[1] is not None:
+            return found
         same = self.tree.by_name.get(name)
         if same:
             return "soname", self.scan.elfs[sorted(same)[0]]
-        system = system_library(name)
-        if system is not None:
-            return "system", system
-        host = system_library(name, allowed_only=False)
-        if host is not None:
-            return "host", host
+        host = self.host.find(name)
+        if host is None:
+            return "", None
+        self.from_host[name] = host
+        allowed = qualification_data().get("system_libraries", {}).get("names", [])
+        return ("system" if name in allowed else "host"), host.facts
+
+    def _in_dirs(self, facts: ElfFacts, name: str, how: str, paths: list[str]) -> tuple[str, ElfFacts | None]:
+        for directory in _search_dirs(facts, paths):
+            rel = self.tree.locate(posixpath.join(directory, name))
+            if rel is not None:
+                return how, self.scan.elfs[rel]
+        return "", None
+
+    def _library_path(self, name: str) -> tuple[str, ElfFacts | None]:
+        for directory in self.library_path:
+            if directory.startswith("/"):
+                host = self.host.in_directory(directory, name, f"LD_LIBRARY_PATH ({directory})")
+                if host is not None:
+                    self.from_host[name] = host
+                    return "host", host.facts
+                continue
+            rel = self.tree.locate(posixpath.join(directory, name))
+            if rel is not None:
+                return "LD_LIBRARY_PATH", self.scan.elfs[rel]
         return "", None
 
     def needed(self, facts: ElfFacts) -> list[tuple[str, ElfFacts | None]]:
@@ -234,6 +296,67 @@ def load_closure(resolver: _Resolver) -> set[str] | None:
     return closure
 
 
+LOADER = "/lib64/ld-linux-x86-64.so.2"  # the x86-64 psABI's program interpreter
+LOADER_TIMEOUT_S = 20.0
+LOADER_OUTPUT = 1 << 20
+_LISTED = re.compile(r"^\s*(\S+) => (/\S*) \(0x[0-9a-f]+\)$", re.M)
+_NOT_LOADED = re.compile(r"error while loading shared libraries: ([^:\s]+): cannot open shared object file")
+
+
+def ask_loader(root: Path, resolver: _Resolver, tag: str, step: Step) -> tuple[Step, str]:
+    """Cross-check a passed libraries step with this host's own loader: `ld.so --list` (trace mode: it
+    maps each root's libraries as the process would, without running their initialisers) with the
+    launcher's environment. A library the static reading took from the host that the loader cannot find
+    fails the step (the loader decides); one the static reading found only by soname in the bundle is
+    left to the import step (an earlier import loads it, which a lone --list cannot know)."""
+    roots = sorted(rel for rel in resolver.scan.elfs if _is_root(rel))
+    env = launcher_env(root)
+    failures: list[Failure] = []
+    notes = list(step.notes)
+    asked = 0
+    for rel in roots:
+        done = run_program([LOADER, "--list", str(root / rel)], LOADER_TIMEOUT_S, LOADER_OUTPUT, env=env)
+        if done.spawn_error or done.returncode is None:
+            return (
+                step,
+                f"the static reading only: {LOADER} could not be asked ({_why(done, LOADER_TIMEOUT_S)})",
+            )
+        asked += 1
+        if done.returncode == 0:
+            for name, path in _LISTED.findall(done.stdout):
+                hit = resolver.from_host.get(name)
+                if hit is not None and path != hit.path:
+                    notes.append(
+                        f"{rel}: the loader maps {name} from {path}, not {hit.path}; the loader decides"
+                    )
+            continue
+        missing = _NOT_LOADED.search(done.stderr)
+        name = missing[1] if missing else ""
+        if name in resolver.from_host or not name:
+            why = f"it finds no {name}" if name else _why(done, LOADER_TIMEOUT_S)
+            failures.append(
+                Failure(
+                    "libraries",
+                    f"{tag}: this host's loader ({LOADER} --list) cannot load {rel}: {why}",
+                    rel,
+                    name,
+                )
+            )
+        else:
+            notes.append(
+                f"{rel}: the loader alone does not find {name} (the bundle carries it under that soname: the "
+                "import step, which loads it first, decides)"
+            )
+    authority = (
+        f"this host's loader ({LOADER} --list, the launcher's LD_LIBRARY_PATH) on {asked} root file(s)"
+    )
+    if failures:
+        return _step("libraries", failures, "", notes), authority
+    checked = Step(step.id, step.status, step.detail, step.failures, step.count)
+    checked.notes, checked.note_count = notes[:MAX_FAILURES], step.note_count + len(notes) - len(step.notes)
+    return checked, authority
+
+
 def _renamed_hint(resolver: _Resolver, name: str) -> str:
     """A library the bundle carries under another name that ends in `name`
     (librocm_sysdeps_liblzma.so.5 for liblzma.so.5): its soname never satisfies the DT_NEEDED."""
@@ -284,14 +407,17 @@ def check_libraries(resolver: _Resolver, tag: str, closure: set[str] | None = No
                 where = ", ".join(_search_dirs(facts)) or "no $ORIGIN RPATH/RUNPATH"
                 message = (
                     f"{tag}: {facts.path} needs {name}, which is neither in the bundle ({where}) "
-                    "nor a library of this host" + _renamed_hint(resolver, name)
+                    f"nor a library of this host (its loader searched {resolver.host.searched()})"
+                    + package_for(name)
+                    + _renamed_hint(resolver, name)
                 )
                 if loaded:
                     failures.append(Failure("libraries", message, facts.path, name))
                 else:
                     notes.append(message + " (nothing import torch, vllm._C or the server loads needs it)")
             elif loaded and resolver.find(facts, name)[0] == "host":
-                notes.append(f"{facts.path} takes {name} from this host (/{dep.path})")
+                hit = resolver.from_host[name]
+                notes.append(f"{facts.path} takes {name} from this host ({hit.path}, {hit.how})")
     total = len(resolver.scan.elfs)
     scope = f"{len(closure)} loaded of {total}" if closure is not None else f"{total}"
     return _step("libraries", failures, f"every DT_NEEDED of {scope} ELF file(s) resolves", notes)
@@ -458,7 +584,7 @@ def check_import(
         [str(python), "-c", code],
         timeout_s,
         max_output=ask_vllm.ASK_OUTPUT,
-        env=bundle_env({"PATH": UNIT_PATH}),
+        env=launcher_env(root),
     )
     if done.returncode == 0:
         if ask and answer is not None:
@@ -476,15 +602,31 @@ def qualify(
     import_timeout_s: float = IMPORT_TIMEOUT_S,
     workers: int | None = None,
     targets: tuple[str, ...] = (),
+    host_root: Path = Path("/"),
 ) -> Qualification:
     """Run every step on the tree at `root` (nothing is written). `targets`: the family's ISAs, checked
-    when `gfx` is None (no GPU of the family on this host)."""
+    when `gfx` is None (no GPU of the family on this host). `host_root`: whose libraries the bundle may
+    take (this host's, or a replayed tree's under --root)."""
     started = time.monotonic()
+    host = HostLibraries(host_root)  # first: a damaged ld.so.cache refuses before any work
     scan = scan_tree(root, workers)
-    resolver = _Resolver(scan)
+    resolver = _Resolver(scan, host, launcher_library_path(root))
     closure = load_closure(resolver)
+    libraries = check_libraries(resolver, tag, closure)
+    if host_root != Path("/"):
+        authority = (
+            "the static reading only: the host is a replayed root (--root), whose loader cannot be asked"
+        )
+    elif closure is None:
+        authority = (
+            "the static reading only: the tree has no torch, vllm or interpreter for the loader to list"
+        )
+    elif libraries.status != "passed":
+        authority = "the static reading: it failed, so the loader was not asked"
+    else:
+        libraries, authority = ask_loader(root, resolver, tag, libraries)
     steps = [
-        check_libraries(resolver, tag, closure),
+        libraries,
         check_symbols(resolver, tag, closure),
         check_code_objects(scan, gfx, tag, targets),
         check_compiler(root, tag),
@@ -508,7 +650,20 @@ def qualify(
         vllm_version=version,
         vllm_surface=said,
         surface_text=text,
+        host_libraries=_host_libraries(resolver, closure),
+        host_search=host.source,
+        library_authority=authority,
     )
+
+
+def _host_libraries(resolver: _Resolver, closure: set[str] | None) -> dict[str, str]:
+    """name -> "path (how)" for what the load closure (every file, without one) takes from the host."""
+    wanted: set[str] = set()
+    for facts in resolver.scan.elfs.values():
+        if closure is None or facts.path in closure:
+            wanted.update(name for name, dep in resolver.needed(facts) if dep is not None)
+    hits = resolver.from_host
+    return {name: f"{hits[name].path} ({hits[name].how})" for name in sorted(wanted & hits.keys())}
 
 
 def skipped(tag: str, digest: str, gfx: str | None) -> Qualification:
@@ -567,6 +722,7 @@ class QualifyOptions:
     workers: int | None = None
     last: Qualification | None = None
     targets: tuple[str, ...] = ()  # with gfx None: the family's ISAs (a build host without its GPU)
+    host_root: Path = Path("/")  # whose libraries the bundle may take (--root: a replayed host's)
 
 
 class NotQualified(RuntimeError):
@@ -589,7 +745,14 @@ def qualify_tree(
         options.last = skipped(tag, digest, options.gfx)
     else:
         options.last = qualify(
-            tree, tag, digest, options.gfx, options.import_timeout_s, options.workers, options.targets
+            tree,
+            tag,
+            digest,
+            options.gfx,
+            options.import_timeout_s,
+            options.workers,
+            options.targets,
+            options.host_root,
         )
     if live and not options.last.qualified and not options.skip:
         raise NotQualified(

@@ -28,13 +28,22 @@ import difflib
 import json
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from rocmdoctor.facts.manifest import parse_release_tag
 from rocmdoctor.host_writes import HostWriter
 from rocmdoctor.model import Change, Result, failed, passed, warned
+from rocmdoctor.provision.bundle.ask_vllm import reviewed_version
+from rocmdoctor.provision.server.args import ArgumentError
 from rocmdoctor.provision.server.lemonade_api import VLLM_RECIPE, Lemonade, LemonadeError
-from rocmdoctor.provision.server.lemonade_args import flag_values, merge_vllm_args
+from rocmdoctor.provision.server.lemonade_args import (
+    flag_values,
+    merge_vllm_args,
+    parse_args,
+    split_args,
+)
+from rocmdoctor.vllm.surface import Surface, for_version, judge_flag
 
 # Cold first loads on gfx1151 (docs/guide/configuration/vllm.md "Known gotchas"): FP8 took about
 # 12 minutes (TritonFp8BlockScaledMMKernel autotuning); other loads "20 s - several minutes".
@@ -52,6 +61,63 @@ class ModelTarget:
     flags: dict[str, str]
     reasons: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+
+
+def backend_version(info: Mapping[str, Any], backend: str = "rocm") -> str | None:
+    """`recipes.vllm.backends.<backend>.version` of GET /api/v1/system-info (the backend's release tag)."""
+    recipes = info.get("recipes")
+    entry: Any = None
+    if isinstance(recipes, dict) and isinstance(recipes.get(VLLM_RECIPE), dict):
+        backends = recipes[VLLM_RECIPE].get("backends")
+        entry = backends.get(backend) if isinstance(backends, dict) else None
+    version = entry.get("version") if isinstance(entry, dict) else None
+    return version if isinstance(version, str) and version else None
+
+
+def lemonade_vllm(client: Lemonade, backend: str = "rocm") -> Surface:
+    """The vLLM Lemonade's vllm-server runs: the shipped table of the version its backend's release tag
+    names (system-info), else of the version the reviewed bundles carry; the source says which. Lemonade
+    installs its own backend, so no record of rocmdoctor's can be asked."""
+    try:
+        tag_text = backend_version(client.system_info(), backend)
+    except LemonadeError:
+        tag_text = None
+    tag = parse_release_tag(tag_text) if tag_text else None
+    if tag is not None:
+        table = for_version(tag.version.base_version)
+        why = f"the version Lemonade's vllm:{backend} backend reports ({tag_text})"
+    else:
+        table = for_version(reviewed_version())
+        why = f"Lemonade did not name its vllm:{backend} version ({tag_text or 'none given'}): the reviewed bundles'"
+    return replace(table, source=f"{table.source}; {why}")
+
+
+def judged(target: ModelTarget, vllm: Surface, saved_args: str = "") -> ModelTarget:
+    """`target` for the vLLM Lemonade runs: a renamed flag translated with a note, a deprecated one
+    noted, one that vLLM lacks refused naming the version (ArgumentError, nothing sent). The flags the
+    user saved in vllm_args are kept as written; one that vLLM lacks gets a note (it would refuse it)."""
+    flags: dict[str, str] = {}
+    reasons: dict[str, str] = {}
+    notes = list(target.notes)
+    problems: list[str] = []
+    for flag, value in target.flags.items():
+        verdict = judge_flag(vllm, flag)
+        if verdict.refusal:
+            problems.append(verdict.refusal)
+            continue
+        if verdict.note:
+            notes.append(verdict.note)
+        flags[verdict.name] = value
+        if flag in target.reasons:
+            reasons[verdict.name] = target.reasons[flag]
+    if problems:
+        raise ArgumentError(f"{target.model}: " + "; ".join(problems) + " (nothing was sent to Lemonade)")
+    for name, _ in parse_args(split_args(saved_args)):
+        said = judge_flag(vllm, name) if name is not None and name not in flags else None
+        if said is not None and (said.refusal or said.note):
+            notes.append(f"the saved vllm_args of {target.model} carry {name}: {said.refusal or said.note}")
+    reasons.update({k: v for k, v in target.reasons.items() if k not in target.flags})
+    return replace(target, flags=flags, reasons=reasons, notes=notes)
 
 
 def options_body(saved: Mapping[str, Any], target: ModelTarget) -> tuple[dict[str, Any], list[str]]:
@@ -79,10 +145,13 @@ def saved_diff(model: str, before: Mapping[str, Any], after: Mapping[str, Any]) 
     )
 
 
-def apply_options(writer: HostWriter, client: Lemonade, target: ModelTarget) -> Change:
+def apply_options(
+    writer: HostWriter, client: Lemonade, target: ModelTarget, vllm: Surface | None = None
+) -> Change:
     """Bring one model's saved options to the target through the options API, a change recorded on the
-    command's writer. In its check mode: Lemonade's own dry run, which validates and resolves, nothing
-    saved. A second run sends nothing."""
+    command's writer, its flags judged for the vLLM Lemonade runs (`vllm`, default lemonade_vllm). In
+    the writer's check mode: Lemonade's own dry run, which validates and resolves, nothing saved. A
+    second run sends nothing."""
     current = client.options(target.model)
     if current.get("recipe") not in ("", None, VLLM_RECIPE):
         raise LemonadeError(
@@ -90,6 +159,9 @@ def apply_options(writer: HostWriter, client: Lemonade, target: ModelTarget) -> 
             f"{target.model} uses the {current.get('recipe')!r} recipe, not vllm; rocmdoctor tunes vLLM models",
         )
     saved = current["saved"]
+    vllm = vllm if vllm is not None else lemonade_vllm(client)
+    saved_args = saved.get("vllm_args") if isinstance(saved.get("vllm_args"), str) else ""
+    target = judged(target, vllm, saved_args)
     body, notes = options_body(saved, target)
     data: dict[str, Any] = {
         "model": target.model,
@@ -98,6 +170,7 @@ def apply_options(writer: HostWriter, client: Lemonade, target: ModelTarget) -> 
         "notes": list(target.notes) + notes,
         "sent": dict(body),
         "dry_run": writer.check_mode,
+        "vllm": vllm.described(),
     }
     if not body:
         return Change(False, f"{target.model}: the saved options already match", "", data)

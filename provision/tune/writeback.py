@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import re
 import shlex
+from dataclasses import dataclass, field
 
 from rocmdoctor.host_writes import HostWriter, WriteRefused
+from rocmdoctor.model import Change
+from rocmdoctor.provision.server.args import flag_meanings
 from rocmdoctor.provision.server.unit import (
     UNIT_DIR,
     UNIT_NAME,
@@ -27,6 +30,7 @@ from rocmdoctor.provision.server.unit import (
 from rocmdoctor.provision.server.unit import daemon_reload as reload_units
 from rocmdoctor.provision.server.unit_syntax import Verbatim, exec_start_dropin
 from rocmdoctor.provision.tune.search import Setting
+from rocmdoctor.vllm.surface import Surface, judge_flag
 
 DROPIN_NAME = "rocmdoctor-tune.conf"
 TEMPLATE_NAME = "vllm@.service"  # instances.TEMPLATE_NAME (kept apart: instances imports the layout)
@@ -89,6 +93,52 @@ def with_setting(argv: list[str], setting: Setting) -> list[str]:
     return out[:at] + setting.flags() + out[at:]
 
 
+@dataclass
+class DropinReport(WriteReport[FileChange]):
+    """The drop-in's write, with what the bundle's vLLM said of its command line: the notes (a renamed
+    flag translated, a deprecated one) and which vLLM judged it (its own record or a shipped table)."""
+
+    notes: list[str] = field(default_factory=list)
+    vllm: str | None = None
+
+    def change(self) -> Change:
+        change = super().change()
+        change.data["notes"] = list(self.notes)
+        change.data["vllm"] = self.vllm
+        return change
+
+
+def validated(argv: list[str], vllm: Surface) -> tuple[list[str], list[str]]:
+    """The unit's command line for the vLLM that will run it (the bundle's record, or its version's
+    shipped table): a renamed flag translated with a note, a deprecated one noted; a flag that vLLM does
+    not know refuses the write (WritebackError naming the version), since the unit would not start.
+    Values and ${...} references are left as they are; only words that are flags are judged."""
+    out = list(argv)
+    notes: list[str] = []
+    problems: list[str] = []
+    for index, word in enumerate(argv[1:], 1):
+        if not word.startswith("--") or _REFERENCE.fullmatch(word) or word == "--":
+            continue
+        spelled, eq, value = word.partition("=")
+        meanings = flag_meanings(spelled, vllm.lengths)
+        flag = next(iter(meanings)) if len(meanings) == 1 else "--" + spelled[2:].replace("_", "-")
+        verdict = judge_flag(vllm, flag)
+        if verdict.refusal:
+            problems.append(verdict.refusal)
+            continue
+        if verdict.note and verdict.note not in notes:
+            notes.append(verdict.note)
+        if verdict.name != flag:
+            out[index] = verdict.name + eq + value
+    if problems:
+        raise WritebackError(
+            "the unit's command line does not fit the installed bundle: "
+            + "; ".join(problems)
+            + ". Rewrite the unit for this bundle (`rocmdoctor unit --write`, or `instances --write`) and rerun tune"
+        )
+    return out, notes
+
+
 def render_dropin(argv: list[str], setting: Setting, why: str) -> str:
     words: list[str | Verbatim] = [Verbatim(w) if _REFERENCE.fullmatch(w) else w for w in argv]
     return exec_start_dropin(
@@ -117,24 +167,32 @@ def installed_exec_start(writer: HostWriter, instance: str | None, unit_dir: str
 
 
 def dropin_spec(
-    writer: HostWriter, instance: str | None, setting: Setting, why: str, unit_dir: str = UNIT_DIR
+    writer: HostWriter,
+    instance: str | None,
+    setting: Setting,
+    why: str,
+    unit_dir: str = UNIT_DIR,
+    vllm: Surface | None = None,
+    notes: list[str] | None = None,
 ) -> FileSpec:
+    """The drop-in; with `vllm`, its command line validated for that vLLM (notes appended to `notes`)."""
     _, target = unit_names(instance)
-    argv = installed_exec_start(writer, instance, unit_dir)
-    return FileSpec(
-        f"{unit_dir}/{target}.d/{DROPIN_NAME}",
-        render_dropin(with_setting(argv, setting), setting, why),
-        0o644,
-    )
+    argv = with_setting(installed_exec_start(writer, instance, unit_dir), setting)
+    if vllm is not None:
+        argv, said = validated(argv, vllm)
+        if notes is not None:
+            notes.extend(said)
+    return FileSpec(f"{unit_dir}/{target}.d/{DROPIN_NAME}", render_dropin(argv, setting, why), 0o644)
 
 
 def write_back(
-    writer: HostWriter, instance: str | None, setting: Setting, why: str
-) -> WriteReport[FileChange]:
-    """Make the drop-in hold `setting` (a writer in check mode only reports, with the diff)."""
-    report: WriteReport[FileChange] = WriteReport(check=writer.check_mode)
+    writer: HostWriter, instance: str | None, setting: Setting, why: str, vllm: Surface | None = None
+) -> DropinReport:
+    """Make the drop-in hold `setting` (a writer in check mode only reports, with the diff). `vllm`: the
+    installed bundle's (ask_vllm.for_prefix), which the command line is validated against."""
+    report = DropinReport(check=writer.check_mode, vllm=vllm.described() if vllm is not None else None)
     try:
-        spec = dropin_spec(writer, instance, setting, why)
+        spec = dropin_spec(writer, instance, setting, why, vllm=vllm, notes=report.notes)
         report.files = [apply_file(writer, spec)]
         if report.changed:
             report.daemon_reload = reload_units(writer)

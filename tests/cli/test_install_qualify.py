@@ -39,8 +39,12 @@ def _json(proc) -> dict:
     return json.loads(proc.stdout)
 
 
+def _install_args(lab, tag: str, *args: str) -> list[str]:
+    return ["install", "--tag", tag, "--prefix", str(lab.prefix), "--gfx", "gfx1151", *args]
+
+
 def _install(lab, tag: str, *args: str):
-    return lab.cli("install", "--tag", tag, "--prefix", str(lab.prefix), "--gfx", "gfx1151", *args)
+    return lab.cli(*_install_args(lab, tag, *args))
 
 
 def _listing(lab) -> dict[str, dict]:
@@ -135,7 +139,8 @@ def test_rollback_force_goes_to_an_unqualified_bundle(install_lab, elves):
     )
     doc = _json(again)
     assert again.returncode == 1 and doc["failed"] is True and doc["qualified"] is False
-    assert doc["msg"] == f"{BAD} is NOT qualified: {REFUSALS['ghost']} (and 1 more failure(s))"
+    assert doc["msg"].startswith(f"{BAD} is NOT qualified: {REFUSALS['ghost']} (its loader searched /")
+    assert doc["msg"].endswith(" (and 1 more failure(s))")
     forced = install_lab.cli("rollback", "--prefix", str(install_lab.prefix), "--to", BAD, "--force")
     assert forced.returncode == 0, forced.stderr
     assert install_lab.current() == f"bundles/{BAD}"
@@ -160,3 +165,26 @@ def test_a_broken_rebuild_of_the_current_tag_never_replaces_the_working_tree(ins
     assert f"Not activated: the installed {GOOD} stays current" in proc.stderr
     assert (install_lab.prefix / "current" / EXT).read_bytes() == good_bytes
     assert install_lab.leftovers() == []
+
+
+def test_a_damaged_ld_so_cache_of_the_host_is_refused_with_exit_2(install_lab, elves, tmp_path):
+    """`bundle qualify` under --root judges the bundle by that host's loader; a cache cut short in its
+    entries (a hostile or half-written file) is a clear refusal naming it, not a traceback."""
+    _install_good(install_lab, elves)
+    host = tmp_path / "damaged-host"
+    (host / "etc").mkdir(parents=True)
+    (host / "etc/ld.so.cache").write_bytes(Path("/etc/ld.so.cache").read_bytes()[:100])
+    proc = install_lab.cli(
+        "--root", str(host), "bundle", "qualify", "--prefix", str(install_lab.prefix), "--gfx", "gfx1151"
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr
+    assert "/etc/ld.so.cache: it claims" in proc.stderr and "more than its 100 bytes hold" in proc.stderr
+    # the record of the last good qualification is untouched
+    assert _listing(install_lab)[GOOD]["qualification"] == "qualified"
+    # an install judged by that host's libraries refuses the same way, and the current bundle stays
+    install_lab.bundle(BAD, extra=qualify_files(elves, "good"))
+    refused = install_lab.cli("--root", str(host), *_install_args(install_lab, BAD))
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert "/etc/ld.so.cache: it claims" in refused.stderr
+    assert install_lab.current() == f"bundles/{GOOD}"

@@ -170,6 +170,11 @@ def test_the_real_vllm_032_environment_as_a_bundle_qualifies_and_answers(tmp_pat
     libraries = steps["libraries"]
     assert any("libomptarget.rtl.level0.so needs libze_loader.so.1" in note for note in libraries.notes)
     assert any("vllm/_C.abi3.so takes libnuma.so.1 from this host" in note for note in libraries.notes)
+    # the host's own loader listed every root of the closure with the launcher's environment and agreed
+    assert result.library_authority.startswith("this host's loader (/lib64/ld-linux-x86-64.so.2 --list")
+    assert (
+        "libnuma.so.1" in result.host_libraries and "/libnuma.so.1 (" in result.host_libraries["libnuma.so.1"]
+    )
     assert result.vllm_version == "0.32.0"
     kept = (tree / surface.RECORD).read_text()
     assert kept == (REPO / "src" / "rocmdoctor" / "vllm" / "surfaces" / "0.32.0.json").read_text()

@@ -16,9 +16,9 @@ from rocmdoctor.archive.elf_scan import (
     read_bundle_targets,
     scan_elf,
     scan_tree,
-    system_library,
     target_processor,
 )
+from rocmdoctor.archive.host_libs import system_library
 
 
 @pytest.fixture(scope="module")

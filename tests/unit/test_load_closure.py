@@ -110,6 +110,8 @@ def test_install_options_on_a_host_without_the_familys_gpu_name_its_isas():
     from rocmdoctor.commands.option_groups import QualifyChoice
 
     class App:
+        root = Path("/")
+
         def host(self):
             from rocmdoctor.host import Host
 

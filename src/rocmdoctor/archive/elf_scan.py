@@ -588,31 +588,3 @@ def scan_tree(root: Path, workers: int | None = None) -> TreeScan:
         else:
             scan.elfs[facts.path] = facts
     return scan
-
-
-@lru_cache(maxsize=256)
-def system_library(name: str, allowed_only: bool = True) -> ElfFacts | None:
-    """The host's copy of an allowed system library (bundles/qualification.toml), read like the
-    bundle's own files; None when the name is not allowed or the host has no x86-64 copy of it.
-    `allowed_only` False: any library of that name in the host's library directories (one the bundle
-    expects from this host, such as vllm/_C's libnuma.so.1)."""
-    allowed = qualification_data().get("system_libraries", {})
-    if allowed_only and name not in allowed.get("names", []):
-        return None
-    if "/" in name:
-        return None
-    for directory in allowed.get("directories", []):
-        path = os.path.join(directory, name)
-        if os.path.isfile(path):
-            facts = scan_elf("/", os.path.relpath(os.path.realpath(path), "/"))
-            if facts.error is None and facts.machine != EM_AMDGPU and facts.elf_type != "?":
-                # a 32-bit copy in /lib would not be loaded by a 64-bit process: keep looking
-                if not _is_64bit(os.path.realpath(path)):
-                    continue
-                return facts
-    return None
-
-
-def _is_64bit(path: str) -> bool:
-    with open(path, "rb") as fh:
-        return fh.read(5)[4:5] == b"\x02"

@@ -277,9 +277,13 @@ class QualifyChoice:
         gfx = host_gfx(app, self.gfx)
         if self.gfx is None and family_targets and gfx not in family_targets:
             return QualifyOptions(
-                gfx=None, skip=skip, import_timeout_s=self.import_timeout, targets=family_targets
+                gfx=None,
+                skip=skip,
+                import_timeout_s=self.import_timeout,
+                targets=family_targets,
+                host_root=app.root,
             )
-        return QualifyOptions(gfx=gfx, skip=skip, import_timeout_s=self.import_timeout)
+        return QualifyOptions(gfx=gfx, skip=skip, import_timeout_s=self.import_timeout, host_root=app.root)
 
 
 qualify_options = option_group(

@@ -374,7 +374,9 @@ def tune(app: App, server: ServerOptions, search: SearchOptions, dest: Destinati
             sys.exit(1)
 
 
-def _refuse_bad_requests(app: App, search: SearchOptions, dest: Destination, files: RunFiles) -> Slo | None:
+def _refuse_bad_requests(
+    app: App, search: SearchOptions, dest: Destination, files: RunFiles, prefix: str
+) -> Slo | None:
     """The refusals that need no plan (exit 2, before anything starts); the parsed --slo."""
     from rocmdoctor.provision.tune import search as ts
 
@@ -390,7 +392,7 @@ def _refuse_bad_requests(app: App, search: SearchOptions, dest: Destination, fil
     if dest.instance is not None and dest.lemonade_model is not None:
         raise UserError("--instance and --lemonade-model: give one (where the server is configured)")
     if writes and dest.lemonade_model is None:
-        _unit_to_write_beside(app, dest.target, dest.instance)  # refused now, not after the measuring
+        _unit_to_write_beside(app, dest.target, dest.instance, prefix)  # refused now, not after the measuring
     return objective
 
 
@@ -461,7 +463,7 @@ def _tune(
     from rocmdoctor.provision.tune import session
 
     server = dataclasses.replace(server, max_num_seqs=None)
-    objective = _refuse_bad_requests(app, search, dest, files)
+    objective = _refuse_bad_requests(app, search, dest, files, server.prefix)
     plot_path = plot_path_rule(files.plot)
     args, trial = _trial(app, server, search, objective)
     model = server.model
@@ -490,7 +492,7 @@ def _tune(
         if dest.lemonade_model is not None:
             change = _write_lemonade(app, dest, dest.lemonade_model, choice)
         else:
-            change = _write_back(app, dest, choice)
+            change = _write_back(app, dest, choice, server.prefix)
     _finish(report, change, choice, server.as_json, app, plot_path)
 
 
@@ -572,13 +574,15 @@ def _log_dir(files: RunFiles, dest: Destination, cache_base: Path) -> Iterator[P
             trees.remove_tree(private, ignore_errors=True)
 
 
-def _unit_to_write_beside(app: App, target: Path | None, instance: str | None) -> None:
-    """--write/--check into a unit: the unit must be there before anything is measured (exit 2)."""
+def _unit_to_write_beside(app: App, target: Path | None, instance: str | None, prefix: str) -> None:
+    """--write/--check into a unit: the unit must be there, and fit the installed bundle's vLLM, before
+    anything is measured (exit 2)."""
     from rocmdoctor.host_writes import HostWriter
-    from rocmdoctor.provision.tune.writeback import WritebackError, installed_exec_start
+    from rocmdoctor.provision.bundle.ask_vllm import for_prefix
+    from rocmdoctor.provision.tune.writeback import WritebackError, installed_exec_start, validated
 
     try:
-        installed_exec_start(HostWriter(write_root(app, target)), instance)
+        validated(installed_exec_start(HostWriter(write_root(app, target)), instance), for_prefix(prefix))
     except WritebackError as exc:
         raise UserError(f"nothing measured: {exc}") from None
 
@@ -592,8 +596,9 @@ def _write_state(path: Path, data: bytes) -> None:
         click.echo(f"rocmdoctor: the state file {path} could not be written: {exc}", err=True)
 
 
-def _write_back(app: App, dest: Destination, choice: Choice) -> dict[str, Any]:
+def _write_back(app: App, dest: Destination, choice: Choice, prefix: str) -> dict[str, Any]:
     from rocmdoctor.host_writes import HostWriter
+    from rocmdoctor.provision.bundle.ask_vllm import for_prefix
     from rocmdoctor.provision.tune.writeback import WritebackError, write_back
 
     winner = choice.winner
@@ -606,6 +611,7 @@ def _write_back(app: App, dest: Destination, choice: Choice) -> dict[str, Any]:
             dest.instance,
             winner.setting,
             why,
+            for_prefix(prefix),  # the bundle the unit runs judges its command line
         ).to_json()
     except (WritebackError, OSError) as exc:
         raise UserError(f"could not write the winner back: {exc}") from None

@@ -29,9 +29,23 @@ class _Release(msgspec.Struct, frozen=True):
 
 class KnownIssue(msgspec.Struct, frozen=True):
     gfx: list[str]
-    first_in: str
+    first_in: str  # the ROCm release (major.minor) the vendor first saw it in
     summary: str
     source: str
+    remedy: str = ""  # what the source tells users to do (or that it gives nothing yet)
+    fixed_in: str | None = None  # the release that fixes it; None while the source says it is open
+
+    def affects(self, release: tuple[int, int]) -> bool:
+        """Whether ROCm `release` carries it: from first_in on, until fixed_in."""
+        first = _release(self.first_in)
+        fixed = _release(self.fixed_in) if self.fixed_in else None
+        return first is not None and release >= first and (fixed is None or release < fixed)
+
+
+def _release(text: str) -> tuple[int, int] | None:
+    major, _, rest = text.partition(".")
+    minor = rest.partition(".")[0]
+    return (int(major), int(minor)) if major.isdigit() and minor.isdigit() else None
 
 
 class _Advice(msgspec.Struct, frozen=True):
@@ -62,6 +76,11 @@ def server_environment(gfx: str | None) -> ServerEnvironment | None:
 
 def rocm_releases() -> list[str]:
     return [r.release for r in advice().rocm_releases]
+
+
+def release_numbers() -> tuple[tuple[int, int], ...]:
+    """rocm_releases() as (major, minor), in the data's order (the order they shipped)."""
+    return tuple(r for r in (_release(text) for text in rocm_releases()) if r is not None)
 
 
 def known_issues(gfx: str | None) -> list[KnownIssue]:
