@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pytest
 from jsonschema import validate
@@ -59,6 +60,34 @@ def test_bench_against_the_real_engine(vllm_engine, vllm_engine_key_file, tmp_pa
     assert max(runs) > 1.5, runs
     assert report["settings"]["prompt_kind"] == "token_ids"
     assert plot.read_text().lstrip().startswith("<?xml") and "<svg" in plot.read_text()
+
+
+# vLLM's own count of prompt tokens served from its prefix cache (vllm/v1/metrics/loggers.py)
+PREFIX_HITS = "vllm:prefix_cache_hits_total"
+
+
+def _prefix_cache_hits(engine) -> float:
+    """The engine's PREFIX_HITS now (its /metrics needs no key)."""
+    with urllib.request.urlopen(engine.base_url + "/metrics", timeout=30) as answer:
+        text = answer.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(PREFIX_HITS + "{")
+    )
+
+
+def test_a_rerun_is_not_served_from_the_prefix_cache(vllm_engine, vllm_engine_key_file):
+    # 300-token prompts fill two of the CPU engine's 128-token blocks, which vLLM's prefix cache
+    # keeps: a rerun of the same prompts found 96% of its prompt tokens there (docs/performance.md),
+    # and measured cached prefills as TTFT. Each run's prompts carry the run's own number.
+    args = ("--url", vllm_engine.base_url, "--api-key-file", str(vllm_engine_key_file))
+    args += ("--concurrency", "1", "--requests", "2", "--prompt-tokens", "300", "--max-tokens", "2")
+    for _ in range(2):
+        before = _prefix_cache_hits(vllm_engine)
+        code, report = rocmdoctor_json("bench", *args)
+        assert code == 0, report
+        assert _prefix_cache_hits(vllm_engine) == before  # the server's word, warm-up included
+        # the report says the same from the same counters, over the levels: 2 prompts of 300 looked up
+        assert report["prefix_cache"] == {"hits": 0, "queries": 600, "detail": ""}
 
 
 def test_latencies_follow_vllm_definitions_on_a_paced_server():
