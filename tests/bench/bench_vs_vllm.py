@@ -11,7 +11,8 @@ metadata, so the module is called directly) with the same prompt length, output 
 (ignore_eos), request count and concurrency, warm-up included, alternated so that a slow spell of a
 shared machine falls on both, and prints the medians side by side with their ratio.
 
-Neither client may be served from the prefix cache: rocmdoctor's prompts carry a per-run number,
+Both sample greedily (rocmdoctor sends temperature 0; `vllm bench serve` no longer does by default, so
+it is given --temperature 0). Neither client may be served from the prefix cache: rocmdoctor's prompts carry a per-run number,
 and vLLM's random dataset is given a new --seed for every run (its default seed 0 sends the same
 prompts every time). The server's own prefix-cache counters over each client's runs are printed.
 
@@ -97,7 +98,7 @@ def vllm_bench(url: str, model_dir: Path, level: int, seed: int, args: argparse.
         "--dataset-name", "random", "--random-input-len", str(args.prompt_tokens),
         "--random-output-len", str(args.max_tokens), "--random-range-ratio", "0", "--seed", str(seed),
         "--num-prompts", str(args.requests), "--max-concurrency", str(level),
-        "--num-warmups", str(level), "--ignore-eos", "--disable-tqdm",
+        "--num-warmups", str(level), "--ignore-eos", "--temperature", "0", "--disable-tqdm",
         "--percentile-metrics", "ttft,tpot,itl,e2el",
     ]  # fmt: skip
     done = subprocess.run(
