@@ -299,3 +299,29 @@ def test_tpot_and_itl_use_vllm_definitions():
     assert level["output_tokens_per_s"] == 2.5 and level["failures"] == 1 and level["errors"] == ["boom"]
     assert level["itl_ms"]["p50"] == pytest.approx(100.0)
     assert RequestResult(ok=True, output_tokens=1, ttft_s=0.1, e2el_s=0.1).tpot_s is None
+
+
+def test_prompt_tokens_served_from_the_prefix_cache_are_said_in_the_text():
+    from rich.console import Console
+
+    from rocmdoctor.commands.bench_render import render_bench
+    from rocmdoctor.provision.verify.bench import BenchOptions, build_report
+
+    ok = RequestResult(ok=True, output_tokens=4, ttft_s=0.01, e2el_s=0.04, itl_s=[0.01] * 3)
+    counted = {"status": "match", "counted_tokens": 4, "server_tokens": 4, "detail": ""}
+    texts = []
+    for prefix in (
+        {"hits": 0, "queries": 300, "detail": ""},
+        {"hits": 256, "queries": 300, "detail": "another client sends the same prompts"},
+        None,
+    ):
+        run = {"model": "tiny", "prompt_kind": "token_ids", "levels": [summarize_level(1, [ok], 0.05)]}
+        run |= {"cross_check": counted, "prefix_cache": prefix, "aborted": None}
+        report = build_report(BenchOptions(url="http://127.0.0.1:8000", concurrency=(1,)), run)
+        assert report["prefix_cache"] == prefix
+        console = Console(record=True, width=140)
+        render_bench(report, console)
+        texts.append(console.export_text())
+    quiet, warned, unknown = texts
+    assert "prefix cache" not in quiet and "prefix cache" not in unknown
+    assert "prefix cache: 256 of 300 prompt tokens served from the server's cache" in warned
