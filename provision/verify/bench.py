@@ -4,7 +4,9 @@ The same request set runs sequentially and at each concurrency level, streamed, 
 own definitions (`vllm bench serve`): TTFT = first chunk with choices - send; ITL = gaps between
 chunks; E2EL = last content chunk - send; TPOT = (E2EL - TTFT) / (output tokens - 1). Output tokens
 are the server's own `usage.completion_tokens`, and their total is checked against the growth of
-`vllm:generation_tokens_total` over the run.
+`vllm:generation_tokens_total` over the run. Every prompt of a run opens with a number drawn for
+the run, so neither a rerun nor another level finds its prefill in vLLM's prefix cache; the server's
+own prefix-cache counters over the levels say whether any prompt token was served from it.
 
 `--timeout` bounds every request from connect to the last byte of its stream (not only each
 silence), and an answer of the wrong shape or size ends the run: a server that answers something
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import secrets
 import statistics
 import time
 from collections.abc import Sequence
@@ -38,6 +41,12 @@ KNEE_SHARE = 0.9
 # Errors that every later request would repeat: stop the run instead of waiting them out.
 FATAL_KINDS = (oc.UNREACHABLE, oc.TIMEOUT, oc.UNAUTHORIZED, oc.MODEL_NOT_FOUND, oc.BAD_RESPONSE)
 COUNTER = "vllm:generation_tokens_total"
+# vLLM's prefix cache (vllm/v1/metrics/loggers.py), in prompt tokens: queries looked it up, hits were
+# served from it.
+PREFIX_HITS = "vllm:prefix_cache_hits_total"
+PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
+# Every run draws its number from this many; a prompt opens with it (see unique_prompts).
+RUN_IDS = 1 << 32
 METRICS_SETTLE_S = 5.0
 
 
@@ -214,31 +223,58 @@ async def _prompt_ids(client: oc.Client, model: str) -> list[int] | None:
 prompt_ids = _prompt_ids  # tune makes its synthetic prompts the same way
 
 
-def unique_prompts(units: Sequence[T], length: int, start: int, count: int) -> list[list[T]]:
-    """Prompts number start .. start+count-1 of a run, `length` units each, no two alike from their
-    first unit on: prompt j opens with j written in base len(units) (the digits are units), then the
-    seed rotated by j. vLLM's prefix cache matches whole blocks from a prompt's start, so no prompt
-    finds another's prefill to skip, within a level or across levels (a rotation alone repeats
-    after len(units) prompts, and a level reusing the previous level's prompts is all cache hits)."""
-    n = len(units)
+def _width(n: int, values: int) -> int:
+    """How many base-n digits write every number below `values`."""
     width = 1
-    while n > 1 and n**width < start + count:
+    while n > 1 and n**width < values:
         width += 1
-    prompts = []
-    for j in range(start, start + count):
-        digits = [units[(j // n**d) % n] for d in range(width)]
-        prompts.append((digits + [units[(j + k) % n] for k in range(length)])[:length])
-    return prompts
+    return width
+
+
+def _digits(units: Sequence[T], value: int, width: int) -> list[T]:
+    n = len(units)
+    return [units[(value // n**d) % n] for d in range(width)]
+
+
+def new_run_id() -> int:
+    return secrets.randbelow(RUN_IDS)
+
+
+def unique_prompts(
+    units: Sequence[T], length: int, start: int, count: int, run_id: int | None = None
+) -> list[list[T]]:
+    """Prompts number start .. start+count-1 of a run, `length` units each, no two alike from their
+    first units on: prompt j opens with j and then the run's number (when given), written in base
+    len(units) (the digits are units), then the seed rotated by j. vLLM's prefix cache matches whole
+    blocks from a prompt's start, so no prompt finds another's prefill to skip, within a level or
+    across levels (a rotation alone repeats after len(units) prompts, and a level reusing the
+    previous level's prompts is all cache hits), nor across runs when each run has its number (a
+    rerun of the same prompts is all cache hits: 96% of the prompt tokens of a second run of 400-token
+    prompts on the CPU engine, docs/performance.md)."""
+    n = len(units)
+    run = [] if run_id is None or n < 2 else _digits(units, run_id, _width(n, RUN_IDS))
+    width = _width(n, start + count)
+    return [
+        (_digits(units, j, width) + run + [units[(j + k) % n] for k in range(length)])[:length]
+        for j in range(start, start + count)
+    ]
 
 
 def prompt_bodies(
-    model: str, ids: list[int] | None, options: BenchOptions, start: int, count: int
+    model: str,
+    ids: list[int] | None,
+    options: BenchOptions,
+    start: int,
+    count: int,
+    run_id: int | None = None,
 ) -> list[dict[str, Any]]:
-    """The request bodies for prompts start .. start+count-1 (token ids, or words without /tokenize)."""
+    """The request bodies for prompts start .. start+count-1 of run `run_id` (token ids, or words
+    without /tokenize)."""
+    words = SEED_TEXT.split()
     prompts: list[Any] = (
-        unique_prompts(ids, options.prompt_tokens, start, count)
+        unique_prompts(ids, options.prompt_tokens, start, count, run_id)
         if ids is not None
-        else [" ".join(p) for p in unique_prompts(SEED_TEXT.split(), options.prompt_tokens, start, count)]
+        else [" ".join(p) for p in unique_prompts(words, options.prompt_tokens, start, count, run_id)]
     )
     return [
         {"model": model, "prompt": p, "max_tokens": options.max_tokens, "ignore_eos": True, "temperature": 0}
@@ -246,31 +282,60 @@ def prompt_bodies(
     ]
 
 
-async def _generation_counter(client: oc.Client, model: str) -> float | None:
-    """None when the server has no /metrics (an HTTP error) or no such counter. A /metrics that stalls,
-    is too large, is not Prometheus text or holds a counter that is not a count (NaN, infinite,
-    negative) raises ServerError: the server's accounting cannot be trusted."""
+async def _server_counters(client: oc.Client, model: str) -> dict[str, float]:
+    """The counters a run reads (COUNTER, PREFIX_HITS, PREFIX_QUERIES) that the server has, from one
+    /metrics read; none when it has no /metrics (an HTTP error). A /metrics that stalls, is too large,
+    is not Prometheus text or holds a counter that is not a count (NaN, infinite, negative) raises
+    ServerError: the server's accounting cannot be trusted."""
     try:
         samples = await client.metrics()
     except oc.ServerError as exc:
         if exc.kind != oc.HTTP:
             raise
+        return {}
+    found = {}
+    for name in (COUNTER, PREFIX_HITS, PREFIX_QUERIES):
+        value = oc.counter(samples, name, model_name=model)
+        value = value if value is not None else oc.counter(samples, name)
+        if value is not None:
+            found[name] = value
+    return found
+
+
+def prefix_cache(before: dict[str, float], after: dict[str, float]) -> dict[str, Any] | None:
+    """The prompt tokens the server looked up in and served from its prefix cache between two reads
+    of its counters; None when it does not count them."""
+    if not all(name in before and name in after for name in (PREFIX_HITS, PREFIX_QUERIES)):
         return None
-    value = oc.counter(samples, COUNTER, model_name=model)
-    return value if value is not None else oc.counter(samples, COUNTER)
+    hits = int(after[PREFIX_HITS] - before[PREFIX_HITS])
+    queries = int(after[PREFIX_QUERIES] - before[PREFIX_QUERIES])
+    return {
+        "hits": hits,
+        "queries": queries,
+        "detail": ""
+        if hits == 0
+        else (
+            "prompt tokens were served from the server's prefix cache: another client sends the same "
+            "prompts, and the TTFT of those requests is a cached prefill's"
+        ),
+    }
 
 
-async def _cross_check(client: oc.Client, model: str, before: float | None, counted: int) -> dict[str, Any]:
+async def _cross_check(
+    client: oc.Client, model: str, before: float | None, counted: int
+) -> tuple[dict[str, Any], dict[str, float]]:
+    """The token cross-check, and the counters as last read (the run's end)."""
     if before is None:
         return {
             "status": "unavailable",
             "counted_tokens": counted,
             "server_tokens": None,
             "detail": f"/metrics has no {COUNTER}",
-        }
+        }, await _server_counters(client, model)
     deadline = time.monotonic() + METRICS_SETTLE_S
     while True:
-        after = await _generation_counter(client, model)
+        counters = await _server_counters(client, model)
+        after = counters.get(COUNTER)
         grown = None if after is None else int(after - before)
         if grown == counted or time.monotonic() > deadline:
             break
@@ -286,7 +351,7 @@ async def _cross_check(client: oc.Client, model: str, before: float | None, coun
             else "the server counted fewer tokens than this run received"
         )
     )
-    return {"status": status, "counted_tokens": counted, "server_tokens": grown, "detail": detail}
+    return {"status": status, "counted_tokens": counted, "server_tokens": grown, "detail": detail}, counters
 
 
 async def resolve_model(client: oc.Client, wanted: str) -> str:
@@ -347,20 +412,26 @@ async def run_levels(options: BenchOptions) -> dict[str, Any]:
         model = await resolve_model(client, options.model)
         ids = await _prompt_ids(client, model)
         try:
-            return await _measure(client, options, levels, model, ids)
+            return await _measure(client, options, levels, model, ids, new_run_id())
         except oc.ServerError as exc:  # the /metrics counter read around the levels
             raise BenchAborted(exc) from None
 
 
 async def _measure(
-    client: oc.Client, options: BenchOptions, levels: list[int], model: str, ids: list[int] | None
+    client: oc.Client,
+    options: BenchOptions,
+    levels: list[int],
+    model: str,
+    ids: list[int] | None,
+    run_id: int,
 ) -> dict[str, Any]:
     # A warm-up round at the highest concurrency: a fresh engine pays for every new batch shape
     # once (kernel selection, allocator growth), which would otherwise land in the measured levels.
-    warm_up = await run_level(client, prompt_bodies(model, ids, options, 0, max(levels)), max(levels))
+    warm_up = await run_level(client, prompt_bodies(model, ids, options, 0, max(levels), run_id), max(levels))
     if warm_up["failures"]:
         raise BenchAborted(oc.ServerError(oc.HTTP, f"the warm-up request failed: {warm_up['errors'][0]}"))
-    before = await _generation_counter(client, model)
+    counters = await _server_counters(client, model)
+    before = counters.get(COUNTER)
     results: list[dict[str, Any]] = []
     aborted = None
     try:
@@ -369,7 +440,9 @@ async def _measure(
             start = max(levels) + index * options.requests
             results.append(
                 await run_level(
-                    client, prompt_bodies(model, ids, options, start, options.requests), concurrency
+                    client,
+                    prompt_bodies(model, ids, options, start, options.requests, run_id),
+                    concurrency,
                 )
             )
             if results[-1]["failures"]:
@@ -389,13 +462,16 @@ async def _measure(
             "server_tokens": None,
             "detail": "the run was aborted",
         }
+        prefix = None
     else:
-        cross_check = await _cross_check(client, model, before, counted)
+        cross_check, after = await _cross_check(client, model, before, counted)
+        prefix = prefix_cache(counters, after)
     return {
         "model": model,
         "prompt_kind": "token_ids" if ids is not None else "words",
         "levels": results,
         "cross_check": cross_check,
+        "prefix_cache": prefix,
         "aborted": aborted,
     }
 
@@ -426,6 +502,7 @@ def build_report(options: BenchOptions, run: dict[str, Any]) -> dict[str, Any]:
         "levels": levels,
         "knee": find_knee(levels) if measured else None,
         "cross_check": run["cross_check"],
+        "prefix_cache": run.get("prefix_cache"),
         "failures": failures,
         "aborted": run["aborted"],
         "exit_code": 0 if ok else 1,

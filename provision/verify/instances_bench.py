@@ -19,6 +19,7 @@ from rocmdoctor.provision.verify.bench import (
     BenchAborted,
     BenchOptions,
     _prompt_ids,
+    new_run_id,
     prompt_bodies,
     resolve_model,
     run_level,
@@ -60,14 +61,16 @@ async def run(targets: list[Target], options: BenchOptions, concurrency: int) ->
             for t in targets
         ]
         seeds = [await _guarded(t.name, _seed(c, options)) for t, c in zip(targets, clients, strict=True)]
-        # Warm-up, alone and together each send prompts no earlier run sent: no prefix-cache hits.
+        # Warm-up, alone and together each send prompts no earlier run sent, nor an earlier `bench`
+        # (the run's number): no prefix-cache hits.
+        run_id = new_run_id()
         runs = [
             (0, concurrency),
             (concurrency, options.requests),
             (concurrency + options.requests, options.requests),
         ]
         warm_up, alone_set, together_set = (
-            [prompt_bodies(model, ids, options, start, count) for model, ids in seeds]
+            [prompt_bodies(model, ids, options, start, count, run_id) for model, ids in seeds]
             for start, count in runs
         )
         for t, c, b in zip(targets, clients, warm_up, strict=True):

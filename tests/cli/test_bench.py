@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pytest
 from jsonschema import validate
@@ -59,6 +60,37 @@ def test_bench_against_the_real_engine(vllm_engine, vllm_engine_key_file, tmp_pa
     assert max(runs) > 1.5, runs
     assert report["settings"]["prompt_kind"] == "token_ids"
     assert plot.read_text().lstrip().startswith("<?xml") and "<svg" in plot.read_text()
+
+
+# vLLM's own count of prompt tokens served from its prefix cache (vllm/v1/metrics/loggers.py)
+PREFIX_HITS = "vllm:prefix_cache_hits_total"
+
+
+def _prefix_cache_hits(engine) -> float:
+    """The engine's PREFIX_HITS now (its /metrics needs no key)."""
+    with urllib.request.urlopen(engine.base_url + "/metrics", timeout=30) as answer:
+        text = answer.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(PREFIX_HITS + "{")
+    )
+
+
+def test_a_rerun_is_not_served_from_the_prefix_cache(vllm_engine, vllm_engine_key_file):
+    # 300-token prompts fill two of the CPU engine's 128-token blocks, which vLLM's prefix cache
+    # keeps: a rerun of the same prompts found 96% of its prompt tokens there (docs/performance.md),
+    # and measured cached prefills as TTFT. Each run's prompts carry the run's own number.
+    args = ("--url", vllm_engine.base_url, "--api-key-file", str(vllm_engine_key_file))
+    args += ("--concurrency", "1", "--requests", "2", "--prompt-tokens", "300", "--max-tokens", "2")
+    runs = []
+    for _ in range(2):
+        before = _prefix_cache_hits(vllm_engine)
+        code, report = rocmdoctor_json("bench", *args)
+        assert code == 0, report
+        runs.append((_prefix_cache_hits(vllm_engine) - before, report))
+    assert [hits for hits, _ in runs] == [0, 0]  # the server's word, warm-ups included
+    for _, report in runs:
+        # the report says the same from the same counters, over the levels: 2 prompts of 300 looked up
+        assert report["prefix_cache"] == {"hits": 0, "queries": 600, "detail": ""}
 
 
 def test_latencies_follow_vllm_definitions_on_a_paced_server():
@@ -267,3 +299,29 @@ def test_tpot_and_itl_use_vllm_definitions():
     assert level["output_tokens_per_s"] == 2.5 and level["failures"] == 1 and level["errors"] == ["boom"]
     assert level["itl_ms"]["p50"] == pytest.approx(100.0)
     assert RequestResult(ok=True, output_tokens=1, ttft_s=0.1, e2el_s=0.1).tpot_s is None
+
+
+def test_prompt_tokens_served_from_the_prefix_cache_are_said_in_the_text():
+    from rich.console import Console
+
+    from rocmdoctor.commands.bench_render import render_bench
+    from rocmdoctor.provision.verify.bench import BenchOptions, build_report
+
+    ok = RequestResult(ok=True, output_tokens=4, ttft_s=0.01, e2el_s=0.04, itl_s=[0.01] * 3)
+    counted = {"status": "match", "counted_tokens": 4, "server_tokens": 4, "detail": ""}
+    texts = []
+    for prefix in (
+        {"hits": 0, "queries": 300, "detail": ""},
+        {"hits": 256, "queries": 300, "detail": "another client sends the same prompts"},
+        None,
+    ):
+        run = {"model": "tiny", "prompt_kind": "token_ids", "levels": [summarize_level(1, [ok], 0.05)]}
+        run |= {"cross_check": counted, "prefix_cache": prefix, "aborted": None}
+        report = build_report(BenchOptions(url="http://127.0.0.1:8000", concurrency=(1,)), run)
+        assert report["prefix_cache"] == prefix
+        console = Console(record=True, width=140)
+        render_bench(report, console)
+        texts.append(console.export_text())
+    quiet, warned, unknown = texts
+    assert "prefix cache" not in quiet and "prefix cache" not in unknown
+    assert "prefix cache: 256 of 300 prompt tokens served from the server's cache" in warned

@@ -81,6 +81,15 @@ def render_bench(report: dict[str, Any], console: Any, plot_path: Path | None = 
             style=check_style,
         )
     )
+    prefix = report.get("prefix_cache")
+    if prefix and prefix["hits"]:
+        console.print(
+            Text(
+                f"prefix cache: {prefix['hits']} of {prefix['queries']} prompt tokens served from the "
+                f"server's cache ({prefix['detail']})",
+                style="yellow",
+            )
+        )
     if report["aborted"]:
         aborted = report["aborted"]
         console.print(
