@@ -141,6 +141,44 @@ def test_requests_in_flight_end_before_the_restart_and_all_at_once_restarts_toge
     assert order.index(("restart", "vllm@1")) < order.index(("ready", "vllm@0"))  # together
 
 
+def test_a_named_load_balancer_stops_sending_before_the_drain_and_resumes_after_the_gates(host):
+    balancer = host.lab.load_balancer(free_port())
+    fixture_starts = host.lab.restarts()
+    proc, doc = host.upgrade(GOOD, *LOOSE, "--load-balancer", balancer)
+    assert proc.returncode == 0, doc
+    hook = "/backends/this-host"
+    # One unit at a time: out of the balancer, drained, restarted, gated, back in; then the next.
+    assert host.lab.restarts()[len(fixture_starts) :] == [
+        f"lb vllm@0 draining {hook}",
+        "restart vllm@0",
+        f"lb vllm@0 serving {hook}",
+        f"lb vllm@1 draining {hook}",
+        "restart vllm@1",
+        f"lb vllm@1 serving {hook}",
+    ]
+    order = [(s["step"], s["unit"]) for s in doc["steps"] if s["unit"] == "vllm@0"]
+    assert order.index(("balancer", "vllm@0")) < order.index(("drain", "vllm@0"))
+
+
+def test_a_load_balancer_that_refuses_the_drain_stops_the_upgrade_before_any_restart(host):
+    balancer = host.lab.load_balancer(free_port())
+    (host.lab.lab / "lb.refuse").write_text("")
+    restarts = host.lab.restarts()
+    proc = rocmdoctor(
+        *host.args(GOOD, *LOOSE, "--load-balancer", balancer),
+        env={"ROCMDOCTOR_GITHUB_API": host.install_lab.server.api_url, **host.lab.env()},
+    )
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "did not take draining (it answered 503)" in proc.stderr, proc.stderr
+    assert "run the upgrade again" in proc.stderr
+    assert host.lab.restarts() == restarts and host.current() == OLD
+    # Once the balancer takes it, the rerun goes on from there.
+    (host.lab.lab / "lb.refuse").unlink()
+    proc, doc = host.upgrade(GOOD, *LOOSE, "--load-balancer", balancer)
+    assert proc.returncode == 0 and doc["outcome"] == "moved", doc
+    assert host.current() == GOOD
+
+
 def test_bundle_that_fails_smoke_is_rolled_back(host):
     proc, doc = host.upgrade(BROKEN)
     assert proc.returncode == 1
@@ -244,6 +282,7 @@ def test_a_damaged_state_or_baseline_is_refused_with_what_to_do(host):
         (("--unit", "vllm@0"), "give UNIT=URL"),
         (("--unit", "vllm=ftp://x"), "--url"),
         (("--max-regression", "-5"), "--max-regression"),
+        (("--load-balancer", "lb.example:9000"), "--load-balancer 'lb.example:9000': give the http(s) URL"),
     ],
 )
 def test_bad_input_is_refused_with_what_to_do(tmp_path: Path, args: tuple[str, ...], message: str):
