@@ -53,6 +53,9 @@ class UpgradeOptions:
     smoke_timeout_s: float = 120.0
     bench_timeout_s: float = 120.0
     load_balancer: str | None = None
+    # A multi-node group's worker: its units are gated on readiness only (the group's server, on the
+    # head, is smoked and measured by the head's own upgrade).
+    ready_only: bool = False
 
 
 @dataclass
@@ -390,7 +393,7 @@ def upgrade(
             staged = install(plan, writer)
             run.note("stage", None, staged.msg)
         run.record("baseline")
-        baselines = {unit.name: run.baseline(unit) for unit in options.units}
+        baselines = {unit.name: {} if options.ready_only else run.baseline(unit) for unit in options.units}
         switched = layout.current_tag() == target and not writer.check_mode
         for batch in up.batches(options.units, options.all_at_once):
             names = [unit.name for unit in batch]
@@ -410,12 +413,13 @@ def upgrade(
             run.record("ready")
             for unit in batch:
                 run.ready(unit)
-            run.record("smoke")
-            for unit in batch:
-                run.smoke_gate(unit)
-            run.record("measure")
-            for unit in batch:
-                run.measure(unit, baselines[unit.name])
+            if not options.ready_only:
+                run.record("smoke")
+                for unit in batch:
+                    run.smoke_gate(unit)
+                run.record("measure")
+                for unit in batch:
+                    run.measure(unit, baselines[unit.name])
             for unit in batch:
                 run.balance(unit, SERVING)
             run.state.units_done = [*run.state.units_done, *names]

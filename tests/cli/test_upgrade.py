@@ -289,3 +289,25 @@ def test_bad_input_is_refused_with_what_to_do(tmp_path: Path, args: tuple[str, .
     proc = rocmdoctor("upgrade", "--tag", GOOD, "--prefix", str(tmp_path / "p"), *args)
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_the_baseline_recorded_at_install_is_the_workload_upgrade_measures():
+    """site.yml's smoke phase records the baseline (rocmdoctor_record_baseline) with the workload
+    upgrade measures on a host without one, where upgrade looks for it."""
+    import yaml
+
+    from rocmdoctor.provision.bundle.upgrade_plan import DEFAULT_WORKLOAD
+
+    role = Path(__file__).resolve().parents[2] / "playbooks/roles/rocmdoctor"
+    tasks = yaml.safe_load((role / "tasks/smoke.yml").read_text())
+    task = next(t for t in tasks if "rocmdoctor_record_baseline" in t["name"])
+    argv = task["ansible.builtin.command"]["argv"]
+    for option, key in (("concurrency", "concurrency"), ("requests", "requests"),
+                        ("prompt-tokens", "prompt_tokens"), ("max-tokens", "max_tokens")):  # fmt: skip
+        value = DEFAULT_WORKLOAD[key]
+        wanted = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+        assert f"'--{option}', '{wanted}'" in argv, (option, argv)
+    variables = yaml.safe_load((role / "vars/main.yml").read_text())
+    assert variables["_rocmdoctor_baseline_file"].endswith(
+        "/bench-baseline.{{ rocmdoctor_service_name }}.json"
+    )  # upgrade's baseline_path(prefix, unit)

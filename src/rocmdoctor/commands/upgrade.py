@@ -147,6 +147,12 @@ def _figures_line(unit: str, figures: dict[str, Any]) -> str:
     help='This host\'s load-balancer hook: POST {"unit": UNIT, "state": "draining"} before a unit is '
     'drained, "serving" once it serves again; any 2xx is taken (docs/fleet.md).',
 )
+@click.option(
+    "--ready-only",
+    is_flag=True,
+    help="Gate the units on readiness only: a multi-node group's worker, whose server the head's "
+    "upgrade smokes and measures (playbooks/upgrade.yml, docs/fleet.md).",
+)
 @click.option("--check", is_flag=True, help="Dry run: show the plan, change nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the change envelope on stdout.")
 @pass_app
@@ -165,6 +171,7 @@ def upgrade(
     ready_timeout: float,
     baseline_dir: Path | None,
     load_balancer: str | None,
+    ready_only: bool,
     check: bool,
     as_json: bool,
     selection: ReleaseSelection,
@@ -205,6 +212,7 @@ def upgrade(
             drain_timeout,
             ready_timeout,
             load_balancer=balancer,
+            ready_only=ready_only,
         )
         result = run_upgrade(plan, options, prefix_writer(check))
     details = [f"{s['step']}{' ' + s['unit'] if s['unit'] else ''}: {s['detail']}" for s in result.steps]
