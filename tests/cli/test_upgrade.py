@@ -179,6 +179,17 @@ def test_a_load_balancer_that_refuses_the_drain_stops_the_upgrade_before_any_res
     assert host.current() == GOOD
 
 
+def test_ready_only_gates_a_worker_on_readiness_alone(host):
+    """A multi-node group's worker (--ready-only): no baseline, smoke or bench of its own, so a bundle
+    whose completions fail moves it; the group's play judges the head and switches it back."""
+    proc, doc = host.upgrade(BROKEN, "--ready-only")
+    assert proc.returncode == 0, doc
+    assert doc["outcome"] == "moved" and host.current() == BROKEN
+    steps = {s["step"] for s in doc["steps"]}
+    assert {"drain", "switch", "restart", "ready"} <= steps
+    assert not steps & {"baseline", "smoke", "measure"} and doc["figures"] == {}
+
+
 def test_bundle_that_fails_smoke_is_rolled_back(host):
     proc, doc = host.upgrade(BROKEN)
     assert proc.returncode == 1
