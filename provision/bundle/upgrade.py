@@ -29,7 +29,11 @@ RUNNING = "vllm:num_requests_running"  # vLLM's gauge of requests in the engine 
 POLL_S = 0.5
 METRICS_LIMIT = 4 << 20
 RESTART_TIMEOUT_S = 900.0
-MEASUREMENTS = 2  # a regression is confirmed by a second run before the host is rolled back  # a restart waits for the unit's own readiness wait (wait_ready)
+MEASUREMENTS = 2  # a regression is confirmed by a second run before the host is rolled back
+# The load balancer's hook (--load-balancer URL): POST {"unit": NAME, "state": DRAINING} before a unit
+# is drained, {"state": SERVING} once it serves again (moved, or rolled back); any 2xx is taken.
+DRAINING, SERVING = "draining", "serving"
+BALANCER_TIMEOUT_S = 30.0
 
 
 class UpgradeError(InstallError):
@@ -48,6 +52,10 @@ class UpgradeOptions:
     ready_timeout_s: float = 600.0
     smoke_timeout_s: float = 120.0
     bench_timeout_s: float = 120.0
+    load_balancer: str | None = None
+    # A multi-node group's worker: its units are gated on readiness only (the group's server, on the
+    # head, is smoked and measured by the head's own upgrade).
+    ready_only: bool = False
 
 
 @dataclass
@@ -144,6 +152,24 @@ class _Run:
         self.writer.write_file(str(path), documents_json(report), 0o644)
         self.note("baseline", unit.name, f"measured on {self.state.origin} and recorded in {path}")
         return report
+
+    def balance(self, unit: up.Unit, state: str) -> None:
+        """Tell the load balancer to stop (DRAINING) or go on (SERVING) sending new requests to the
+        unit. A balancer that does not take DRAINING stops the run before the unit is touched (a
+        restart now would cut the requests it still sends): the rerun resumes from here."""
+        url = self.options.load_balancer
+        if url is None:
+            return
+        if not self.writer.change("load-balancer", f"{unit.name} {state}"):
+            self.note("balancer", unit.name, f"would tell {url} {state}")
+            return
+        why = tell_balancer(url, unit.name, state)
+        if why is not None and state == DRAINING:
+            raise UpgradeError(
+                f"{unit.name}: the load balancer {url} did not take {state} ({why}); {unit.name} was "
+                "left serving as it was: fix the balancer, then run the upgrade again to go on"
+            )
+        self.note("balancer", unit.name, f"{url} took {state}" if why is None else f"{url}: {why}")
 
     def drain(self, unit: up.Unit) -> None:
         """Wait (bounded) for the requests in the engine to end, read from vLLM's own gauge."""
@@ -282,6 +308,22 @@ def in_flight(url: str) -> float | None:
     return prometheus.counter_sum(samples, RUNNING)
 
 
+def tell_balancer(url: str, unit: str, state: str) -> str | None:
+    """None once the load balancer answered 2xx to the unit's new state; else what went wrong."""
+    try:
+        answer = bounded_http.request(
+            "POST",
+            url,
+            deadline=bounded_http.Deadline(BALANCER_TIMEOUT_S),
+            limit=4096,
+            json_body={"unit": unit, "state": state},
+            read_s=BALANCER_TIMEOUT_S,
+        )
+    except bounded_http.HttpError as exc:
+        return str(exc)
+    return None if 200 <= answer.status < 300 else f"it answered {answer.status}"
+
+
 def wait_healthy(url: str, timeout_s: float) -> str | None:
     """None once /health answers 200 within `timeout_s`; else what it answered last."""
     deadline = time.monotonic() + timeout_s
@@ -351,7 +393,7 @@ def upgrade(
             staged = install(plan, writer)
             run.note("stage", None, staged.msg)
         run.record("baseline")
-        baselines = {unit.name: run.baseline(unit) for unit in options.units}
+        baselines = {unit.name: {} if options.ready_only else run.baseline(unit) for unit in options.units}
         switched = layout.current_tag() == target and not writer.check_mode
         for batch in up.batches(options.units, options.all_at_once):
             names = [unit.name for unit in batch]
@@ -359,6 +401,7 @@ def upgrade(
                 continue
             run.record("drain", batch=names)
             for unit in batch:
+                run.balance(unit, DRAINING)
                 run.drain(unit)
             if not switched:
                 run.record("switch")
@@ -370,12 +413,15 @@ def upgrade(
             run.record("ready")
             for unit in batch:
                 run.ready(unit)
-            run.record("smoke")
+            if not options.ready_only:
+                run.record("smoke")
+                for unit in batch:
+                    run.smoke_gate(unit)
+                run.record("measure")
+                for unit in batch:
+                    run.measure(unit, baselines[unit.name])
             for unit in batch:
-                run.smoke_gate(unit)
-            run.record("measure")
-            for unit in batch:
-                run.measure(unit, baselines[unit.name])
+                run.balance(unit, SERVING)
             run.state.units_done = [*run.state.units_done, *names]
     except _GateFailed as exc:
         return _roll_back(run, str(exc))
@@ -408,6 +454,8 @@ def _roll_back(run: _Run, reason: str) -> UpgradeResult:
         except WriteRefused as exc:
             why = f"its restart failed ({exc}): restart it by hand"
         run.note("rollback", unit.name, f"restarted on {origin}" + (f"; {why}" if why else ""))
+        if not why:
+            run.balance(unit, SERVING)
     run.record(up.DONE, outcome=up.ROLLED_BACK, units_done=[], batch=[])
     return UpgradeResult(
         True,

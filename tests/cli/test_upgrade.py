@@ -141,6 +141,55 @@ def test_requests_in_flight_end_before_the_restart_and_all_at_once_restarts_toge
     assert order.index(("restart", "vllm@1")) < order.index(("ready", "vllm@0"))  # together
 
 
+def test_a_named_load_balancer_stops_sending_before_the_drain_and_resumes_after_the_gates(host):
+    balancer = host.lab.load_balancer(free_port())
+    fixture_starts = host.lab.restarts()
+    proc, doc = host.upgrade(GOOD, *LOOSE, "--load-balancer", balancer)
+    assert proc.returncode == 0, doc
+    hook = "/backends/this-host"
+    # One unit at a time: out of the balancer, drained, restarted, gated, back in; then the next.
+    assert host.lab.restarts()[len(fixture_starts) :] == [
+        f"lb vllm@0 draining {hook}",
+        "restart vllm@0",
+        f"lb vllm@0 serving {hook}",
+        f"lb vllm@1 draining {hook}",
+        "restart vllm@1",
+        f"lb vllm@1 serving {hook}",
+    ]
+    order = [(s["step"], s["unit"]) for s in doc["steps"] if s["unit"] == "vllm@0"]
+    assert order.index(("balancer", "vllm@0")) < order.index(("drain", "vllm@0"))
+
+
+def test_a_load_balancer_that_refuses_the_drain_stops_the_upgrade_before_any_restart(host):
+    balancer = host.lab.load_balancer(free_port())
+    (host.lab.lab / "lb.refuse").write_text("")
+    restarts = host.lab.restarts()
+    proc = rocmdoctor(
+        *host.args(GOOD, *LOOSE, "--load-balancer", balancer),
+        env={"ROCMDOCTOR_GITHUB_API": host.install_lab.server.api_url, **host.lab.env()},
+    )
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "did not take draining (it answered 503)" in proc.stderr, proc.stderr
+    assert "run the upgrade again" in proc.stderr
+    assert host.lab.restarts() == restarts and host.current() == OLD
+    # Once the balancer takes it, the rerun goes on from there.
+    (host.lab.lab / "lb.refuse").unlink()
+    proc, doc = host.upgrade(GOOD, *LOOSE, "--load-balancer", balancer)
+    assert proc.returncode == 0 and doc["outcome"] == "moved", doc
+    assert host.current() == GOOD
+
+
+def test_ready_only_gates_a_worker_on_readiness_alone(host):
+    """A multi-node group's worker (--ready-only): no baseline, smoke or bench of its own, so a bundle
+    whose completions fail moves it; the group's play judges the head and switches it back."""
+    proc, doc = host.upgrade(BROKEN, "--ready-only")
+    assert proc.returncode == 0, doc
+    assert doc["outcome"] == "moved" and host.current() == BROKEN
+    steps = {s["step"] for s in doc["steps"]}
+    assert {"drain", "switch", "restart", "ready"} <= steps
+    assert not steps & {"baseline", "smoke", "measure"} and doc["figures"] == {}
+
+
 def test_bundle_that_fails_smoke_is_rolled_back(host):
     proc, doc = host.upgrade(BROKEN)
     assert proc.returncode == 1
@@ -244,9 +293,32 @@ def test_a_damaged_state_or_baseline_is_refused_with_what_to_do(host):
         (("--unit", "vllm@0"), "give UNIT=URL"),
         (("--unit", "vllm=ftp://x"), "--url"),
         (("--max-regression", "-5"), "--max-regression"),
+        (("--load-balancer", "lb.example:9000"), "--load-balancer 'lb.example:9000': give the http(s) URL"),
     ],
 )
 def test_bad_input_is_refused_with_what_to_do(tmp_path: Path, args: tuple[str, ...], message: str):
     proc = rocmdoctor("upgrade", "--tag", GOOD, "--prefix", str(tmp_path / "p"), *args)
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_the_baseline_recorded_at_install_is_the_workload_upgrade_measures():
+    """site.yml's smoke phase records the baseline (rocmdoctor_record_baseline) with the workload
+    upgrade measures on a host without one, where upgrade looks for it."""
+    import yaml
+
+    from rocmdoctor.provision.bundle.upgrade_plan import DEFAULT_WORKLOAD
+
+    role = Path(__file__).resolve().parents[2] / "playbooks/roles/rocmdoctor"
+    tasks = yaml.safe_load((role / "tasks/smoke.yml").read_text())
+    task = next(t for t in tasks if "rocmdoctor_record_baseline" in t["name"])
+    argv = task["ansible.builtin.command"]["argv"]
+    for option, key in (("concurrency", "concurrency"), ("requests", "requests"),
+                        ("prompt-tokens", "prompt_tokens"), ("max-tokens", "max_tokens")):  # fmt: skip
+        value = DEFAULT_WORKLOAD[key]
+        wanted = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+        assert f"'--{option}', '{wanted}'" in argv, (option, argv)
+    variables = yaml.safe_load((role / "vars/main.yml").read_text())
+    assert variables["_rocmdoctor_baseline_file"].endswith(
+        "/bench-baseline.{{ rocmdoctor_service_name }}.json"
+    )  # upgrade's baseline_path(prefix, unit)

@@ -16,7 +16,9 @@ import hashlib
 import io
 import json
 import os
+import shlex
 import tarfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -209,13 +211,20 @@ def default_vllm_python() -> Path:
 
 
 def vllm_test_bundle(
-    out_dir: Path, family: str, tag: str, vllm_python: Path | str | None = None, part_size: int = 64 * 1024
+    out_dir: Path,
+    family: str,
+    tag: str,
+    vllm_python: Path | str | None = None,
+    part_size: int = 64 * 1024,
+    launcher_args: Sequence[str] = (),
 ) -> BuiltBundle:
     """A bundle whose `bin/vllm-server` runs the real (CPU) vLLM of the test cache, so an installed
     bundle can be served: the shim execs `<vllm_python> -m vllm.entrypoints.openai.api_server "$@"`
-    and `bin/python3` execs the same interpreter."""
+    (then `launcher_args`, which win over the caller's: a launcher that overrides a setting) and
+    `bin/python3` execs the same interpreter."""
     python = str(vllm_python or default_vllm_python())
-    shim = f'#!/bin/bash\nexec "{python}" -m vllm.entrypoints.openai.api_server "$@"\n'.encode()
+    extra = "".join(f" {shlex.quote(a)}" for a in launcher_args)
+    shim = f'#!/bin/bash\nexec "{python}" -m vllm.entrypoints.openai.api_server "$@"{extra}\n'.encode()
     wrapper = f'#!/bin/bash\nexec "{python}" "$@"\n'.encode()
     sp = "lib/python3.13/site-packages"
     files: dict[str, FileSpec] = {

@@ -54,6 +54,23 @@ def _units(values: tuple[str, ...]) -> tuple[object, ...]:
     return tuple(units)
 
 
+def _balancer_url(value: str) -> str:
+    """The hook's URL as given (its path and query name the backend to the balancer), if it is one."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 - raises on a port out of range
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UserError(
+            f"--load-balancer {value[:200]!r}: give the http(s) URL of this host's hook on the load "
+            "balancer (e.g. http://lb.example:9000/backends/host1)"
+        )
+    return value
+
+
 def _figures_line(unit: str, figures: dict[str, Any]) -> str:
     measured, latency = figures["measured"], figures["p95_change_pct"]
     p95 = "no p95" if latency is None else f"p95 {measured['p95_ms']:g} ms ({latency:+g} %)"
@@ -122,6 +139,20 @@ def _figures_line(unit: str, figures: dict[str, Any]) -> str:
     help="Where each unit's baseline lives (bench-baseline.<unit>.json, `bench --json` of the old "
     "bundle); default the prefix. A unit without one is measured before the upgrade and recorded.",
 )
+@click.option(
+    "--load-balancer",
+    "load_balancer",
+    default=None,
+    metavar="URL",
+    help='This host\'s load-balancer hook: POST {"unit": UNIT, "state": "draining"} before a unit is '
+    'drained, "serving" once it serves again; any 2xx is taken (docs/fleet.md).',
+)
+@click.option(
+    "--ready-only",
+    is_flag=True,
+    help="Gate the units on readiness only: a multi-node group's worker, whose server the head's "
+    "upgrade smokes and measures (playbooks/upgrade.yml, docs/fleet.md).",
+)
 @click.option("--check", is_flag=True, help="Dry run: show the plan, change nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the change envelope on stdout.")
 @pass_app
@@ -139,6 +170,8 @@ def upgrade(
     drain_timeout: float,
     ready_timeout: float,
     baseline_dir: Path | None,
+    load_balancer: str | None,
+    ready_only: bool,
     check: bool,
     as_json: bool,
     selection: ReleaseSelection,
@@ -154,6 +187,7 @@ def upgrade(
     from rocmdoctor.provision.bundle.upgrade import upgrade as run_upgrade
 
     units = _units(unit_values)
+    balancer = _balancer_url(load_balancer) if load_balancer is not None else None
     with failures(as_json):
         plan, _, _ = install_plan(
             app,
@@ -177,6 +211,8 @@ def upgrade(
             max_regression,
             drain_timeout,
             ready_timeout,
+            load_balancer=balancer,
+            ready_only=ready_only,
         )
         result = run_upgrade(plan, options, prefix_writer(check))
     details = [f"{s['step']}{' ' + s['unit'] if s['unit'] else ''}: {s['detail']}" for s in result.steps]
