@@ -18,7 +18,14 @@ HOSTS = FIXTURES / "hosts"
 # Shared fixtures for real components (tests/ is on the path through pyproject's `pythonpath`, so
 # `harness` and `plugins` import from every test module). tests/unit/test_conftest_plugins.py checks
 # that every module in tests/plugins/ is named here (or loaded by `-p` in pyproject's addopts).
-pytest_plugins = ["plugins.engine", "plugins.fleet", "plugins.install", "plugins.serve", "plugins.smoke"]
+pytest_plugins = [
+    "plugins.engine",
+    "plugins.fleet",
+    "plugins.install",
+    "plugins.schedule",
+    "plugins.serve",
+    "plugins.smoke",
+]
 
 
 # Fixtures that start or need the real vLLM CPU engine: a test using one is an `engine` test, so

@@ -14,11 +14,6 @@ from conftest import REPO
 NAMES = {"check", "check_only", "check_mode", "dry_run"}
 ALLOWED = {
     ("src/rocmdoctor/host_writes.py", "HostWriter.__init__", "check_mode"): "where check mode is set, once",
-    (
-        "src/rocmdoctor/commands/bundle_setup.py",
-        "prefix_writer",
-        "check",
-    ): "only upgrade.py (upgrade helper's) calls it: to build its HostWriter itself",
 }
 
 

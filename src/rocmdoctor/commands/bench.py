@@ -9,7 +9,7 @@ import click
 
 from rocmdoctor import params
 from rocmdoctor.commands.common import App, UserError, emit_json, pass_app
-from rocmdoctor.commands.smoke import (
+from rocmdoctor.commands.smoke_options import (
     _all_instances,
     _api_key,
     _common_options,
@@ -107,7 +107,7 @@ def bench(
             "every level sends the same requests, so send at least that many"
         )
     if all_instances:
-        from rocmdoctor.commands.instances import bench_instances
+        from rocmdoctor.commands.instances_setup import bench_instances
         from rocmdoctor.host_writes import HostWriter
 
         refuse_with_all_instances("url", "model", "api_key_file", "timeout_s", "prompt_tokens", "plot")

@@ -218,12 +218,3 @@ def install_plan(
         ),
     )
     return plan, choice, warnings
-
-
-def prefix_writer(check: bool) -> Any:
-    """The writer for a bundle prefix: on this host (the prefix is the user's, never under --root).
-    Only `upgrade` calls it still (another helper's module): a command builds its HostWriter itself,
-    and so is upgrade to (then this goes)."""
-    from rocmdoctor.host_writes import HostWriter
-
-    return HostWriter(Path("/"), check_mode=check)

@@ -22,7 +22,6 @@ from rocmdoctor.commands.bundle_setup import (
     failures,
     install_plan,
     prefix_option,
-    prefix_writer,  # noqa: F401  upgrade.py (the upgrade helper's) imports it from here: to import bundle_setup
     progress,
     run_prune,
 )

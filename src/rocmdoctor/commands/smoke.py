@@ -9,15 +9,10 @@ from typing import Any
 import click
 
 from rocmdoctor.commands.common import App, emit_json, pass_app
-
-# bench.py and upgrade.py (other helpers' modules this round) still import these from here: they are to
-# import rocmdoctor.commands.smoke_options, and this re-export goes.
-from rocmdoctor.commands.smoke_options import (  # noqa: F401
+from rocmdoctor.commands.smoke_options import (
     _all_instances,
     _api_key,
     _common_options,
-    _concurrency,
-    _plot_path,
     _url,
     refuse_with_all_instances,
 )

@@ -15,8 +15,8 @@ from typing import Any
 import click
 
 from rocmdoctor import params
+from rocmdoctor.commands.bundle_setup import InstallSettings, failures, install_plan, prefix_option
 from rocmdoctor.commands.common import App, UserError, emit_change, pass_app
-from rocmdoctor.commands.install import InstallSettings, failures, install_plan, prefix_option, prefix_writer
 from rocmdoctor.commands.option_groups import (
     DownloadOptions,
     NetworkOptions,
@@ -29,7 +29,8 @@ from rocmdoctor.commands.option_groups import (
     qualify_options,
     selection_options,
 )
-from rocmdoctor.commands.smoke import _api_key, _url
+from rocmdoctor.commands.smoke_options import _api_key, _url
+from rocmdoctor.host_writes import HostWriter
 
 # A systemd unit name (vllm, vllm@0, vllm-cluster-head.service): no path, no option, no spaces.
 UNIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9@._:-]{0,254}")
@@ -214,7 +215,12 @@ def upgrade(
             load_balancer=balancer,
             ready_only=ready_only,
         )
-        result = run_upgrade(plan, options, prefix_writer(check))
+        result = run_upgrade(plan, options, HostWriter(Path("/"), check_mode=check))
+    _report(result, as_json)
+
+
+def _report(result: Any, as_json: bool) -> None:
+    """The change envelope with a line per step and per unit's figures; exit 1 when a gate failed."""
     details = [f"{s['step']}{' ' + s['unit'] if s['unit'] else ''}: {s['detail']}" for s in result.steps]
     details += [_figures_line(unit, figures) for unit, figures in result.figures.items()]
     emit_change(result.change(), as_json, details)
