@@ -4,9 +4,10 @@
 # wheels on PyPI, without their compiled extensions. Their own argument parsers, `vllm.envs` and CLI
 # modules run on the test engine's interpreter (tests/setup/30-vllm-env.sh, torch 2.13 CPU) with the
 # version's tree first on PYTHONPATH: tests/system/test_vllm_versions.py asks each one, and
-# tests/harness/vllm_flags_gen.py generates the shipped table of each from it.
+# vllm/surfaces/<version>.json holds the shipped table of each, compared with it there.
 # Why not each version as a full engine: 0.20.1 and 0.22.1 pin torch 2.11.0, whose PyPI wheel for x86_64
-# is a CUDA build (530.6 MB, plus about 1.2 GB of nvidia-* wheels it requires; measured 2026-11-27).
+# is a CUDA build (530.6 MB, plus 1.98 GB of nvidia-* wheels its import needs: about 2.9 GB to download and
+# a 6.0 GB environment; measured 2026-11-28).
 # About 361 MB downloaded once (75, 79, 102 and 105 MB wheels), 128 MB kept.
 set -euo pipefail
 root="$ROCMDOCTOR_TEST_CACHE/vllm-sources"
