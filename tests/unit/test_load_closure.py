@@ -5,11 +5,12 @@ DT_NEEDED) is named."""
 
 from __future__ import annotations
 
+import sysconfig
 from pathlib import Path
 
 import pytest
 
-from harness.elf_bundle import EXT, SP, TORCH_LIB, _shared, build_elves, qualify_files
+from harness.elf_bundle import EXT, EXTENSION_C, SP, TORCH_LIB, _shared, build_elves, qualify_files
 from rocmdoctor.provision.bundle.qualify import qualify
 
 TAG = "vllm0.1.0-rocm7.0.0-gfx1151"
@@ -122,3 +123,56 @@ def test_install_options_on_a_host_without_the_familys_gpu_name_its_isas():
     assert (options.gfx, options.targets) == (None, targets)
     named = QualifyChoice("gfx1101", 180.0).settings(App(), family_targets=targets)  # type: ignore[arg-type]
     assert (named.gfx, named.targets) == ("gfx1101", ())
+
+
+USER = "libuser.so.1"  # calls defs_fn without naming libdefs.so.1 (libtorch_nvshmem.so and libc10_cuda.so)
+DEFS = "libdefs.so.1"
+
+
+def _group_elves(out: Path, root_needs: tuple[str, ...]) -> dict[str, tuple[bytes, int]]:
+    out.mkdir(parents=True, exist_ok=True)
+    defs = _shared(out, "int defs_fn(void) { return 7; }\n", DEFS, f"-Wl,-soname,{DEFS}")
+    user = _shared(
+        out, "int defs_fn(void);\nint user_fn(void) { return defs_fn(); }\n", USER, f"-Wl,-soname,{USER}"
+    )
+    provide = out / "libprovide.so.1"
+    ext = _shared(
+        out,
+        EXTENSION_C % {"extra_decl": "int user_fn(void);", "extra_call": "+ user_fn()"},
+        "ext_group",
+        "-Wl,--enable-new-dtags",
+        "-Wl,-rpath,$ORIGIN/../torch/lib",
+        f"-I{sysconfig.get_paths()['include']}",
+        "-Wl,--no-as-needed",
+        str(provide),
+        *(str(out / name) for name in root_needs),
+    )
+    return {
+        EXT: (ext.read_bytes(), 0o755),
+        f"{TORCH_LIB}/{USER}": (user.read_bytes(), 0o755),
+        f"{TORCH_LIB}/{DEFS}": (defs.read_bytes(), 0o755),
+    }
+
+
+def test_a_symbol_found_in_the_load_group_resolves_as_the_loader_resolves_it(elves, tmp_path):
+    """libuser needs defs_fn and does not name libdefs; the root loads both, so the real loader binds
+    it (the import step imports vllm._C for real and agrees)."""
+    out = tmp_path / "elves"
+    out.mkdir()
+    (out / "libprovide.so.1").write_bytes(elves["libprovide.so.1"])
+    files = qualify_files(elves, "good") | _group_elves(out, (USER, DEFS))
+    result = qualify(_tree(tmp_path / "b", files), TAG, "sha256:x", "gfx1151")
+    assert _steps(result)["symbols"] == "passed", [f.message for s in result.steps for f in s.failures]
+    assert _steps(result)["import"] == "passed" and result.qualified
+
+
+def test_a_symbol_no_library_of_the_group_defines_still_fails(elves, tmp_path):
+    out = tmp_path / "elves"
+    out.mkdir()
+    (out / "libprovide.so.1").write_bytes(elves["libprovide.so.1"])
+    files = qualify_files(elves, "good") | _group_elves(out, (USER,))  # libdefs loaded by nobody
+    result = qualify(_tree(tmp_path / "b", files), TAG, "sha256:x", "gfx1151")
+    symbols = next(step for step in result.steps if step.id == "symbols")
+    assert [f.missing for f in symbols.failures] == ["defs_fn"]
+    assert f"{TORCH_LIB}/{USER} needs symbol defs_fn" in symbols.failures[0].message
+    assert not result.qualified
