@@ -14,9 +14,7 @@ from conftest import REPO
 
 COMMANDS = REPO / "src" / "rocmdoctor" / "commands"
 MAX_LINES = 60
-ALLOWED_LONG: dict[tuple[str, str], str] = {
-    ("bench.py", "bench"): "the bench helper's module this round (issue 38): to split there",
-}
+ALLOWED_LONG: dict[tuple[str, str], str] = {}
 
 
 def _is_command(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -18,6 +19,9 @@ from rocmdoctor.commands.smoke_options import (
     _url,
     refuse_with_all_instances,
 )
+
+if TYPE_CHECKING:
+    from rocmdoctor.provision.verify.bench import BenchOptions
 
 # Every prompt is built before the first request: --requests x --prompt-tokens is bounded, whichever
 # of the two click reads second checks the product.
@@ -97,8 +101,7 @@ def bench(
     Exit 0: every request succeeded and the token count matches the server's; 1: failures or a
     mismatch; 2: bad input or nothing answers.
     """
-    from rocmdoctor.provision.verify import openai_client as oc
-    from rocmdoctor.provision.verify.bench import BenchAborted, BenchOptions, abort_remedy, run_bench
+    from rocmdoctor.provision.verify.bench import BenchOptions
 
     levels = _concurrency(concurrency_list)
     if requests < max(levels):
@@ -123,8 +126,19 @@ def bench(
         max_tokens,
     )
     plot_path = _plot_path(plot)
+    report = _measure(options)
+    if record is not None:
+        _record(report, record)
+    _emit(app, report, as_json, plot_path)
+
+
+def _measure(options: BenchOptions) -> dict[str, Any]:
+    """The bench report; a server that cannot be reached is exit 2, a run it stopped is exit 1."""
+    from rocmdoctor.provision.verify import openai_client as oc
+    from rocmdoctor.provision.verify.bench import BenchAborted, abort_remedy, run_bench
+
     try:
-        report = run_bench(options)
+        return run_bench(options)
     except BenchAborted as exc:
         remedy = abort_remedy(exc.error, options.api_key is not None)
         if exc.error.kind == oc.UNREACHABLE:
@@ -133,16 +147,23 @@ def bench(
             ) from None
         click.echo(f"rocmdoctor: bench stopped: {exc.error}\n  → {remedy}", err=True)
         sys.exit(1)
-    if record is not None:
-        from rocmdoctor.host_writes import HostWriter
-        from rocmdoctor.report import dumps
 
-        try:
-            HostWriter("/").write_text_file(record, dumps(report))
-        except OSError as exc:
-            raise UserError(
-                f"--record {record}: {exc.strerror or exc}; name a file in a writable folder"
-            ) from None
+
+def _record(report: dict[str, Any], record: Path) -> None:
+    """--record: the report as the baseline `upgrade` compares with, written through the Target."""
+    from rocmdoctor.host_writes import HostWriter
+    from rocmdoctor.report import dumps
+
+    try:
+        HostWriter("/").write_text_file(record, dumps(report))
+    except OSError as exc:
+        raise UserError(
+            f"--record {record}: {exc.strerror or exc}; name a file in a writable folder"
+        ) from None
+
+
+def _emit(app: App, report: dict[str, Any], as_json: bool, plot_path: Path | None) -> None:
+    """The plot if asked, the JSON or the text report, and the report's exit code."""
     if plot_path is not None:
         from rocmdoctor.commands.bench_plot import write_plot
 
