@@ -94,7 +94,12 @@ def test_bench_reports_each_instance_and_the_aggregate(tmp_path: Path):
         assert doc["sum_of_alone_output_tokens_per_s"] == pytest.approx(
             sum(i["alone"]["output_tokens_per_s"] for i in doc["instances"]), abs=0.01
         )
-        assert 0.5 < doc["scaling"] < 1.5
+        # The scaling is the aggregate over the sum of the alone figures. Its value is timing: a slow spell
+        # of the shared machine during one alone run gave 2.1 once, so only its definition and a floor.
+        assert doc["scaling"] == pytest.approx(
+            doc["aggregate_output_tokens_per_s"] / doc["sum_of_alone_output_tokens_per_s"], rel=0.01
+        )
+        assert doc["scaling"] > 0.5
         text = run_cli(
             "instances",
             "--bench",
