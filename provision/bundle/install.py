@@ -332,28 +332,14 @@ def install(plan: InstallPlan, writer: HostWriter) -> InstallResult:
             result = _result(layout, plan, False, f"{plan.tag} is installed beside {before}")
             _record_pins(layout, plan, trusted, result)
         elif action == "switch":
-            qualify_installed(
-                layout.trees,
-                layout.bundles / plan.tag,
-                plan.tag,
-                layout.current_tag(),
-                plan.qualify,
-                _assets(plan),
-            )
+            _qualify_staged(layout, plan)
             result = _result(layout, plan, True, f"switched to the installed {plan.tag}")
             _record_pins(layout, plan, trusted, result)  # before `current` moves: a failure leaves it
             _activate(layout, plan.tag)
         else:
             with _download_dir_held(layout, plan):
                 downloaded = _install_tree(layout, plan)
-            qualify_installed(
-                layout.trees,
-                layout.bundles / plan.tag,
-                plan.tag,
-                layout.current_tag(),
-                plan.qualify,
-                _assets(plan),
-            )
+            _qualify_staged(layout, plan)
             staged = "" if plan.activate else f" beside {before} (not activated)"
             result = _result(layout, plan, True, f"installed {plan.tag}{staged}")
             _record_pins(layout, plan, trusted, result)  # before `current` moves: a failure leaves it
@@ -681,6 +667,13 @@ def _install_tree(layout: Layout, plan: InstallPlan) -> int:
         fetches.cancel()
         trees.remove_tree(partial, ignore_errors=True)
         raise
+
+
+def _qualify_staged(layout: Layout, plan: InstallPlan) -> None:
+    """Qualify the bundle staged at bundles/<tag> against the host, before `current` may move to it."""
+    qualify_installed(
+        layout.trees, layout.bundles / plan.tag, plan.tag, layout.current_tag(), plan.qualify, _assets(plan)
+    )
 
 
 def _assets(plan: InstallPlan) -> list[tuple[str, str | None]]:

@@ -146,6 +146,16 @@ def build_elves(out: Path) -> dict[str, bytes]:
     return {name: path.read_bytes() for name, path in built.items()}
 
 
+def write_tree(root: Path, files: dict[str, tuple[bytes, int]]) -> Path:
+    """Lay out a bundle tree from {relative path: (bytes, mode)} (qualify_files' shape) under `root`."""
+    for rel, (data, mode) in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        path.chmod(mode)
+    return root
+
+
 def python_wrapper() -> bytes:
     """bin/python3: this interpreter, with the bundle's site-packages first (as the real launcher's)."""
     return (

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.elf_bundle import EXT, SP, TORCH_LIB, qualify_files
+from harness.elf_bundle import EXT, SP, TORCH_LIB, qualify_files, write_tree
 from rocmdoctor.archive.elf_scan import scan_tree
 from rocmdoctor.archive.host_libs import HostLibraries, parse_cache, system_library
 from rocmdoctor.documents import DocumentError
@@ -31,15 +31,6 @@ def elves(tmp_path_factory) -> dict[str, bytes]:
     out = tmp_path_factory.mktemp("elves")
     built = build_elves(out)
     return {**built, "libghost.so.1": (out / "ghost/libghost.so.1").read_bytes()}
-
-
-def _tree(root: Path, files: dict[str, tuple[bytes, int]]) -> Path:
-    for rel, (data, mode) in files.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-        path.chmod(mode)
-    return root
 
 
 def _host_root(root: Path) -> Path:
@@ -72,7 +63,7 @@ def test_a_library_found_only_through_ld_so_conf_d_through_a_chain_of_links(elve
     (host / "opt").mkdir()
     (host / "opt/ghost").symlink_to("/srv/ghost")
     result = qualify(
-        _tree(tmp_path / "b", qualify_files(elves, "ghost")), TAG, "sha256:x", "gfx1151", host_root=host
+        write_tree(tmp_path / "b", qualify_files(elves, "ghost")), TAG, "sha256:x", "gfx1151", host_root=host
     )
     libraries = _libraries(result)
     assert libraries.status == "passed", libraries.detail
@@ -100,7 +91,7 @@ def test_the_cache_ldconfig_writes_decides_and_a_stale_conf_does_not(elves, tmp_
         check=True,
         capture_output=True,
     )
-    bundle = _tree(tmp_path / "b", qualify_files(elves, "ghost"))
+    bundle = write_tree(tmp_path / "b", qualify_files(elves, "ghost"))
     cached = qualify(bundle, TAG, "sha256:x", "gfx1151", host_root=host)
     assert _libraries(cached).status == "passed"
     assert cached.host_libraries["libghost.so.1"] == "/opt/ghost/libghost.so.1 (ld.so.cache)"
@@ -120,7 +111,7 @@ def test_a_library_only_on_the_launchers_library_path(elves, tmp_path):
     files = qualify_files(elves, "ghost")
     llvm_lib = f"{SP}/_rocm_sdk_core/lib/llvm/lib"
     files[f"{llvm_lib}/libghost.so.1"] = (elves["libghost.so.1"], 0o755)
-    bundle = _tree(tmp_path / "b", files)
+    bundle = write_tree(tmp_path / "b", files)
     path = launcher_library_path(bundle)
     assert path[0] == llvm_lib and f"{SP}/torch/lib" in path
     resolver = _Resolver(scan_tree(bundle, 1), HostLibraries(), path)
@@ -137,7 +128,7 @@ def test_a_library_missing_everywhere_names_it_its_user_and_the_package(elves, t
     host = _host_root(tmp_path / "host")
     files = qualify_files(elves, "good")
     files[f"{SP}/vllm/_numa.abi3.so"] = (elves["ext_ghost"], 0o755)  # a root: vllm/<ext>
-    result = qualify(_tree(tmp_path / "b", files), TAG, "sha256:x", "gfx1151", host_root=host)
+    result = qualify(write_tree(tmp_path / "b", files), TAG, "sha256:x", "gfx1151", host_root=host)
     (failure,) = _libraries(result).failures
     assert failure.file == f"{SP}/vllm/_numa.abi3.so" and failure.missing == "libghost.so.1"
     assert "needs libghost.so.1, which is neither in the bundle" in failure.message
@@ -237,7 +228,7 @@ def test_on_this_host_the_loader_itself_agrees_and_the_record_says_it_decided(el
     in this host's ld.so.cache, and `ld.so --list` (the host's loader, trace mode) loads it too."""
     files = qualify_files(elves, "good")
     files[f"{SP}/vllm/_numa.abi3.so"] = (_numa_ext(tmp_path), 0o755)
-    result = qualify(_tree(tmp_path / "b", files), TAG, "sha256:x", "gfx1151")
+    result = qualify(write_tree(tmp_path / "b", files), TAG, "sha256:x", "gfx1151")
     assert result.qualified, result.first_failure()
     assert result.library_authority.startswith("this host's loader (/lib64/ld-linux-x86-64.so.2 --list")
     assert "on 2 root file(s)" in result.library_authority  # vllm/_C.abi3.so and vllm/_numa.abi3.so
@@ -253,7 +244,7 @@ def test_a_library_found_only_by_soname_is_left_to_the_import_which_refuses(elve
     import step, which really loads vllm._C, is what refuses the bundle."""
     files = qualify_files(elves, "ghost")
     files[f"{SP}/other/libghost.so.1"] = (elves["libghost.so.1"], 0o755)
-    result = qualify(_tree(tmp_path / "b", files), TAG, "sha256:x", "gfx1151")
+    result = qualify(write_tree(tmp_path / "b", files), TAG, "sha256:x", "gfx1151")
     libraries = _libraries(result)
     assert libraries.status == "passed"
     assert f"{EXT}: the loader alone does not find libghost.so.1" in "\n".join(libraries.notes)
@@ -264,6 +255,6 @@ def test_a_library_found_only_by_soname_is_left_to_the_import_which_refuses(elve
 def test_a_replayed_host_root_is_judged_statically_and_says_so(elves, tmp_path):
     host = _host_root(tmp_path / "host")
     result = qualify(
-        _tree(tmp_path / "b", qualify_files(elves, "good")), TAG, "sha256:x", "gfx1151", host_root=host
+        write_tree(tmp_path / "b", qualify_files(elves, "good")), TAG, "sha256:x", "gfx1151", host_root=host
     )
     assert result.library_authority.startswith("the static reading only: the host is a replayed root")

@@ -10,7 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from harness.elf_bundle import EXT, EXTENSION_C, SP, TORCH_LIB, _shared, build_elves, qualify_files
+from harness.elf_bundle import (
+    EXT,
+    EXTENSION_C,
+    SP,
+    TORCH_LIB,
+    _shared,
+    build_elves,
+    qualify_files,
+    write_tree,
+)
 from rocmdoctor.provision.bundle.qualify import qualify
 
 TAG = "vllm0.1.0-rocm7.0.0-gfx1151"
@@ -26,15 +35,6 @@ def elves(tmp_path_factory) -> dict[str, bytes]:
     return {**built, RENAMED: renamed.read_bytes()}
 
 
-def _tree(root: Path, files: dict[str, tuple[bytes, int]]) -> Path:
-    for rel, (data, mode) in files.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-        path.chmod(mode)
-    return root
-
-
 def _steps(result) -> dict[str, str]:
     return {step.id: step.status for step in result.steps}
 
@@ -42,7 +42,7 @@ def _steps(result) -> dict[str, str]:
 def test_a_renamed_library_in_the_load_closure_is_refused_naming_it_and_its_user(elves, tmp_path):
     files = qualify_files(elves, "ghost")  # vllm/_C needs libghost.so.1
     files[f"{TORCH_LIB}/{RENAMED}"] = (elves[RENAMED], 0o755)  # shipped under another name only
-    result = qualify(_tree(tmp_path / "b", files), TAG, "sha256:x", "gfx1151")
+    result = qualify(write_tree(tmp_path / "b", files), TAG, "sha256:x", "gfx1151")
     assert not result.qualified
     libraries = next(step for step in result.steps if step.id == "libraries")
     (failure,) = libraries.failures
@@ -58,7 +58,7 @@ def test_the_same_in_a_file_nothing_loads_is_a_note_and_the_import_decides(elves
     files = qualify_files(elves, "good")
     files[PLUGIN] = (elves["ext_ghost"], 0o755)  # needs libghost.so.1, which nothing provides
     files[f"{TORCH_LIB}/{RENAMED}"] = (elves[RENAMED], 0o755)
-    result = qualify(_tree(tmp_path / "b", files), TAG, "sha256:x", "gfx1151")
+    result = qualify(write_tree(tmp_path / "b", files), TAG, "sha256:x", "gfx1151")
     assert result.qualified, result.first_failure()
     assert _steps(result) == dict.fromkeys(
         ("libraries", "symbols", "code_objects", "compiler", "import"), "passed"
@@ -72,7 +72,7 @@ def test_the_same_in_a_file_nothing_loads_is_a_note_and_the_import_decides(elves
 def test_an_optional_plugin_with_a_missing_dependency_outside_the_closure_passes(elves, tmp_path):
     files = qualify_files(elves, "good")
     files[PLUGIN] = (elves["ext_ghost"], 0o755)
-    result = qualify(_tree(tmp_path / "b", files), TAG, "sha256:x", "gfx1151")
+    result = qualify(write_tree(tmp_path / "b", files), TAG, "sha256:x", "gfx1151")
     assert result.qualified and _steps(result)["import"] == "passed"
     symbols = next(step for step in result.steps if step.id == "symbols")
     assert "1 not loaded, not checked" in symbols.detail
@@ -81,7 +81,7 @@ def test_an_optional_plugin_with_a_missing_dependency_outside_the_closure_passes
 def test_a_tree_without_torch_or_vllm_is_judged_file_by_file(elves, tmp_path):
     """No root to follow: every file counts, as before the closure."""
     files = {f"{SP}/other/libx.so": (elves["ext_ghost"], 0o755)}
-    result = qualify(_tree(tmp_path / "b", files), TAG, "sha256:x", None)
+    result = qualify(write_tree(tmp_path / "b", files), TAG, "sha256:x", None)
     assert not result.qualified and "other/libx.so needs libprovide.so.1" in result.first_failure()
 
 
@@ -94,15 +94,15 @@ def test_a_build_host_checks_every_isa_of_the_family(elves, tmp_path):
     targets = shipped_manifest().families["gfx110X"].targets
     partial = {**qualify_files(elves, "good"), **family_code_objects("gfx110X", ["gfx1100"])}
     partial.pop(f"{TORCH_LIB}/libtorch_hip.so")  # its fatbin holds gfx1151 code only
-    result = qualify(_tree(tmp_path / "partial", partial), TAG, "sha256:x", None, targets=targets)
+    result = qualify(write_tree(tmp_path / "partial", partial), TAG, "sha256:x", None, targets=targets)
     step = next(step for step in result.steps if step.id == "code_objects")
     assert step.status == "failed" and {f.missing for f in step.failures} == {"gfx1101", "gfx1102", "gfx1103"}
     assert "carries no GPU code objects for the family's gfx1101" in step.failures[0].message
     full = {**partial, **family_code_objects("gfx110X")}
-    result = qualify(_tree(tmp_path / "full", full), TAG, "sha256:x", None, targets=targets)
+    result = qualify(write_tree(tmp_path / "full", full), TAG, "sha256:x", None, targets=targets)
     step = next(step for step in result.steps if step.id == "code_objects")
     assert step.status == "passed" and "every ISA of the family" in step.detail
-    one = qualify(_tree(tmp_path / "one", partial), TAG, "sha256:x", None, targets=("gfx1100",))
+    one = qualify(write_tree(tmp_path / "one", partial), TAG, "sha256:x", None, targets=("gfx1100",))
     assert next(s for s in one.steps if s.id == "code_objects").status == "passed"  # --gfx gfx1100
 
 
@@ -161,7 +161,7 @@ def test_a_symbol_found_in_the_load_group_resolves_as_the_loader_resolves_it(elv
     out.mkdir()
     (out / "libprovide.so.1").write_bytes(elves["libprovide.so.1"])
     files = qualify_files(elves, "good") | _group_elves(out, (USER, DEFS))
-    result = qualify(_tree(tmp_path / "b", files), TAG, "sha256:x", "gfx1151")
+    result = qualify(write_tree(tmp_path / "b", files), TAG, "sha256:x", "gfx1151")
     assert _steps(result)["symbols"] == "passed", [f.message for s in result.steps for f in s.failures]
     assert _steps(result)["import"] == "passed" and result.qualified
 
@@ -171,7 +171,7 @@ def test_a_symbol_no_library_of_the_group_defines_still_fails(elves, tmp_path):
     out.mkdir()
     (out / "libprovide.so.1").write_bytes(elves["libprovide.so.1"])
     files = qualify_files(elves, "good") | _group_elves(out, (USER,))  # libdefs loaded by nobody
-    result = qualify(_tree(tmp_path / "b", files), TAG, "sha256:x", "gfx1151")
+    result = qualify(write_tree(tmp_path / "b", files), TAG, "sha256:x", "gfx1151")
     symbols = next(step for step in result.steps if step.id == "symbols")
     assert [f.missing for f in symbols.failures] == ["defs_fn"]
     assert f"{TORCH_LIB}/{USER} needs symbol defs_fn" in symbols.failures[0].message
