@@ -6,8 +6,9 @@
   the end (the traceback), and a long-running server's middle is request logs.
 - A pipe (`-` for stdin, `<(...)`): at most STREAM_BYTES, for at most STREAM_SECONDS; an endless
   stream is cut there and the report says so.
-- A systemd unit's journal since its last start (`journalctl _SYSTEMD_INVOCATION_ID=`), at most
-  JOURNAL_LINES lines, through the Host's process seam (so only on the live root).
+- A systemd unit's journal since its last start (`journalctl --unit U --since` systemd's first
+  message of the unit's current invocation), at most JOURNAL_LINES lines, through the Host's process
+  seam (so only on the live root).
 Anything else (a directory, /dev/zero, a socket) is bad input: exit 2 with what to give instead.
 """
 
@@ -166,22 +167,51 @@ def lemonade_unit(host: Host) -> str:
     return LEMONADE_UNITS[0]
 
 
-def read_journal(host: Host, unit: str) -> SourceScan:
-    """The unit's journal since its last start: its invocation id, else this boot's messages."""
-    shown = host.run(["systemctl", "show", "--property=InvocationID", "--value", unit], timeout=10)
-    if shown.spawn_error or shown.timed_out:
-        raise InputError(f"--unit {unit}: cannot ask systemctl ({shown.spawn_error or 'timed out'})")
-    invocation = shown.stdout.strip()
-    select_unit = [f"_SYSTEMD_INVOCATION_ID={invocation}"] if invocation else ["--unit", unit, "--boot"]
-    argv = ["journalctl", "--no-pager", "--quiet", "--output=short-iso", "--lines", str(JOURNAL_LINES)]
-    ran = host.run([*argv, *select_unit], timeout=JOURNAL_TIMEOUT_S, max_output=HEAD_BYTES)
+def _journal(host: Host, unit: str, *argv: str, max_output: int = HEAD_BYTES) -> str:
+    ran = host.run(
+        ["journalctl", "--no-pager", "--quiet", *argv], timeout=JOURNAL_TIMEOUT_S, max_output=max_output
+    )
     if ran.spawn_error or ran.timed_out or ran.returncode != 0:
         why = ran.spawn_error or ("timed out" if ran.timed_out else ran.stderr.strip()[:200])
         raise InputError(
             f"--unit {unit}: journalctl failed ({why}); run as root or in the systemd-journal group"
         )
+    return ran.stdout
+
+
+def _last_start(host: Host, unit: str) -> tuple[str, str]:
+    """The unit's current invocation id and, as `@seconds.micros`, when systemd began it: the time of
+    systemd's own first message tagged with that invocation ("Starting ..."), empty where there is none."""
+    shown = host.run(["systemctl", "show", "--property=InvocationID", "--value", unit], timeout=10)
+    if shown.spawn_error or shown.timed_out:
+        raise InputError(f"--unit {unit}: cannot ask systemctl ({shown.spawn_error or 'timed out'})")
+    invocation = shown.stdout.strip()
+    if not invocation:
+        return "", ""
+    told = _journal(
+        host, unit, "--output=short-unix", f"INVOCATION_ID={invocation}", "_PID=1", max_output=4096
+    )
+    first = told.split(maxsplit=1)
+    return invocation, (f"@{first[0]}" if first and first[0].replace(".", "", 1).isdigit() else "")
+
+
+def read_journal(host: Host, unit: str) -> SourceScan:
+    """The unit's journal since its last start, else this boot's messages.
+
+    By time, not by `_SYSTEMD_INVOCATION_ID`: journald reads that id when it reads a line, and a line
+    written just before the process exited (a traceback's last line) is read after the process is gone,
+    so it carries the unit's name but no id, or the id of the restart that followed (systemd 252 does
+    both for a service that fails at once)."""
+    invocation, started = _last_start(host, unit)
+    if started:
+        select_unit, since = ["--unit", unit, "--since", started], "since its last start"
+    elif invocation:
+        select_unit = [f"_SYSTEMD_INVOCATION_ID={invocation}"]
+        since = "since its last start (by invocation id; lines written as it exited may be missing)"
+    else:
+        select_unit, since = ["--unit", unit, "--boot"], "this boot (no start recorded)"
+    text = _journal(host, unit, "--output=short-iso", "--lines", str(JOURNAL_LINES), *select_unit)
     scanner = Scanner()
-    scanner.feed(ran.stdout.encode("utf-8", "replace"))
-    since = "since its last start" if invocation else "this boot (no invocation recorded)"
-    cut = f"the last {JOURNAL_LINES} lines at most" if ran.stdout.count("\n") >= JOURNAL_LINES else ""
+    scanner.feed(text.encode("utf-8", "replace"))
+    cut = f"the last {JOURNAL_LINES} lines at most" if text.count("\n") >= JOURNAL_LINES else ""
     return SourceScan(f"journal of {unit} {since}", "journal", scanner.finish(), cut)
