@@ -25,6 +25,8 @@ from pathlib import Path
 
 import psutil
 
+from harness.served_bundle import ENGINE_ENV
+
 BUILDER = Path(__file__).with_name("tiny_model_builder.py")
 STOP_GRACE_S = 20.0
 
@@ -186,8 +188,7 @@ def engine_command(*args: str) -> list[str]:
 def engine_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return {
         **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "VLLM_CPU_KVCACHE_SPACE": "1",
+        **ENGINE_ENV,
         # torch.compile and inductor artefacts survive between runs: later starts are faster.
         "VLLM_CACHE_ROOT": str(test_cache() / "vllm-cache"),
         **(extra or {}),

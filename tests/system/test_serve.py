@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from harness.engine import free_port
-from harness.served_bundle import ENGINE_ARGS, ENGINE_ENV
+from harness.served_bundle import ENGINE_ARGS, ENGINE_CORE_ENV
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 
@@ -71,7 +71,7 @@ class ServeRun:
             *ENGINE_ARGS,
         ]
         # A stray PYTHONPATH must not reach the bundle's interpreter.
-        env = {**os.environ, **ENGINE_ENV, "PYTHONPATH": str(tmp / "shadowing-packages")}
+        env = {**os.environ, **ENGINE_CORE_ENV, "PYTHONPATH": str(tmp / "shadowing-packages")}
         self.process = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True
         )

@@ -22,7 +22,7 @@ from conftest import REPO
 from harness.engine import vllm_python
 from harness.nspawn import Bind, Machine, boot
 from harness.polling import wait_for
-from harness.served_bundle import ENGINE_ARGS, ENGINE_ENV, install_argv
+from harness.served_bundle import ENGINE_ARGS, ENGINE_CORE_ENV, install_argv
 
 pytestmark = [pytest.mark.nspawn, pytest.mark.engine, pytest.mark.timeout(900)]
 
@@ -33,7 +33,7 @@ VLLM_VENV = vllm_python().parent.parent
 
 
 def dropin() -> str:
-    env = " ".join(f"{k}={v}" for k, v in ENGINE_ENV.items())
+    env = " ".join(f"{k}={v}" for k, v in ENGINE_CORE_ENV.items())
     return (
         "[Service]\nProtectHome=tmpfs\n"
         f"BindReadOnlyPaths={Path(sys.base_prefix)} {VLLM_VENV}\n"
