@@ -18,7 +18,7 @@ from rocmdoctor.params import host_problem, name_problem
 from rocmdoctor.provision.server.plan_settings import PlannedSettings
 from rocmdoctor.vllm.flags import FLAGS, VLLM_VERSION
 from rocmdoctor.vllm.memory_rule import MIN_USEFUL_UTILIZATION, recommended, requested_bytes
-from rocmdoctor.vllm.surface import Surface, judge_flag, judge_variable
+from rocmdoctor.vllm.surface import Surface, judge_all, judge_flag, judge_variable
 
 GIB = 1 << 30
 DEFAULT_HOST = "127.0.0.1"
@@ -288,20 +288,10 @@ def check_environment(
     refused naming the version (ArgumentError). Without `vllm` they pass as they are."""
     if vllm is None:
         return dict(environment), []
-    out: dict[str, str] = {}
-    notes: list[str] = []
-    problems: list[str] = []
-    for name, value in environment.items():
-        verdict = judge_variable(vllm, name)
-        if verdict.refusal:
-            problems.append(verdict.refusal)
-            continue
-        if verdict.note:
-            notes.append(verdict.note)
-        out[verdict.name] = value
-    if problems:
-        raise ArgumentError("; ".join(problems))
-    return out, notes
+    judged = judge_all(vllm, environment, judge_variable)
+    if judged.refusals:
+        raise ArgumentError("; ".join(judged.refusals))
+    return judged.kept, judged.notes
 
 
 def check_extra(extra: Sequence[str]) -> list[str]:

@@ -43,7 +43,7 @@ from rocmdoctor.provision.server.lemonade_args import (
     parse_args,
     split_args,
 )
-from rocmdoctor.vllm.surface import Surface, for_version, judge_flag
+from rocmdoctor.vllm.surface import Surface, for_version, judge_all, judge_flag
 
 # Cold first loads on gfx1151 (docs/guide/configuration/vllm.md "Known gotchas"): FP8 took about
 # 12 minutes (TritonFp8BlockScaledMMKernel autotuning); other loads "20 s - several minutes".
@@ -96,22 +96,13 @@ def judged(target: ModelTarget, vllm: Surface, saved_args: str = "") -> ModelTar
     """`target` for the vLLM Lemonade runs: a renamed flag translated with a note, a deprecated one
     noted, one that vLLM lacks refused naming the version (ArgumentError, nothing sent). The flags the
     user saved in vllm_args are kept as written; one that vLLM lacks gets a note (it would refuse it)."""
-    flags: dict[str, str] = {}
-    reasons: dict[str, str] = {}
-    notes = list(target.notes)
-    problems: list[str] = []
-    for flag, value in target.flags.items():
-        verdict = judge_flag(vllm, flag)
-        if verdict.refusal:
-            problems.append(verdict.refusal)
-            continue
-        if verdict.note:
-            notes.append(verdict.note)
-        flags[verdict.name] = value
-        if flag in target.reasons:
-            reasons[verdict.name] = target.reasons[flag]
-    if problems:
-        raise ArgumentError(f"{target.model}: " + "; ".join(problems) + " (nothing was sent to Lemonade)")
+    judged_flags = judge_all(vllm, target.flags, judge_flag)
+    if judged_flags.refusals:
+        raise ArgumentError(
+            f"{target.model}: " + "; ".join(judged_flags.refusals) + " (nothing was sent to Lemonade)"
+        )
+    flags, notes = judged_flags.kept, [*target.notes, *judged_flags.notes]
+    reasons = {judged_flags.written_as[f]: target.reasons[f] for f in target.flags if f in target.reasons}
     for name, _ in parse_args(split_args(saved_args)):
         said = judge_flag(vllm, name) if name is not None and name not in flags else None
         if said is not None and (said.refusal or said.note):

@@ -11,15 +11,18 @@ version and, when a shipped newer version has it, the first one that does.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+from typing import Generic, TypeVar
 
 import msgspec
 from packaging.version import InvalidVersion, Version
 
 from rocmdoctor.documents import decode
+
+V = TypeVar("V")
 
 RECORD = ".rocmdoctor-vllm.json"  # beside provision/bundle/qualify.QUALIFICATION, in the bundle's tree
 RECORD_LIMIT = 4 << 20
@@ -145,6 +148,34 @@ class Verdict:
     name: str  # what to write: the name itself or its translation
     note: str | None = None
     refusal: str | None = None
+
+
+@dataclass(frozen=True)
+class Judged(Generic[V]):
+    """Several names judged for one vLLM: what to write (under the name it knows), each given name's
+    written name, the notes and the refusals."""
+
+    kept: dict[str, V]
+    written_as: dict[str, str]
+    notes: list[str]
+    refusals: list[str]
+
+
+def judge_all(
+    surface: Surface, items: Mapping[str, V], judge: Callable[[Surface, str], Verdict]
+) -> Judged[V]:
+    """`judge` (judge_flag, judge_variable) on every name of `items`."""
+    judged: Judged[V] = Judged({}, {}, [], [])
+    for name, value in items.items():
+        verdict = judge(surface, name)
+        if verdict.refusal:
+            judged.refusals.append(verdict.refusal)
+            continue
+        if verdict.note:
+            judged.notes.append(verdict.note)
+        judged.kept[verdict.name] = value
+        judged.written_as[name] = verdict.name
+    return judged
 
 
 def _translated(table: list[Rename], name: str, known: Iterable[str], surface: Surface) -> Verdict | None:
