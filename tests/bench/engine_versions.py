@@ -15,7 +15,9 @@ For each version:
    (provision/bundle/ask_vllm.py) must name that version;
 3. `rocmdoctor unit --write` for the installed bundle: its ExecStart is run as systemd would run it
    (the argv, the environment), /health must answer and a completion must come back;
-4. `unit` with a flag that version lacks must exit 2 naming the version.
+4. `unit` with a flag that version lacks must exit 2 naming the version;
+5. with --two-nodes, tests/system/test_cluster_engine.py's bring-up (harness/cluster_bringup.py: the
+   cluster playbook over SSH on two network namespaces, pipeline parallel 2) on that interpreter.
 Prints one JSON line per version; exit 1 when any step failed.
 """
 
@@ -38,6 +40,7 @@ from packaging.requirements import Requirement
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS))
 
+from harness.cluster_bringup import bring_up_and_stop  # noqa: E402
 from harness.engine import free_port, make_tiny_model, stop_group, test_cache  # noqa: E402
 from harness.served_bundle import ENGINE_ARGS, ENGINE_ENV, TEST_FAMILY  # noqa: E402
 from harness.trees import account_root  # noqa: E402
@@ -140,7 +143,7 @@ def serve(argv: list[str], env: dict[str, str], port: int, log: Path, timeout: f
         stop_group(process, process.pid)
 
 
-def one(version: str, work: Path, timeout: float) -> dict:
+def one(version: str, work: Path, timeout: float, cluster: bool) -> dict:
     from harness.cli import rocmdoctor
 
     result: dict = {"version": version}
@@ -186,24 +189,50 @@ def one(version: str, work: Path, timeout: float) -> dict:
     result["served"] = serve(argv, env, port, work / "engine.log", timeout)
     refused = rocmdoctor(*common, "--", *ENGINE_ARGS, NEWER_ONLY, "8")
     result["newer_flag"] = {"exit": refused.returncode, "says": refused.stderr.strip()[-400:]}
+    if cluster:
+        result["two_nodes"] = two_nodes(version, python, work)
     return result
+
+
+def two_nodes(version: str, python: Path, work: Path) -> dict:
+    """tests/system/test_cluster_engine.py's bring-up (playbooks/cluster.yml over SSH, two network
+    namespaces, pipeline parallel 2) on this version's interpreter."""
+    model = make_tiny_model(test_cache() / f"cluster-tiny-model-{version}")
+    tag = f"vllm{version}-rocm7.0.0-{TEST_FAMILY}"
+    done = bring_up_and_stop(f"ev{version.replace('.', '')}", work / "cluster", python, model, tag)
+    worker = done.logs["node1"].read_text(errors="replace") if done.logs["node1"].exists() else ""
+    smoke = done.start.stdout[done.start.stdout.rfind("TASK [Smoke on the head's endpoint") :]
+    return {
+        "start_exit": done.start.rc,
+        "start_s": round(done.startup_s, 1),
+        "worker_joined": "PP rank 1" in worker and f"tcp://{done.head_address}:29501" in worker,
+        "smoke_ok": "ok: [node0]" in smoke.split("\n\n")[0].splitlines(),
+        "stop_exit": done.stop.rc if done.stop else None,
+        "left": done.left,
+        "tail": "" if done.start.rc == 0 else (done.start.stdout[-3000:] + done.tails())[-6000:],
+    }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("versions", nargs="+")
     parser.add_argument("--start-timeout", type=float, default=1200)
+    parser.add_argument("--two-nodes", action="store_true", help="also the two-node bring-up")
     args = parser.parse_args()
     ok = True
     for version in args.versions:
         work = Path(tempfile.mkdtemp(prefix=f"rocmdoctor-engine-{version}-"))  # kept: the logs
-        result = one(version, work, args.start_timeout)
+        result = one(version, work, args.start_timeout, args.two_nodes)
         good = (
             result.get("qualified", {}).get("import") == "passed"
             and result.get("surface_record") == version
             and result.get("served", {}).get("healthy") is True
             and result.get("newer_flag", {}).get("exit") == 2
             and version in result["newer_flag"]["says"]
+            and (
+                not args.two_nodes
+                or (result["two_nodes"]["start_exit"] == 0 and result["two_nodes"]["smoke_ok"])
+            )
         )
         result["ok"] = good
         ok = ok and good
