@@ -41,8 +41,15 @@ TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS))
 
 from harness.cluster_bringup import bring_up_and_stop  # noqa: E402
-from harness.engine import free_port, make_tiny_model, stop_group, test_cache  # noqa: E402
-from harness.served_bundle import ENGINE_ARGS, ENGINE_ENV, TEST_FAMILY  # noqa: E402
+from harness.engine import (  # noqa: E402
+    EngineStartError,
+    Launch,
+    free_port,
+    make_tiny_model,
+    start_servers,
+    test_cache,
+)
+from harness.served_bundle import ENGINE_ARGS, TEST_FAMILY  # noqa: E402
 from harness.trees import account_root  # noqa: E402
 from harness.unit_exec import instance_argv  # noqa: E402
 from rocmdoctor.host_writes import HostWriter  # noqa: E402
@@ -118,29 +125,16 @@ def complete(port: int) -> str:
 
 
 def serve(argv: list[str], env: dict[str, str], port: int, log: Path, timeout: float) -> dict:
+    """The unit's command line as the harness starts an engine (harness.engine.start_servers: its own
+    process group, stopped on every exit path); /health, then one completion."""
     started = time.monotonic()
-    with open(log, "ab") as out:
-        process = subprocess.Popen(
-            argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env={**os.environ, **env, **ENGINE_ENV}, start_new_session=True,
-        )  # fmt: skip
     try:
-        while time.monotonic() - started < timeout:
-            if process.poll() is not None:
-                return {"healthy": False, "exit": process.returncode, "log": str(log)}
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(1)
-        else:
-            return {"healthy": False, "timed_out_s": timeout, "log": str(log)}
-        healthy_s = round(time.monotonic() - started, 1)
-        text = complete(port)
-        return {"healthy": True, "healthy_after_s": healthy_s, "completion_chars": len(text), "log": str(log)}
-    finally:
-        stop_group(process, process.pid)
+        with start_servers([Launch(argv, port, log, env)], startup_timeout=timeout):
+            healthy_s = round(time.monotonic() - started, 1)
+            text = complete(port)
+    except EngineStartError as exc:
+        return {"healthy": False, "error": str(exc)[-2000:], "log": str(log)}
+    return {"healthy": True, "healthy_after_s": healthy_s, "completion_chars": len(text), "log": str(log)}
 
 
 def one(version: str, work: Path, timeout: float, cluster: bool) -> dict:

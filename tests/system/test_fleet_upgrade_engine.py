@@ -149,8 +149,8 @@ def lab(tmp_path_factory, tiny_model):
     engine_args = ["--model", str(tiny_model), "--served-model-name", "tiny", "--max-model-len", "512",
                    "--max-num-seqs", "4", "--host", "127.0.0.1", "--port", str(PORT), *ENGINE_ARGS]  # fmt: skip
     # vLLM's own process layout (EngineCore apart from the API server): with EngineCore inside the API
-    # server, a bench right after a start measured several times below the later ones, so SLOW (one
-    # slot) passed the 25 % gate against its baseline (+104 % and +213 % in a 4-worker run).
+    # server the baseline came out far below later measurements (bench warms up first; cause not found),
+    # and SLOW (one slot) passed the 25 % gate against it (+104 % and +213 % in a 4-worker run).
     engine_env = {**ENGINE_CORE_ENV, "VLLM_CACHE_ROOT": str(engine.test_cache() / "vllm-cache")}
     bridges: list[NetnsBridge] = []
     with ReleaseServer() as server, SshFleet("fupg-t", workdir) as fleet:
