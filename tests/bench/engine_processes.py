@@ -22,10 +22,11 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness.engine import make_tiny_model, start_engine
+from harness.served_bundle import ENGINE_CORE_ENV, ENGINE_ENV
 
 LAYOUTS = {
-    "api server + EngineCore + worker (vLLM's default)": {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
-    "EngineCore in the API server (the suite's)": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+    "api server + EngineCore + worker (vLLM's default)": ENGINE_CORE_ENV,
+    "EngineCore in the API server (the suite's)": ENGINE_ENV,
 }
 
 

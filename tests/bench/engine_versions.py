@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -40,6 +38,7 @@ from packaging.requirements import Requirement
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS))
 
+from harness.bundles import environment_as_bundle  # noqa: E402
 from harness.cluster_bringup import bring_up_and_stop  # noqa: E402
 from harness.engine import (  # noqa: E402
     EngineStartError,
@@ -90,18 +89,6 @@ def environment(version: str) -> Path:
     return python
 
 
-def lay_out_bundle(python: Path, prefix: Path, tag: str) -> Path:
-    """The environment as a bundle's tree (hard links, as tests/system/test_vllm_versions.py lays out
-    vLLM 0.32's): its lib/, bin/python3 and bin/vllm-server execing its interpreter."""
-    tree = prefix / tag
-    shutil.copytree(python.parent.parent / "lib", tree / "lib", symlinks=True, copy_function=os.link)
-    (tree / "bin").mkdir()
-    for name, tail in (("python3", '"$@"'), ("vllm-server", '-m vllm.entrypoints.openai.api_server "$@"')):
-        (tree / "bin" / name).write_text(f'#!/bin/sh\nexec "{python}" {tail}\n')
-        (tree / "bin" / name).chmod(0o755)
-    return tree
-
-
 def unit_exec(target: Path) -> tuple[list[str], dict[str, str]]:
     """The written unit's ExecStart argv (harness/unit_exec.py: as systemd expands it) and its
     Environment= assignments (double-quoted words, the form the unit writer uses)."""
@@ -146,7 +133,7 @@ def one(version: str, work: Path, timeout: float, cluster: bool) -> dict:
         [str(python), "-c", "import torch, vllm; print(vllm.__version__, torch.__version__)"]
     ).stdout.strip()
     prefix = work / "opt"
-    tree = lay_out_bundle(python, prefix, f"vllm{version}-rocm7.0.0-{TEST_FAMILY}")
+    tree = environment_as_bundle(python, prefix / f"vllm{version}-rocm7.0.0-{TEST_FAMILY}")
     started = time.monotonic()
     options = qualify.QualifyOptions(import_timeout_s=900.0)
     qualify.qualify_tree(HostWriter().trees, tree, tree.name, [("bundle.tar.gz", None)], options)

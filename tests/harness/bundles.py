@@ -17,6 +17,7 @@ import io
 import json
 import os
 import shlex
+import shutil
 import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -210,6 +211,32 @@ def default_vllm_python() -> Path:
     return cache / "vllm-venv" / "bin" / "python"
 
 
+def launcher_scripts(python: Path | str, launcher_args: Sequence[str] = ()) -> dict[str, str]:
+    """A test bundle's `bin/vllm-server` (execs `<python> -m vllm.entrypoints.openai.api_server "$@"`,
+    then `launcher_args`, which win over the caller's) and `bin/python3` (execs `python`)."""
+    extra = "".join(f" {shlex.quote(a)}" for a in launcher_args)
+    return {
+        "bin/vllm-server": f'#!/bin/bash\nexec "{python}" -m vllm.entrypoints.openai.api_server "$@"{extra}\n',
+        "bin/python3": f'#!/bin/bash\nexec "{python}" "$@"\n',
+    }
+
+
+def write_launchers(tree: Path, python: Path | str) -> None:
+    """launcher_scripts() written into the tree `tree`, executable."""
+    for name, text in launcher_scripts(python).items():
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        (tree / name).write_text(text)
+        (tree / name).chmod(0o755)
+
+
+def environment_as_bundle(python: Path, tree: Path) -> Path:
+    """The venv of `python` laid out as a bundle's tree at `tree`: its lib/ hard-linked, and the
+    launchers. A real environment, so qualification judges real ELF files and imports for real."""
+    shutil.copytree(python.parent.parent / "lib", tree / "lib", symlinks=True, copy_function=os.link)
+    write_launchers(tree, python)
+    return tree
+
+
 def vllm_test_bundle(
     out_dir: Path,
     family: str,
@@ -222,14 +249,10 @@ def vllm_test_bundle(
     bundle can be served: the shim execs `<vllm_python> -m vllm.entrypoints.openai.api_server "$@"`
     (then `launcher_args`, which win over the caller's: a launcher that overrides a setting) and
     `bin/python3` execs the same interpreter."""
-    python = str(vllm_python or default_vllm_python())
-    extra = "".join(f" {shlex.quote(a)}" for a in launcher_args)
-    shim = f'#!/bin/bash\nexec "{python}" -m vllm.entrypoints.openai.api_server "$@"{extra}\n'.encode()
-    wrapper = f'#!/bin/bash\nexec "{python}" "$@"\n'.encode()
+    launchers = launcher_scripts(vllm_python or default_vllm_python(), launcher_args)
     sp = "lib/python3.13/site-packages"
     files: dict[str, FileSpec] = {
-        "bin/vllm-server": (shim, 0o755),
-        "bin/python3": (wrapper, 0o755),
+        **{name: (text.encode(), 0o755) for name, text in launchers.items()},
         f"{sp}/rocmdoctor_test_bundle.txt": f"{family} {tag}\n".encode(),
         # The real bundle's clang loses its exec bit in the tarball; the installer restores it.
         f"{sp}/_rocm_sdk_core/lib/llvm/bin/clang": (b"#!/bin/sh\necho clang stand-in\n", 0o644),

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness import cluster_net
+from harness.bundles import write_launchers
 from harness.engine import log_tail
 from harness.engine import test_cache as engine_cache
 from harness.fleet import PlaybookRun, SshFleet, netns_pids, run_playbook
@@ -41,13 +42,7 @@ def install_test_bundle(host, python: Path, tag: str) -> None:
     """The test bundle's layout in the host's own /opt (harness.bundles.vllm_test_bundle): the
     launcher, the interpreter, and the qualification record install leaves."""
     current = host.opt / "rocmdoctor" / "current"
-    (current / "bin").mkdir(parents=True, exist_ok=True)
-    (current / "bin/vllm-server").write_text(
-        f'#!/bin/bash\nexec "{python}" -m vllm.entrypoints.openai.api_server "$@"\n'
-    )
-    (current / "bin/python3").write_text(f'#!/bin/bash\nexec "{python}" "$@"\n')
-    for name in ("vllm-server", "python3"):
-        (current / "bin" / name).chmod(0o755)
+    write_launchers(current, python)
     record = {"tag": tag, "bundle_digest": DIGEST, "qualified": True}
     (current / ".rocmdoctor-qualification.json").write_text(json.dumps(record))
 

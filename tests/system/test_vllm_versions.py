@@ -145,21 +145,14 @@ def test_the_real_vllm_032_environment_as_a_bundle_qualifies_and_answers(tmp_pat
     libze_loader.so.1) are notes, not the 978 failures the static rule gave; vllm/_C's libnuma.so.1 is
     named as taken from this host; the import step runs, and in the same run the bundle's own vLLM answers
     with its flags, kept beside the qualification record and used for the arguments."""
-    import os
-    import shutil
-
+    from harness.bundles import environment_as_bundle
     from rocmdoctor.host_writes import HostWriter
     from rocmdoctor.provision.bundle import ask_vllm, qualify
     from rocmdoctor.vllm import surface
 
     python, _ = python_and_env("0.32.0")
-    venv = python.parent.parent
     prefix = tmp_path / "prefix"
-    tree = prefix / "vllm0.32.0-rocm7.0.0-gfx1151"
-    shutil.copytree(venv / "lib", tree / "lib", symlinks=True, copy_function=os.link)
-    (tree / "bin").mkdir()
-    (tree / "bin" / "python3").write_text(f'#!/bin/sh\nexec "{python}" "$@"\n')
-    (tree / "bin" / "python3").chmod(0o755)
+    tree = environment_as_bundle(python, prefix / "vllm0.32.0-rocm7.0.0-gfx1151")
     options = qualify.QualifyOptions(import_timeout_s=360.0)
     qualify.qualify_tree(HostWriter().trees, tree, tree.name, [("bundle.tar.gz", None)], options)
     result = options.last

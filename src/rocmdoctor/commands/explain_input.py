@@ -200,8 +200,7 @@ def read_journal(host: Host, unit: str) -> SourceScan:
 
     By time, not by `_SYSTEMD_INVOCATION_ID`: journald reads that id when it reads a line, and a line
     written just before the process exited (a traceback's last line) is read after the process is gone,
-    so it carries the unit's name but no id, or the id of the restart that followed (systemd 252 does
-    both for a service that fails at once)."""
+    so it carries the unit's name but no id (seen on systemd 252 for a service that fails at once)."""
     invocation, started = _last_start(host, unit)
     if started:
         select_unit, since = ["--unit", unit, "--since", started], "since its last start"
