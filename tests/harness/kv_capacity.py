@@ -27,8 +27,9 @@ def main() -> None:
     once = ("_print_debug_once", "_print_info_once", "_print_warning_once", "_print_error_once")
     for case in json.loads(sys.argv[1]):
         # vLLM logs some of the lines the test reads once per process: every case must log its own.
-        for name in once:
-            getattr(vllm.logger, name).cache_clear()
+        for name in once:  # the set differs by version (0.20.1 has no _print_error_once)
+            if hasattr(vllm.logger, name):
+                getattr(vllm.logger, name).cache_clear()
         print(f"=== CASE {case['name']}", flush=True)
         parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
         args = EngineArgs.from_cli_args(parser.parse_args(case["argv"]))

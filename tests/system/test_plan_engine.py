@@ -26,7 +26,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import threading
 import urllib.error
 import urllib.request
@@ -34,14 +33,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.engine import (
-    BUILDER,
-    engine_env,
-    make_tiny_model,
-    require_vllm_python,
-    start_engine,
-    vllm_python,
-)
+from harness.engine import make_tiny_model, require_vllm_python, start_engine
+from harness.engine_kv import ENV, KV_BYTES, build, capacity, engine_args, size_kv_caches
 from harness.plan_arch_configs import ARCHS
 from harness.plan_arch_configs import REFUSED as REFUSED_ARCHS
 from rocmdoctor.provision.verify.memory import MetricsError, diagnose_url
@@ -49,10 +42,6 @@ from rocmdoctor.vllm.memory_plan import ConfigError, EngineSettings, Memory, kv_
 
 pytestmark = pytest.mark.engine
 
-CAPACITY = re.compile(
-    r"KV cache size: ([\d,]+) tokens, Maximum concurrency for ([\d,]+) tokens per request: "
-    r"([\d.]+)x"
-)
 REFUSED = re.compile(r"the estimated maximum model length is (\d+)")
 # vLLM 0.32 logs each group's block size when there are several groups
 # (kv_cache_utils.resolve_kv_cache_block_sizes; a state group's is the state's own, max_model_len
@@ -65,7 +54,6 @@ SSM_FLOAT32 = "Reset SSM cache type to float32"
 # The CPU platform's choices (vllm/platforms/cpu.py): block size 128, or 16 for the CPU MLA kernel;
 # no async scheduling (one batch in flight); the OpenAI server's 2048 batched tokens.
 CPU_BLOCK = {"deepseek": 16}
-KV_BYTES = 1 << 30  # VLLM_CPU_KVCACHE_SPACE=1: a fixed 1 GiB KV cache
 MAX_MODEL_LEN = 512  # the llama builder's max_position_embeddings
 # The refusal run: a context of 1M tokens needs 1.5 GiB of KV cache in the qwen3 model (1536 B a token).
 LONG_CONTEXT = 1 << 20
@@ -97,18 +85,6 @@ MULTI_GROUP = {name for name, *_ in CASES} - {"llama", "qwen3", "deepseek", "odd
 RESULTS = Path(os.environ.get("ROCMDOCTOR_PLAN_ENGINE_RESULTS", "/tmp/rocmdoctor-plan-engine.json"))
 
 
-def build(arch: str, dest: Path) -> Path:
-    subprocess.run(
-        [str(vllm_python()), str(BUILDER), str(dest), "64", arch],
-        check=True,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        timeout=120,
-    )
-    return dest
-
-
 def settings_for(arch: str, **extra) -> EngineSettings:
     # the CPU platform's choices: its block size, 2048 batched tokens, no async scheduling
     cpu = {"block_size": CPU_BLOCK.get(arch, 128), "max_num_batched_tokens": 2048, "async_scheduling": False}
@@ -126,47 +102,6 @@ def planned(arch: str, model: Path, max_model_len: int, kv_bytes: int = KV_BYTES
         settings=settings,
         max_model_len=max_model_len,
     )
-
-
-def engine_args(max_model_len: int) -> list[str]:
-    return ["--max-model-len", str(max_model_len), "--max-num-batched-tokens", "2048"]
-
-
-ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
-KV_CAPACITY = Path(__file__).resolve().parents[1] / "harness" / "kv_capacity.py"
-
-
-def size_kv_caches(cases: list[tuple[str, Path, list[str]]], out: Path) -> dict[str, str]:
-    """vLLM's log for each (name, model, engine args), from one interpreter (harness/kv_capacity.py)."""
-    argv = [
-        {
-            "name": name,
-            "argv": ["--model", str(model), "--load-format", "dummy", "--enforce-eager", *args],
-        }
-        for name, model, args in cases
-    ]
-    with out.open("w") as log:
-        subprocess.run(
-            [str(vllm_python()), str(KV_CAPACITY), json.dumps(argv)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=engine_env({**ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}),
-            timeout=120 + 60 * len(cases),
-            check=False,
-        )
-    text = out.read_text(errors="replace")
-    logs = {}
-    for name, *_ in cases:
-        start, end = text.find(f"=== CASE {name}\n"), text.find(f"=== DONE {name}\n")
-        assert 0 <= start < end, f"{name}: the engine did not finish sizing it; see {out}"
-        logs[name] = text[start:end]
-    return logs
-
-
-def capacity(text: str, name: str) -> tuple[int, int, float]:
-    match = CAPACITY.search(text)
-    assert match, f"{name}: no capacity line in vLLM's log"
-    return int(match[1].replace(",", "")), int(match[2].replace(",", "")), float(match[3])
 
 
 def test_plan_matches_vllm_on_dense_mla_sliding_and_hybrid_architectures(tmp_path: Path):
