@@ -60,6 +60,32 @@ class Result:
             raise ValueError(f"a {self.status.value} result needs a remedy: {self.summary!r}")
 
 
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One judged item, whoever judged it: a check's result, a Lemonade finding, a cluster pre-flight's
+    fault, a managed server's health. `subject` names what it is about where the id does not (a node,
+    a server); every JSON document carries a row as `to_json` lays it out, and people read it through
+    rendering/rows.py."""
+
+    id: str
+    result: Result
+    subject: str = ""
+
+    @property
+    def status(self) -> Status:
+        return self.result.status
+
+    def to_json(self) -> dict[str, Any]:
+        result = self.result
+        return {
+            "id": self.id,
+            "status": result.status.value,
+            "summary": result.summary,
+            "remedy": result.remedy,
+            "details": result.details,
+        }
+
+
 def passed(summary: str, **details: Any) -> Result:
     return Result(Status.PASS, summary, details=details)
 

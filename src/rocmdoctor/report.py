@@ -7,23 +7,17 @@ import math
 from typing import Any
 
 from rocmdoctor import __version__
-from rocmdoctor.model import SCHEMA_VERSION, Status, exit_code
+from rocmdoctor.model import SCHEMA_VERSION, Row, Status, exit_code
 from rocmdoctor.policy import verdicts
 from rocmdoctor.registry import CheckSpec, Outcome
 
 
 def check_entry(outcome: Outcome) -> dict[str, Any]:
-    spec, result = outcome.spec, outcome.result
-    return {
-        "id": spec.id,
-        "title": spec.title,
-        "severity": spec.severity.value,
-        "depends": list(spec.depends),
-        "status": result.status.value,
-        "summary": result.summary,
-        "remedy": result.remedy,
-        "details": result.details,
-    }
+    """The check's result row, with what the check declares (title, severity, depends) after its id."""
+    spec = outcome.spec
+    row = Row(spec.id, outcome.result).to_json()
+    declared = {"title": spec.title, "severity": spec.severity.value, "depends": list(spec.depends)}
+    return {"id": row.pop("id"), **declared, **row}
 
 
 def summarize(outcomes: list[Outcome]) -> dict[str, int]:

@@ -40,7 +40,7 @@ def test_check_exit_codes_and_report(tmp_path: Path):
 
     bad = rocmdoctor("cluster", "check", "--input", str(recorded_input(tmp_path, other_bundle)))
     assert bad.returncode == 1
-    assert "node1: bundle.digest_differs" in bad.stdout and "remedy: install node0's bundle" in bad.stdout
+    assert "node1: bundle.digest_differs" in bad.stdout and "-> install node0's bundle" in bad.stdout
     assert "FAULTS" in bad.stdout
 
 

@@ -109,6 +109,21 @@ def test_gpus_differ_in_count_and_model():
     assert {("node0", "kernel.iommu_pt"), ("node1", "kernel.iommu_pt")} <= warned
 
 
+def test_a_finding_is_a_result_row_and_keeps_its_earlier_fields():
+    """Findings are the rows every result uses (id, status, summary, remedy, details), and the JSON keeps
+    the fields it had (node, severity, message): a document gains fields, never loses them."""
+    nodes = recorded()
+    gpu = {"model": "gfx942", "node": 2, "pci_slot": "0000:47:00.0"}
+    nodes[0]["gpus"], nodes[1]["gpus"] = [gpu, {**gpu, "node": 3}], [gpu]
+    report = compare(nodes)
+    assert report["findings"], "the changed GPUs give findings"
+    for finding in report["findings"]:
+        assert finding["status"] == {FAULT: "fail", WARNING: "warn"}[finding["severity"]], finding
+        assert finding["summary"] == finding["message"] and finding["remedy"], finding
+        assert finding["details"] == {"node": finding["node"]}, finding
+    assert report["ok"] is not any(f["status"] == "fail" for f in report["findings"])
+
+
 def test_two_nodes_with_one_address_or_one_name():
     nodes = recorded()
     nodes[1]["advertise"] = nodes[0]["advertise"]

@@ -208,3 +208,17 @@ def test_the_parser_answers_any_text_with_samples_or_its_own_error(text):
     except prometheus.MetricsFormatError:
         return
     assert all(isinstance(s.value, float) and isinstance(s.labels, dict) for s in found)
+
+
+@pytest.mark.parametrize("verdict", PROBE_VERDICTS)
+def test_each_probe_verdict_is_a_result_row_with_what_to_do(verdict):
+    server = ServerHealth("vllm@3", "http://127.0.0.1:8003", "tiny", verdict=verdict, detail="GET /health: 503")
+    row = server.row()
+    assert row.subject == "vllm@3" and row.id == "server.probe"
+    assert row.result.details == {"url": "http://127.0.0.1:8003", "model": "tiny", "verdict": verdict}
+    if verdict == "ok":
+        assert row.status.value == "pass" and not row.result.remedy
+    else:
+        # a failed row needs a remedy (model.Result refuses one without); it names this server's unit
+        assert row.status.value == "fail" and verdict in row.result.summary
+        assert "vllm@3.service" in row.result.remedy or "processes.orphans" in row.result.remedy

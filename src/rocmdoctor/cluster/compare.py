@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from rocmdoctor.model import SCHEMA_VERSION
+from rocmdoctor.model import Result, Row, Status, envelope
 
 KIND = "rocmdoctor.cluster.report"
 FAULT = "fault"
@@ -23,16 +23,18 @@ MIN_SHM_BYTES = 16 << 30
 SHM_MIN_WARN = 1 << 30  # below 1 GiB the shared-memory broadcast queues themselves run short
 
 
-@dataclass(frozen=True)
-class Finding:
-    node: str
-    id: str
-    severity: str
-    message: str
-    remedy: str
+SEVERITY = {FAULT: Status.FAIL, WARNING: Status.WARN}
 
-    def to_json(self) -> dict[str, str]:
-        return asdict(self)
+
+def fault(node: str, ident: str, severity: str, message: str, remedy: str) -> Row:
+    """A finding on `node`, as every judged item is: a result row about that node."""
+    return Row(ident, Result(SEVERITY[severity], message, remedy, {"node": node}), subject=node)
+
+
+def finding_json(row: Row) -> dict[str, Any]:
+    """The row, and the fields the report carried before findings were rows (node, severity, message)."""
+    severity = FAULT if row.status is Status.FAIL else WARNING
+    return {**row.to_json(), "node": row.subject, "severity": severity, "message": row.result.summary}
 
 
 @dataclass(frozen=True)
@@ -85,11 +87,11 @@ def _iface_up(iface: Mapping[str, Any]) -> bool:
     return iface.get("operstate") == "up" or (iface.get("operstate") == "unknown" and iface.get("up") is True)
 
 
-def _address_findings(facts: Mapping[str, Any]) -> list[Finding]:
+def _address_findings(facts: Mapping[str, Any]) -> list[Row]:
     node, advertise = _name(facts), facts.get("advertise")
     if not advertise:
         return [
-            Finding(
+            fault(
                 node,
                 "address.unset",
                 FAULT,
@@ -100,7 +102,7 @@ def _address_findings(facts: Mapping[str, Any]) -> list[Finding]:
     if advertise not in (facts.get("addresses") or []):
         owned = ", ".join(a for a in facts.get("addresses") or [] if not ipaddress.ip_address(a).is_loopback)
         return [
-            Finding(
+            fault(
                 node,
                 "address.not_local",
                 FAULT,
@@ -112,7 +114,7 @@ def _address_findings(facts: Mapping[str, Any]) -> list[Finding]:
     return []
 
 
-def _ifname_findings(facts: Mapping[str, Any]) -> list[Finding]:
+def _ifname_findings(facts: Mapping[str, Any]) -> list[Row]:
     node, out = _name(facts), []
     ifaces = facts.get("interfaces") or {}
     advertise = facts.get("advertise")
@@ -128,7 +130,7 @@ def _ifname_findings(facts: Mapping[str, Any]) -> list[Finding]:
         matching = [i for i in ifaces if any((i == n) if exact else i.startswith(n) for n in names)]
         if not matching:
             out.append(
-                Finding(
+                fault(
                     node,
                     "ifname.missing",
                     FAULT,
@@ -141,7 +143,7 @@ def _ifname_findings(facts: Mapping[str, Any]) -> list[Finding]:
         down = [i for i in matching if not _iface_up(ifaces[i])]
         if down and len(down) == len(matching):
             out.append(
-                Finding(
+                fault(
                     node,
                     "ifname.down",
                     FAULT,
@@ -153,7 +155,7 @@ def _ifname_findings(facts: Mapping[str, Any]) -> list[Finding]:
             )
         elif carriers and not set(matching) & set(carriers):
             out.append(
-                Finding(
+                fault(
                     node,
                     "ifname.wrong_network",
                     FAULT,
@@ -165,13 +167,13 @@ def _ifname_findings(facts: Mapping[str, Any]) -> list[Finding]:
     return out
 
 
-def _same_findings(head: Mapping[str, Any], facts: Mapping[str, Any]) -> list[Finding]:
+def _same_findings(head: Mapping[str, Any], facts: Mapping[str, Any]) -> list[Row]:
     """What must equal the head's: bundle, model, GPUs, visibility."""
     node, hname, out = _name(facts), _name(head), []
     hb, b = head.get("bundle") or {}, facts.get("bundle") or {}
     if not b.get("digest"):
         out.append(
-            Finding(
+            fault(
                 node,
                 "bundle.missing",
                 FAULT,
@@ -181,7 +183,7 @@ def _same_findings(head: Mapping[str, Any], facts: Mapping[str, Any]) -> list[Fi
         )
     elif hb.get("digest") and b["digest"] != hb["digest"]:
         out.append(
-            Finding(
+            fault(
                 node,
                 "bundle.digest_differs",
                 FAULT,
@@ -192,7 +194,7 @@ def _same_findings(head: Mapping[str, Any], facts: Mapping[str, Any]) -> list[Fi
         )
     if b.get("digest") and b.get("qualified") is not True:
         out.append(
-            Finding(
+            fault(
                 node,
                 "bundle.not_qualified",
                 FAULT,
@@ -205,7 +207,7 @@ def _same_findings(head: Mapping[str, Any], facts: Mapping[str, Any]) -> list[Fi
     hmodels, models = sorted(x.get("model") or "?" for x in hg), sorted(x.get("model") or "?" for x in g)
     if len(hg) != len(g):
         out.append(
-            Finding(
+            fault(
                 node,
                 "gpu.count_differs",
                 FAULT,
@@ -215,7 +217,7 @@ def _same_findings(head: Mapping[str, Any], facts: Mapping[str, Any]) -> list[Fi
         )
     elif hmodels != models:
         out.append(
-            Finding(
+            fault(
                 node,
                 "gpu.model_differs",
                 FAULT,
@@ -227,7 +229,7 @@ def _same_findings(head: Mapping[str, Any], facts: Mapping[str, Any]) -> list[Fi
     differing = [k for k in sorted(set(hv) | set(v)) if hv.get(k) != v.get(k)]
     if differing:
         out.append(
-            Finding(
+            fault(
                 node,
                 "visibility.differs",
                 FAULT,
@@ -238,7 +240,7 @@ def _same_findings(head: Mapping[str, Any], facts: Mapping[str, Any]) -> list[Fi
     return out
 
 
-def _model_findings(head: Mapping[str, Any], facts: Mapping[str, Any]) -> list[Finding]:
+def _model_findings(head: Mapping[str, Any], facts: Mapping[str, Any]) -> list[Row]:
     node, hname = _name(facts), _name(head)
     hm, m = head.get("model"), facts.get("model")
     if not hm and not m:
@@ -246,7 +248,7 @@ def _model_findings(head: Mapping[str, Any], facts: Mapping[str, Any]) -> list[F
     if not m or m.get("problem") and not m.get("files"):
         where = (m or hm or {}).get("path")
         return [
-            Finding(
+            fault(
                 node,
                 "model.missing",
                 FAULT,
@@ -257,7 +259,7 @@ def _model_findings(head: Mapping[str, Any], facts: Mapping[str, Any]) -> list[F
     out = []
     if hm and m.get("path") != hm.get("path"):
         out.append(
-            Finding(
+            fault(
                 node,
                 "model.path_differs",
                 FAULT,
@@ -267,7 +269,7 @@ def _model_findings(head: Mapping[str, Any], facts: Mapping[str, Any]) -> list[F
         )
     if hm and m.get("revision") != hm.get("revision"):
         out.append(
-            Finding(
+            fault(
                 node,
                 "model.revision_differs",
                 FAULT,
@@ -284,7 +286,7 @@ def _model_findings(head: Mapping[str, Any], facts: Mapping[str, Any]) -> list[F
                 for k in differ[:5]
             )
             out.append(
-                Finding(
+                fault(
                     node,
                     "model.files_differ",
                     FAULT,
@@ -295,12 +297,12 @@ def _model_findings(head: Mapping[str, Any], facts: Mapping[str, Any]) -> list[F
     return out
 
 
-def _host_findings(facts: Mapping[str, Any], multi_gpu: bool) -> list[Finding]:
+def _host_findings(facts: Mapping[str, Any], multi_gpu: bool) -> list[Row]:
     node, out = _name(facts), []
     for port in facts.get("rdma") or []:
         if port.get("state") != "ACTIVE":
             out.append(
-                Finding(
+                fault(
                     node,
                     "rdma.port_down",
                     FAULT,
@@ -313,7 +315,7 @@ def _host_findings(facts: Mapping[str, Any], multi_gpu: bool) -> list[Finding]:
     shm = facts.get("shm_bytes")
     if isinstance(shm, int) and shm < MIN_SHM_BYTES:
         out.append(
-            Finding(
+            fault(
                 node,
                 "shm.small",
                 FAULT if shm < SHM_MIN_WARN else WARNING,
@@ -323,7 +325,7 @@ def _host_findings(facts: Mapping[str, Any], multi_gpu: bool) -> list[Finding]:
         )
     if multi_gpu and "iommu=pt" not in (facts.get("kernel_options") or []):
         out.append(
-            Finding(
+            fault(
                 node,
                 "kernel.iommu_pt",
                 WARNING,
@@ -336,7 +338,7 @@ def _host_findings(facts: Mapping[str, Any], multi_gpu: bool) -> list[Finding]:
         visible.get("HIP_VISIBLE_DEVICES") or visible.get("CUDA_VISIBLE_DEVICES")
     ):
         out.append(
-            Finding(
+            fault(
                 node,
                 "visibility.mixed",
                 WARNING,
@@ -348,14 +350,14 @@ def _host_findings(facts: Mapping[str, Any], multi_gpu: bool) -> list[Finding]:
     return out
 
 
-def _probe_findings(probes: Iterable[Probe]) -> list[Finding]:
+def _probe_findings(probes: Iterable[Probe]) -> list[Row]:
     out = []
     for p in probes:
         if p.ok:
             continue
         unreachable = p.error in ("no route to host", "network is unreachable")
         out.append(
-            Finding(
+            fault(
                 p.target,
                 "address.unreachable" if unreachable else "port.blocked",
                 FAULT,
@@ -374,7 +376,26 @@ def _probe_findings(probes: Iterable[Probe]) -> list[Finding]:
 
 def compare(nodes: Sequence[Mapping[str, Any]], probes: Iterable[Probe] = ()) -> dict[str, Any]:
     """The versioned report: every finding, `ok` when there is no fault."""
-    findings: list[Finding] = []
+    probes = list(probes)
+    return report(nodes, probes, judge(nodes, probes))
+
+
+def report(
+    nodes: Sequence[Mapping[str, Any]], probes: Sequence[Probe], findings: Sequence[Row]
+) -> dict[str, Any]:
+    return envelope(
+        kind=KIND,
+        ok=not any(f.status is Status.FAIL for f in findings),
+        head=_name(nodes[0]),
+        nodes=[_name(n) for n in nodes],
+        findings=[finding_json(f) for f in findings],
+        matrix=[asdict(p) for p in probes],
+    )
+
+
+def judge(nodes: Sequence[Mapping[str, Any]], probes: Sequence[Probe]) -> list[Row]:
+    """Every finding about these nodes and their connect matrix, in the report's order."""
+    findings: list[Row] = []
     if not nodes:
         raise ValueError("no node facts to compare")
     head = nodes[0]
@@ -382,7 +403,7 @@ def compare(nodes: Sequence[Mapping[str, Any]], probes: Iterable[Probe] = ()) ->
     names = [_name(n) for n in nodes]
     for twice in sorted({n for n in names if names.count(n) > 1}):
         findings.append(
-            Finding(
+            fault(
                 twice,
                 "node.duplicate",
                 FAULT,
@@ -397,7 +418,7 @@ def compare(nodes: Sequence[Mapping[str, Any]], probes: Iterable[Probe] = ()) ->
     advertised = [str(n["advertise"]) for n in nodes if n.get("advertise")]
     for twice in sorted({a for a in advertised if advertised.count(a) > 1}):
         findings.append(
-            Finding(
+            fault(
                 ", ".join(_name(n) for n in nodes if n.get("advertise") == twice),
                 "address.duplicate",
                 FAULT,
@@ -405,14 +426,4 @@ def compare(nodes: Sequence[Mapping[str, Any]], probes: Iterable[Probe] = ()) ->
                 "set each node's VLLM_HOST_IP to its own address",
             )
         )
-    probes = list(probes)
-    findings += _probe_findings(probes)
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "kind": KIND,
-        "ok": not any(f.severity == FAULT for f in findings),
-        "head": names[0],
-        "nodes": names,
-        "findings": [f.to_json() for f in findings],
-        "matrix": [asdict(p) for p in probes],
-    }
+    return findings + _probe_findings(probes)

@@ -30,7 +30,9 @@ def host_capacity(ctx: Context) -> dict[str, Any]:
 def write_health(ctx: Context, report: dict[str, Any], started: float, path: Path) -> None:
     from rocmdoctor import __version__
     from rocmdoctor.commands.health_textfile import health_run, write_textfile
+    from rocmdoctor.rendering.rows import row_lines
     from rocmdoctor.rendering.textfile import render, render_failed
+    from rocmdoctor.vllm.health_metrics import PROBE_OK
 
     try:
         run = health_run(ctx, report, started)
@@ -42,13 +44,14 @@ def write_health(ctx: Context, report: dict[str, Any], started: float, path: Pat
             f"the health run failed ({type(exc).__name__}: {exc}); {path} says rocmdoctor_up 0"
         ) from exc
     write_textfile(path, render(run))
-    down = [f"{s.server} {s.verdict}" for s in run.servers if s.verdict != "ok"]
-    more = f" and {len(down) - 4} more" if len(down) > 4 else ""
+    down = [server.row() for server in run.servers if server.verdict != PROBE_OK]
     click.echo(
         f"wrote {path}: {len(run.checks)} checks, {report['summary'].get('fail', 0)} failed, "
-        f"{len(run.servers)} servers" + (f" (not ok: {', '.join(down[:4])}{more})" if down else ""),
+        f"{len(run.servers)} servers" + (f", {len(down)} not serving:" if down else ""),
         err=True,
     )
+    for line in row_lines(down):
+        click.echo(line, err=True)
 
 
 def show_checks(specs: list[CheckSpec], as_json: bool) -> None:

@@ -232,9 +232,10 @@ def probe_command(name: str, peers: tuple[str, ...], timeout_s: float, wait_s: f
 @click.option("--json", "as_json", is_flag=True)
 def check_command(source: str, as_json: bool) -> None:
     """Compare the nodes' facts and the connect matrix: exit 0 when no fault, 1 otherwise."""
-    from rocmdoctor.cluster.compare import compare
+    from rocmdoctor.cluster.compare import judge, report
     from rocmdoctor.cluster.documents import MAX_INPUT_BYTES, parse_input
     from rocmdoctor.documents import DocumentError
+    from rocmdoctor.rendering.rows import row_lines
     from rocmdoctor.rootfs import read_regular
 
     try:
@@ -251,19 +252,18 @@ def check_command(source: str, as_json: bool) -> None:
         raise UserError(
             f"{exc}; give the documents `cluster facts --json` and `cluster probe --json` print"
         ) from None
-    report = compare(nodes, probes)
+    findings = judge(nodes, probes)
+    document = report(nodes, probes, findings)
     if as_json:
-        emit_json(report)
+        emit_json(document)
     else:
-        for f in report["findings"]:
-            click.echo(
-                f"{f['severity']:7} {f['node']}: {f['id']}: {f['message']}\n        remedy: {f['remedy']}"
-            )
+        for line in row_lines(findings):
+            click.echo(line)
         click.echo(
-            f"cluster of {len(report['nodes'])} nodes (head {report['head']}): "
-            + ("ok" if report["ok"] else "FAULTS")
+            f"cluster of {len(document['nodes'])} nodes (head {document['head']}): "
+            + ("ok" if document["ok"] else "FAULTS")
         )
-    sys.exit(EXIT_OK if report["ok"] else EXIT_FAILURES)
+    sys.exit(EXIT_OK if document["ok"] else EXIT_FAILURES)
 
 
 def ray_environment() -> dict[str, str]:

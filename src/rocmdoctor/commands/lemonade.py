@@ -23,7 +23,7 @@ from rocmdoctor.commands.lemonade_targets import admin_key, lemonade_url
 
 if TYPE_CHECKING:
     from rocmdoctor.host_writes import HostWriter
-    from rocmdoctor.model import Change
+    from rocmdoctor.model import Change, Row
     from rocmdoctor.provision.server.lemonade_api import Lemonade
 
 
@@ -123,29 +123,27 @@ def check_cmd(
     from rocmdoctor.commands.lemonade_targets import diagnose, host_context
     from rocmdoctor.model import envelope, exit_code
     from rocmdoctor.provision.server.lemonade_api import LemonadeError
+    from rocmdoctor.rendering.rows import row_lines
 
     client = _client(app, target)
     try:
         health, findings = diagnose(host_context(app), client, target.models)
     except LemonadeError as exc:
         _fail(exc, target.as_json)
-    code = exit_code([r.status for _, r in findings])
+    code = exit_code([row.status for row in findings])
     if target.as_json:
         emit_json(
             envelope(
                 ok=code == 0,
                 url=client.base_url,
                 version=health.get("version"),
-                findings=[_finding(i, r) for i, r in findings],
+                findings=[row.to_json() for row in findings],
                 exit_code=code,
             )
         )
     else:
         click.echo(f"Lemonade {health.get('version', '?')} at {client.base_url}")
-        for ident, result in findings:
-            click.echo(f"{result.status.value.upper():5} {ident}: {result.summary}")
-            if result.remedy:
-                click.echo(f"      -> {result.remedy}")
+        click.echo("\n".join(row_lines(findings)))
     sys.exit(code)
 
 
@@ -295,6 +293,7 @@ def verify_cmd(
     from rocmdoctor.commands.lemonade_targets import vllm_models
     from rocmdoctor.model import envelope
     from rocmdoctor.provision.server.lemonade_api import LemonadeError
+    from rocmdoctor.rendering.rows import row_lines
 
     client = _client(app, target)
     try:
@@ -313,7 +312,7 @@ def verify_cmd(
         "model": model,
         "backend_url": backend,
         "launch_command": launch if isinstance(launch, list) else None,
-        "findings": findings,
+        "findings": [row.to_json() for row in findings],
         "note": None
         if backend_base
         else "no loopback backend_url in /api/v1/health: /metrics read through Lemonade",
@@ -326,10 +325,8 @@ def verify_cmd(
             click.echo(f"{step['status'].upper():5} {step['title']}: {step['summary']}")
             if step["remedy"]:
                 click.echo(f"      -> {step['remedy']}")
-        for finding in findings:
-            click.echo(f"{finding['status'].upper():5} {finding['id']}: {finding['summary']}")
-            if finding["remedy"]:
-                click.echo(f"      -> {finding['remedy']}")
+        if findings:
+            click.echo("\n".join(row_lines(findings)))
     sys.exit(report["exit_code"])
 
 
@@ -364,41 +361,31 @@ def _load_and_smoke(client: Any, target: Target, model: str) -> tuple[dict[str, 
     return report, entry, backend, backend_base
 
 
-def _backend_findings(client: Any, model: str, launch: Any, backend_base: str | None) -> list[dict[str, Any]]:
+def _backend_findings(client: Any, model: str, launch: Any, backend_base: str | None) -> list[Row]:
     """What the running vLLM got (its launch_command against the saved options) and whether Lemonade's
     telemetry can read its KV-cache gauge; advisory: a warning, never the verdict."""
-    from rocmdoctor.model import warned
+    from rocmdoctor.model import Row, warned
     from rocmdoctor.provision.server import lemonade as lm
     from rocmdoctor.provision.server.lemonade_api import LemonadeError
     from rocmdoctor.provision.verify import prometheus
     from rocmdoctor.provision.verify.memory import MetricsError, read_metrics
 
-    results = []
+    rows = []
     try:
-        results.append(("lemonade.launch", lm.diagnose_launch(launch, client.options(model)["saved"])))
+        rows.append(Row("lemonade.launch", lm.diagnose_launch(launch, client.options(model)["saved"])))
     except LemonadeError as exc:
-        results.append(
-            ("lemonade.launch", warned(f"the saved options cannot be read: {exc}", "rerun verify"))
+        rows.append(
+            Row("lemonade.launch", warned(f"the saved options cannot be read: {exc}", "rerun verify"))
         )
     if backend_base:
         try:
             names = {s.name for s in prometheus.parse(read_metrics(backend_base + "/metrics", 10.0))}
-            results.append(("lemonade.telemetry", lm.diagnose_telemetry(names)))
+            rows.append(Row("lemonade.telemetry", lm.diagnose_telemetry(names)))
         except (MetricsError, prometheus.MetricsFormatError) as exc:
-            results.append(
-                ("lemonade.telemetry", warned(f"vLLM's /metrics: {exc}", "read it at backend_url"))
+            rows.append(
+                Row("lemonade.telemetry", warned(f"vLLM's /metrics: {exc}", "read it at backend_url"))
             )
-    return [_finding(i, r) for i, r in results]
-
-
-def _finding(ident: str, result: Any) -> dict[str, Any]:
-    return {
-        "id": ident,
-        "status": result.status.value,
-        "summary": result.summary,
-        "remedy": result.remedy,
-        "details": result.details,
-    }
+    return rows
 
 
 @lemonade.command("install-backend")

@@ -10,7 +10,7 @@ from typing import Any
 
 from rocmdoctor.commands.common import App, UserError
 from rocmdoctor.documents import DocumentError, load_value
-from rocmdoctor.model import Result, Status, failed, passed, warned
+from rocmdoctor.model import Row, Status, failed, passed, warned
 from rocmdoctor.provision.server import lemonade as lm
 from rocmdoctor.provision.server.lemonade_api import VLLM_RECIPE, Lemonade, LemonadeError
 from rocmdoctor.registry import Context, Options
@@ -139,9 +139,7 @@ def compute_target(
     return lm.ModelTarget(model, ctx_size, flags, reasons, notes)
 
 
-def diagnose(
-    ctx: Context, client: Lemonade, models: tuple[str, ...]
-) -> tuple[dict[str, Any], list[tuple[str, Result]]]:
+def diagnose(ctx: Context, client: Lemonade, models: tuple[str, ...]) -> tuple[dict[str, Any], list[Row]]:
     """Lemonade's health answer and the findings: the host checks, then Lemonade's (LemonadeError when
     Lemonade cannot be used)."""
     from rocmdoctor.checks import load_registry
@@ -150,8 +148,8 @@ def diagnose(
     registry = load_registry()
     outcomes = registry.run(ctx, registry.select())
     bad = [o for o in outcomes if o.result.status in (Status.FAIL, Status.ERROR)]
-    findings: list[tuple[str, Result]] = [
-        (
+    findings: list[Row] = [
+        Row(
             "host",
             failed(
                 f"{len(bad)} host check(s) fail: "
@@ -169,9 +167,9 @@ def diagnose(
     pids = [m["pid"] for m in loaded if isinstance(m.get("pid"), int)]
     orphans = next((o for o in outcomes if o.spec.id == "processes.orphans"), None)
     processes = orphans.result.details.get("gpu_processes", []) if orphans else []
-    findings.append(("lemonade.timeout", lm.diagnose_timeout(config, [checkpoint(e) for e in entries])))
-    findings.append(("lemonade.orphans", lm.diagnose_orphans(processes, pids)))
-    findings.append(("lemonade.backend", lm.diagnose_backend(client.system_info(), loaded)))
+    findings.append(Row("lemonade.timeout", lm.diagnose_timeout(config, [checkpoint(e) for e in entries])))
+    findings.append(Row("lemonade.orphans", lm.diagnose_orphans(processes, pids)))
+    findings.append(Row("lemonade.backend", lm.diagnose_backend(client.system_info(), loaded)))
     pools = pools_from_facts(ctx)
     pool = pools[0] if pools else None
     for entry in entries:
@@ -181,13 +179,13 @@ def diagnose(
             target = compute_target(ctx, entry, None, None)
         except UserError as exc:
             remedy = f"rocmdoctor check (the GPU's memory), rocmdoctor plan --model {checkpoint(entry)}"
-            findings.append((f"{model}.plan", warned(f"no settings computed: {exc.message}", remedy)))
+            findings.append(Row(f"{model}.plan", warned(f"no settings computed: {exc.message}", remedy)))
             continue
         util = target.flags.get("--gpu-memory-utilization")
         args_text = lm.effective_vllm_args(config, options["effective"])
         total, free = (pool.total, pool.free) if pool else (None, None)
         findings.append(
-            (
+            Row(
                 f"{model}.memory",
                 lm.diagnose_utilization(model, args_text, total, free, float(util) if util else None),
             )
@@ -195,7 +193,7 @@ def diagnose(
         ctx_result = lm.diagnose_ctx(
             model, options["effective"].get("ctx_size"), options.get("resolved_ctx_size"), target.ctx_size
         )
-        findings.append((f"{model}.ctx_size", ctx_result))
+        findings.append(Row(f"{model}.ctx_size", ctx_result))
     return health, findings
 
 

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rocmdoctor.model import Result, Row, Status
+
 # Statuses of a check, each a series of the one-hot `rocmdoctor_check` (model.Status values).
 CHECK_STATUSES = ("pass", "warn", "fail", "skip", "error")
 
@@ -35,6 +37,17 @@ PROBE_VERDICTS = (
     "unhealthy",  # /health is not 200 (an orphan or another program holds the port)
     "failing",  # /health is 200 but a one-token completion fails: the server cannot serve
 )
+
+# What to do about each verdict but ok (the server's row's remedy); {unit} is the server's systemd unit.
+PROBE_REMEDIES = {
+    "unreachable": "nothing listens: `systemctl status {unit}`, then `rocmdoctor explain --unit {unit}`",
+    "timeout": "it accepts and does not answer: `rocmdoctor explain --unit {unit}`, then "
+    "`systemctl restart {unit}`",
+    "unhealthy": "another program or an orphaned engine may hold its port: "
+    "`rocmdoctor check --only processes.orphans`",
+    "failing": "it cannot serve although /health says 200: `rocmdoctor explain --unit {unit}`, then "
+    "`systemctl restart {unit}`",
+}
 
 GPU_LABELS = ("gpu_id", "kfd_node", "pci_slot", "gpu_partition_id", "gpu_compute_partition_type")
 ENGINE_LABELS = ("server", "engine")
@@ -160,6 +173,18 @@ class ServerHealth:
     engines: list[EngineHealth] = field(default_factory=list)
     # kfd node -> bytes its next start needs there
     memory_need: dict[int, int] = field(default_factory=dict)
+
+    def row(self) -> Row:
+        """The probe's verdict as a result row about this server."""
+        details = {"url": self.url, "model": self.model, "verdict": self.verdict}
+        if self.verdict == PROBE_OK:
+            result = Result(
+                Status.PASS, "serves: /health and a one-token completion answered", details=details
+            )
+        else:
+            remedy = PROBE_REMEDIES[self.verdict].format(unit=f"{self.server}.service")
+            result = Result(Status.FAIL, f"{self.verdict}: {self.detail or 'no detail'}", remedy, details)
+        return Row("server.probe", result, subject=self.server)
 
 
 @dataclass
