@@ -26,14 +26,14 @@ from rocmdoctor.report import load_schema
 OLD = "vllm0.1.0-rocm7.0.0-gfx1151"
 GOOD = "vllm0.2.0-rocm7.0.0-gfx1151"
 BROKEN = "vllm0.3.0-rocm7.0.0-gfx1151"  # qualifies, then every completion fails (an ABI-broken engine)
-SLOW = "vllm0.4.0-rocm7.0.0-gfx1151"  # streams six times slower
+SLOW = "vllm0.4.0-rocm7.0.0-gfx1151"  # streams three times slower
 # Every token is paced, so the figures measure the bundle rather than the loaded test machine.
 PACE = ("--token-delay", "0.01")
 BUNDLES = {
     OLD: PACE,
     GOOD: PACE,
     BROKEN: ("--mode", "fail-completions"),
-    SLOW: ("--token-delay", "0.06"),
+    SLOW: ("--token-delay", "0.03"),
 }
 # Where a good bundle must move whatever the shared test machine's load does to one measurement (the
 # p95 of 8 requests swings with it); the gate's arithmetic is tests/unit/test_upgrade_plan.py's, and the
@@ -64,9 +64,32 @@ class Host:
         return os.readlink(self.prefix / "current").rsplit("/", 1)[-1]
 
 
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory) -> bytes:
+    """A `bench --record` baseline of OLD's double (its pacing, WORKLOAD), recorded once for the module:
+    every test's instances run that double, so each starts from a copy (a bench is 2 s a unit)."""
+    work = tmp_path_factory.mktemp("baseline")
+    launcher = work / "prefix" / OLD / "bin" / "vllm-server"
+    launcher.parent.mkdir(parents=True)
+    launcher.write_bytes(server_script(*PACE))
+    launcher.chmod(0o755)
+    (work / "prefix" / "current").symlink_to(OLD)
+    lab = UpgradeLab(work / "lab", work / "prefix")
+    record = work / "bench-baseline.json"
+    try:
+        bench = rocmdoctor(
+            "bench", "--url", lab.start("vllm@0", free_port()), *WORKLOAD, "--record", str(record)
+        )
+    finally:
+        lab.stop_all()
+    assert bench.returncode == 0, bench.stderr
+    assert json.loads(record.read_text())["settings"]["requests"] == 8
+    return record.read_bytes()
+
+
 @pytest.fixture
-def host(install_lab, tmp_path: Path):
-    """OLD installed and serving on two instances, each with a baseline recorded by `bench`."""
+def host(install_lab, tmp_path: Path, baseline: bytes):
+    """OLD installed and serving on two instances, each with the module's baseline of OLD."""
     install_lab.pin("gfx1151", install_lab.bundle(OLD, {"bin/vllm-server": (server_script(*PACE), 0o755)}))
     assert install_lab.install("gfx1151").returncode == 0
     for tag, switches in BUNDLES.items():
@@ -74,11 +97,8 @@ def host(install_lab, tmp_path: Path):
             install_lab.bundle(tag, {"bin/vllm-server": (server_script(*switches), 0o755)})
     lab = UpgradeLab(tmp_path / "lab", install_lab.prefix)
     units = {name: lab.start(name, free_port()) for name in ("vllm@0", "vllm@1")}
-    for name, url in units.items():
-        record = install_lab.prefix / f"bench-baseline.{name}.json"
-        bench = rocmdoctor("bench", "--url", url, *WORKLOAD, "--record", str(record))
-        assert bench.returncode == 0, bench.stderr
-        assert json.loads(record.read_text())["settings"]["requests"] == 8
+    for name in units:
+        (install_lab.prefix / f"bench-baseline.{name}.json").write_bytes(baseline)
     try:
         yield Host(install_lab, lab, units)
     finally:

@@ -274,11 +274,18 @@ def _applied_lines(
     details.append(f"{word if timeout.changed else 'ok'} global_timeout: {timeout.msg}")
     for report in verified:
         details.append(f"loaded {report['model']} through Lemonade and smoked it there:")
-        for step in report["steps"]:
-            details.append(f"  {step['status'].upper():5} {step['title']}: {step['summary']}")
-            if step["remedy"]:
-                details.append(f"        -> {step['remedy']}")
+        details += [f"  {line}" for line in _step_lines(report["steps"])]
     return details
+
+
+def _step_lines(steps: list[dict[str, Any]]) -> list[str]:
+    """Smoke's steps through Lemonade, a line each (by title), the remedy under a failed one."""
+    lines = []
+    for step in steps:
+        lines.append(f"{step['status'].upper():5} {step['title']}: {step['summary']}")
+        if step["remedy"]:
+            lines.append(f"      -> {step['remedy']}")
+    return lines
 
 
 @lemonade.command("verify")
@@ -321,10 +328,8 @@ def verify_cmd(
         emit_json(envelope(**{k: v for k, v in report.items() if k != "schema_version"}))
     else:
         click.echo(f"loaded {model} through Lemonade at {client.base_url}; vLLM backend {backend or '?'}")
-        for step in report["steps"]:
-            click.echo(f"{step['status'].upper():5} {step['title']}: {step['summary']}")
-            if step["remedy"]:
-                click.echo(f"      -> {step['remedy']}")
+        for line in _step_lines(report["steps"]):
+            click.echo(line)
         if findings:
             click.echo("\n".join(row_lines(findings)))
     sys.exit(report["exit_code"])
