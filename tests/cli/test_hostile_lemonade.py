@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from harness.app_thread import serve_in_thread
 from harness.lemonade_server import make_report_host
 from rocmdoctor.cli import cli
 
@@ -81,8 +82,7 @@ def hostile_lemonade(answers: dict[str, bytes], drip: str | None = None) -> Iter
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    serve_in_thread(server)
     try:
         yield f"127.0.0.1:{server.server_address[1]}"
     finally:
@@ -201,7 +201,7 @@ def test_every_credential_the_one_client_sends_is_redacted_when_echoed():
             self.wfile.write(body)
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    serve_in_thread(server)
     token, key, password = "bearer-Tok3n-echo-9f2", "xapikey-K3y-echo-77", "pw-Echo-5521x"
     base = f"127.0.0.1:{server.server_address[1]}/v1/models"
     try:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,6 +13,7 @@ from http.server import BaseHTTPRequestHandler
 
 import pytest
 
+from harness.app_thread import serve_in_thread
 from harness.cli import rocmdoctor
 from harness.fake_openai import fake_server
 from harness.release_server import LoopbackServer
@@ -80,8 +80,7 @@ def metrics_server(mode: str, pages: list[str] | None = None) -> Iterator[str]:
 
     server = LoopbackServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    serve_in_thread(server)
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:

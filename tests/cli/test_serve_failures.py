@@ -86,8 +86,9 @@ READINESS = {
 }
 # What ends each mode: the deadline (endless health), or the answer (the others), which a starved
 # 2-core machine may deliver late (a fake server started after 5 s once in CI): the trickle needs the
-# fake server up and answering before its deadline to say what it says.
-READY_TIMEOUTS_S = {"endless-health": READY_TIMEOUT_S, "trickle-completion": 20}
+# fake server up and answering before its deadline to say what it says, and waits for all of it (twice
+# the latest start seen, and some).
+READY_TIMEOUTS_S = {"endless-health": READY_TIMEOUT_S, "trickle-completion": 12}
 ANSWER_TIMEOUT_S = 60
 
 

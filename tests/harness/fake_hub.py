@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler
 
+from harness.app_thread import serve_in_thread
 from harness.release_server import LoopbackServer
 
 GOOD_TOKEN = "hf_loopback_good_token"
@@ -52,7 +53,7 @@ class FakeHub:
         self.requests: list[tuple[str, str | None]] = []
         self.server = LoopbackServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
@@ -144,13 +145,14 @@ class FakeHub:
         return Handler
 
     def __enter__(self) -> FakeHub:
-        self.thread.start()
+        self.thread = serve_in_thread(self.server)
         return self
 
     def __exit__(self, *exc) -> None:
         self.server.shutdown()
         self.server.server_close()
-        self.thread.join(timeout=5)
+        if self.thread:
+            self.thread.join(timeout=5)
 
 
 @contextmanager

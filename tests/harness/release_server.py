@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote
 
+from harness.app_thread import serve_in_thread
+
 CHUNK = 1 << 20
 _RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")
 
@@ -428,8 +430,7 @@ class ReleaseServer:
         return sum(e.body_bytes for e in self.downloads(name))
 
     def start(self) -> ReleaseServer:
-        self._thread = threading.Thread(target=self._server.serve_forever, name="release-server", daemon=True)
-        self._thread.start()
+        self._thread = serve_in_thread(self._server, "release-server")
         return self
 
     def stop(self) -> None:

@@ -212,7 +212,9 @@ def test_the_parser_answers_any_text_with_samples_or_its_own_error(text):
 
 @pytest.mark.parametrize("verdict", PROBE_VERDICTS)
 def test_each_probe_verdict_is_a_result_row_with_what_to_do(verdict):
-    server = ServerHealth("vllm@3", "http://127.0.0.1:8003", "tiny", verdict=verdict, detail="GET /health: 503")
+    server = ServerHealth(
+        "vllm@3", "http://127.0.0.1:8003", "tiny", verdict=verdict, detail="GET /health: 503"
+    )
     row = server.row()
     assert row.subject == "vllm@3" and row.id == "server.probe"
     assert row.result.details == {"url": "http://127.0.0.1:8003", "model": "tiny", "verdict": verdict}
