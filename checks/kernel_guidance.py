@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rocmdoctor.checks.memory_guidance import PAGES_PER_GIB
-from rocmdoctor.model import SCHEMA_VERSION
+from rocmdoctor.model import envelope
 
 # The checks whose findings this guidance answers (their prerequisites come along).
 GUIDED_CHECKS = ("kernel.version", "kernel.cwsr", "driver.dkms", "memory.ttm")
@@ -218,19 +218,18 @@ def guidance(distro: dict[str, Any], kernel: str | None, findings: dict[str, Fin
         headline = f"{len(steps)} thing(s) to fix on {distro.get('name') or family} with kernel {kernel}"
     else:
         headline = f"Nothing needs fixing: kernel {kernel} is fine for the GPU(s) found."
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "distro": {
+    return envelope(
+        distro={
             "id": distro.get("id") or None,
             "version": distro.get("version") or None,
             "family": family,
         },
-        "kernel": kernel,
-        "needs_fixing": bool(steps),
-        "headline": headline,
-        "steps": [s.to_json() for s in steps],
-        "findings": {cid: {"status": f.status, "summary": f.summary} for cid, f in findings.items()},
-    }
+        kernel=kernel,
+        needs_fixing=bool(steps),
+        headline=headline,
+        steps=[s.to_json() for s in steps],
+        findings={cid: {"status": f.status, "summary": f.summary} for cid, f in findings.items()},
+    )
 
 
 def ttm_pages_step(family: str, pages: int, modules: list[str], why: str) -> Step:

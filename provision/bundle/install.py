@@ -36,7 +36,7 @@ from rocmdoctor.facts.manifest import ManifestError, check_tag
 from rocmdoctor.host_files import ForeignFile
 from rocmdoctor.host_processes import run_program
 from rocmdoctor.host_writes import HostWriter, OwnedTrees
-from rocmdoctor.model import SCHEMA_VERSION, Change, state_diff
+from rocmdoctor.model import Change, envelope, state_diff
 from rocmdoctor.provision.bundle.download import (
     DownloadCancelled,
     Downloader,
@@ -645,17 +645,16 @@ def _install_tree(layout: Layout, plan: InstallPlan) -> int:
         write_json_atomic(
             layout,
             root / METADATA,
-            {
-                "schema_version": SCHEMA_VERSION,
-                "tag": plan.tag,
-                "family": plan.family,
-                "repo": plan.repo,
-                "installed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "assets": [
+            envelope(
+                tag=plan.tag,
+                family=plan.family,
+                repo=plan.repo,
+                installed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                assets=[
                     {"name": s.asset.name, "size": s.asset.size, "digest": s.asset.digest}
                     for s in plan.sources
                 ],
-            },
+            ),
         )
         qualify_tree(
             trees, root, plan.tag, _assets(plan), plan.qualify, live=layout.current_tag() == plan.tag

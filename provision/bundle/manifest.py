@@ -39,7 +39,7 @@ from rocmdoctor.facts.manifest import (
     need,
     parse_manifest,
 )
-from rocmdoctor.model import SCHEMA_VERSION
+from rocmdoctor.model import envelope
 
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 MAX_PART_BYTES = 1 << 44  # 16 TiB: a size that drives a download and a disk-space check
@@ -81,14 +81,13 @@ class Lock:
     trusted: dict[str, tuple[Asset, ...]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {
-            "schema_version": SCHEMA_VERSION,
-            "repo": self.repo,
-            "families": {
+        doc: dict[str, Any] = envelope(
+            repo=self.repo,
+            families={
                 f: {"tag": e.tag, "pinned": e.pinned, "assets": [_asset_json(a) for a in e.assets]}
                 for f, e in sorted(self.families.items())
             },
-        }
+        )
         if self.trusted:
             doc["trusted"] = {t: [_asset_json(a) for a in parts] for t, parts in sorted(self.trusted.items())}
         return doc

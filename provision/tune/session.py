@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rocmdoctor.facts.installed_bundle import InstalledBundle
-from rocmdoctor.model import SCHEMA_VERSION
+from rocmdoctor.model import envelope
 from rocmdoctor.provision.tune import search as ts
 from rocmdoctor.provision.tune.state import context_key, stable_argv
 from rocmdoctor.provision.tune.workload import Workload
@@ -241,18 +241,17 @@ def report(
     seconds: float,
     starts: int,
 ) -> dict[str, Any]:
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "command": "tune",
-        "plan": plan,
-        "points": [p.to_json() for p in points],
-        "winner": choice.winner.to_json() if choice.winner else None,
-        "best_seen": choice.best_seen.to_json() if choice.best_seen else None,
-        "reason": choice.reason,
-        "confirmation": choice.confirmation,
-        "slo": slo.to_json() if slo else None,
-        "server_starts": starts,
-        "known_points_used": sum(1 for p in points if p.source == "state"),
-        "seconds": round(seconds, 1),
-        "exit_code": 0 if choice.winner else 1,
-    }
+    return envelope(
+        command="tune",
+        plan=plan,
+        points=[p.to_json() for p in points],
+        winner=choice.winner.to_json() if choice.winner else None,
+        best_seen=choice.best_seen.to_json() if choice.best_seen else None,
+        reason=choice.reason,
+        confirmation=choice.confirmation,
+        slo=slo.to_json() if slo else None,
+        server_starts=starts,
+        known_points_used=sum(1 for p in points if p.source == "state"),
+        seconds=round(seconds, 1),
+        exit_code=0 if choice.winner else 1,
+    )

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import msgspec
 
 from rocmdoctor.documents import DocumentError, decode
-from rocmdoctor.model import SCHEMA_VERSION
+from rocmdoctor.model import envelope
 from rocmdoctor.provision.tune.search import Measurement
 from rocmdoctor.provision.tune.writeback import without_tuned
 
@@ -105,5 +105,5 @@ class State:
             self.entries.pop(next(iter(self.entries)))
 
     def to_bytes(self) -> bytes:
-        doc = {"schema_version": SCHEMA_VERSION, "kind": KIND, "entries": self.entries}
+        doc = envelope(kind=KIND, entries=self.entries)
         return msgspec.json.format(msgspec.json.encode(doc), indent=1) + b"\n"

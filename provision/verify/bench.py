@@ -26,7 +26,7 @@ from itertools import pairwise
 from typing import Any, TypeVar
 
 from rocmdoctor import __version__
-from rocmdoctor.model import SCHEMA_VERSION
+from rocmdoctor.model import envelope
 from rocmdoctor.provision.verify import openai_client as oc
 from rocmdoctor.provision.verify.smoke import LOG_HINT
 
@@ -484,14 +484,13 @@ def build_report(options: BenchOptions, run: dict[str, Any]) -> dict[str, Any]:
     failures = sum(lv["failures"] for lv in levels)
     ok = failures == 0 and not run["aborted"] and run["cross_check"]["status"] != "mismatch"
     measured = any(lv["output_tokens_per_s"] > 0 for lv in levels)
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "tool": "rocmdoctor",
-        "version": __version__,
-        "command": "bench",
-        "url": options.url,
-        "model": run["model"],
-        "settings": {
+    return envelope(
+        tool="rocmdoctor",
+        version=__version__,
+        command="bench",
+        url=options.url,
+        model=run["model"],
+        settings={
             "requests": options.requests,
             "prompt_tokens": options.prompt_tokens,
             "prompt_kind": run["prompt_kind"],
@@ -499,14 +498,14 @@ def build_report(options: BenchOptions, run: dict[str, Any]) -> dict[str, Any]:
             "concurrency": sorted(set(options.concurrency) | {1}),
             "timeout_s": options.timeout_s,
         },
-        "levels": levels,
-        "knee": find_knee(levels) if measured else None,
-        "cross_check": run["cross_check"],
-        "prefix_cache": run.get("prefix_cache"),
-        "failures": failures,
-        "aborted": run["aborted"],
-        "exit_code": 0 if ok else 1,
-    }
+        levels=levels,
+        knee=find_knee(levels) if measured else None,
+        cross_check=run["cross_check"],
+        prefix_cache=run.get("prefix_cache"),
+        failures=failures,
+        aborted=run["aborted"],
+        exit_code=0 if ok else 1,
+    )
 
 
 def run_bench(options: BenchOptions) -> dict[str, Any]:

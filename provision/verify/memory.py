@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rocmdoctor.model import envelope
 from rocmdoctor.provision import bounded_http
 from rocmdoctor.provision.verify import prometheus
 
@@ -128,24 +129,23 @@ class Diagnosis:
     findings: list[str] = field(default_factory=list)
     changes: list[dict[str, str]] = field(default_factory=list)
 
-    def to_json(self, schema_version: int) -> dict[str, Any]:
-        return {
-            "schema_version": schema_version,
-            "url": self.url,
-            "window_s": round(self.window_s, 1),
-            "samples": self.samples,
-            "kv_cache_usage_peak": round(self.usage_peak, 4),
-            "kv_cache_usage_mean": round(self.usage_mean, 4),
-            "running_peak": self.running_peak,
-            "waiting_peak": self.waiting_peak,
-            "preemptions": self.preemptions,
-            "prefix_cache_hit_rate": None if self.prefix_hit_rate is None else round(self.prefix_hit_rate, 4),
-            "num_gpu_blocks": self.num_gpu_blocks,
-            "block_size": self.block_size,
-            "verdict": self.verdict,
-            "findings": list(self.findings),
-            "changes": list(self.changes),
-        }
+    def to_json(self) -> dict[str, Any]:
+        return envelope(
+            url=self.url,
+            window_s=round(self.window_s, 1),
+            samples=self.samples,
+            kv_cache_usage_peak=round(self.usage_peak, 4),
+            kv_cache_usage_mean=round(self.usage_mean, 4),
+            running_peak=self.running_peak,
+            waiting_peak=self.waiting_peak,
+            preemptions=self.preemptions,
+            prefix_cache_hit_rate=None if self.prefix_hit_rate is None else round(self.prefix_hit_rate, 4),
+            num_gpu_blocks=self.num_gpu_blocks,
+            block_size=self.block_size,
+            verdict=self.verdict,
+            findings=list(self.findings),
+            changes=list(self.changes),
+        )
 
 
 def _int_label(info: dict[str, str], key: str) -> int | None:

@@ -16,7 +16,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rocmdoctor import __version__
-from rocmdoctor.model import SCHEMA_VERSION, Result, Status, exit_code, failed, passed, skipped, warned
+from rocmdoctor.model import (
+    Result,
+    Status,
+    envelope,
+    exit_code,
+    failed,
+    passed,
+    skipped,
+    warned,
+)
 from rocmdoctor.provision.verify import context_probe as context_probe_module
 from rocmdoctor.provision.verify import openai_client as oc
 from rocmdoctor.provision.verify import openai_schema as schema
@@ -479,16 +488,15 @@ def build_report(
     options: SmokeOptions, steps: list[StepOutcome[_State]], model: str | None
 ) -> dict[str, Any]:
     statuses = [s.result.status for s in steps]
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "tool": "rocmdoctor",
-        "version": __version__,
-        "command": "smoke",
-        "url": options.url,
-        "model": model,
-        "summary": {st.value: statuses.count(st) for st in Status} | {"total": len(statuses)},
-        "exit_code": exit_code(statuses),
-        "steps": [
+    return envelope(
+        tool="rocmdoctor",
+        version=__version__,
+        command="smoke",
+        url=options.url,
+        model=model,
+        summary={st.value: statuses.count(st) for st in Status} | {"total": len(statuses)},
+        exit_code=exit_code(statuses),
+        steps=[
             {
                 "id": s.spec.id,
                 "title": s.spec.title,
@@ -500,7 +508,7 @@ def build_report(
             }
             for s in steps
         ],
-    }
+    )
 
 
 def run_smoke(options: SmokeOptions) -> dict[str, Any]:

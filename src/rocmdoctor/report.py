@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from rocmdoctor import __version__
-from rocmdoctor.model import SCHEMA_VERSION, Row, Status, exit_code
+from rocmdoctor.model import Row, Status, envelope, exit_code
 from rocmdoctor.policy import verdicts
 from rocmdoctor.registry import CheckSpec, Outcome
 
@@ -29,17 +29,16 @@ def summarize(outcomes: list[Outcome]) -> dict[str, int]:
 
 
 def build_report(root: str, host_facts: dict[str, Any], outcomes: list[Outcome]) -> dict[str, Any]:
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "tool": "rocmdoctor",
-        "version": __version__,
-        "root": root,
-        "host": host_facts,
-        "summary": summarize(outcomes),
-        "exit_code": exit_code([o.result.status for o in outcomes]),
-        "policy": verdicts(outcomes),
-        "checks": [check_entry(o) for o in outcomes],
-    }
+    return envelope(
+        tool="rocmdoctor",
+        version=__version__,
+        root=root,
+        host=host_facts,
+        summary=summarize(outcomes),
+        exit_code=exit_code([o.result.status for o in outcomes]),
+        policy=verdicts(outcomes),
+        checks=[check_entry(o) for o in outcomes],
+    )
 
 
 def list_checks(specs: list[CheckSpec]) -> list[dict[str, Any]]:

@@ -192,7 +192,7 @@ def test_dripping_hub_is_cut_off_by_the_total_deadline(tmp_path: Path):
 
 
 def test_cli_plan_from_the_hub_json(tmp_path: Path):
-    from rocmdoctor.report import SCHEMA_VERSION
+    from rocmdoctor.model import SCHEMA_VERSION
 
     with fake_hub({MODEL_ID: tiny_files()}) as hub:
         result = run_cli(

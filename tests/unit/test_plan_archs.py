@@ -225,7 +225,7 @@ def test_gemma4_kv_sharing_reads_the_last_earlier_layer_of_its_type():
     plan = plan_model(
         "gemma4-e2b-shape", {**config, "num_kv_shared_layers": 4, "global_head_dim": 512}, None, None
     )
-    assert plan.to_json(1)["attention"]["kv_shared"] == 4
+    assert plan.to_json()["attention"]["kv_shared"] == 4
 
 
 def test_kimi_linear_is_refused_before_the_mla_rule():

@@ -175,7 +175,7 @@ def test_weights_that_do_not_fit_lead_to_quantised_and_tp_remedies():
 
 def test_no_memory_keeps_model_figures_and_nulls_the_rest():
     plan = plan_model("q", config("qwen3-32b"), 65 * GIB, None, memory_null_reason="no AMD GPU found")
-    doc = plan.to_json(1)
+    doc = plan.to_json()
     assert doc["kv_bytes_per_token"] == 262144 and doc["weights_bytes"] == 65 * GIB
     assert doc["kv_cache_tokens"] is None and doc["fits"] is None and doc["null_reason"] == "no AMD GPU found"
 

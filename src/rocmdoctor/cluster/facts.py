@@ -19,7 +19,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from rocmdoctor.host import Host
-from rocmdoctor.model import SCHEMA_VERSION
+from rocmdoctor.model import envelope
 
 KIND = "rocmdoctor.cluster.facts"
 FIB_TRIE = "/proc/net/fib_trie"
@@ -245,20 +245,19 @@ def collect(
     advertise = settings.advertise or env.get("VLLM_HOST_IP") or None
     ifname = settings.socket_ifname
     socket_ifnames = {v: (ifname if ifname is not None else env.get(v)) for v in IFNAME_VARIABLES}
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "kind": KIND,
-        "node": settings.name or hostname(host) or "unknown",
-        "advertise": advertise,
-        "addresses": local_addresses(ifaces),
-        "interfaces": ifaces,
-        "socket_ifnames": socket_ifnames,
-        "visibility": {v: env.get(v) for v in visibility},
-        "ports": list(settings.ports),
-        "bundle": bundle(host, settings.prefix),
-        "model": model(host, settings.model),
-        "rdma": rdma_ports(host),
-        "shm_bytes": shm_bytes(host),
-        "kernel_options": kernel_options(host),
-        "gpus": gpus,
-    }
+    return envelope(
+        kind=KIND,
+        node=settings.name or hostname(host) or "unknown",
+        advertise=advertise,
+        addresses=local_addresses(ifaces),
+        interfaces=ifaces,
+        socket_ifnames=socket_ifnames,
+        visibility={v: env.get(v) for v in visibility},
+        ports=list(settings.ports),
+        bundle=bundle(host, settings.prefix),
+        model=model(host, settings.model),
+        rdma=rdma_ports(host),
+        shm_bytes=shm_bytes(host),
+        kernel_options=kernel_options(host),
+        gpus=gpus,
+    )

@@ -31,7 +31,7 @@ from rocmdoctor.commands.option_groups import (
     qualify_options,
     selection_options,
 )
-from rocmdoctor.model import SCHEMA_VERSION, Change, state_diff
+from rocmdoctor.model import Change, envelope, state_diff
 
 if TYPE_CHECKING:
     from rocmdoctor.facts.manifest import Manifest
@@ -74,13 +74,12 @@ def bundles(
         return
     if as_json:
         emit_json(
-            {
-                "schema_version": SCHEMA_VERSION,
-                "prefix": str(prefix),
-                "current": layout.current_tag(),
-                "previous": layout.previous_tag(),
-                "bundles": found,
-            }
+            envelope(
+                prefix=str(prefix),
+                current=layout.current_tag(),
+                previous=layout.previous_tag(),
+                bundles=found,
+            )
         )
         return
     if not found:
@@ -127,14 +126,13 @@ def _available(
         row["current"] = row["tag"] == layout.current_tag()
     if as_json:
         emit_json(
-            {
-                "schema_version": SCHEMA_VERSION,
-                "family": chosen,
-                "repo": manifest.repo_for(chosen),
-                "current": layout.current_tag(),
-                "available": rows,
-                "skipped": skipped,
-            }
+            envelope(
+                family=chosen,
+                repo=manifest.repo_for(chosen),
+                current=layout.current_tag(),
+                available=rows,
+                skipped=skipped,
+            )
         )
         return
     if not rows:

@@ -57,6 +57,7 @@ def qualification_state(tree: Path) -> tuple[str, dict[str, Any] | None]:
 
 def run_qualify(app: App, prefix: Path, tag: str | None, as_json: bool, options: Any) -> bool:
     """Qualify an installed bundle (default: current) and record the result in it; True: qualified."""
+    from rocmdoctor.model import envelope
     from rocmdoctor.provision.bundle.install import InstallError, Layout, bundle_name
     from rocmdoctor.provision.bundle.qualify import QUALIFICATION, bundle_qualify
 
@@ -71,16 +72,16 @@ def run_qualify(app: App, prefix: Path, tag: str | None, as_json: bool, options:
             "is installed"
         )
     result = bundle_qualify(layout.trees, layout.bundles / chosen, chosen, meta, options)
-    doc = {
-        "schema_version": result.schema_version,
-        "changed": True,
-        "failed": not result.qualified,
-        "msg": f"{chosen} is qualified for this host"
+    # the record's own fields (its schema_version among them) after the envelope's
+    doc = envelope(
+        changed=True,
+        failed=not result.qualified,
+        msg=f"{chosen} is qualified for this host"
         if result.qualified
         else f"{chosen} is NOT qualified: {result.first_failure()}",
-        "record": str(layout.bundles / chosen / QUALIFICATION),
+        record=str(layout.bundles / chosen / QUALIFICATION),
         **result.to_json(),
-    }
+    )
     if as_json:
         emit_json(doc)
     else:

@@ -19,7 +19,7 @@ import click
 from rocmdoctor import params
 from rocmdoctor.commands.common import App, UserError, emit_json, pass_app, write_root
 from rocmdoctor.commands.server_options import SINGLE_SERVER_GROUP, ServerOptions, server_options
-from rocmdoctor.model import EXIT_FAILURES, EXIT_OK, SCHEMA_VERSION
+from rocmdoctor.model import EXIT_FAILURES, EXIT_OK, envelope
 
 if TYPE_CHECKING:
     from rocmdoctor.cluster.layout import ClusterLayout
@@ -142,12 +142,11 @@ def listen_command(address: str, ports: tuple[int, ...], seconds: float, as_json
         ) from None
     if as_json:
         emit_json(
-            {
-                "schema_version": SCHEMA_VERSION,
-                "address": address,
-                "ports": sorted(set(ports)),
-                "reached": reached,
-            }
+            envelope(
+                address=address,
+                ports=sorted(set(ports)),
+                reached=reached,
+            )
         )
     else:
         click.echo(f"{address}: reached on {', '.join(map(str, reached)) or 'no port'}")
@@ -212,7 +211,7 @@ def probe_command(name: str, peers: tuple[str, ...], timeout_s: float, wait_s: f
             }
         )
     if as_json:
-        emit_json({"schema_version": SCHEMA_VERSION, "probes": rows})
+        emit_json(envelope(probes=rows))
     else:
         for row in rows:
             click.echo(

@@ -316,7 +316,6 @@ def plan(
     Exit 0 when it fits (or nothing host-dependent could be judged), 1 when it does not, 2 on bad input.
     With --url, read a running server's /metrics and say what to change.
     """
-    from rocmdoctor.report import SCHEMA_VERSION
 
     if url:
         diagnose_running(url, window_s, as_json)
@@ -337,7 +336,7 @@ def plan(
 
     proposal, hint = node_layouts(fits, budget, result.fits, tp, max_nodes, backend)
     if as_json:
-        doc = {**result.to_json(SCHEMA_VERSION), "cluster": proposal.to_json() if proposal else None}
+        doc = {**result.to_json(), "cluster": proposal.to_json() if proposal else None}
         emit_json({**doc, "across_nodes": hint})
     else:
         render(result)
@@ -380,13 +379,12 @@ def plan_files(
 def diagnose_running(url: str, window_s: float, as_json: bool) -> None:
     """--url: a running server's /metrics, what to change; exits (1: it is preempting)."""
     from rocmdoctor.provision.verify.memory import MetricsError, diagnose_url
-    from rocmdoctor.report import SCHEMA_VERSION
 
     try:
         diagnosis = diagnose_url(url, window_s)
     except MetricsError as exc:
         raise UserError(str(exc)) from None
-    emit_json(diagnosis.to_json(SCHEMA_VERSION)) if as_json else render_diagnosis(diagnosis)
+    emit_json(diagnosis.to_json()) if as_json else render_diagnosis(diagnosis)
     sys.exit(EXIT_FAILURES if diagnosis.verdict == "preempting" else EXIT_OK)
 
 

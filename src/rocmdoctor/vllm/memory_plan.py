@@ -36,6 +36,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from rocmdoctor.model import envelope
 from rocmdoctor.vllm.kv_keys import refuse_unmodelled, total_kv_heads
 from rocmdoctor.vllm.layers import (
     PER_LAYER_FAMILIES,
@@ -677,25 +678,24 @@ class ModelPlan:
             return None
         return math.ceil(self.weights_bytes / self.settings.tensor_parallel_size)
 
-    def to_json(self, schema_version: int) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         shape = self.shape
-        return {
-            "schema_version": schema_version,
-            "model": self.model,
-            "architecture": shape.architecture,
-            "dtype": shape.dtype,
-            "weights_bytes": self.weights_bytes,
-            "weights_source": self.weights_source,
-            "weights_per_gpu_bytes": self.weights_per_gpu_bytes,
-            "kv_bytes_per_token": self.kv_bytes_per_token,
-            "kv_cache_dtype": self.settings.kv_cache_dtype,
-            "tensor_parallel_size": self.settings.tensor_parallel_size,
-            "block_size": self.block_size,
-            "block_size_requested": self.settings.block_size,
-            "pipeline_parallel_size": self.settings.pipeline_parallel_size,
-            "async_scheduling": self.settings.async_scheduling,
-            "enable_prefix_caching": self.settings.enable_prefix_caching,
-            "attention": {
+        return envelope(
+            model=self.model,
+            architecture=shape.architecture,
+            dtype=shape.dtype,
+            weights_bytes=self.weights_bytes,
+            weights_source=self.weights_source,
+            weights_per_gpu_bytes=self.weights_per_gpu_bytes,
+            kv_bytes_per_token=self.kv_bytes_per_token,
+            kv_cache_dtype=self.settings.kv_cache_dtype,
+            tensor_parallel_size=self.settings.tensor_parallel_size,
+            block_size=self.block_size,
+            block_size_requested=self.settings.block_size,
+            pipeline_parallel_size=self.settings.pipeline_parallel_size,
+            async_scheduling=self.settings.async_scheduling,
+            enable_prefix_caching=self.settings.enable_prefix_caching,
+            attention={
                 "layers": len(shape.layers),
                 "full": sum(1 for x in shape.layers if x.kind == "full"),
                 "sliding": sum(1 for x in shape.layers if x.kind == "sliding"),
@@ -707,28 +707,28 @@ class ModelPlan:
                 "kv_heads_per_gpu": kv_heads_per_gpu(shape, self.settings.tensor_parallel_size),
                 "head_dim": shape.mla_head_size if shape.is_mla else shape.head_dim,
             },
-            "model_max_len": shape.max_position,
-            "max_model_len_requested": self.max_model_len_requested,
-            "typical_len": self.typical_len,
-            "memory_source": self.memory.source if self.memory else None,
-            "memory_bytes": self.memory.total_bytes if self.memory else None,
-            "gpu_memory_utilization": self.memory.utilization if self.memory else None,
-            "runtime_reserve_bytes": self.runtime_reserve_bytes,
-            "kv_cache_bytes": self.kv_cache_bytes,
-            "kv_cache_tokens": self.kv_cache_tokens,
-            "max_concurrency": None if self.max_concurrency is None else round(self.max_concurrency, 2),
-            "max_model_len": self.max_model_len,
-            "max_num_seqs": self.max_num_seqs,
-            "fits": self.fits,
-            "null_reason": self.memory_null_reason,
-            "reasons": list(self.reasons),
-            "remedies": [r.to_json() for r in self.remedies],
-            "notes": list(shape.notes),
-            "assumptions": list(self.assumptions),
-            "vllm_version": self.settings.vllm_version,
-            "vllm_rules": self.settings.rules.version,
-            "vllm_version_source": self.vllm_version_source,
-        }
+            model_max_len=shape.max_position,
+            max_model_len_requested=self.max_model_len_requested,
+            typical_len=self.typical_len,
+            memory_source=self.memory.source if self.memory else None,
+            memory_bytes=self.memory.total_bytes if self.memory else None,
+            gpu_memory_utilization=self.memory.utilization if self.memory else None,
+            runtime_reserve_bytes=self.runtime_reserve_bytes,
+            kv_cache_bytes=self.kv_cache_bytes,
+            kv_cache_tokens=self.kv_cache_tokens,
+            max_concurrency=None if self.max_concurrency is None else round(self.max_concurrency, 2),
+            max_model_len=self.max_model_len,
+            max_num_seqs=self.max_num_seqs,
+            fits=self.fits,
+            null_reason=self.memory_null_reason,
+            reasons=list(self.reasons),
+            remedies=[r.to_json() for r in self.remedies],
+            notes=list(shape.notes),
+            assumptions=list(self.assumptions),
+            vllm_version=self.settings.vllm_version,
+            vllm_rules=self.settings.rules.version,
+            vllm_version_source=self.vllm_version_source,
+        )
 
 
 def runtime_reserve(shape: ModelShape, settings: EngineSettings, max_num_seqs: int) -> int:
