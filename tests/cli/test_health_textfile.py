@@ -59,6 +59,11 @@ def test_the_probe_verdict_of_the_written_server(tmp_path, mode, verdict, up):
             done = invoke("--root", str(root), "check", "--textfile", str(out))
     assert done.exit_code == 0, done.output
     assert "1 servers" in done.output
+    # a server not serving is named as a result row, with what to do about it
+    row = f"FAIL  vllm: server.probe: {verdict}: "
+    assert (row in done.output) is (verdict != "ok"), done.output
+    if verdict != "ok":
+        assert "-> " in done.output and "vllm.service" in done.output.split(row, 1)[1]
     found = samples(out)
     (probe,) = found["rocmdoctor_server_probe"]
     assert probe.labels == {"server": "vllm", "verdict": verdict}

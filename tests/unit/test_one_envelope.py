@@ -18,9 +18,13 @@ def _stamps(tree: ast.AST) -> list[int]:
             keys = [k.value for k in node.keys if isinstance(k, ast.Constant)]
             if "schema_version" in keys:
                 lines.append(node.lineno)
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "dict":
-            if any(k.arg == "schema_version" for k in node.keywords):
-                lines.append(node.lineno)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "dict"
+            and any(k.arg == "schema_version" for k in node.keywords)
+        ):
+            lines.append(node.lineno)
     return lines
 
 

@@ -26,8 +26,8 @@ SHM_MIN_WARN = 1 << 30  # below 1 GiB the shared-memory broadcast queues themsel
 SEVERITY = {FAULT: Status.FAIL, WARNING: Status.WARN}
 
 
-def fault(node: str, ident: str, severity: str, message: str, remedy: str) -> Row:
-    """A finding on `node`, as every judged item is: a result row about that node."""
+def finding(node: str, ident: str, severity: str, message: str, remedy: str) -> Row:
+    """A fault or a warning on `node`, as every judged item is: a result row about that node."""
     return Row(ident, Result(SEVERITY[severity], message, remedy, {"node": node}), subject=node)
 
 
@@ -91,7 +91,7 @@ def _address_findings(facts: Mapping[str, Any]) -> list[Row]:
     node, advertise = _name(facts), facts.get("advertise")
     if not advertise:
         return [
-            fault(
+            finding(
                 node,
                 "address.unset",
                 FAULT,
@@ -102,7 +102,7 @@ def _address_findings(facts: Mapping[str, Any]) -> list[Row]:
     if advertise not in (facts.get("addresses") or []):
         owned = ", ".join(a for a in facts.get("addresses") or [] if not ipaddress.ip_address(a).is_loopback)
         return [
-            fault(
+            finding(
                 node,
                 "address.not_local",
                 FAULT,
@@ -130,7 +130,7 @@ def _ifname_findings(facts: Mapping[str, Any]) -> list[Row]:
         matching = [i for i in ifaces if any((i == n) if exact else i.startswith(n) for n in names)]
         if not matching:
             out.append(
-                fault(
+                finding(
                     node,
                     "ifname.missing",
                     FAULT,
@@ -143,7 +143,7 @@ def _ifname_findings(facts: Mapping[str, Any]) -> list[Row]:
         down = [i for i in matching if not _iface_up(ifaces[i])]
         if down and len(down) == len(matching):
             out.append(
-                fault(
+                finding(
                     node,
                     "ifname.down",
                     FAULT,
@@ -155,7 +155,7 @@ def _ifname_findings(facts: Mapping[str, Any]) -> list[Row]:
             )
         elif carriers and not set(matching) & set(carriers):
             out.append(
-                fault(
+                finding(
                     node,
                     "ifname.wrong_network",
                     FAULT,
@@ -173,7 +173,7 @@ def _same_findings(head: Mapping[str, Any], facts: Mapping[str, Any]) -> list[Ro
     hb, b = head.get("bundle") or {}, facts.get("bundle") or {}
     if not b.get("digest"):
         out.append(
-            fault(
+            finding(
                 node,
                 "bundle.missing",
                 FAULT,
@@ -183,7 +183,7 @@ def _same_findings(head: Mapping[str, Any], facts: Mapping[str, Any]) -> list[Ro
         )
     elif hb.get("digest") and b["digest"] != hb["digest"]:
         out.append(
-            fault(
+            finding(
                 node,
                 "bundle.digest_differs",
                 FAULT,
@@ -194,7 +194,7 @@ def _same_findings(head: Mapping[str, Any], facts: Mapping[str, Any]) -> list[Ro
         )
     if b.get("digest") and b.get("qualified") is not True:
         out.append(
-            fault(
+            finding(
                 node,
                 "bundle.not_qualified",
                 FAULT,
@@ -207,7 +207,7 @@ def _same_findings(head: Mapping[str, Any], facts: Mapping[str, Any]) -> list[Ro
     hmodels, models = sorted(x.get("model") or "?" for x in hg), sorted(x.get("model") or "?" for x in g)
     if len(hg) != len(g):
         out.append(
-            fault(
+            finding(
                 node,
                 "gpu.count_differs",
                 FAULT,
@@ -217,7 +217,7 @@ def _same_findings(head: Mapping[str, Any], facts: Mapping[str, Any]) -> list[Ro
         )
     elif hmodels != models:
         out.append(
-            fault(
+            finding(
                 node,
                 "gpu.model_differs",
                 FAULT,
@@ -229,7 +229,7 @@ def _same_findings(head: Mapping[str, Any], facts: Mapping[str, Any]) -> list[Ro
     differing = [k for k in sorted(set(hv) | set(v)) if hv.get(k) != v.get(k)]
     if differing:
         out.append(
-            fault(
+            finding(
                 node,
                 "visibility.differs",
                 FAULT,
@@ -248,7 +248,7 @@ def _model_findings(head: Mapping[str, Any], facts: Mapping[str, Any]) -> list[R
     if not m or m.get("problem") and not m.get("files"):
         where = (m or hm or {}).get("path")
         return [
-            fault(
+            finding(
                 node,
                 "model.missing",
                 FAULT,
@@ -259,7 +259,7 @@ def _model_findings(head: Mapping[str, Any], facts: Mapping[str, Any]) -> list[R
     out = []
     if hm and m.get("path") != hm.get("path"):
         out.append(
-            fault(
+            finding(
                 node,
                 "model.path_differs",
                 FAULT,
@@ -269,7 +269,7 @@ def _model_findings(head: Mapping[str, Any], facts: Mapping[str, Any]) -> list[R
         )
     if hm and m.get("revision") != hm.get("revision"):
         out.append(
-            fault(
+            finding(
                 node,
                 "model.revision_differs",
                 FAULT,
@@ -286,7 +286,7 @@ def _model_findings(head: Mapping[str, Any], facts: Mapping[str, Any]) -> list[R
                 for k in differ[:5]
             )
             out.append(
-                fault(
+                finding(
                     node,
                     "model.files_differ",
                     FAULT,
@@ -302,7 +302,7 @@ def _host_findings(facts: Mapping[str, Any], multi_gpu: bool) -> list[Row]:
     for port in facts.get("rdma") or []:
         if port.get("state") != "ACTIVE":
             out.append(
-                fault(
+                finding(
                     node,
                     "rdma.port_down",
                     FAULT,
@@ -315,7 +315,7 @@ def _host_findings(facts: Mapping[str, Any], multi_gpu: bool) -> list[Row]:
     shm = facts.get("shm_bytes")
     if isinstance(shm, int) and shm < MIN_SHM_BYTES:
         out.append(
-            fault(
+            finding(
                 node,
                 "shm.small",
                 FAULT if shm < SHM_MIN_WARN else WARNING,
@@ -325,7 +325,7 @@ def _host_findings(facts: Mapping[str, Any], multi_gpu: bool) -> list[Row]:
         )
     if multi_gpu and "iommu=pt" not in (facts.get("kernel_options") or []):
         out.append(
-            fault(
+            finding(
                 node,
                 "kernel.iommu_pt",
                 WARNING,
@@ -338,7 +338,7 @@ def _host_findings(facts: Mapping[str, Any], multi_gpu: bool) -> list[Row]:
         visible.get("HIP_VISIBLE_DEVICES") or visible.get("CUDA_VISIBLE_DEVICES")
     ):
         out.append(
-            fault(
+            finding(
                 node,
                 "visibility.mixed",
                 WARNING,
@@ -357,7 +357,7 @@ def _probe_findings(probes: Iterable[Probe]) -> list[Row]:
             continue
         unreachable = p.error in ("no route to host", "network is unreachable")
         out.append(
-            fault(
+            finding(
                 p.target,
                 "address.unreachable" if unreachable else "port.blocked",
                 FAULT,
@@ -383,6 +383,7 @@ def compare(nodes: Sequence[Mapping[str, Any]], probes: Iterable[Probe] = ()) ->
 def report(
     nodes: Sequence[Mapping[str, Any]], probes: Sequence[Probe], findings: Sequence[Row]
 ) -> dict[str, Any]:
+    """The versioned report of `judge`'s findings: `ok` when none is a fault."""
     return envelope(
         kind=KIND,
         ok=not any(f.status is Status.FAIL for f in findings),
@@ -403,7 +404,7 @@ def judge(nodes: Sequence[Mapping[str, Any]], probes: Sequence[Probe]) -> list[R
     names = [_name(n) for n in nodes]
     for twice in sorted({n for n in names if names.count(n) > 1}):
         findings.append(
-            fault(
+            finding(
                 twice,
                 "node.duplicate",
                 FAULT,
@@ -418,7 +419,7 @@ def judge(nodes: Sequence[Mapping[str, Any]], probes: Sequence[Probe]) -> list[R
     advertised = [str(n["advertise"]) for n in nodes if n.get("advertise")]
     for twice in sorted({a for a in advertised if advertised.count(a) > 1}):
         findings.append(
-            fault(
+            finding(
                 ", ".join(_name(n) for n in nodes if n.get("advertise") == twice),
                 "address.duplicate",
                 FAULT,
