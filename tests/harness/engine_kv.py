@@ -14,6 +14,7 @@ import subprocess
 from pathlib import Path
 
 from harness.engine import BUILDER, engine_env, vllm_python
+from rocmdoctor.vllm.memory_plan import EngineSettings, Memory, ModelPlan, plan_model
 
 # 0.32 logs one line; 0.20.1 and 0.22.1 two (kv_cache_utils.py: "GPU KV cache size: N tokens", then
 # "Maximum concurrency for ... per request: Cx" on the next log record)
@@ -71,6 +72,23 @@ def size_kv_caches(
         assert 0 <= start < end, f"{name}: the engine did not finish sizing it; see {out}"
         logs[name] = text[start:end]
     return logs
+
+
+def cpu_plan(model: Path, max_model_len: int, block_size: int = 128, **settings) -> ModelPlan:
+    """rocmdoctor's plan of `model` as the CPU engine sizes it: the CPU platform's block size
+    (vllm/platforms/cpu.py: 128; 16 for its MLA kernel), the OpenAI server's 2048 batched tokens, no
+    async scheduling (the CPU platform turns it off), the fixed KV cache; `settings` override those
+    (EngineSettings fields: the vLLM version, async scheduling on as `unit` and `serve` plan)."""
+    config = json.loads((model / "config.json").read_text())
+    cpu = {"block_size": block_size, "max_num_batched_tokens": 2048, "async_scheduling": False}
+    return plan_model(
+        str(model),
+        config,
+        None,
+        Memory(0, 1.0, "--kv-cache-memory", KV_BYTES),
+        settings=EngineSettings(**{**cpu, **settings}),
+        max_model_len=max_model_len,
+    )
 
 
 def capacity(text: str, name: str) -> tuple[int, int, float]:

@@ -34,11 +34,11 @@ from pathlib import Path
 import pytest
 
 from harness.engine import make_tiny_model, require_vllm_python, start_engine
-from harness.engine_kv import ENV, KV_BYTES, build, capacity, engine_args, size_kv_caches
+from harness.engine_kv import ENV, KV_BYTES, build, capacity, cpu_plan, engine_args, size_kv_caches
 from harness.plan_arch_configs import ARCHS
 from harness.plan_arch_configs import REFUSED as REFUSED_ARCHS
 from rocmdoctor.provision.verify.memory import MetricsError, diagnose_url
-from rocmdoctor.vllm.memory_plan import ConfigError, EngineSettings, Memory, kv_layout, plan_model
+from rocmdoctor.vllm.memory_plan import ConfigError, Memory, kv_layout, plan_model
 
 pytestmark = pytest.mark.engine
 
@@ -85,23 +85,8 @@ MULTI_GROUP = {name for name, *_ in CASES} - {"llama", "qwen3", "deepseek", "odd
 RESULTS = Path(os.environ.get("ROCMDOCTOR_PLAN_ENGINE_RESULTS", "/tmp/rocmdoctor-plan-engine.json"))
 
 
-def settings_for(arch: str, **extra) -> EngineSettings:
-    # the CPU platform's choices: its block size, 2048 batched tokens, no async scheduling
-    cpu = {"block_size": CPU_BLOCK.get(arch, 128), "max_num_batched_tokens": 2048, "async_scheduling": False}
-    return EngineSettings(**{**cpu, **extra})
-
-
-def planned(arch: str, model: Path, max_model_len: int, kv_bytes: int = KV_BYTES, **extra):
-    settings = settings_for(arch, **extra)
-    config = json.loads((model / "config.json").read_text())
-    return plan_model(
-        str(model),
-        config,
-        None,
-        Memory(0, 1.0, "--kv-cache-memory", kv_bytes),
-        settings=settings,
-        max_model_len=max_model_len,
-    )
+def planned(arch: str, model: Path, max_model_len: int, **extra):
+    return cpu_plan(model, max_model_len, CPU_BLOCK.get(arch, 128), **extra)
 
 
 def test_plan_matches_vllm_on_dense_mla_sliding_and_hybrid_architectures(tmp_path: Path):
@@ -281,19 +266,6 @@ def model_dir(tiny: Path, dest: Path, config: dict) -> Path:
     return dest
 
 
-def planned_arch(model: Path, **extra):
-    settings = EngineSettings(block_size=128, max_num_batched_tokens=2048, async_scheduling=False, **extra)
-    config = json.loads((model / "config.json").read_text())
-    return plan_model(
-        str(model),
-        config,
-        None,
-        Memory(0, 1.0, "--kv-cache-memory", KV_BYTES),
-        settings=settings,
-        max_model_len=ARCH_LEN,
-    )
-
-
 def test_plan_refuses_kimi_linear_and_zamba2_by_name(tmp_path: Path):
     for name, config in REFUSED_ARCHS.items():
         with pytest.raises(ConfigError, match="cannot plan this model exactly") as refused:
@@ -314,7 +286,7 @@ def test_plan_matches_vllm_on_issue_37_architectures(tmp_path: Path):
         text = logs[name]
         assert "=== REFUSED" not in text, text[-3000:]
         extra = {"mamba_ssm_cache_dtype": "float32"} if "Reset SSM cache type to float32" in text else {}
-        plan = planned_arch(model, **extra)
+        plan = cpu_plan(model, ARCH_LEN, **extra)
         tokens, length, concurrency = capacity(text, name)
         assert length == ARCH_LEN
         rows.append(
