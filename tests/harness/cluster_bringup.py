@@ -34,6 +34,13 @@ class BringUp:
     head_address: str  # where the worker joined the head
     left: dict[str, list[str]]  # node name -> command lines of engine processes left after the stop
 
+    def passed(self, task: str, node: str = "node0") -> bool:
+        """Whether the last run of `task` in the start playbook was ok on `node`."""
+        out = self.start.stdout
+        if f"TASK [{task}" not in out:
+            return False
+        return f"ok: [{node}]" in out[out.rindex(f"TASK [{task}") :].split("\n\n")[0].splitlines()
+
     def tails(self) -> str:
         return "".join(f"\n--- {name}:\n{log_tail(path)}" for name, path in self.logs.items())
 
