@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from rocmdoctor.cluster import facts as cluster_facts
-from rocmdoctor.cluster.compare import FAULT, WARNING, Probe, compare
+from rocmdoctor.cluster.compare import FAULT, WARNING, Probe, judge, report
 from rocmdoctor.cluster.documents import parse_input
 from rocmdoctor.documents import DocumentError
 
@@ -33,6 +33,11 @@ def matrix(nodes: list[dict], **failed: str) -> list[Probe]:
                 error = failed.get(f"{a['node']}>{b['node']}")
                 out.append(Probe(a["node"], b["node"], b["advertise"], port, error is None, error))
     return out
+
+
+def compare(nodes: list[dict], probes: list[Probe] | None = None) -> dict:
+    """The report `cluster check` prints: judge's findings in report's document."""
+    return report(nodes, probes or [], judge(nodes, probes or []))
 
 
 def faults(report: dict) -> set[tuple[str, str]]:

@@ -374,12 +374,6 @@ def _probe_findings(probes: Iterable[Probe]) -> list[Row]:
     return out
 
 
-def compare(nodes: Sequence[Mapping[str, Any]], probes: Iterable[Probe] = ()) -> dict[str, Any]:
-    """The versioned report: every finding, `ok` when there is no fault."""
-    probes = list(probes)
-    return report(nodes, probes, judge(nodes, probes))
-
-
 def report(
     nodes: Sequence[Mapping[str, Any]], probes: Sequence[Probe], findings: Sequence[Row]
 ) -> dict[str, Any]:
