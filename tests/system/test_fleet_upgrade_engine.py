@@ -10,7 +10,10 @@ The bundles all wrap the shared engine venv; what differs is their launcher, as 
 - GOOD: serves as the old one did;
 - BROKEN: passes qualification (it is the same vLLM) but its launcher sets its own
   `--served-model-name`: the fleet's model name is gone, smoke's requests get vLLM's 404;
-- SLOW: its launcher caps the engine at `--max-num-seqs 1`: the bench's concurrent level queues.
+- SLOW: its launcher caps the engine at `--max-num-seqs 1` (the bench's concurrent level queues) and
+  serves a model of 16 times the layers under the same name (every token costs more compute): slower
+  on an idle host and on a CPU-starved one, where one slot alone is not (there the server processes,
+  not the batch, bound the throughput: a baseline of 651 tok/s at concurrency 1 and 665 at 4).
 
 In order (module state carries over): check mode changes nothing; BROKEN rolls the canary back and the
 batch is never touched; SLOW is rolled back on the regression gate; GOOD, killed in the middle of the
@@ -24,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -50,8 +54,9 @@ LAUNCHERS = {
     OLD: (),
     GOOD: (),
     BROKEN: ("--served-model-name", "tiny-rebuilt"),
-    SLOW: ("--max-num-seqs", "1"),
+    SLOW: ("--max-num-seqs", "1"),  # and `--model` the heavy copy (the lab fixture's heavy_model)
 }
+HEAVY_LAYERS = 16  # times the tiny model's layers, in SLOW's model
 HOSTS = ("canary", "batch")
 PREFIX = "/opt/rocmdoctor"  # as each host sees its private /opt
 PORT = 8000
@@ -135,6 +140,19 @@ def _ssh_ok(fleet: SshFleet, host, command: str, timeout: float = 900) -> str:
     return done.stdout
 
 
+def heavy_model(tiny: Path) -> Path:
+    """The tiny model with HEAVY_LAYERS times its layers, beside it (weights are dummy: only the config
+    differs)."""
+    heavy = tiny.parent / f"{tiny.name}-heavy"
+    if not heavy.exists():
+        shutil.copytree(tiny, heavy)
+        config = json.loads((heavy / "config.json").read_text())
+        config["num_hidden_layers"] *= HEAVY_LAYERS
+        (heavy / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        heavy.chmod(0o755)
+    return heavy
+
+
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory, tiny_model):
     from harness.bundles import REPO, vllm_test_bundle, write_pins
@@ -142,9 +160,10 @@ def lab(tmp_path_factory, tiny_model):
 
     tiny_model.chmod(0o755)
     workdir = tmp_path_factory.mktemp("fleet-upgrade-engine")
+    launchers = {**LAUNCHERS, SLOW: (*LAUNCHERS[SLOW], "--model", str(heavy_model(tiny_model)))}
     built = {
         tag: vllm_test_bundle(workdir / "assets" / tag, FAMILY, tag, launcher_args=args)
-        for tag, args in LAUNCHERS.items()
+        for tag, args in launchers.items()
     }
     engine_args = ["--model", str(tiny_model), "--served-model-name", "tiny", "--max-model-len", "512",
                    "--max-num-seqs", "4", "--host", "127.0.0.1", "--port", str(PORT), *ENGINE_ARGS]  # fmt: skip
